@@ -5,15 +5,13 @@
 
 use core::fmt;
 
-use zerocopy::FromBytes;
-
 use crate::ecrc::ecrc;
 use crate::error::Error;
 use crate::fields::{
     AddressType, AtomicOp, Attr, CplStatus, Credits, FcClass, Kind, MessageCode, MsgRouting,
 };
 use crate::ids::{Bdf, Tag};
-use crate::packet::{CompletionDw12, ConfigDw2, ParseConfig, RequestDw1, TlpPacket, read_u32};
+use crate::packet::{ParseConfig, TlpPacket, read_u32};
 use crate::prefix::Prefixes;
 
 /// A request address as carried in a 3 DW (32-bit) or 4 DW (64-bit) header. The low two
@@ -249,25 +247,6 @@ impl NonConformance {
     }
 }
 
-fn read_header<H: FromBytes + Default>(h: &[u8], offset: usize) -> H {
-    H::read_from_prefix(&h[offset..]).map(|(v, _)| v).unwrap_or_default()
-}
-
-fn ph_of(address_dw: u32) -> u8 {
-    (address_dw & 3) as u8
-}
-
-fn read_address(kind: Kind, h: &[u8]) -> (Address, u8) {
-    if kind.is_4dw() {
-        let hi = read_u32(h, 8) as u64;
-        let lo = read_u32(h, 12);
-        (Address::Bits64(hi << 32 | (lo & !3) as u64), ph_of(lo))
-    } else {
-        let lo = read_u32(h, 8);
-        (Address::Bits32(lo & !3), ph_of(lo))
-    }
-}
-
 impl<'a> TlpRepr<'a> {
     /// Parses and validates bytes holding exactly one TLP.
     pub fn parse_bytes(bytes: &'a [u8], cfg: &ParseConfig) -> Result<TlpRepr<'a>, Error> {
@@ -280,47 +259,47 @@ impl<'a> TlpRepr<'a> {
         let kind = packet.kind();
         let h = packet.header_bytes();
         let payload = packet.payload_ref();
-        let tag = packet.tag();
-        let c = Common { tc: packet.tc(), attr: packet.attr(), th: packet.th(), at: packet.at() };
+        let dw0 = packet.dw0();
+        let dw1 = read_u32(h, 4);
+        let dw2 = read_u32(h, 8);
+        let dw3 = if kind.is_4dw() { read_u32(h, 12) } else { 0 };
+        let c = Common(dw0);
         if kind.has_data() {
             check_max_payload(payload.len(), cfg.max_payload)?;
         }
-        let request = || {
-            let dw1 = read_header::<RequestDw1>(h, 4);
-            Request {
-                requester: Bdf::from_raw(dw1.requester_id.get()),
-                tag,
-                first_be: dw1.be_or_code & 0xf,
-                last_be: dw1.be_or_code >> 4,
-            }
+        // T9 and T8 live in DW0; Tag[7:0] in DW1 (requests) or DW2 (completions).
+        let tag_hi = (((dw0 >> 23) & 1) << 9 | ((dw0 >> 19) & 1) << 8) as u16;
+        let req = Request {
+            requester: Bdf::from_raw((dw1 >> 16) as u16),
+            tag: Tag::from_bits(tag_hi | ((dw1 >> 8) & 0xff) as u16),
+            first_be: (dw1 & 0xf) as u8,
+            last_be: ((dw1 >> 4) & 0xf) as u8,
         };
         let payload_dw = (payload.len() / 4) as u16;
+        // Header length for reads: the Length field; for TLPs with data: the payload.
+        let length_dw = if kind.has_data() { payload_dw } else { packet.length_dw() };
+        let address = || {
+            if kind.is_4dw() {
+                (Address::Bits64((dw2 as u64) << 32 | (dw3 & !3) as u64), (dw3 & 3) as u8)
+            } else {
+                (Address::Bits32(dw2 & !3), (dw2 & 3) as u8)
+            }
+        };
         let body = match kind {
             Kind::MRd32 | Kind::MRd64 | Kind::MRdLk32 | Kind::MRdLk64 | Kind::MWr32 | Kind::MWr64 => {
-                let (address, ph) = read_address(kind, h);
-                let ph = if c.th { ph } else { 0 };
-                let req = request();
-                let write = kind.has_data();
-                let length_dw = if write { payload_dw } else { packet.length_dw() };
+                let (address, ph) = address();
+                let ph = if c.th() { ph } else { 0 };
                 check_memory(kind, c, req, address.value(), ph, length_dw)?;
-                if write {
+                if kind.has_data() {
                     Body::MemWrite { req, address, ph, data: payload }
                 } else {
-                    Body::MemRead {
-                        req,
-                        address,
-                        ph,
-                        length_dw,
-                        locked: matches!(kind, Kind::MRdLk32 | Kind::MRdLk64),
-                    }
+                    let locked = matches!(kind, Kind::MRdLk32 | Kind::MRdLk64);
+                    Body::MemRead { req, address, ph, length_dw, locked }
                 }
             }
             Kind::IORd | Kind::IOWr => {
-                let req = request();
-                let address = read_u32(h, 8) & !3;
-                // IO reads carry their Length only in the header.
-                let length_dw = if kind.has_data() { payload_dw } else { packet.length_dw() };
                 check_io_cfg(kind, c, req, 0, length_dw as usize)?;
+                let address = dw2 & !3;
                 if kind.has_data() {
                     Body::IoWrite { req, address, data: payload }
                 } else {
@@ -328,15 +307,12 @@ impl<'a> TlpRepr<'a> {
                 }
             }
             Kind::CfgRd0 | Kind::CfgRd1 | Kind::CfgWr0 | Kind::CfgWr1 => {
-                let req = request();
-                let dw2 = read_header::<ConfigDw2>(h, 8);
+                check_io_cfg(kind, c, req, 0, length_dw as usize)?;
                 let cfg = ConfigTarget {
                     type1: matches!(kind, Kind::CfgRd1 | Kind::CfgWr1),
-                    target: Bdf::from_raw(dw2.target_id.get()),
-                    register: dw2.register.get() & 0x0ffc,
+                    target: Bdf::from_raw((dw2 >> 16) as u16),
+                    register: (dw2 & 0x0ffc) as u16,
                 };
-                let length_dw = if kind.has_data() { payload_dw } else { packet.length_dw() };
-                check_io_cfg(kind, c, req, 0, length_dw as usize)?;
                 if kind.has_data() {
                     Body::CfgWrite { req, cfg, data: payload }
                 } else {
@@ -349,39 +325,37 @@ impl<'a> TlpRepr<'a> {
                     Kind::Swap32 | Kind::Swap64 => AtomicOp::Swap,
                     _ => AtomicOp::Cas,
                 };
-                let (address, ph) = read_address(kind, h);
-                let ph = if c.th { ph } else { 0 };
+                let (address, ph) = address();
+                let ph = if c.th() { ph } else { 0 };
                 check_atomic(kind, op, c, address.value(), ph, payload_dw)?;
-                Body::Atomic { op, req: request(), address, ph, data: payload }
+                Body::Atomic { op, req, address, ph, data: payload }
             }
             Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk => {
-                let d = read_header::<CompletionDw12>(h, 4);
-                let sc = d.status_count.get();
                 let cpl = Completion {
-                    completer: Bdf::from_raw(d.completer_id.get()),
-                    status: CplStatus::from_bits((sc >> 13) as u8),
-                    bcm: sc & 0x1000 != 0,
-                    byte_count: match sc & 0xfff {
+                    completer: Bdf::from_raw((dw1 >> 16) as u16),
+                    status: CplStatus::from_bits(((dw1 >> 13) & 7) as u8),
+                    bcm: dw1 & 0x1000 != 0,
+                    byte_count: match dw1 & 0xfff {
                         0 => 4096,
-                        n => n,
+                        n => n as u16,
                     },
-                    requester: Bdf::from_raw(d.requester_id.get()),
-                    tag,
-                    lower_address: d.lower_address & 0x7f,
+                    requester: Bdf::from_raw((dw2 >> 16) as u16),
+                    tag: Tag::from_bits(tag_hi | ((dw2 >> 8) & 0xff) as u16),
+                    lower_address: (dw2 & 0x7f) as u8,
                 };
                 let data = kind.has_data().then_some(payload);
                 check_completion(&cpl, data.map(<[u8]>::len))?;
                 Body::Completion { cpl, locked: matches!(kind, Kind::CplLk | Kind::CplDLk), data }
             }
             Kind::Msg | Kind::MsgD => {
-                let dw1 = read_header::<RequestDw1>(h, 4);
                 let mut fields = [0u8; 8];
-                fields.copy_from_slice(&h[8..16]);
+                fields[..4].copy_from_slice(&dw2.to_be_bytes());
+                fields[4..].copy_from_slice(&dw3.to_be_bytes());
                 let msg = Message {
-                    routing: MsgRouting::from_bits(packet.ty() & 7),
-                    requester: Bdf::from_raw(dw1.requester_id.get()),
-                    tag,
-                    code: MessageCode::from_code(dw1.be_or_code),
+                    routing: MsgRouting::from_bits(((dw0 >> 24) & 7) as u8),
+                    requester: req.requester,
+                    tag: req.tag,
+                    code: MessageCode::from_code((dw1 & 0xff) as u8),
                     fields,
                 };
                 Body::Message { msg, data: kind.has_data().then_some(payload) }
@@ -396,12 +370,12 @@ impl<'a> TlpRepr<'a> {
         }
         Ok(TlpRepr {
             prefixes: packet.prefixes(),
-            tc: c.tc,
-            attr: c.attr,
-            th: c.th,
+            tc: packet.tc(),
+            attr: packet.attr(),
+            th: packet.th(),
             td: packet.td(),
             ep: packet.ep(),
-            at: c.at,
+            at: packet.at(),
             body,
         })
     }
@@ -580,53 +554,125 @@ impl<'a> TlpRepr<'a> {
 
     /// Checks every rule that parse enforces, with `max_payload` as Max_Payload_Size.
     pub fn validate(&self, max_payload: usize) -> Result<(), Error> {
-        self.validate_as(self.kind(), max_payload)
+        self.encode(max_payload).map(|_| ())
     }
 
-    fn validate_as(&self, kind: Kind, max_payload: usize) -> Result<(), Error> {
+    /// Checks every rule and computes the header: the one place emit and validate share.
+    #[inline]
+    fn encode(&self, max_payload: usize) -> Result<Encoded<'a>, Error> {
         if self.tc > 7 {
             return Err(Error::FieldOverflow { field: "tc", value: self.tc as u64, max: 7 });
         }
-        if let Some(data) = self.data() {
-            if data.is_empty() || data.len() % 4 != 0 || data.len() > 4096 {
+        let c = Common(
+            (self.tc as u32) << 20
+                | ((self.attr.bits() as u32) >> 2) << 18
+                | (self.th as u32) << 16
+                | ((self.attr.bits() as u32) & 3) << 12
+                | (self.at.bits() as u32) << 10,
+        );
+        let payload = |data: &'a [u8]| -> Result<&'a [u8], Error> {
+            if data.is_empty() || !data.len().is_multiple_of(4) || data.len() > 4096 {
                 return Err(Error::InvalidPayload { bytes: data.len() });
             }
             check_max_payload(data.len(), max_payload)?;
-        }
-        if let Some(req) = self.request() {
-            for (field, v) in [("first_be", req.first_be), ("last_be", req.last_be)] {
-                if v > 0xf {
-                    return Err(Error::FieldOverflow { field, value: v as u64, max: 0xf });
-                }
+            Ok(data)
+        };
+        let request = |req: Request| -> Result<u32, Error> {
+            if req.first_be > 0xf || req.last_be > 0xf {
+                let (field, v) =
+                    if req.first_be > 0xf { ("first_be", req.first_be) } else { ("last_be", req.last_be) };
+                return Err(Error::FieldOverflow { field, value: v as u64, max: 0xf });
             }
-        }
-        let c = self.common();
-        match self.body {
-            Body::MemRead { req, address, ph, length_dw, .. } => {
+            Ok((req.requester.raw() as u32) << 16
+                | (req.tag.value() as u32 & 0xff) << 8
+                | (req.last_be as u32) << 4
+                | req.first_be as u32)
+        };
+        let address = |a: Address, ph: u8| match a {
+            Address::Bits32(a) => (a | ph as u32, 0),
+            Address::Bits64(a) => ((a >> 32) as u32, a as u32 | ph as u32),
+        };
+        let e = |kind, ty: u32, length_dw: u16, tag: Tag, dw1, (dw2, dw3): (u32, u32), data| Encoded {
+            kind,
+            ty,
+            length_dw,
+            tag,
+            dws: [dw1, dw2, dw3],
+            data,
+        };
+        Ok(match self.body {
+            Body::MemRead { req, address: a, ph, length_dw, locked } => {
+                let kind = match (locked, a.is_64()) {
+                    (false, false) => Kind::MRd32,
+                    (false, true) => Kind::MRd64,
+                    (true, false) => Kind::MRdLk32,
+                    (true, true) => Kind::MRdLk64,
+                };
                 if !(1..=1024).contains(&length_dw) {
                     return Err(Error::FieldOverflow { field: "length", value: length_dw as u64, max: 1024 });
                 }
-                check_memory(kind, c, req, address.value(), ph, length_dw)
+                let dw1 = request(req)?;
+                check_memory(kind, c, req, a.value(), ph, length_dw)?;
+                e(kind, locked as u32, length_dw, req.tag, dw1, address(a, ph), &[][..])
             }
-            Body::MemWrite { req, address, ph, data } => {
-                check_memory(kind, c, req, address.value(), ph, (data.len() / 4) as u16)
+            Body::MemWrite { req, address: a, ph, data } => {
+                let kind = if a.is_64() { Kind::MWr64 } else { Kind::MWr32 };
+                let data = payload(data)?;
+                let dw1 = request(req)?;
+                let length_dw = (data.len() / 4) as u16;
+                check_memory(kind, c, req, a.value(), ph, length_dw)?;
+                e(kind, 0, length_dw, req.tag, dw1, address(a, ph), data)
             }
-            Body::IoRead { req, address } => check_io_cfg(kind, c, req, address as u64, 1),
+            Body::IoRead { req, address } => {
+                let dw1 = request(req)?;
+                check_io_cfg(Kind::IORd, c, req, address as u64, 1)?;
+                e(Kind::IORd, 0b00010, 1, req.tag, dw1, (address, 0), &[][..])
+            }
             Body::IoWrite { req, address, data } => {
-                check_io_cfg(kind, c, req, address as u64, data.len() / 4)
+                let data = payload(data)?;
+                let dw1 = request(req)?;
+                check_io_cfg(Kind::IOWr, c, req, address as u64, data.len() / 4)?;
+                e(Kind::IOWr, 0b00010, 1, req.tag, dw1, (address, 0), data)
             }
-            Body::CfgRead { req, cfg } => {
+            Body::CfgRead { req, cfg } | Body::CfgWrite { req, cfg, .. } => {
+                let data = match self.body {
+                    Body::CfgWrite { data, .. } => payload(data)?,
+                    _ => &[][..],
+                };
+                let kind = match (data.is_empty(), cfg.type1) {
+                    (true, false) => Kind::CfgRd0,
+                    (true, true) => Kind::CfgRd1,
+                    (false, false) => Kind::CfgWr0,
+                    (false, true) => Kind::CfgWr1,
+                };
                 check_register(cfg.register)?;
-                check_io_cfg(kind, c, req, 0, 1)
+                let dw1 = request(req)?;
+                check_io_cfg(kind, c, req, 0, if data.is_empty() { 1 } else { data.len() / 4 })?;
+                let dw2 = (cfg.target.raw() as u32) << 16 | cfg.register as u32;
+                e(kind, 0b00100 | cfg.type1 as u32, 1, req.tag, dw1, (dw2, 0), data)
             }
-            Body::CfgWrite { req, cfg, data } => {
-                check_register(cfg.register)?;
-                check_io_cfg(kind, c, req, 0, data.len() / 4)
+            Body::Atomic { op, req, address: a, ph, data } => {
+                let kind = match (op, a.is_64()) {
+                    (AtomicOp::FetchAdd, false) => Kind::FetchAdd32,
+                    (AtomicOp::FetchAdd, true) => Kind::FetchAdd64,
+                    (AtomicOp::Swap, false) => Kind::Swap32,
+                    (AtomicOp::Swap, true) => Kind::Swap64,
+                    (AtomicOp::Cas, false) => Kind::CAS32,
+                    (AtomicOp::Cas, true) => Kind::CAS64,
+                };
+                let data = payload(data)?;
+                let dw1 = request(req)?;
+                let length_dw = (data.len() / 4) as u16;
+                check_atomic(kind, op, c, a.value(), ph, length_dw)?;
+                e(kind, op.type_bits() as u32, length_dw, req.tag, dw1, address(a, ph), data)
             }
-            Body::Atomic { op, address, ph, data, .. } => {
-                check_atomic(kind, op, c, address.value(), ph, (data.len() / 4) as u16)
-            }
-            Body::Completion { cpl, data, .. } => {
+            Body::Completion { cpl, locked, data } => {
+                let kind = match (locked, data.is_some()) {
+                    (false, false) => Kind::Cpl,
+                    (false, true) => Kind::CplD,
+                    (true, false) => Kind::CplLk,
+                    (true, true) => Kind::CplDLk,
+                };
                 if !(1..=4096).contains(&cpl.byte_count) {
                     return Err(Error::FieldOverflow {
                         field: "byte_count",
@@ -641,22 +687,46 @@ impl<'a> TlpRepr<'a> {
                         max: 0x7f,
                     });
                 }
-                check_completion(&cpl, data.map(<[u8]>::len))
+                let data = match data {
+                    Some(d) => payload(d)?,
+                    None => &[][..],
+                };
+                check_completion(&cpl, (!data.is_empty()).then_some(data.len()))?;
+                let dw1 = (cpl.completer.raw() as u32) << 16
+                    | (cpl.status.bits() as u32) << 13
+                    | (cpl.bcm as u32) << 12
+                    | (cpl.byte_count as u32 & 0xfff);
+                let dw2 = (cpl.requester.raw() as u32) << 16
+                    | (cpl.tag.value() as u32 & 0xff) << 8
+                    | cpl.lower_address as u32;
+                let length_dw = (data.len() / 4) as u16;
+                e(kind, 0b01010 | locked as u32, length_dw, cpl.tag, dw1, (dw2, 0), data)
             }
-            Body::Message { .. } => Ok(()),
-        }
-    }
-
-    fn common(&self) -> Common {
-        Common { tc: self.tc, attr: self.attr, th: self.th, at: self.at }
+            Body::Message { msg, data } => {
+                let data = match data {
+                    Some(d) => payload(d)?,
+                    None => &[][..],
+                };
+                let kind = if data.is_empty() { Kind::Msg } else { Kind::MsgD };
+                let f = msg.fields;
+                let dw1 = (msg.requester.raw() as u32) << 16
+                    | (msg.tag.value() as u32 & 0xff) << 8
+                    | msg.code.code() as u32;
+                let dws = (
+                    u32::from_be_bytes([f[0], f[1], f[2], f[3]]),
+                    u32::from_be_bytes([f[4], f[5], f[6], f[7]]),
+                );
+                let length_dw = (data.len() / 4) as u16;
+                e(kind, 0b10000 | msg.routing.bits() as u32, length_dw, msg.tag, dw1, dws, data)
+            }
+        })
     }
 
     /// Writes the TLP into `buf` after checking the same rules parse enforces (with no
     /// Max_Payload_Size below the architectural 4096 bytes). Returns the bytes written.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
-        let kind = self.kind();
-        self.validate_as(kind, 4096)?;
-        let data = self.data().unwrap_or(&[]);
+        let Encoded { kind, ty, length_dw, tag, dws, data } = self.encode(4096)?;
         let hlen = if kind.is_4dw() { 16 } else { 12 };
         let poff = self.prefixes.wire_len();
         let len = poff + hlen + data.len() + if self.td { 4 } else { 0 };
@@ -668,14 +738,36 @@ impl<'a> TlpRepr<'a> {
         for (chunk, p) in prefix_bytes.chunks_exact_mut(4).zip(self.prefixes.iter()) {
             chunk.copy_from_slice(&p.raw().to_be_bytes());
         }
-        let h = self.header_array(kind);
+        let t = tag.value() as u32;
+        let fmt = (kind.has_data() as u32) << 1 | kind.is_4dw() as u32;
+        let a = self.attr.bits() as u32;
+        let dw0 = (fmt << 5 | ty) << 24
+            | ((t >> 9) & 1) << 23
+            | (self.tc as u32) << 20
+            | ((t >> 8) & 1) << 19
+            | (a >> 2) << 18
+            | (self.th as u32) << 16
+            | (self.td as u32) << 15
+            | (self.ep as u32) << 14
+            | (a & 3) << 12
+            | (self.at.bits() as u32) << 10
+            // Reserved for Cpl, CplLk and Msg, which carry no data: zero there.
+            | if kind.has_data() || matches!(self.body, Body::MemRead { .. } | Body::IoRead { .. } | Body::CfgRead { .. }) {
+                length_dw as u32 & 0x3ff
+            } else {
+                0
+            };
         let (header, rest) = rest.split_at_mut(hlen);
-        // Fixed-size copies compile to a few moves; a length chosen at run time would call
-        // memmove.
-        if let Ok(h16) = <&mut [u8; 16]>::try_from(&mut *header) {
-            *h16 = h;
-        } else if let Ok(h12) = <&mut [u8; 12]>::try_from(&mut *header) {
-            h12.copy_from_slice(&h[..12]);
+        // Fixed-size writes compile to a few moves; a run-time length would call memmove.
+        if let Ok(h) = <&mut [u8; 16]>::try_from(&mut *header) {
+            h[..4].copy_from_slice(&dw0.to_be_bytes());
+            h[4..8].copy_from_slice(&dws[0].to_be_bytes());
+            h[8..12].copy_from_slice(&dws[1].to_be_bytes());
+            h[12..].copy_from_slice(&dws[2].to_be_bytes());
+        } else if let Ok(h) = <&mut [u8; 12]>::try_from(&mut *header) {
+            h[..4].copy_from_slice(&dw0.to_be_bytes());
+            h[4..8].copy_from_slice(&dws[0].to_be_bytes());
+            h[8..].copy_from_slice(&dws[1].to_be_bytes());
         }
         let (payload, digest) = rest.split_at_mut(data.len());
         if !data.is_empty() {
@@ -686,82 +778,28 @@ impl<'a> TlpRepr<'a> {
         }
         Ok(len)
     }
-
-    /// The header as 16 bytes (the last 4 unused for 3 DW headers).
-    fn header_array(&self, kind: Kind) -> [u8; 16] {
-        let (_, tag) = self.requester_tag();
-        let t = tag.value();
-        let fmt = (kind.has_data() as u32) << 1 | kind.is_4dw() as u32;
-        let length_field = self.length_dw().map_or(0, |l| (l & 0x3ff) as u32);
-        let dw0 = (fmt << 5 | self.ty() as u32) << 24
-            | ((t as u32 >> 9) & 1) << 23
-            | (self.tc as u32 & 7) << 20
-            | ((t as u32 >> 8) & 1) << 19
-            | (self.attr.bits() as u32 >> 2) << 18
-            | (self.th as u32) << 16
-            | (self.td as u32) << 15
-            | (self.ep as u32) << 14
-            | (self.attr.bits() as u32 & 3) << 12
-            | (self.at.bits() as u32) << 10
-            | length_field;
-        let request = |req: Request| {
-            (req.requester.raw() as u32) << 16
-                | (req.tag.value() as u32 & 0xff) << 8
-                | (req.last_be as u32) << 4
-                | req.first_be as u32
-        };
-        let address = |address: Address, ph: u8| match address {
-            Address::Bits32(a) => (a | ph as u32, 0),
-            Address::Bits64(a) => ((a >> 32) as u32, a as u32 | ph as u32),
-        };
-        let (dw1, dw2, dw3) = match self.body {
-            Body::MemRead { req, address: a, ph, .. }
-            | Body::MemWrite { req, address: a, ph, .. }
-            | Body::Atomic { req, address: a, ph, .. } => {
-                let (dw2, dw3) = address(a, ph);
-                (request(req), dw2, dw3)
-            }
-            Body::IoRead { req, address } | Body::IoWrite { req, address, .. } => (request(req), address, 0),
-            Body::CfgRead { req, cfg } | Body::CfgWrite { req, cfg, .. } => {
-                (request(req), (cfg.target.raw() as u32) << 16 | cfg.register as u32, 0)
-            }
-            Body::Completion { cpl, .. } => (
-                (cpl.completer.raw() as u32) << 16
-                    | (cpl.status.bits() as u32) << 13
-                    | (cpl.bcm as u32) << 12
-                    | (cpl.byte_count as u32 & 0xfff),
-                (cpl.requester.raw() as u32) << 16
-                    | (cpl.tag.value() as u32 & 0xff) << 8
-                    | (cpl.lower_address as u32 & 0x7f),
-                0,
-            ),
-            Body::Message { msg, .. } => {
-                let f = msg.fields;
-                (
-                    (msg.requester.raw() as u32) << 16
-                        | (msg.tag.value() as u32 & 0xff) << 8
-                        | msg.code.code() as u32,
-                    u32::from_be_bytes([f[0], f[1], f[2], f[3]]),
-                    u32::from_be_bytes([f[4], f[5], f[6], f[7]]),
-                )
-            }
-        };
-        let mut h = [0u8; 16];
-        h[0..4].copy_from_slice(&dw0.to_be_bytes());
-        h[4..8].copy_from_slice(&dw1.to_be_bytes());
-        h[8..12].copy_from_slice(&dw2.to_be_bytes());
-        h[12..16].copy_from_slice(&dw3.to_be_bytes());
-        h
-    }
 }
 
-/// The DW0 fields that the per-kind rules look at.
+/// What [`TlpRepr::encode`] computes: the kind, Type field, Length, tag, header DWs 1..=3
+/// and the payload.
+struct Encoded<'a> {
+    kind: Kind,
+    ty: u32,
+    length_dw: u16,
+    tag: Tag,
+    dws: [u32; 3],
+    data: &'a [u8],
+}
+
+/// DW0 as a word, for the per-kind rules: decoding a field only where a rule looks at it
+/// keeps the parse path from holding every field in a register.
 #[derive(Clone, Copy)]
-struct Common {
-    tc: u8,
-    attr: Attr,
-    th: bool,
-    at: AddressType,
+struct Common(u32);
+
+impl Common {
+    fn th(self) -> bool {
+        self.0 & (1 << 16) != 0
+    }
 }
 
 fn check_max_payload(bytes: usize, max_payload: usize) -> Result<(), Error> {
@@ -793,7 +831,7 @@ fn check_memory(
     if address & 3 != 0 {
         return Err(Error::Misaligned { kind, address, align: 4 });
     }
-    check_ph(kind, c.th, ph)?;
+    check_ph(kind, c.th(), ph)?;
     check_byte_enables(req.first_be, req.last_be, length_dw, address)?;
     // PCIe 6.0 §2.2.7: a memory request must not cross a 4 KiB boundary.
     if (address & 0xfff) + length_dw as u64 * 4 > 0x1000 {
@@ -809,10 +847,10 @@ fn check_io_cfg(kind: Kind, c: Common, req: Request, address: u64, length_dw: us
         return Err(Error::Misaligned { kind, address, align: 4 });
     }
     let fixed = [
-        ("TC", c.tc as u32, 0),
-        ("Attr[1:0]", (c.attr.bits() & 3) as u32, 0),
-        ("AT", c.at.bits() as u32, 0),
-        ("TH", c.th as u32, 0),
+        ("TC", (c.0 >> 20) & 7, 0),
+        ("Attr[1:0]", (c.0 >> 12) & 3, 0),
+        ("AT", (c.0 >> 10) & 3, 0),
+        ("TH", (c.0 >> 16) & 1, 0),
     ];
     for (field, found, required) in fixed {
         if found != required {
@@ -844,7 +882,7 @@ fn check_atomic(
     if !address.is_multiple_of(align) {
         return Err(Error::Misaligned { kind, address, align });
     }
-    check_ph(kind, c.th, ph)
+    check_ph(kind, c.th(), ph)
 }
 
 /// Completions with data: only SC carries data, and no more than the bytes still owed.
