@@ -1,0 +1,139 @@
+//! Session configuration, with defaults for a datacenter network.
+
+use core::time::Duration;
+
+use crate::auth::PresharedKey;
+use crate::error::ConfigError;
+use crate::wire::{FC_LEN, HEADER_LEN, TRAILER_LEN};
+
+/// Receive-side capacity a session grants its peer, in PCIe credits: header credits (one
+/// per TLP) and data credits (16 bytes each), per class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreditGrant {
+    /// Posted (memory writes, messages): header, data.
+    pub posted: (u32, u32),
+    /// Non-posted (reads, config, IO, AtomicOps): header, data.
+    pub non_posted: (u32, u32),
+    /// Completions: header, data.
+    pub completion: (u32, u32),
+}
+
+impl Default for CreditGrant {
+    fn default() -> Self {
+        // 256 TLPs and 64 KiB of payload per class.
+        CreditGrant { posted: (256, 4096), non_posted: (256, 4096), completion: (256, 4096) }
+    }
+}
+
+/// Everything a session needs to know. Bounds on memory follow from `window`, `mtu`,
+/// `max_queued` and `credits`: replay buffer ≤ window × MTU, out-of-order buffer ≤ window ×
+/// MTU, send queues ≤ 3 × max_queued TLPs, delivered-but-unread TLPs ≤ the credits granted.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The pre-shared key both peers hold.
+    pub psk: PresharedKey,
+    /// Largest datagram this side sends or accepts; the session uses the smaller of both.
+    /// A TLP must fit one frame, so Max_Payload_Size is chosen to fit it (1472 carries
+    /// 1 KiB payloads; loopback and jumbo-frame fabrics carry 4 KiB).
+    pub mtu: usize,
+    /// Most DATA frames in flight (sent, not yet acknowledged); the smaller of both sides.
+    pub window: u32,
+    /// Credits granted to the peer.
+    pub credits: CreditGrant,
+    /// Most TLPs queued per flow-control class before `send_tlp` refuses.
+    pub max_queued: usize,
+    /// First replay timeout; doubles on each expiry without progress.
+    pub replay_timeout: Duration,
+    /// Ceiling of the replay timeout back-off.
+    pub max_replay_timeout: Duration,
+    /// Delay before a standalone ACK when no frame carries it sooner (zero: at once).
+    pub ack_delay: Duration,
+    /// Send a KEEPALIVE when nothing was sent for this long.
+    pub keepalive_interval: Duration,
+    /// Declare the link down when nothing authentic arrived for this long.
+    pub idle_timeout: Duration,
+    /// Resend the handshake frame this often.
+    pub handshake_retry: Duration,
+    /// Give up the handshake after this long.
+    pub handshake_timeout: Duration,
+    /// Tag every frame with a MAC under the session key. Off only for trusted fabrics.
+    pub authenticate_frames: bool,
+}
+
+impl Config {
+    /// Defaults for a datacenter network with the given key.
+    pub fn new(psk: PresharedKey) -> Config {
+        Config {
+            psk,
+            mtu: 1472,
+            window: 128,
+            credits: CreditGrant::default(),
+            max_queued: 1024,
+            replay_timeout: Duration::from_millis(2),
+            max_replay_timeout: Duration::from_millis(200),
+            ack_delay: Duration::ZERO,
+            keepalive_interval: Duration::from_millis(100),
+            idle_timeout: Duration::from_secs(1),
+            handshake_retry: Duration::from_millis(100),
+            handshake_timeout: Duration::from_secs(5),
+            authenticate_frames: true,
+        }
+    }
+
+    /// Checks every setting, naming the one at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, value: String, problem: &'static str| {
+            Err(ConfigError::Invalid { key, value, problem })
+        };
+        // Room for one TLP with a 256-byte payload, and within a UDP datagram.
+        let min_mtu = HEADER_LEN + FC_LEN + TRAILER_LEN + 2 + 16 + 256 + 4;
+        if self.mtu < min_mtu || self.mtu > 65507 {
+            return bad(
+                "mtu",
+                self.mtu.to_string(),
+                "must be 354..=65507 bytes (a 256-byte-payload TLP, and a UDP datagram)",
+            );
+        }
+        if self.window == 0 || self.window > 4096 {
+            return bad("window", self.window.to_string(), "must be 1..=4096 frames");
+        }
+        if self.max_queued == 0 {
+            return bad("max_queued", "0".into(), "must be at least 1");
+        }
+        for (key, (h, d)) in [
+            ("credits.posted", self.credits.posted),
+            ("credits.non_posted", self.credits.non_posted),
+            ("credits.completion", self.credits.completion),
+        ] {
+            if h == 0 || d < 256 {
+                return bad(
+                    key,
+                    format!("({h}, {d})"),
+                    "needs at least 1 header and 256 data credits (one 4 KiB TLP)",
+                );
+            }
+        }
+        if self.replay_timeout.is_zero() || self.replay_timeout > self.max_replay_timeout {
+            return bad(
+                "replay_timeout",
+                format!("{:?}", self.replay_timeout),
+                "must be non-zero and at most max_replay_timeout",
+            );
+        }
+        if self.keepalive_interval.is_zero() || self.keepalive_interval >= self.idle_timeout {
+            return bad(
+                "keepalive_interval",
+                format!("{:?}", self.keepalive_interval),
+                "must be non-zero and below idle_timeout",
+            );
+        }
+        if self.handshake_retry.is_zero() || self.handshake_retry > self.handshake_timeout {
+            return bad(
+                "handshake_retry",
+                format!("{:?}", self.handshake_retry),
+                "must be non-zero and at most handshake_timeout",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! Server-side demultiplexing: many sessions behind one socket. Frames are routed by the
+//! receiver's session ID; INITs create sessions (bounded in number); an INIT from a peer
+//! address that already has a session with another epoch means the peer restarted, and the
+//! old session is declared down.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use crate::auth::Rng;
+use crate::config::Config;
+use crate::session::{DownReason, Session};
+use crate::time::Time;
+use crate::wire::{Frame, FrameType};
+
+/// Counters of frames the endpoint handled itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Datagrams that were not frames.
+    pub dropped_malformed: u64,
+    /// Frames for a session ID that is not live.
+    pub dropped_unknown_session: u64,
+    /// INITs refused because the session table was full.
+    pub refused_full: u64,
+    /// Sessions replaced because their peer restarted.
+    pub peer_restarts: u64,
+}
+
+/// A server endpoint: sessions keyed by ID, each remembered with its peer address `A`.
+pub struct Endpoint<A> {
+    cfg: Config,
+    epoch: u32,
+    rng: Rng,
+    max_sessions: usize,
+    sessions: HashMap<u32, (A, Session)>,
+    stats: EndpointStats,
+}
+
+impl<A: Copy + Eq + Hash> Endpoint<A> {
+    /// An endpoint accepting up to `max_sessions` sessions.
+    pub fn new(cfg: Config, epoch: u32, rng: Rng, max_sessions: usize) -> Endpoint<A> {
+        Endpoint { cfg, epoch, rng, max_sessions, sessions: HashMap::new(), stats: EndpointStats::default() }
+    }
+
+    /// Routes one datagram from `from`; returns the ID of the session it went to.
+    pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) -> Option<u32> {
+        let Ok(frame) = Frame::new_checked(bytes) else {
+            self.stats.dropped_malformed += 1;
+            return None;
+        };
+        let h = frame.header();
+        if h.ty == FrameType::Init {
+            return self.on_init(now, from, &frame);
+        }
+        match self.sessions.get_mut(&h.session) {
+            Some((_, s)) => {
+                s.handle_frame(now, &frame);
+                Some(h.session)
+            }
+            None => {
+                self.stats.dropped_unknown_session += 1;
+                None
+            }
+        }
+    }
+
+    fn on_init(&mut self, now: Time, from: A, frame: &Frame<'_>) -> Option<u32> {
+        let epoch = frame.header().epoch;
+        // A repeated INIT of a handshake in progress goes to that session.
+        let mut restarted = None;
+        for (id, (addr, s)) in &mut self.sessions {
+            if *addr == from && !s.is_down() {
+                if s.peer_epoch() == epoch {
+                    s.handle_frame(now, frame);
+                    return Some(*id);
+                }
+                restarted = Some(*id);
+            }
+        }
+        if let Some(id) = restarted
+            && let Some((_, old)) = self.sessions.get_mut(&id)
+        {
+            old.peer_restarted();
+            self.stats.peer_restarts += 1;
+        }
+        self.sessions.retain(|_, (_, s)| !s.is_down() || s.has_events());
+        if self.sessions.len() >= self.max_sessions {
+            self.stats.refused_full += 1;
+            return None;
+        }
+        let mut seed = [0u8; 32];
+        self.rng.fill(&mut seed);
+        let s = Session::accept(self.cfg.clone(), now, self.epoch, Rng::new(seed), frame)?;
+        let id = s.local_id();
+        self.sessions.insert(id, (from, s));
+        Some(id)
+    }
+
+    /// The session with this ID.
+    pub fn session(&mut self, id: u32) -> Option<&mut Session> {
+        self.sessions.get_mut(&id).map(|(_, s)| s)
+    }
+
+    /// Every session with its peer address.
+    pub fn sessions(&mut self) -> impl Iterator<Item = (u32, A, &mut Session)> {
+        self.sessions.iter_mut().map(|(id, (a, s))| (*id, *a, s))
+    }
+
+    /// Forgets sessions that are down and whose events were read.
+    pub fn reap(&mut self) {
+        self.sessions.retain(|_, (_, s)| !s.is_down() || s.has_events());
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EndpointStats {
+        &self.stats
+    }
+
+    /// This endpoint's epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The earliest timer of any session.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.sessions.values().filter_map(|(_, s)| s.poll_timeout()).min()
+    }
+
+    /// Runs expired timers of every session.
+    pub fn handle_timeout(&mut self, now: Time) {
+        for (_, s) in self.sessions.values_mut() {
+            s.handle_timeout(now);
+        }
+    }
+}
+
+/// Reason a replaced session reports.
+pub(crate) const RESTARTED: DownReason = DownReason::PeerRestarted;

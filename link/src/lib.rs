@@ -1,0 +1,25 @@
+//! The datacenter transport between dxpu's endpoints: PCIe TLPs in UDP datagrams, with the
+//! guarantees a PCIe link gives — nothing lost, nothing duplicated, PCIe ordering kept, a
+//! receiver never overrun — and an authenticated peer.
+//!
+//! [`Session`] is a sans-IO state machine (no sockets, no clock, no threads): the caller
+//! feeds it datagrams and time and sends what it produces. The wire format is in [`wire`]
+//! and `docs/wire-protocol.md`.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+mod config;
+mod endpoint;
+mod error;
+mod seq;
+mod session;
+mod time;
+pub mod wire;
+
+pub use auth::{PresharedKey, Rng};
+pub use config::{Config, CreditGrant};
+pub use endpoint::{Endpoint, EndpointStats};
+pub use error::{ConfigError, FrameError, SendError};
+pub use seq::SeqNum;
+pub use session::{DownReason, Event, Memory, Role, Session, Stats};
+pub use time::Time;

@@ -1,0 +1,389 @@
+//! Frame formats (docs/wire-protocol.md), as a checked view and a parsed value.
+//!
+//! Every frame is one UDP datagram:
+//!
+//! ```text
+//!  0  u16  magic 0x4458 ("DX")
+//!  2  u8   version (1)
+//!  3  u8   frame type
+//!  4  u32  receiver's session ID (0 in INIT)
+//!  8  u32  sender's epoch
+//! 12  u64  packet number (per direction, +1 for every frame sent)
+//! 20  u32  sequence number (DATA), else 0
+//! 24  u32  ACK: every DATA frame before this sequence number has arrived
+//! 28  u16  flags: bit 0 NAK (a gap starts at ACK), bit 1 FC block present
+//! 30  u16  body length
+//! 32  [24] FC block, if flagged: six u32 credit limits (P, NP, Cpl × header, data)
+//!     ...  body
+//! -20 [16] MAC tag (SipHash-2-4-128 under the session key; zero before keys exist)
+//! -4  u32  CRC32C of everything before it
+//! ```
+//!
+//! All fields are big-endian.
+
+use crate::error::FrameError;
+
+/// "DX".
+pub const MAGIC: u16 = 0x4458;
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Fixed header bytes.
+pub const HEADER_LEN: usize = 32;
+/// Flow-control block bytes.
+pub const FC_LEN: usize = 24;
+/// MAC tag bytes.
+pub const TAG_LEN: usize = 16;
+/// Trailer: tag and CRC.
+pub const TRAILER_LEN: usize = TAG_LEN + 4;
+/// Smallest possible frame.
+pub const MIN_FRAME: usize = HEADER_LEN + TRAILER_LEN;
+
+/// Flag: ACK is a NAK, the receiver is missing the frame with sequence number ACK.
+pub const FLAG_NAK: u16 = 1;
+/// Flag: a flow-control block follows the header.
+pub const FLAG_FC: u16 = 2;
+
+/// Frame types.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum FrameType {
+    /// Client → server: start a session (nonce, proposed limits).
+    Init,
+    /// Server → client: the server's nonce, negotiated limits and its proof of the key.
+    Challenge,
+    /// Client → server: the client's proof of the key.
+    Response,
+    /// Server → client: the session is up (first MAC'd frame).
+    Established,
+    /// TLPs, in order, reliably.
+    Data,
+    /// Acknowledgement and credits only.
+    Ack,
+    /// Liveness, acknowledgement and credits.
+    Keepalive,
+    /// Graceful close.
+    Close,
+    /// Any other type byte: dropped and counted.
+    Unknown(u8),
+}
+
+impl FrameType {
+    /// From the type byte.
+    pub const fn from_byte(b: u8) -> FrameType {
+        match b {
+            1 => FrameType::Init,
+            2 => FrameType::Challenge,
+            3 => FrameType::Response,
+            4 => FrameType::Established,
+            5 => FrameType::Data,
+            6 => FrameType::Ack,
+            7 => FrameType::Keepalive,
+            8 => FrameType::Close,
+            other => FrameType::Unknown(other),
+        }
+    }
+    /// The type byte.
+    pub const fn byte(self) -> u8 {
+        match self {
+            FrameType::Init => 1,
+            FrameType::Challenge => 2,
+            FrameType::Response => 3,
+            FrameType::Established => 4,
+            FrameType::Data => 5,
+            FrameType::Ack => 6,
+            FrameType::Keepalive => 7,
+            FrameType::Close => 8,
+            FrameType::Unknown(b) => b,
+        }
+    }
+    /// Frames of the handshake, sent before the session keys exist.
+    pub const fn is_handshake(self) -> bool {
+        matches!(self, FrameType::Init | FrameType::Challenge | FrameType::Response)
+    }
+}
+
+/// Credit limits a receiver advertises: cumulative credits allocated since the session
+/// began, per class, header and data (PCIe 6.0 §2.6.1's CREDIT_LIMIT, 32 bits wide).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct FcLimits {
+    /// Posted header, posted data.
+    pub posted: (u32, u32),
+    /// Non-posted header, non-posted data.
+    pub non_posted: (u32, u32),
+    /// Completion header, completion data.
+    pub completion: (u32, u32),
+}
+
+impl FcLimits {
+    fn as_array(&self) -> [u32; 6] {
+        [
+            self.posted.0,
+            self.posted.1,
+            self.non_posted.0,
+            self.non_posted.1,
+            self.completion.0,
+            self.completion.1,
+        ]
+    }
+    fn from_array(a: [u32; 6]) -> FcLimits {
+        FcLimits { posted: (a[0], a[1]), non_posted: (a[2], a[3]), completion: (a[4], a[5]) }
+    }
+}
+
+/// The fixed header, parsed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Header {
+    /// Frame type.
+    pub ty: FrameType,
+    /// Receiver's session ID.
+    pub session: u32,
+    /// Sender's epoch.
+    pub epoch: u32,
+    /// Packet number.
+    pub pn: u64,
+    /// Sequence number (DATA).
+    pub seq: u32,
+    /// Cumulative acknowledgement (next sequence number expected).
+    pub ack: u32,
+    /// The receiver misses frame `ack` (NAK).
+    pub nak: bool,
+}
+
+/// A checked view of one frame: length, magic, version, CRC and inner lengths verified.
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'a> {
+    bytes: &'a [u8],
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn be64(b: &[u8], at: usize) -> u64 {
+    (be32(b, at) as u64) << 32 | be32(b, at + 4) as u64
+}
+
+impl<'a> Frame<'a> {
+    /// Checks a received datagram.
+    pub fn new_checked(bytes: &'a [u8]) -> Result<Frame<'a>, FrameError> {
+        if bytes.len() < MIN_FRAME {
+            return Err(FrameError::Truncated { len: bytes.len(), min: MIN_FRAME });
+        }
+        let magic = be16(bytes, 0);
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic { found: magic });
+        }
+        if bytes[2] != VERSION {
+            return Err(FrameError::UnsupportedVersion { found: bytes[2] });
+        }
+        let crc_at = bytes.len() - 4;
+        let found = be32(bytes, crc_at);
+        let computed = crc32c::crc32c(&bytes[..crc_at]);
+        if found != computed {
+            return Err(FrameError::BadCrc { found, computed });
+        }
+        let fc = if be16(bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
+        let body = be16(bytes, 30) as usize;
+        let expected = HEADER_LEN + fc + body + TRAILER_LEN;
+        if expected != bytes.len() {
+            return Err(FrameError::LengthMismatch { expected, actual: bytes.len() });
+        }
+        Ok(Frame { bytes })
+    }
+
+    /// The fixed header.
+    pub fn header(&self) -> Header {
+        let b = self.bytes;
+        let flags = be16(b, 28);
+        Header {
+            ty: FrameType::from_byte(b[3]),
+            session: be32(b, 4),
+            epoch: be32(b, 8),
+            pn: be64(b, 12),
+            seq: be32(b, 20),
+            ack: be32(b, 24),
+            nak: flags & FLAG_NAK != 0,
+        }
+    }
+    /// The flow-control block, if present.
+    pub fn fc(&self) -> Option<FcLimits> {
+        if be16(self.bytes, 28) & FLAG_FC == 0 {
+            return None;
+        }
+        let mut a = [0u32; 6];
+        for (i, v) in a.iter_mut().enumerate() {
+            *v = be32(self.bytes, HEADER_LEN + 4 * i);
+        }
+        Some(FcLimits::from_array(a))
+    }
+    /// The body.
+    pub fn body(&self) -> &'a [u8] {
+        let start = HEADER_LEN + if be16(self.bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
+        &self.bytes[start..self.bytes.len() - TRAILER_LEN]
+    }
+    /// The bytes the MAC covers: everything before the tag.
+    pub fn authenticated(&self) -> &'a [u8] {
+        &self.bytes[..self.bytes.len() - TRAILER_LEN]
+    }
+    /// The MAC tag.
+    pub fn tag(&self) -> [u8; TAG_LEN] {
+        let at = self.bytes.len() - TRAILER_LEN;
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(&self.bytes[at..at + TAG_LEN]);
+        t
+    }
+}
+
+/// Writes a frame into `buf`: header, optional FC block, body written by `body`, then the
+/// tag computed by `mac` over everything before it, then the CRC. Returns the frame length.
+pub fn write_frame(
+    buf: &mut [u8],
+    header: &Header,
+    fc: Option<&FcLimits>,
+    body_len: usize,
+    body: impl FnOnce(&mut [u8]),
+    mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN],
+) -> Result<usize, FrameError> {
+    let fc_len = if fc.is_some() { FC_LEN } else { 0 };
+    let len = HEADER_LEN + fc_len + body_len + TRAILER_LEN;
+    if buf.len() < len || body_len > u16::MAX as usize {
+        return Err(FrameError::TooLarge { len, max: buf.len().min(u16::MAX as usize) });
+    }
+    let b = &mut buf[..len];
+    b[0..2].copy_from_slice(&MAGIC.to_be_bytes());
+    b[2] = VERSION;
+    b[3] = header.ty.byte();
+    b[4..8].copy_from_slice(&header.session.to_be_bytes());
+    b[8..12].copy_from_slice(&header.epoch.to_be_bytes());
+    b[12..20].copy_from_slice(&header.pn.to_be_bytes());
+    b[20..24].copy_from_slice(&header.seq.to_be_bytes());
+    b[24..28].copy_from_slice(&header.ack.to_be_bytes());
+    let flags = if header.nak { FLAG_NAK } else { 0 } | if fc.is_some() { FLAG_FC } else { 0 };
+    b[28..30].copy_from_slice(&flags.to_be_bytes());
+    b[30..32].copy_from_slice(&(body_len as u16).to_be_bytes());
+    if let Some(fc) = fc {
+        for (i, v) in fc.as_array().iter().enumerate() {
+            b[HEADER_LEN + 4 * i..HEADER_LEN + 4 * i + 4].copy_from_slice(&v.to_be_bytes());
+        }
+    }
+    let body_at = HEADER_LEN + fc_len;
+    body(&mut b[body_at..body_at + body_len]);
+    let tag_at = len - TRAILER_LEN;
+    let tag = mac(&b[..tag_at]);
+    b[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);
+    let crc = crc32c::crc32c(&b[..len - 4]);
+    b[len - 4..].copy_from_slice(&crc.to_be_bytes());
+    Ok(len)
+}
+
+/// Iterates over the TLP records of a DATA body: `u16 length` then that many bytes, each.
+#[derive(Clone, Debug)]
+pub struct TlpRecords<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> TlpRecords<'a> {
+    /// Records in `body`.
+    pub fn new(body: &'a [u8]) -> TlpRecords<'a> {
+        TlpRecords { rest: body }
+    }
+}
+
+impl<'a> Iterator for TlpRecords<'a> {
+    type Item = Result<&'a [u8], FrameError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        if self.rest.len() < 2 {
+            self.rest = &[];
+            return Some(Err(FrameError::BadRecord { offset_from_end: 1 }));
+        }
+        let n = be16(self.rest, 0) as usize;
+        if n == 0 || self.rest.len() < 2 + n {
+            let left = self.rest.len();
+            self.rest = &[];
+            return Some(Err(FrameError::BadRecord { offset_from_end: left }));
+        }
+        let (rec, rest) = self.rest[2..].split_at(n);
+        self.rest = rest;
+        Some(Ok(rec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let h = Header {
+            ty: FrameType::Data,
+            session: 7,
+            epoch: 9,
+            pn: 0x1_0000_0002,
+            seq: 5,
+            ack: 3,
+            nak: true,
+        };
+        let fc = FcLimits { posted: (1, 2), non_posted: (3, 4), completion: (5, 6) };
+        let mut buf = vec![0u8; 256];
+        let n = write_frame(
+            &mut buf,
+            &h,
+            Some(&fc),
+            6,
+            |b| b.copy_from_slice(&[0, 4, 1, 2, 3, 4]),
+            |_| [0xaa; 16],
+        )
+        .unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn layout_is_as_documented() {
+        let b = sample();
+        assert_eq!(&b[0..4], &[0x44, 0x58, 1, 5]);
+        assert_eq!(&b[4..8], &7u32.to_be_bytes());
+        assert_eq!(&b[12..20], &0x1_0000_0002u64.to_be_bytes());
+        assert_eq!(&b[28..30], &[0, 3]);
+        assert_eq!(&b[30..32], &[0, 6]);
+        assert_eq!(&b[32..36], &1u32.to_be_bytes());
+        assert_eq!(b.len(), 32 + 24 + 6 + 20);
+        assert_eq!(
+            u32::from_be_bytes(b[b.len() - 4..].try_into().unwrap()),
+            crc32c::crc32c(&b[..b.len() - 4])
+        );
+        let f = Frame::new_checked(&b).unwrap();
+        let h = f.header();
+        assert_eq!((h.ty, h.session, h.epoch, h.seq, h.ack, h.nak), (FrameType::Data, 7, 9, 5, 3, true));
+        assert_eq!(f.fc().unwrap().completion, (5, 6));
+        let recs: Vec<_> = TlpRecords::new(f.body()).collect();
+        assert_eq!(recs, vec![Ok(&[1u8, 2, 3, 4][..])]);
+        assert_eq!(f.tag(), [0xaa; 16]);
+    }
+
+    #[test]
+    fn every_corruption_is_caught() {
+        let b = sample();
+        for i in 0..b.len() {
+            for bit in 0..8 {
+                let mut c = b.clone();
+                c[i] ^= 1 << bit;
+                assert!(Frame::new_checked(&c).is_err(), "flip at {i}.{bit} accepted");
+            }
+        }
+        for n in 0..b.len() {
+            assert!(Frame::new_checked(&b[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn bad_records_are_errors() {
+        assert!(TlpRecords::new(&[0, 5, 1]).next().unwrap().is_err());
+        assert!(TlpRecords::new(&[0, 0]).next().unwrap().is_err());
+        assert!(TlpRecords::new(&[7]).next().unwrap().is_err());
+    }
+}

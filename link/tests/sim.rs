@@ -1,0 +1,245 @@
+//! The link's invariants under a deterministic simulated network (virtual time, seeded
+//! impairments): every posted TLP delivered exactly once and in order; every non-posted
+//! request answered exactly once; no read passes an earlier write; credits never negative
+//! nor beyond the grant; memory within bounds; a silent peer declared down within the
+//! timeout; a restarted peer detected; the wrong key never gets a session.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use link::{DownReason, Event, Rng, Session};
+use proptest::prelude::*;
+
+fn clean() -> Impairment {
+    Impairment { latency: Duration::from_micros(10), ..Impairment::default() }
+}
+
+fn assert_workload_ok(p: &Pair) {
+    assert!(p.sapp.violations.is_empty(), "violations: {:?}", p.sapp.violations);
+    assert_eq!(p.capp.duplicates, 0, "a read was answered twice");
+    let writes = p.capp.plan.iter().filter(|w| **w).count() as u32;
+    let reads = p.capp.plan.len() as u32 - writes;
+    assert_eq!(p.sapp.writes_seen, writes, "posted writes delivered");
+    assert_eq!(p.sapp.reads_seen, reads, "reads delivered");
+    assert!(p.capp.outstanding.is_empty(), "unanswered reads: {:?}", p.capp.outstanding);
+}
+
+#[test]
+fn clean_network_delivers_everything() {
+    let mut p = Pair::new(1, clean(), config(key()), config(key()), plan(2000, 4, 1));
+    assert!(p.run_until(Duration::from_secs(5), |p| p.capp.done()
+        && p.sapp.writes_seen as usize + p.sapp.reads_seen as usize == 2000));
+    assert_workload_ok(&p);
+    assert!(matches!(p.client_events[0].1, Event::Up { .. }));
+    assert_eq!(p.client.stats().retransmits, 0);
+    // Batching: the client packed several TLPs into some frames.
+    assert!(p.client.stats().data_frames_sent < p.client.stats().tlps_sent, "{:?}", p.client.stats());
+}
+
+#[test]
+fn lossy_reordering_duplicating_corrupting_network() {
+    let imp = Impairment {
+        latency: Duration::from_micros(20),
+        jitter: Duration::from_micros(40),
+        loss: 0.05,
+        duplicate: 0.05,
+        corrupt: 0.02,
+    };
+    let mut p = Pair::new(7, imp, config(key()), config(key()), plan(3000, 3, 7));
+    assert!(p.run_until(Duration::from_secs(20), |p| p.capp.done()
+        && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == 3000));
+    assert_workload_ok(&p);
+    let c = p.client.stats();
+    assert!(c.retransmits > 0 && c.dropped_malformed > 0, "{c:?}");
+    assert!(p.client_down().is_none());
+}
+
+#[test]
+fn posted_writes_pass_stalled_reads() {
+    // The server never drains, so non-posted credits (4) run out after 4 reads; the writes
+    // behind them must still flow until posted credits run out too.
+    let mut plan = vec![false; 10];
+    plan.extend(vec![true; 8]);
+    let mut p = Pair::new(3, clean(), config(key()), config(key()), plan);
+    p.sapp.drain_per_step = 0;
+    p.run_until(Duration::from_millis(50), |_| false);
+    let s = p.server_session().unwrap();
+    let m = s.memory();
+    // 4 reads (NP credits) and 8 writes (P credits) delivered, nothing more.
+    assert_eq!(m.delivered_tlps, 12, "{m:?}");
+    assert_eq!(p.client.memory().queued_tlps, 6);
+    // Draining completes everything.
+    p.sapp.drain_per_step = 4;
+    assert!(p.run_until(Duration::from_secs(2), |p| p.capp.done()));
+    assert_workload_ok(&p);
+}
+
+#[test]
+fn silent_peer_is_declared_down_within_the_timeout() {
+    let mut p = Pair::new(5, clean(), config(key()), config(key()), plan(100000, 4, 5));
+    p.run_until(Duration::from_millis(20), |_| false);
+    assert!(p.client.is_up());
+    let cut = p.now;
+    p.net.partition = Some((cut, None));
+    assert!(p.run_until(Duration::from_secs(1), |p| p.client_down().is_some() && p.server_down().is_some()));
+    let (t, r) = p.client_down().unwrap();
+    assert_eq!(r, DownReason::Timeout);
+    let idle = config(key()).idle_timeout;
+    assert!(t - cut <= idle + Duration::from_millis(1), "declared down after {:?}", t - cut);
+    let (ts, rs) = p.server_down().unwrap();
+    assert_eq!(rs, DownReason::Timeout);
+    assert!(ts - cut <= idle + Duration::from_millis(1));
+}
+
+#[test]
+fn partition_that_heals_loses_nothing() {
+    let mut p = Pair::new(9, clean(), config(key()), config(key()), plan(3000, 3, 9));
+    p.run_until(Duration::from_millis(5), |_| false);
+    let cut = p.now;
+    // Shorter than the idle timeout (100 ms).
+    p.net.partition = Some((cut, Some(cut + Duration::from_millis(60))));
+    assert!(p.run_until(Duration::from_secs(5), |p| p.capp.done()
+        && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == 3000));
+    assert_workload_ok(&p);
+    assert!(p.client_down().is_none() && p.server_down().is_none());
+    assert!(p.client.stats().replay_timeouts > 0);
+}
+
+#[test]
+fn wrong_key_never_gets_a_session() {
+    let other = link::PresharedKey::new(b"another key of 32 bytes, wrong!!").unwrap();
+    let mut p = Pair::new(11, clean(), config(other), config(key()), plan(10, 2, 11));
+    p.run_until(Duration::from_millis(400), |_| false);
+    assert!(!p.client.is_up());
+    assert_eq!(p.client_down(), Some((p.client_down().unwrap().0, DownReason::AuthFailed)));
+    assert!(p.client.stats().auth_failures > 0);
+    assert!(!p.server_events.iter().any(|(_, e)| matches!(e, Event::Up { .. })));
+}
+
+#[test]
+fn restarted_client_is_detected_by_the_server() {
+    let mut p = Pair::new(13, clean(), config(key()), config(key()), plan(200, 3, 13));
+    p.run_until(Duration::from_millis(20), |_| false);
+    let old = p.server_session.unwrap();
+    // The client process restarts: a new session with a new epoch, same address.
+    p.client = Session::client(config(key()), p.now, 0xdead_beef, Rng::from_u64(99));
+    p.capp = ClientApp::new(plan(200, 3, 14));
+    p.sapp = ServerApp::new(4);
+    assert!(p.run_until(Duration::from_secs(2), |p| p.capp.done() && p.server_session != Some(old)));
+    assert!(p.server_events.iter().any(|(_, e)| *e == Event::Down(DownReason::PeerRestarted)));
+    assert_eq!(p.server.stats().peer_restarts, 1);
+    assert_workload_ok(&p);
+}
+
+#[test]
+fn restarted_server_is_detected_by_the_client() {
+    let mut p = Pair::new(15, clean(), config(key()), config(key()), plan(100000, 3, 15));
+    p.run_until(Duration::from_millis(20), |_| false);
+    let first_epoch = p.client.peer_epoch();
+    // The server restarts: its sessions are gone and it has a new epoch.
+    p.server = link::Endpoint::new(config(key()), 0x5eed, Rng::from_u64(77), 4);
+    p.server_session = None;
+    assert!(p.run_until(Duration::from_secs(1), |p| p.client_down().is_some()));
+    assert_eq!(p.client_down().unwrap().1, DownReason::Timeout);
+    assert!(p.server.stats().dropped_unknown_session > 0);
+    // Reconnecting finds the new epoch.
+    p.client = Session::client(config(key()), p.now, 0x1234, Rng::from_u64(5));
+    p.client_events.clear();
+    assert!(p.run_until(Duration::from_millis(100), |p| p.client.is_up()));
+    assert_ne!(p.client.peer_epoch(), first_epoch);
+    assert_eq!(p.client.peer_epoch(), 0x5eed);
+}
+
+#[test]
+fn forged_replayed_and_truncated_frames_are_rejected_and_counted() {
+    let mut p = Pair::new(17, clean(), config(key()), config(key()), plan(400, 3, 17));
+    p.net.capture = true;
+    p.run_until(Duration::from_millis(30), |_| false);
+    let captured = std::mem::take(&mut p.net.captured);
+    p.net.capture = false;
+    let to_client: Vec<Vec<u8>> =
+        captured.iter().filter(|(d, _)| *d == CLIENT).map(|(_, b)| b.clone()).collect();
+    let before = *p.client.stats();
+    // Replayed: every frame the server sent, again.
+    for b in &to_client {
+        p.client.handle_datagram(p.now, b);
+    }
+    let after = *p.client.stats();
+    assert!(after.dropped_replayed >= to_client.len() as u64 - 2, "{after:?}");
+    assert_eq!(after.tlps_received, before.tlps_received, "a replayed frame delivered TLPs");
+    // Forged: a DATA frame with a valid CRC but a tag made without the key.
+    let data = to_client.iter().find(|b| b[3] == 5).unwrap().clone();
+    let mut forged = data.clone();
+    let n = forged.len();
+    forged[20] ^= 0x40; // change the sequence number
+    forged[n - 20..n - 4].copy_from_slice(&[0x11; 16]);
+    let crc = crc32c_of(&forged[..n - 4]);
+    forged[n - 4..].copy_from_slice(&crc.to_be_bytes());
+    p.client.handle_datagram(p.now, &forged);
+    assert_eq!(p.client.stats().dropped_bad_mac, after.dropped_bad_mac + 1);
+    // Truncated: every prefix of a real frame.
+    for cut in 0..data.len() {
+        p.client.handle_datagram(p.now, &data[..cut]);
+    }
+    assert_eq!(p.client.stats().dropped_malformed, after.dropped_malformed + data.len() as u64);
+    // The session is unharmed.
+    assert!(p.run_until(Duration::from_secs(2), |p| p.capp.done()
+        && (p.sapp.writes_seen + p.sapp.reads_seen) == 400));
+    assert_workload_ok(&p);
+}
+
+fn crc32c_of(b: &[u8]) -> u32 {
+    // Bitwise CRC32C (Castagnoli, reflected 0x82F63B78), independent of the crate under test.
+    let mut c = !0u32;
+    for &x in b {
+        c ^= x as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82f6_3b78 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+#[test]
+fn graceful_close_reaches_the_peer() {
+    let mut p = Pair::new(19, clean(), config(key()), config(key()), plan(10, 2, 19));
+    assert!(p.run_until(Duration::from_millis(50), |p| p.capp.done()));
+    p.client.close(p.now);
+    assert!(p.run_until(Duration::from_millis(50), |p| p.server_down().is_some()));
+    assert_eq!(p.server_down().unwrap().1, DownReason::PeerClosed);
+    assert_eq!(p.client_down().unwrap().1, DownReason::Closed);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_over_seeds_and_impairments(
+        seed in any::<u64>(),
+        loss in 0.0f64..0.15,
+        duplicate in 0.0f64..0.1,
+        corrupt in 0.0f64..0.05,
+        jitter_us in 0u64..200,
+        latency_us in 1u64..200,
+        drain in 1usize..8,
+        n in 50usize..600,
+    ) {
+        let imp = Impairment {
+            latency: Duration::from_micros(latency_us),
+            jitter: Duration::from_micros(jitter_us),
+            loss, duplicate, corrupt,
+        };
+        let mut p = Pair::new(seed, imp, config(key()), config(key()), plan(n, 3, seed));
+        p.sapp.drain_per_step = drain;
+        let finished = p.run_until(Duration::from_secs(30), |p| {
+            p.capp.done() && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == n
+        });
+        let server_stats = p.server_session().map(|s| *s.stats());
+        prop_assert!(finished, "did not finish: client {:?} server {:?} down {:?}/{:?}",
+            p.client.stats(), server_stats, p.client_down(), p.server_down());
+        assert_workload_ok(&p);
+    }
+}
