@@ -2,6 +2,7 @@
 //! of it with HMAC-SHA-256 over both sides' nonces and the negotiated parameters (the
 //! transcript); the per-direction frame keys are derived from it the same way. Every frame
 //! after the handshake carries a SipHash-2-4-128 tag under its direction's key.
+#![forbid(unsafe_code)]
 
 use std::hash::Hasher;
 

@@ -1,4 +1,5 @@
 //! Session configuration, with defaults for a datacenter network.
+#![forbid(unsafe_code)]
 
 use core::time::Duration;
 

@@ -2,6 +2,7 @@
 //! receiver's session ID; INITs create sessions (bounded in number); an INIT from a peer
 //! address that already has a session with another epoch means the peer restarted, and the
 //! old session is declared down.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::hash::Hash;

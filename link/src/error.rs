@@ -1,4 +1,5 @@
 //! Errors of the link layer.
+#![forbid(unsafe_code)]
 
 /// Why a datagram is not a frame. Such datagrams are dropped and counted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,4 +1,5 @@
 //! Wrap-aware sequence numbers (serial number arithmetic, RFC 1982 style, 32 bits).
+#![forbid(unsafe_code)]
 
 use core::cmp::Ordering;
 use core::fmt;

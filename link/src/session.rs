@@ -15,6 +15,7 @@
 //! and returns them as the application drains TLPs; the sender holds back a class without
 //! credit while others proceed, under PCIe's ordering rules (posted requests may pass
 //! non-posted requests and completions; nothing passes an earlier posted request).
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 

@@ -1,4 +1,5 @@
 //! Time as the state machine sees it: an argument, never read from a clock.
+#![forbid(unsafe_code)]
 
 use core::fmt;
 use core::ops::{Add, Sub};

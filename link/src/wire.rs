@@ -20,6 +20,7 @@
 //! ```
 //!
 //! All fields are big-endian.
+#![forbid(unsafe_code)]
 
 use crate::error::FrameError;
 

@@ -1,0 +1,180 @@
+//! An impairment layer any driver can wear: seeded loss, duplication, reordering (jitter),
+//! corruption (bit flips), added one-way delay and a rate limit. It is how tests and
+//! `dxpu loopback` emulate a real network, since this kernel has no netem. It acts on the
+//! sending side.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::Datagrams;
+
+/// What to do to outgoing datagrams.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Impairment {
+    /// Fraction of datagrams dropped.
+    pub loss: f64,
+    /// Fraction of datagrams sent twice.
+    pub duplicate: f64,
+    /// Fraction of datagrams with one bit flipped.
+    pub corrupt: f64,
+    /// Added one-way delay.
+    pub delay: Duration,
+    /// Extra random delay, uniform in 0..=jitter (reorders datagrams).
+    pub jitter: Duration,
+    /// Bytes per second (0: unlimited).
+    pub rate: u64,
+    /// Seed of the generator.
+    pub seed: u64,
+}
+
+impl Impairment {
+    /// No impairment at all.
+    pub fn is_none(&self) -> bool {
+        self.loss == 0.0
+            && self.duplicate == 0.0
+            && self.corrupt == 0.0
+            && self.delay.is_zero()
+            && self.jitter.is_zero()
+            && self.rate == 0
+    }
+}
+
+type Held = Reverse<(Instant, u64, SocketAddr, Vec<u8>)>;
+
+/// A driver with impairments applied to what it sends.
+pub struct Impaired<D> {
+    inner: D,
+    imp: Impairment,
+    state: u64,
+    held: BinaryHeap<Held>,
+    order: u64,
+    rate_free_at: Instant,
+    /// Datagrams dropped, duplicated, corrupted by the layer.
+    pub dropped: u64,
+    /// Datagrams sent twice.
+    pub duplicated: u64,
+    /// Datagrams corrupted.
+    pub corrupted: u64,
+}
+
+impl<D: Datagrams> Impaired<D> {
+    /// Wraps `inner`.
+    pub fn new(inner: D, imp: Impairment) -> Impaired<D> {
+        Impaired {
+            inner,
+            imp,
+            state: imp.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            held: BinaryHeap::new(),
+            order: 0,
+            rate_free_at: Instant::now(),
+            dropped: 0,
+            duplicated: 0,
+            corrupted: 0,
+        }
+    }
+
+    /// The wrapped driver.
+    pub fn inner(&mut self) -> &mut D {
+        &mut self.inner
+    }
+
+    fn next(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+
+    fn release_due(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        let mut sent = false;
+        while self.held.peek().is_some_and(|Reverse((t, ..))| *t <= now) {
+            if let Some(Reverse((_, _, to, b))) = self.held.pop() {
+                self.inner.send_to(to, &b)?;
+                sent = true;
+            }
+        }
+        if sent {
+            self.inner.flush()?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: Datagrams> Datagrams for Impaired<D> {
+    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        if self.chance(self.imp.loss) {
+            self.dropped += 1;
+            return Ok(());
+        }
+        let copies = if self.chance(self.imp.duplicate) {
+            self.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut b = bytes.to_vec();
+            if !b.is_empty() && self.chance(self.imp.corrupt) {
+                let i = (self.next() % b.len() as u64) as usize;
+                b[i] ^= 1 << (self.next() % 8);
+                self.corrupted += 1;
+            }
+            let jitter = if self.imp.jitter.is_zero() {
+                0
+            } else {
+                self.next() % (self.imp.jitter.as_nanos() as u64 + 1)
+            };
+            let mut at = Instant::now() + self.imp.delay + Duration::from_nanos(jitter);
+            if self.imp.rate > 0 {
+                // Serialize at the configured rate: each datagram leaves after the previous.
+                let tx = Duration::from_nanos(b.len() as u64 * 1_000_000_000 / self.imp.rate);
+                let start = self.rate_free_at.max(Instant::now());
+                self.rate_free_at = start + tx;
+                at = at.max(self.rate_free_at);
+            }
+            if at <= Instant::now() {
+                self.inner.send_to(to, &b)?;
+            } else {
+                self.order += 1;
+                self.held.push(Reverse((at, self.order, to, b)));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()?;
+        self.release_due()
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        self.release_due()?;
+        self.inner.recv(f)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let next = self.held.peek().map(|Reverse((t, ..))| t.saturating_duration_since(Instant::now()));
+        let t = match (timeout, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.inner.wait(t)?;
+        self.release_due()
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}

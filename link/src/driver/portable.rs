@@ -1,0 +1,275 @@
+//! The portable driver: a non-blocking UDP socket, `sendmmsg` / `recvmmsg` through libc to
+//! batch datagrams, `ppoll` to sleep. Runs on any Linux kernel.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use super::Datagrams;
+
+/// Datagrams handled per system call.
+const BATCH: usize = 32;
+/// Largest datagram received.
+const MAX_DATAGRAM: usize = 65536;
+
+/// A UDP socket with batched I/O.
+pub struct PortableUdp {
+    socket: UdpSocket,
+    /// Queued outgoing datagrams: bytes back to back, and (destination, start, end).
+    out_bytes: Vec<u8>,
+    out: Vec<(SocketAddr, usize, usize)>,
+    rx: Vec<u8>,
+}
+
+fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid (unspecified) value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn addr_of(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+impl PortableUdp {
+    /// Binds a non-blocking UDP socket.
+    pub fn bind(addr: SocketAddr) -> io::Result<PortableUdp> {
+        let socket = UdpSocket::bind(addr)?;
+        socket.set_nonblocking(true)?;
+        Ok(PortableUdp {
+            socket,
+            out_bytes: Vec::new(),
+            out: Vec::new(),
+            rx: vec![0u8; BATCH * MAX_DATAGRAM],
+        })
+    }
+
+    /// Wraps a socket the caller bound (made non-blocking here).
+    pub fn from_socket(socket: UdpSocket) -> io::Result<PortableUdp> {
+        socket.set_nonblocking(true)?;
+        Ok(PortableUdp {
+            socket,
+            out_bytes: Vec::new(),
+            out: Vec::new(),
+            rx: vec![0u8; BATCH * MAX_DATAGRAM],
+        })
+    }
+}
+
+impl Datagrams for PortableUdp {
+    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        let start = self.out_bytes.len();
+        self.out_bytes.extend_from_slice(bytes);
+        self.out.push((to, start, self.out_bytes.len()));
+        if self.out.len() >= BATCH {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let mut done = 0;
+        while done < self.out.len() {
+            let batch = &self.out[done..(done + BATCH).min(self.out.len())];
+            let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+                batch.iter().map(|(a, ..)| sockaddr_of(a)).collect();
+            let mut iovs: Vec<libc::iovec> = batch
+                .iter()
+                .map(|&(_, s, e)| libc::iovec {
+                    iov_base: self.out_bytes[s..e].as_ptr() as *mut libc::c_void,
+                    iov_len: e - s,
+                })
+                .collect();
+            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(batch.len());
+            for i in 0..batch.len() {
+                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = &mut addrs[i].0 as *mut _ as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = addrs[i].1;
+                m.msg_hdr.msg_iov = &mut iovs[i];
+                m.msg_hdr.msg_iovlen = 1;
+                msgs.push(m);
+            }
+            // SAFETY: every pointer in `msgs` refers to `addrs`, `iovs` or `out_bytes`, all
+            // alive and unmoved until the call returns; the count matches the array.
+            let n =
+                unsafe { libc::sendmmsg(self.socket.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => continue,
+                    io::ErrorKind::Interrupted => continue,
+                    // A datagram to an unreachable port is the network's loss, not ours.
+                    io::ErrorKind::ConnectionRefused => {
+                        done += 1;
+                        continue;
+                    }
+                    _ => {
+                        self.out.clear();
+                        self.out_bytes.clear();
+                        return Err(e);
+                    }
+                }
+            }
+            done += n as usize;
+        }
+        self.out.clear();
+        self.out_bytes.clear();
+        Ok(())
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let mut total = 0;
+        loop {
+            let mut addrs: [MaybeUninit<libc::sockaddr_storage>; BATCH] =
+                [const { MaybeUninit::uninit() }; BATCH];
+            let mut iovs: Vec<libc::iovec> = self
+                .rx
+                .chunks_exact_mut(MAX_DATAGRAM)
+                .map(|c| libc::iovec { iov_base: c.as_mut_ptr() as *mut libc::c_void, iov_len: MAX_DATAGRAM })
+                .collect();
+            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(BATCH);
+            for i in 0..BATCH {
+                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = addrs[i].as_mut_ptr() as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                m.msg_hdr.msg_iov = &mut iovs[i];
+                m.msg_hdr.msg_iovlen = 1;
+                msgs.push(m);
+            }
+            // SAFETY: the headers point into `addrs`, `iovs` and `self.rx`, which outlive the
+            // call; MSG_DONTWAIT makes it return at once when nothing is ready.
+            let n = unsafe {
+                libc::recvmmsg(
+                    self.socket.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    BATCH as u32,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(total),
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::ConnectionRefused => continue,
+                    _ => Err(e),
+                };
+            }
+            for (i, m) in msgs.iter().take(n as usize).enumerate() {
+                // SAFETY: the kernel wrote an address of msg_namelen bytes for this message.
+                let ss = unsafe { addrs[i].assume_init_ref() };
+                let len = (m.msg_len as usize).min(MAX_DATAGRAM);
+                if let Some(from) = addr_of(ss) {
+                    f(from, &self.rx[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]);
+                }
+            }
+            total += n as usize;
+            if (n as usize) < BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let mut pfd = libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd; the timespec (if any) lives across the call.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, tsp, std::ptr::null()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    fn name(&self) -> &'static str {
+        "portable"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_round_trip_on_loopback() {
+        let mut a = PortableUdp::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut b = PortableUdp::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = b.local_addr().unwrap();
+        for i in 0..100u8 {
+            a.send_to(to, &[i; 100]).unwrap();
+        }
+        a.flush().unwrap();
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while got.len() < 100 && std::time::Instant::now() < deadline {
+            b.wait(Some(Duration::from_millis(10))).unwrap();
+            b.recv(&mut |from, d| {
+                assert_eq!(from, a.local_addr().unwrap());
+                got.push(d[0]);
+            })
+            .unwrap();
+        }
+        assert_eq!(got, (0..100).collect::<Vec<u8>>());
+    }
+}

@@ -1,0 +1,225 @@
+//! Runners: the loop that joins a session (or a server endpoint) to a driver. In busy-poll
+//! mode the loop spins on the socket for `spin` after the last activity before it sleeps in
+//! the kernel; in blocking mode it sleeps at once. Either way it sleeps no longer than the
+//! session's next timer.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::Datagrams;
+use crate::endpoint::Endpoint;
+use crate::session::Session;
+use crate::time::Time;
+
+/// A monotonic clock for a session: `Time` is nanoseconds since its origin.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: Instant,
+}
+
+impl Clock {
+    /// A clock starting now.
+    pub fn new() -> Clock {
+        Clock { origin: Instant::now() }
+    }
+    /// The time now.
+    pub fn now(&self) -> Time {
+        Time::from_nanos(self.origin.elapsed().as_nanos() as u64)
+    }
+    /// How long from now until `t` (zero if past).
+    pub fn until(&self, t: Time) -> Duration {
+        t.since(self.now())
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// How a runner waits for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin on the socket for `spin` after the last activity, then sleep in the kernel.
+    Busy {
+        /// Busy-poll budget.
+        spin: Duration,
+    },
+    /// Sleep in the kernel whenever there is nothing to do.
+    Blocking,
+}
+
+/// Drives one client session over a driver.
+pub struct SessionRunner<D> {
+    /// The socket.
+    pub sock: D,
+    /// The server's address.
+    pub peer: SocketAddr,
+    /// The session.
+    pub session: Session,
+    /// The clock.
+    pub clock: Clock,
+    mode: PollMode,
+    buf: Vec<u8>,
+    last_activity: Instant,
+}
+
+impl<D: Datagrams> SessionRunner<D> {
+    /// A runner for `session` talking to `peer`.
+    pub fn new(
+        sock: D,
+        peer: SocketAddr,
+        session: Session,
+        clock: Clock,
+        mode: PollMode,
+    ) -> SessionRunner<D> {
+        SessionRunner {
+            sock,
+            peer,
+            session,
+            clock,
+            mode,
+            buf: vec![0u8; 65536],
+            last_activity: Instant::now(),
+        }
+    }
+
+    /// One pass: receive what is ready, run timers, send what the session has. Returns
+    /// whether anything was received or sent.
+    pub fn poll(&mut self) -> io::Result<bool> {
+        let now = self.clock.now();
+        let peer = self.peer;
+        let session = &mut self.session;
+        let received = self.sock.recv(&mut |from, bytes| {
+            if from == peer {
+                session.handle_datagram(now, bytes);
+            }
+        })?;
+        self.session.handle_timeout(now);
+        let mut sent = 0;
+        while let Some(n) = self.session.poll_transmit(now, &mut self.buf) {
+            self.sock.send_to(self.peer, &self.buf[..n])?;
+            sent += 1;
+        }
+        if sent > 0 {
+            self.sock.flush()?;
+        }
+        let active = received + sent > 0;
+        if active {
+            self.last_activity = Instant::now();
+        }
+        Ok(active)
+    }
+
+    /// Waits for work the way the mode says (call after an idle `poll`).
+    pub fn wait(&mut self) -> io::Result<()> {
+        let timer = self.session.poll_timeout().map(|t| self.clock.until(t));
+        match self.mode {
+            PollMode::Busy { spin } if self.last_activity.elapsed() < spin => {
+                std::hint::spin_loop();
+                Ok(())
+            }
+            _ => self
+                .sock
+                .wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100)))),
+        }
+    }
+
+    /// Polls until `done` says so or `limit` passes; returns whether `done` was reached.
+    pub fn run_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&mut Session) -> bool,
+    ) -> io::Result<bool> {
+        let end = Instant::now() + limit;
+        loop {
+            let active = self.poll()?;
+            if done(&mut self.session) {
+                return Ok(true);
+            }
+            if Instant::now() >= end {
+                return Ok(false);
+            }
+            if !active {
+                self.wait()?;
+            }
+        }
+    }
+}
+
+/// Drives a server endpoint (many sessions) over a driver.
+pub struct ServerRunner<D> {
+    /// The socket.
+    pub sock: D,
+    /// The endpoint.
+    pub endpoint: Endpoint<SocketAddr>,
+    /// The clock.
+    pub clock: Clock,
+    mode: PollMode,
+    buf: Vec<u8>,
+    out: Vec<(SocketAddr, usize, usize)>,
+    out_bytes: Vec<u8>,
+    last_activity: Instant,
+}
+
+impl<D: Datagrams> ServerRunner<D> {
+    /// A runner for `endpoint`.
+    pub fn new(sock: D, endpoint: Endpoint<SocketAddr>, clock: Clock, mode: PollMode) -> ServerRunner<D> {
+        ServerRunner {
+            sock,
+            endpoint,
+            clock,
+            mode,
+            buf: vec![0u8; 65536],
+            out: Vec::new(),
+            out_bytes: Vec::new(),
+            last_activity: Instant::now(),
+        }
+    }
+
+    /// One pass over the socket and every session.
+    pub fn poll(&mut self) -> io::Result<bool> {
+        let now = self.clock.now();
+        let endpoint = &mut self.endpoint;
+        let received = self.sock.recv(&mut |from, bytes| {
+            endpoint.handle_datagram(now, from, bytes);
+        })?;
+        self.endpoint.handle_timeout(now);
+        self.out.clear();
+        self.out_bytes.clear();
+        for (_, addr, s) in self.endpoint.sessions() {
+            while let Some(n) = s.poll_transmit(now, &mut self.buf) {
+                let start = self.out_bytes.len();
+                self.out_bytes.extend_from_slice(&self.buf[..n]);
+                self.out.push((addr, start, self.out_bytes.len()));
+            }
+        }
+        for &(addr, s, e) in &self.out {
+            self.sock.send_to(addr, &self.out_bytes[s..e])?;
+        }
+        if !self.out.is_empty() {
+            self.sock.flush()?;
+        }
+        let active = received + self.out.len() > 0;
+        if active {
+            self.last_activity = Instant::now();
+        }
+        Ok(active)
+    }
+
+    /// Waits for work the way the mode says.
+    pub fn wait(&mut self) -> io::Result<()> {
+        let timer = self.endpoint.poll_timeout().map(|t| self.clock.until(t));
+        match self.mode {
+            PollMode::Busy { spin } if self.last_activity.elapsed() < spin => {
+                std::hint::spin_loop();
+                Ok(())
+            }
+            _ => self
+                .sock
+                .wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100)))),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The link's invariants over real UDP: on loopback, and across two network namespaces
+//! joined by veth, clean and with the impairment layer at 5 % loss, reordering and
+//! duplication. The same applications as the simulation check delivery and ordering.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{ClientApp, ServerApp, config, key, plan};
+use link::driver::{
+    Clock, Datagrams, Impaired, Impairment, PollMode, PortableUdp, ServerRunner, SessionRunner,
+};
+use link::{Endpoint, Rng, Session};
+
+struct Outcome {
+    capp: ClientApp,
+    sapp: ServerApp,
+    retransmits: u64,
+}
+
+/// Runs the workload: a server endpoint in its own thread (optionally in network namespace
+/// `server_ns`), the client here (optionally in `client_ns`).
+fn run(
+    server_bind: &str,
+    client_bind: &str,
+    server_ns: Option<&str>,
+    client_ns: Option<&str>,
+    imp: Impairment,
+    n: usize,
+) -> Outcome {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel::<SocketAddr>();
+    let server_bind: SocketAddr = server_bind.parse().unwrap();
+    let ns = server_ns.map(str::to_owned);
+    let stop2 = stop.clone();
+    let server = std::thread::spawn(move || {
+        if let Some(ns) = ns {
+            enter_netns(&ns);
+        }
+        let sock =
+            Impaired::new(PortableUdp::bind(server_bind).unwrap(), Impairment { seed: imp.seed ^ 1, ..imp });
+        addr_tx.send(sock.local_addr().unwrap()).unwrap();
+        let ep = Endpoint::new(config(key()), 0x5e, Rng::from_u64(2), 4);
+        let mut r = ServerRunner::new(sock, ep, Clock::new(), PollMode::Blocking);
+        let mut sapp = ServerApp::new(16);
+        while !stop2.load(Ordering::Relaxed) {
+            let active = r.poll().unwrap();
+            for (_, _, s) in r.endpoint.sessions() {
+                sapp.pump(s);
+            }
+            if !active {
+                r.wait().unwrap();
+            }
+        }
+        sapp
+    });
+    let server_addr = addr_rx.recv().unwrap();
+    if let Some(ns) = client_ns {
+        enter_netns(ns);
+    }
+    let sock = Impaired::new(PortableUdp::bind(client_bind.parse().unwrap()).unwrap(), imp);
+    let clock = Clock::new();
+    let session = Session::client(config(key()), clock.now(), 0xc1, Rng::from_u64(3));
+    let mut r = SessionRunner::new(sock, server_addr, session, clock, PollMode::Blocking);
+    let mut capp = ClientApp::new(plan(n, 3, imp.seed));
+    let ok = r
+        .run_until(Duration::from_secs(60), |s| {
+            capp.pump(s, 64);
+            capp.done() || s.is_down()
+        })
+        .unwrap();
+    assert!(ok && !r.session.is_down(), "workload did not finish: {:?}", r.session.stats());
+    // Let the last ACKs reach the server, then stop it.
+    r.run_until(Duration::from_millis(50), |s| s.is_idle()).unwrap();
+    let retransmits = r.session.stats().retransmits;
+    stop.store(true, Ordering::Relaxed);
+    let sapp = server.join().unwrap();
+    Outcome { capp, sapp, retransmits }
+}
+
+fn check(o: &Outcome, n: usize) {
+    assert!(o.sapp.violations.is_empty(), "{:?}", o.sapp.violations);
+    assert_eq!(o.capp.duplicates, 0);
+    assert!(o.capp.outstanding.is_empty());
+    let writes = o.capp.plan.iter().filter(|w| **w).count() as u32;
+    assert_eq!(o.sapp.writes_seen, writes);
+    assert_eq!(o.sapp.reads_seen as usize, n - writes as usize);
+}
+
+fn lossy(seed: u64) -> Impairment {
+    Impairment {
+        loss: 0.05,
+        duplicate: 0.05,
+        jitter: Duration::from_micros(200),
+        seed,
+        ..Impairment::default()
+    }
+}
+
+#[test]
+fn loopback_clean() {
+    let o = run("127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
+    check(&o, 3000);
+}
+
+#[test]
+fn loopback_lossy_reordering_duplicating() {
+    let o = run("127.0.0.1:0", "127.0.0.1:0", None, None, lossy(21), 2000);
+    check(&o, 2000);
+    assert!(o.retransmits > 0, "5 % loss should have caused replays");
+}
+
+/// Two namespaces joined by veth; removed on drop.
+struct Netns {
+    a: String,
+    b: String,
+}
+
+impl Netns {
+    fn create(tag: &str) -> Result<Netns, String> {
+        let a = format!("dxpu-{tag}-a");
+        let b = format!("dxpu-{tag}-b");
+        let sh = |args: &str| -> Result<(), String> {
+            let out =
+                Command::new("ip").args(args.split_whitespace()).output().map_err(|e| format!("ip: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("ip {args}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+            }
+        };
+        let _ = sh(&format!("netns del {a}"));
+        let _ = sh(&format!("netns del {b}"));
+        sh(&format!("netns add {a}"))?;
+        let ns = Netns { a: a.clone(), b: b.clone() };
+        sh(&format!("netns add {b}"))?;
+        let (va, vb) = (format!("v{tag}a"), format!("v{tag}b"));
+        sh(&format!("link add {va} netns {a} type veth peer name {vb} netns {b}"))?;
+        sh(&format!("-n {a} addr add 10.77.0.1/24 dev {va}"))?;
+        sh(&format!("-n {b} addr add 10.77.0.2/24 dev {vb}"))?;
+        sh(&format!("-n {a} link set {va} up"))?;
+        sh(&format!("-n {b} link set {vb} up"))?;
+        sh(&format!("-n {a} link set lo up"))?;
+        sh(&format!("-n {b} link set lo up"))?;
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
+    }
+}
+
+/// Moves the calling thread into a named network namespace.
+fn enter_netns(name: &str) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(format!("/var/run/netns/{name}")).unwrap();
+    // SAFETY: setns on a valid namespace fd affects only the calling thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {name}: {}", std::io::Error::last_os_error());
+}
+
+fn netns_workload(tag: &str, imp: Impairment, n: usize) {
+    let ns = match Netns::create(tag) {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("skipping: network namespaces unavailable here ({e})");
+            return;
+        }
+    };
+    // The client runs in a thread of its own so that this test thread keeps its namespace.
+    let (a, b) = (ns.a.clone(), ns.b.clone());
+    let o = std::thread::spawn(move || run("10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n))
+        .join()
+        .unwrap();
+    check(&o, n);
+}
+
+#[test]
+fn across_network_namespaces_clean() {
+    netns_workload("c", Impairment::default(), 2000);
+}
+
+#[test]
+fn across_network_namespaces_lossy() {
+    netns_workload("l", lossy(33), 1500);
+}
