@@ -133,9 +133,9 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
                 self.next() % (self.imp.jitter.as_nanos() as u64 + 1)
             };
             let mut at = Instant::now() + self.imp.delay + Duration::from_nanos(jitter);
-            if self.imp.rate > 0 {
+            if let Some(ns) = (b.len() as u64 * 1_000_000_000).checked_div(self.imp.rate) {
                 // Serialize at the configured rate: each datagram leaves after the previous.
-                let tx = Duration::from_nanos(b.len() as u64 * 1_000_000_000 / self.imp.rate);
+                let tx = Duration::from_nanos(ns);
                 let start = self.rate_free_at.max(Instant::now());
                 self.rate_free_at = start + tx;
                 at = at.max(self.rate_free_at);
