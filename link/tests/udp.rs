@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{ClientApp, ServerApp, config, key, plan};
 use link::driver::{
-    Clock, Datagrams, Impaired, Impairment, PollMode, PortableUdp, ServerRunner, SessionRunner,
+    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner, SessionRunner,
 };
 use link::{Endpoint, Rng, Session};
 
@@ -26,6 +26,7 @@ struct Outcome {
 /// Runs the workload: a server endpoint in its own thread (optionally in network namespace
 /// `server_ns`), the client here (optionally in `client_ns`).
 fn run(
+    driver: DriverKind,
     server_bind: &str,
     client_bind: &str,
     server_ns: Option<&str>,
@@ -42,8 +43,10 @@ fn run(
         if let Some(ns) = ns {
             enter_netns(&ns);
         }
-        let sock =
-            Impaired::new(PortableUdp::bind(server_bind).unwrap(), Impairment { seed: imp.seed ^ 1, ..imp });
+        let sock = Impaired::new(
+            AnyUdp::bind(server_bind, driver, &mut |m| eprintln!("server {m}")).unwrap(),
+            Impairment { seed: imp.seed ^ 1, ..imp },
+        );
         addr_tx.send(sock.local_addr().unwrap()).unwrap();
         let ep = Endpoint::new(config(key()), 0x5e, Rng::from_u64(2), 4);
         let mut r = ServerRunner::new(sock, ep, Clock::new(), PollMode::Blocking);
@@ -63,7 +66,11 @@ fn run(
     if let Some(ns) = client_ns {
         enter_netns(ns);
     }
-    let sock = Impaired::new(PortableUdp::bind(client_bind.parse().unwrap()).unwrap(), imp);
+    let sock = Impaired::new(
+        AnyUdp::bind(client_bind.parse().unwrap(), driver, &mut |m| eprintln!("client {m}")).unwrap(),
+        imp,
+    );
+    assert_eq!(sock.name(), if driver == DriverKind::Portable { "portable" } else { "io_uring" });
     let clock = Clock::new();
     let session = Session::client(config(key()), clock.now(), 0xc1, Rng::from_u64(3));
     let mut r = SessionRunner::new(sock, server_addr, session, clock, PollMode::Blocking);
@@ -102,17 +109,45 @@ fn lossy(seed: u64) -> Impairment {
     }
 }
 
+fn uring_available() -> bool {
+    match link::driver::UringUdp::probe() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("skipping io_uring: unavailable here ({e})");
+            false
+        }
+    }
+}
+
 #[test]
-fn loopback_clean() {
-    let o = run("127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
+fn loopback_clean_portable() {
+    let o = run(DriverKind::Portable, "127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
     check(&o, 3000);
 }
 
 #[test]
-fn loopback_lossy_reordering_duplicating() {
-    let o = run("127.0.0.1:0", "127.0.0.1:0", None, None, lossy(21), 2000);
+fn loopback_lossy_reordering_duplicating_portable() {
+    let o = run(DriverKind::Portable, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(21), 2000);
     check(&o, 2000);
     assert!(o.retransmits > 0, "5 % loss should have caused replays");
+}
+
+#[test]
+fn loopback_clean_io_uring() {
+    if uring_available() {
+        let o =
+            run(DriverKind::IoUring, "127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
+        check(&o, 3000);
+    }
+}
+
+#[test]
+fn loopback_lossy_reordering_duplicating_io_uring() {
+    if uring_available() {
+        let o = run(DriverKind::IoUring, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(23), 2000);
+        check(&o, 2000);
+        assert!(o.retransmits > 0, "5 % loss should have caused replays");
+    }
 }
 
 /// Two namespaces joined by veth; removed on drop.
@@ -167,7 +202,7 @@ fn enter_netns(name: &str) {
     assert_eq!(r, 0, "setns {name}: {}", std::io::Error::last_os_error());
 }
 
-fn netns_workload(tag: &str, imp: Impairment, n: usize) {
+fn netns_workload(tag: &str, driver: DriverKind, imp: Impairment, n: usize) {
     let ns = match Netns::create(tag) {
         Ok(ns) => ns,
         Err(e) => {
@@ -177,7 +212,7 @@ fn netns_workload(tag: &str, imp: Impairment, n: usize) {
     };
     // The client runs in a thread of its own so that this test thread keeps its namespace.
     let (a, b) = (ns.a.clone(), ns.b.clone());
-    let o = std::thread::spawn(move || run("10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n))
+    let o = std::thread::spawn(move || run(driver, "10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n))
         .join()
         .unwrap();
     check(&o, n);
@@ -185,10 +220,17 @@ fn netns_workload(tag: &str, imp: Impairment, n: usize) {
 
 #[test]
 fn across_network_namespaces_clean() {
-    netns_workload("c", Impairment::default(), 2000);
+    netns_workload("c", DriverKind::Portable, Impairment::default(), 2000);
 }
 
 #[test]
-fn across_network_namespaces_lossy() {
-    netns_workload("l", lossy(33), 1500);
+fn across_network_namespaces_lossy_portable() {
+    netns_workload("l", DriverKind::Portable, lossy(33), 1500);
+}
+
+#[test]
+fn across_network_namespaces_lossy_io_uring() {
+    if uring_available() {
+        netns_workload("u", DriverKind::IoUring, lossy(35), 1500);
+    }
 }

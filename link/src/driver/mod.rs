@@ -7,6 +7,7 @@
 mod impair;
 mod portable;
 mod runner;
+mod uring;
 
 use std::io;
 use std::net::SocketAddr;
@@ -15,6 +16,90 @@ use std::time::Duration;
 pub use impair::{Impaired, Impairment};
 pub use portable::PortableUdp;
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};
+pub use uring::UringUdp;
+
+/// Which driver to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverKind {
+    /// io_uring if the kernel has it, else portable (with a log line saying why).
+    Auto,
+    /// io_uring, or fail.
+    IoUring,
+    /// Non-blocking sockets with recvmmsg/sendmmsg.
+    Portable,
+}
+
+/// A driver chosen at start-up.
+pub enum AnyUdp {
+    /// io_uring.
+    Uring(UringUdp),
+    /// Portable.
+    Portable(PortableUdp),
+}
+
+impl AnyUdp {
+    /// Binds a socket with the chosen driver. `Auto` probes io_uring and falls back to the
+    /// portable driver, reporting why through `log`.
+    pub fn bind(addr: SocketAddr, kind: DriverKind, log: &mut dyn FnMut(&str)) -> io::Result<AnyUdp> {
+        match kind {
+            DriverKind::Portable => Ok(AnyUdp::Portable(PortableUdp::bind(addr)?)),
+            DriverKind::IoUring => Ok(AnyUdp::Uring(UringUdp::bind(addr)?)),
+            DriverKind::Auto => match UringUdp::bind(addr) {
+                Ok(u) => {
+                    log(
+                        "link driver: io_uring (multishot RecvMsg into a provided buffer ring, batched SendMsg)",
+                    );
+                    Ok(AnyUdp::Uring(u))
+                }
+                Err(e) => {
+                    log(&format!(
+                        "link driver: portable (recvmmsg/sendmmsg), because io_uring set-up failed: {e}"
+                    ));
+                    Ok(AnyUdp::Portable(PortableUdp::bind(addr)?))
+                }
+            },
+        }
+    }
+}
+
+impl Datagrams for AnyUdp {
+    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            AnyUdp::Uring(u) => u.send_to(to, bytes),
+            AnyUdp::Portable(p) => p.send_to(to, bytes),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            AnyUdp::Uring(u) => u.flush(),
+            AnyUdp::Portable(p) => p.flush(),
+        }
+    }
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        match self {
+            AnyUdp::Uring(u) => u.recv(f),
+            AnyUdp::Portable(p) => p.recv(f),
+        }
+    }
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            AnyUdp::Uring(u) => u.wait(timeout),
+            AnyUdp::Portable(p) => p.wait(timeout),
+        }
+    }
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            AnyUdp::Uring(u) => u.local_addr(),
+            AnyUdp::Portable(p) => p.local_addr(),
+        }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            AnyUdp::Uring(u) => u.name(),
+            AnyUdp::Portable(p) => p.name(),
+        }
+    }
+}
 
 /// A datagram socket as a session runner uses it.
 pub trait Datagrams {

@@ -24,7 +24,7 @@ pub struct PortableUdp {
     rx: Vec<u8>,
 }
 
-fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub(super) fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain old data; all-zero is a valid (unspecified) value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -55,7 +55,7 @@ fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
-fn addr_of(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+pub(super) fn addr_of(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match ss.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
@@ -78,11 +78,38 @@ fn addr_of(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// Socket buffer size asked for: room for bursts of full-size frames.
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+/// Enlarges the socket's send and receive buffers (forcing past the system limit where the
+/// process may, else up to it). A small receive buffer turns bursts into loss.
+pub(super) fn enlarge_buffers(socket: &UdpSocket) {
+    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+        let v = SOCKET_BUFFER;
+        for opt in [force, plain] {
+            // SAFETY: setsockopt reads one c_int from a valid pointer.
+            let r = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &v as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+        }
+    }
+}
+
 impl PortableUdp {
     /// Binds a non-blocking UDP socket.
     pub fn bind(addr: SocketAddr) -> io::Result<PortableUdp> {
         let socket = UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
+        enlarge_buffers(&socket);
         Ok(PortableUdp {
             socket,
             out_bytes: Vec::new(),
@@ -94,6 +121,7 @@ impl PortableUdp {
     /// Wraps a socket the caller bound (made non-blocking here).
     pub fn from_socket(socket: UdpSocket) -> io::Result<PortableUdp> {
         socket.set_nonblocking(true)?;
+        enlarge_buffers(&socket);
         Ok(PortableUdp {
             socket,
             out_bytes: Vec::new(),

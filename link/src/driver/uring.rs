@@ -1,0 +1,361 @@
+//! The io_uring driver: one multishot RecvMsg into a ring of provided buffers receives every
+//! datagram; sends are SendMsg operations batched into one submission. Each in-flight send
+//! owns its slot (bytes, iovec, address, msghdr) until its completion arrives; each received
+//! buffer goes back to the ring once its datagram was handed on. In busy-poll mode the
+//! runner reads completions from shared memory and enters the kernel only to submit; in
+//! blocking mode it sleeps in `io_uring_enter` until a completion or the next timer.
+#![allow(unsafe_code)]
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use io_uring::types::{BufRingEntry, RecvMsgOut, SubmitArgs, Timespec};
+use io_uring::{IoUring, cqueue, opcode, types};
+
+use super::Datagrams;
+use super::portable::{addr_of, enlarge_buffers, sockaddr_of};
+
+/// Provided receive buffers (a power of two).
+const RX_BUFFERS: u16 = 64;
+/// Bytes per receive buffer: the recvmsg header, the source address, one datagram.
+const RX_BUF_SIZE: usize = 16 + 128 + 65536;
+/// Send operations in flight at most.
+const TX_SLOTS: usize = 64;
+/// Buffer group of the receive ring.
+const BGID: u16 = 7;
+const RECV_TAG: u64 = u64::MAX;
+
+struct SendSlot {
+    bytes: Vec<u8>,
+    addr: libc::sockaddr_storage,
+    iov: libc::iovec,
+    msg: libc::msghdr,
+}
+
+/// A UDP socket driven through io_uring.
+pub struct UringUdp {
+    ring: IoUring,
+    socket: UdpSocket,
+    ring_entries: *mut BufRingEntry,
+    ring_layout: Layout,
+    rx_bufs: Vec<u8>,
+    rx_tail: u16,
+    /// The template the kernel reads for each multishot completion (name length).
+    rx_msg: Box<libc::msghdr>,
+    recv_armed: bool,
+    /// Slots never move: the kernel holds pointers into them while a send is in flight.
+    slots: Box<[SendSlot]>,
+    free: Vec<usize>,
+    unsubmitted: usize,
+    truncated: u64,
+    send_errors: u64,
+}
+
+// SAFETY: the raw pointer refers to memory this value owns exclusively.
+unsafe impl Send for UringUdp {}
+
+impl UringUdp {
+    /// Binds a UDP socket and sets up the ring, or says why io_uring cannot be used here.
+    pub fn bind(addr: SocketAddr) -> io::Result<UringUdp> {
+        // Blocking on purpose: io_uring honours O_NONBLOCK, and would fail a send to a full
+        // socket buffer with EAGAIN (and end the multishot receive) instead of waiting for room.
+        let socket = UdpSocket::bind(addr)?;
+        enlarge_buffers(&socket);
+        let ring = IoUring::builder().setup_coop_taskrun().build(256).or_else(|_| IoUring::new(256))?;
+        let ring_layout =
+            Layout::from_size_align(RX_BUFFERS as usize * std::mem::size_of::<BufRingEntry>(), 4096)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let ring_entries = unsafe { alloc_zeroed(ring_layout) } as *mut BufRingEntry;
+        if ring_entries.is_null() {
+            return Err(io::Error::other("cannot allocate the provided-buffer ring"));
+        }
+        // SAFETY: zeroed msghdr is valid; only msg_namelen matters to a multishot RecvMsg.
+        let mut rx_msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        rx_msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let slots: Box<[SendSlot]> = (0..TX_SLOTS)
+            .map(|_| SendSlot {
+                bytes: Vec::new(),
+                // SAFETY: plain old data, zero is valid.
+                addr: unsafe { std::mem::zeroed() },
+                iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
+                // SAFETY: plain old data, zero is valid.
+                msg: unsafe { std::mem::zeroed() },
+            })
+            .collect();
+        let mut u = UringUdp {
+            ring,
+            socket,
+            ring_entries,
+            ring_layout,
+            rx_bufs: vec![0u8; RX_BUFFERS as usize * RX_BUF_SIZE],
+            rx_tail: 0,
+            rx_msg,
+            recv_armed: false,
+            slots,
+            free: (0..TX_SLOTS).rev().collect(),
+            unsubmitted: 0,
+            truncated: 0,
+            send_errors: 0,
+        };
+        // SAFETY: the ring memory is page-aligned, holds RX_BUFFERS entries, and lives (not
+        // moving) until drop, which unregisters it first.
+        unsafe {
+            u.ring.submitter().register_buf_ring_with_flags(u.ring_entries as u64, RX_BUFFERS, BGID, 0)?
+        };
+        for bid in 0..RX_BUFFERS {
+            u.provide(bid);
+        }
+        u.publish_tail();
+        u.arm_recv()?;
+        Ok(u)
+    }
+
+    /// Whether io_uring works on this kernel: sets up a ring and a buffer ring on a scratch
+    /// socket. The error says why not.
+    pub fn probe() -> io::Result<()> {
+        UringUdp::bind(SocketAddr::from(([127, 0, 0, 1], 0))).map(|_| ())
+    }
+
+    /// Sends that failed (counted, not retried: the link layer replays).
+    pub fn send_errors(&self) -> u64 {
+        self.send_errors
+    }
+
+    /// Datagrams dropped because they did not fit a receive buffer.
+    pub fn truncated(&self) -> u64 {
+        self.truncated
+    }
+
+    /// Puts buffer `bid` at the ring's tail (published by `publish_tail`).
+    fn provide(&mut self, bid: u16) {
+        let mask = RX_BUFFERS - 1;
+        let idx = (self.rx_tail & mask) as usize;
+        // SAFETY: idx < RX_BUFFERS, inside the ring allocation; the kernel only reads entries
+        // between its head and the published tail, and this one is beyond the tail.
+        let e = unsafe { &mut *self.ring_entries.add(idx) };
+        e.set_addr(self.rx_bufs[bid as usize * RX_BUF_SIZE..].as_ptr() as u64);
+        e.set_len(RX_BUF_SIZE as u32);
+        e.set_bid(bid);
+        self.rx_tail = self.rx_tail.wrapping_add(1);
+    }
+
+    fn publish_tail(&self) {
+        // SAFETY: the tail shares memory with entry 0's reserved field, as the kernel ABI
+        // defines; it is a naturally aligned u16 written only here.
+        let tail = unsafe { &*(BufRingEntry::tail(self.ring_entries) as *const AtomicU16) };
+        tail.store(self.rx_tail, Ordering::Release);
+    }
+
+    fn arm_recv(&mut self) -> io::Result<()> {
+        let op = opcode::RecvMsgMulti::new(types::Fd(self.socket.as_raw_fd()), &*self.rx_msg, BGID)
+            .build()
+            .user_data(RECV_TAG);
+        self.push(op)?;
+        self.recv_armed = true;
+        Ok(())
+    }
+
+    fn push(&mut self, op: io_uring::squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every pointer in `op` refers to memory owned by self that stays put
+            // until the operation completes (slots, rx_msg, buffer ring).
+            if unsafe { self.ring.submission().push(&op) }.is_ok() {
+                self.unsubmitted += 1;
+                return Ok(());
+            }
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        }
+    }
+
+    /// Reads the completion queue: send slots come back, datagrams go to `f`.
+    fn reap(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let mut received = 0;
+        let mut returned = false;
+        let mut rearm = false;
+        let mut error = None;
+        let cqes: Vec<(u64, i32, u32)> =
+            self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())).collect();
+        for (user_data, result, flags) in cqes {
+            if user_data != RECV_TAG {
+                if result < 0 {
+                    // The network's loss: the link layer replays what mattered.
+                    self.send_errors += 1;
+                }
+                self.free.push(user_data as usize);
+                continue;
+            }
+            if !cqueue::more(flags) {
+                rearm = true;
+            }
+            if result < 0 {
+                // ENOBUFS: every buffer was in use; re-arming after returning them fixes it.
+                if -result != libc::ENOBUFS {
+                    error = Some(io::Error::from_raw_os_error(-result));
+                }
+                continue;
+            }
+            let Some(bid) = cqueue::buffer_select(flags) else { continue };
+            let start = bid as usize * RX_BUF_SIZE;
+            let buf = &self.rx_bufs[start..start + (result as usize).min(RX_BUF_SIZE)];
+            if let Ok(out) = RecvMsgOut::parse(buf, &self.rx_msg) {
+                if out.is_payload_truncated() {
+                    self.truncated += 1;
+                } else {
+                    let mut ss: libc::sockaddr_storage =
+                        // SAFETY: plain old data, zero is valid.
+                        unsafe { std::mem::zeroed() };
+                    let name = out.name_data();
+                    let n = name.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+                    // SAFETY: copying at most sizeof(sockaddr_storage) bytes into it.
+                    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n) };
+                    if let Some(from) = addr_of(&ss) {
+                        f(from, out.payload_data());
+                        received += 1;
+                    }
+                }
+            }
+            self.provide(bid);
+            returned = true;
+        }
+        if returned {
+            self.publish_tail();
+        }
+        if rearm {
+            self.recv_armed = false;
+        }
+        if !self.recv_armed {
+            self.arm_recv()?;
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        }
+        match error {
+            Some(e) if e.kind() != io::ErrorKind::ConnectionRefused => Err(e),
+            _ => Ok(received),
+        }
+    }
+}
+
+impl Datagrams for UringUdp {
+    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        while self.free.is_empty() {
+            // Every slot is in flight: submit and wait for one to come back.
+            self.ring.submit_and_wait(1)?;
+            self.unsubmitted = 0;
+            let mut ignore = |_: SocketAddr, _: &[u8]| {};
+            self.reap(&mut ignore)?;
+        }
+        let Some(i) = self.free.pop() else { return Ok(()) };
+        let slot = &mut self.slots[i];
+        slot.bytes.clear();
+        slot.bytes.extend_from_slice(bytes);
+        let (ss, len) = sockaddr_of(&to);
+        slot.addr = ss;
+        slot.iov =
+            libc::iovec { iov_base: slot.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: slot.bytes.len() };
+        slot.msg.msg_name = &mut slot.addr as *mut _ as *mut libc::c_void;
+        slot.msg.msg_namelen = len;
+        slot.msg.msg_iov = &mut slot.iov;
+        slot.msg.msg_iovlen = 1;
+        let op =
+            opcode::SendMsg::new(types::Fd(self.socket.as_raw_fd()), &slot.msg).build().user_data(i as u64);
+        self.push(op)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.unsubmitted > 0 {
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        self.reap(f)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if self.ring.completion().is_empty() {
+            let r = match timeout {
+                Some(t) => {
+                    let ts = Timespec::from(t);
+                    let args = SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
+                None => self.ring.submit_and_wait(1),
+            };
+            self.unsubmitted = 0;
+            if let Err(e) = r
+                && e.raw_os_error() != Some(libc::ETIME)
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+}
+
+impl Drop for UringUdp {
+    fn drop(&mut self) {
+        // Stop the kernel using our buffers before they are freed.
+        let _ = self.ring.submitter().unregister_buf_ring(BGID);
+        // SAFETY: allocated in `bind` with this layout, unregistered above, freed once.
+        unsafe { dealloc(self.ring_entries as *mut u8, self.ring_layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_round_trip_on_loopback() {
+        let mut a = match UringUdp::bind("127.0.0.1:0".parse().unwrap()) {
+            Ok(u) => u,
+            Err(e) => {
+                eprintln!("skipping: io_uring unavailable here ({e})");
+                return;
+            }
+        };
+        let mut b = UringUdp::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = b.local_addr().unwrap();
+        let mut got = Vec::new();
+        for i in 0..200u8 {
+            a.send_to(to, &[i; 300]).unwrap();
+            if i % 50 == 49 {
+                a.flush().unwrap();
+                // Drain between bursts, as a runner does.
+                b.wait(Some(Duration::from_millis(10))).unwrap();
+                b.recv(&mut |_, d| got.push(d[0])).unwrap();
+            }
+        }
+        a.flush().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while got.len() < 200 && std::time::Instant::now() < deadline {
+            b.wait(Some(Duration::from_millis(10))).unwrap();
+            b.recv(&mut |from, d| {
+                assert_eq!(from, a.local_addr().unwrap());
+                assert_eq!(d.len(), 300);
+                got.push(d[0]);
+            })
+            .unwrap();
+            let mut ignore = |_: SocketAddr, _: &[u8]| {};
+            a.recv(&mut ignore).unwrap();
+        }
+        assert_eq!(got, (0..200).collect::<Vec<u8>>());
+    }
+}
