@@ -32,7 +32,7 @@ pub enum DriverKind {
 /// A driver chosen at start-up.
 pub enum AnyUdp {
     /// io_uring.
-    Uring(UringUdp),
+    Uring(Box<UringUdp>),
     /// Portable.
     Portable(PortableUdp),
 }
@@ -43,13 +43,13 @@ impl AnyUdp {
     pub fn bind(addr: SocketAddr, kind: DriverKind, log: &mut dyn FnMut(&str)) -> io::Result<AnyUdp> {
         match kind {
             DriverKind::Portable => Ok(AnyUdp::Portable(PortableUdp::bind(addr)?)),
-            DriverKind::IoUring => Ok(AnyUdp::Uring(UringUdp::bind(addr)?)),
+            DriverKind::IoUring => Ok(AnyUdp::Uring(Box::new(UringUdp::bind(addr)?))),
             DriverKind::Auto => match UringUdp::bind(addr) {
                 Ok(u) => {
                     log(
                         "link driver: io_uring (multishot RecvMsg into a provided buffer ring, batched SendMsg)",
                     );
-                    Ok(AnyUdp::Uring(u))
+                    Ok(AnyUdp::Uring(Box::new(u)))
                 }
                 Err(e) => {
                     log(&format!(
