@@ -72,7 +72,7 @@ impl Config {
             max_queued: 1024,
             replay_timeout: Duration::from_millis(2),
             max_replay_timeout: Duration::from_millis(200),
-            ack_delay: Duration::ZERO,
+            ack_delay: Duration::from_micros(50),
             keepalive_interval: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(1),
             handshake_retry: Duration::from_millis(100),

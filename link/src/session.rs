@@ -667,9 +667,7 @@ impl Session {
                 self.replay_backoff = (self.replay_backoff + 1).min(16);
             }
         }
-        if self.timer_passed(Timer::Ack, now) {
-            self.timers[Timer::Ack as usize] = None;
-        }
+        // An expired ACK timer stays set: `transmit` sends the ACK and clears it.
         if self.timer_passed(Timer::Keepalive, now) {
             self.timers[Timer::Keepalive as usize] = None;
             if self.state == State::Up {

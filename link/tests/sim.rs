@@ -243,3 +243,22 @@ proptest! {
         assert_workload_ok(&p);
     }
 }
+
+#[test]
+fn delayed_ack_goes_out_on_its_own() {
+    // One write; the server application never reads, so no credit update can carry the ACK.
+    // Only the delayed standalone ACK can empty the client's replay buffer before its replay
+    // timer (500 us) fires.
+    let mut cfg = config(key());
+    cfg.ack_delay = Duration::from_micros(100);
+    let mut p = Pair::new(21, clean(), cfg.clone(), cfg, vec![true]);
+    p.sapp.drain_per_step = 0;
+    assert!(p.run_until(Duration::from_millis(50), |p| {
+        p.server_session().is_some_and(|s| s.memory().delivered_tlps == 1)
+    }));
+    let delivered_at = p.now;
+    assert!(p.run_until(Duration::from_millis(5), |p| p.client.is_idle()));
+    assert!(p.now - delivered_at < Duration::from_micros(400), "ACK took {:?}", p.now - delivered_at);
+    assert_eq!(p.client.stats().retransmits, 0);
+    assert_eq!(p.server_session().unwrap().stats().acks_sent, 1);
+}
