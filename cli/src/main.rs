@@ -1,5 +1,6 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
 
+mod bench;
 mod tlp_cmd;
 mod tlp_json;
 
@@ -20,11 +21,28 @@ enum Command {
     /// Decode and encode PCIe Transaction Layer Packets.
     #[command(subcommand)]
     Tlp(tlp_cmd::TlpCommand),
+    /// Benchmarks that print figures (not pass/fail).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// The transport over UDP loopback: round trips against the bare UDP floor, streaming
+    /// against bare sockets, MAC cost.
+    Link(bench::LinkBench),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
+        Command::Bench(BenchCommand::Link(args)) => match bench::run_link(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench link: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

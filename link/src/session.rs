@@ -592,7 +592,7 @@ impl Session {
             _ => {}
         }
         // Everything else is authenticated with the peer's frame key.
-        let Some(key) = self.rx_key else {
+        let Some(key) = self.rx_key.as_ref() else {
             self.stats.dropped_unexpected += 1;
             return;
         };
@@ -790,8 +790,8 @@ impl Session {
         }
     }
 
-    fn mac(&self) -> impl Fn(&[u8]) -> [u8; TAG_LEN] + use<> {
-        let key = if self.cfg.authenticate_frames { self.tx_key } else { None };
+    fn mac(&self) -> impl Fn(&[u8]) -> [u8; TAG_LEN] + '_ {
+        let key = if self.cfg.authenticate_frames { self.tx_key.as_ref() } else { None };
         move |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes))
     }
 

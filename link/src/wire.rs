@@ -15,7 +15,7 @@
 //! 30  u16  body length
 //! 32  [24] FC block, if flagged: six u32 credit limits (P, NP, Cpl × header, data)
 //!     ...  body
-//! -20 [16] MAC tag (SipHash-2-4-128 under the session key; zero before keys exist)
+//! -20 [16] MAC tag (AES-128-GMAC under the sender's frame key, nonce = packet number; zero before keys exist)
 //! -4  u32  CRC32C of everything before it
 //! ```
 //!

@@ -34,7 +34,7 @@ pub enum AnyUdp {
     /// io_uring.
     Uring(Box<UringUdp>),
     /// Portable.
-    Portable(PortableUdp),
+    Portable(Box<PortableUdp>),
 }
 
 impl AnyUdp {
@@ -42,7 +42,7 @@ impl AnyUdp {
     /// portable driver, reporting why through `log`.
     pub fn bind(addr: SocketAddr, kind: DriverKind, log: &mut dyn FnMut(&str)) -> io::Result<AnyUdp> {
         match kind {
-            DriverKind::Portable => Ok(AnyUdp::Portable(PortableUdp::bind(addr)?)),
+            DriverKind::Portable => Ok(AnyUdp::Portable(Box::new(PortableUdp::bind(addr)?))),
             DriverKind::IoUring => Ok(AnyUdp::Uring(Box::new(UringUdp::bind(addr)?))),
             DriverKind::Auto => match UringUdp::bind(addr) {
                 Ok(u) => {
@@ -55,7 +55,7 @@ impl AnyUdp {
                     log(&format!(
                         "link driver: portable (recvmmsg/sendmmsg), because io_uring set-up failed: {e}"
                     ));
-                    Ok(AnyUdp::Portable(PortableUdp::bind(addr)?))
+                    Ok(AnyUdp::Portable(Box::new(PortableUdp::bind(addr)?)))
                 }
             },
         }

@@ -3,7 +3,6 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -18,6 +17,16 @@ const MAX_DATAGRAM: usize = 65536;
 /// A UDP socket with batched I/O.
 pub struct PortableUdp {
     socket: UdpSocket,
+    /// Receive headers, built once: they point into `rx` and `rx_addrs`, which never move.
+    rx_msgs: Vec<libc::mmsghdr>,
+    /// Never read here, but kept alive: the receive headers point at these iovecs.
+    #[allow(dead_code)]
+    rx_iovs: Vec<libc::iovec>,
+    rx_addrs: Box<[libc::sockaddr_storage]>,
+    /// Send headers, reused across flushes.
+    tx_msgs: Vec<libc::mmsghdr>,
+    tx_iovs: Vec<libc::iovec>,
+    tx_addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
     /// Queued outgoing datagrams: bytes back to back, and (destination, start, end).
     out_bytes: Vec<u8>,
     out: Vec<(SocketAddr, usize, usize)>,
@@ -107,29 +116,50 @@ pub(super) fn enlarge_buffers(socket: &UdpSocket) {
 impl PortableUdp {
     /// Binds a non-blocking UDP socket.
     pub fn bind(addr: SocketAddr) -> io::Result<PortableUdp> {
-        let socket = UdpSocket::bind(addr)?;
-        socket.set_nonblocking(true)?;
-        enlarge_buffers(&socket);
-        Ok(PortableUdp {
-            socket,
-            out_bytes: Vec::new(),
-            out: Vec::new(),
-            rx: vec![0u8; BATCH * MAX_DATAGRAM],
-        })
+        PortableUdp::from_socket(UdpSocket::bind(addr)?)
     }
 
     /// Wraps a socket the caller bound (made non-blocking here).
     pub fn from_socket(socket: UdpSocket) -> io::Result<PortableUdp> {
         socket.set_nonblocking(true)?;
         enlarge_buffers(&socket);
+        let mut rx = vec![0u8; BATCH * MAX_DATAGRAM];
+        let mut rx_iovs: Vec<libc::iovec> = rx
+            .chunks_exact_mut(MAX_DATAGRAM)
+            .map(|c| libc::iovec { iov_base: c.as_mut_ptr() as *mut libc::c_void, iov_len: MAX_DATAGRAM })
+            .collect();
+        // SAFETY: sockaddr_storage is plain old data; zero is valid.
+        let mut rx_addrs: Box<[libc::sockaddr_storage]> =
+            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let rx_msgs = (0..BATCH)
+            .map(|i| {
+                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = &mut rx_addrs[i] as *mut _ as *mut libc::c_void;
+                m.msg_hdr.msg_iov = &mut rx_iovs[i];
+                m.msg_hdr.msg_iovlen = 1;
+                m
+            })
+            .collect();
+        // The heap blocks behind `rx`, `rx_iovs` and `rx_addrs` do not move when the vectors
+        // are moved into the struct, so the pointers stay valid.
         Ok(PortableUdp {
             socket,
+            rx_msgs,
+            rx_iovs,
+            rx_addrs,
+            tx_msgs: Vec::with_capacity(BATCH),
+            tx_iovs: Vec::with_capacity(BATCH),
+            tx_addrs: Vec::with_capacity(BATCH),
             out_bytes: Vec::new(),
             out: Vec::new(),
-            rx: vec![0u8; BATCH * MAX_DATAGRAM],
+            rx,
         })
     }
 }
+
+// SAFETY: the raw pointers in the headers refer to heap memory this value owns exclusively.
+unsafe impl Send for PortableUdp {}
 
 impl Datagrams for PortableUdp {
     fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
@@ -146,34 +176,37 @@ impl Datagrams for PortableUdp {
         let mut done = 0;
         while done < self.out.len() {
             let batch = &self.out[done..(done + BATCH).min(self.out.len())];
-            let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-                batch.iter().map(|(a, ..)| sockaddr_of(a)).collect();
-            let mut iovs: Vec<libc::iovec> = batch
-                .iter()
-                .map(|&(_, s, e)| libc::iovec {
-                    iov_base: self.out_bytes[s..e].as_ptr() as *mut libc::c_void,
-                    iov_len: e - s,
-                })
-                .collect();
-            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(batch.len());
+            self.tx_addrs.clear();
+            self.tx_addrs.extend(batch.iter().map(|(a, ..)| sockaddr_of(a)));
+            self.tx_iovs.clear();
+            self.tx_iovs.extend(batch.iter().map(|&(_, s, e)| libc::iovec {
+                iov_base: self.out_bytes[s..e].as_ptr() as *mut libc::c_void,
+                iov_len: e - s,
+            }));
+            self.tx_msgs.clear();
             for i in 0..batch.len() {
                 // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = &mut addrs[i].0 as *mut _ as *mut libc::c_void;
-                m.msg_hdr.msg_namelen = addrs[i].1;
-                m.msg_hdr.msg_iov = &mut iovs[i];
+                m.msg_hdr.msg_name = &mut self.tx_addrs[i].0 as *mut _ as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = self.tx_addrs[i].1;
+                m.msg_hdr.msg_iov = &mut self.tx_iovs[i];
                 m.msg_hdr.msg_iovlen = 1;
-                msgs.push(m);
+                self.tx_msgs.push(m);
             }
-            // SAFETY: every pointer in `msgs` refers to `addrs`, `iovs` or `out_bytes`, all
-            // alive and unmoved until the call returns; the count matches the array.
-            let n =
-                unsafe { libc::sendmmsg(self.socket.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0) };
+            // SAFETY: every pointer in `tx_msgs` refers to `tx_addrs`, `tx_iovs` or
+            // `out_bytes`, alive and unmoved until the call returns; the count matches.
+            let n = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    self.tx_msgs.as_mut_ptr(),
+                    self.tx_msgs.len() as u32,
+                    0,
+                )
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
-                    io::ErrorKind::WouldBlock => continue,
-                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
                     // A datagram to an unreachable port is the network's loss, not ours.
                     io::ErrorKind::ConnectionRefused => {
                         done += 1;
@@ -196,29 +229,16 @@ impl Datagrams for PortableUdp {
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let mut total = 0;
         loop {
-            let mut addrs: [MaybeUninit<libc::sockaddr_storage>; BATCH] =
-                [const { MaybeUninit::uninit() }; BATCH];
-            let mut iovs: Vec<libc::iovec> = self
-                .rx
-                .chunks_exact_mut(MAX_DATAGRAM)
-                .map(|c| libc::iovec { iov_base: c.as_mut_ptr() as *mut libc::c_void, iov_len: MAX_DATAGRAM })
-                .collect();
-            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(BATCH);
-            for i in 0..BATCH {
-                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = addrs[i].as_mut_ptr() as *mut libc::c_void;
+            for m in &mut self.rx_msgs {
                 m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                m.msg_hdr.msg_iov = &mut iovs[i];
-                m.msg_hdr.msg_iovlen = 1;
-                msgs.push(m);
+                m.msg_len = 0;
             }
-            // SAFETY: the headers point into `addrs`, `iovs` and `self.rx`, which outlive the
-            // call; MSG_DONTWAIT makes it return at once when nothing is ready.
+            // SAFETY: the headers point into `rx_addrs`, `rx_iovs` and `rx`, owned by self and
+            // never moved; MSG_DONTWAIT makes the call return at once when nothing is ready.
             let n = unsafe {
                 libc::recvmmsg(
                     self.socket.as_raw_fd(),
-                    msgs.as_mut_ptr(),
+                    self.rx_msgs.as_mut_ptr(),
                     BATCH as u32,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
@@ -228,16 +248,13 @@ impl Datagrams for PortableUdp {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
                     io::ErrorKind::WouldBlock => Ok(total),
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::ConnectionRefused => continue,
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
                     _ => Err(e),
                 };
             }
-            for (i, m) in msgs.iter().take(n as usize).enumerate() {
-                // SAFETY: the kernel wrote an address of msg_namelen bytes for this message.
-                let ss = unsafe { addrs[i].assume_init_ref() };
-                let len = (m.msg_len as usize).min(MAX_DATAGRAM);
-                if let Some(from) = addr_of(ss) {
+            for i in 0..n as usize {
+                let len = (self.rx_msgs[i].msg_len as usize).min(MAX_DATAGRAM);
+                if let Some(from) = addr_of(&self.rx_addrs[i]) {
                     f(from, &self.rx[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]);
                 }
             }

@@ -98,6 +98,18 @@ impl<D: Datagrams> SessionRunner<D> {
             }
         })?;
         self.session.handle_timeout(now);
+        let sent = self.transmit()?;
+        let active = received + sent > 0;
+        if active {
+            self.last_activity = Instant::now();
+        }
+        Ok(active)
+    }
+
+    /// Sends what the session has now (no receive): call right after queueing a TLP so that
+    /// it leaves without waiting for a receive system call. Returns the datagrams sent.
+    pub fn transmit(&mut self) -> io::Result<usize> {
+        let now = self.clock.now();
         let mut sent = 0;
         while let Some(n) = self.session.poll_transmit(now, &mut self.buf) {
             self.sock.send_to(self.peer, &self.buf[..n])?;
@@ -106,11 +118,7 @@ impl<D: Datagrams> SessionRunner<D> {
         if sent > 0 {
             self.sock.flush()?;
         }
-        let active = received + sent > 0;
-        if active {
-            self.last_activity = Instant::now();
-        }
-        Ok(active)
+        Ok(sent)
     }
 
     /// Waits for work the way the mode says (call after an idle `poll`).
@@ -187,6 +195,17 @@ impl<D: Datagrams> ServerRunner<D> {
             endpoint.handle_datagram(now, from, bytes);
         })?;
         self.endpoint.handle_timeout(now);
+        let sent = self.transmit()?;
+        let active = received + sent > 0;
+        if active {
+            self.last_activity = Instant::now();
+        }
+        Ok(active)
+    }
+
+    /// Sends what every session has now (no receive). Returns the datagrams sent.
+    pub fn transmit(&mut self) -> io::Result<usize> {
+        let now = self.clock.now();
         self.out.clear();
         self.out_bytes.clear();
         for (_, addr, s) in self.endpoint.sessions() {
@@ -202,11 +221,7 @@ impl<D: Datagrams> ServerRunner<D> {
         if !self.out.is_empty() {
             self.sock.flush()?;
         }
-        let active = received + self.out.len() > 0;
-        if active {
-            self.last_activity = Instant::now();
-        }
-        Ok(active)
+        Ok(self.out.len())
     }
 
     /// Waits for work the way the mode says.

@@ -39,6 +39,8 @@ struct SendSlot {
 /// A UDP socket driven through io_uring.
 pub struct UringUdp {
     ring: IoUring,
+    /// The ring signals pending completion work with a flag (see `bind`).
+    taskrun_flag: bool,
     socket: UdpSocket,
     ring_entries: *mut BufRingEntry,
     ring_layout: Layout,
@@ -65,7 +67,15 @@ impl UringUdp {
         // socket buffer with EAGAIN (and end the multishot receive) instead of waiting for room.
         let socket = UdpSocket::bind(addr)?;
         enlarge_buffers(&socket);
-        let ring = IoUring::builder().setup_coop_taskrun().build(256).or_else(|_| IoUring::new(256))?;
+        // COOP_TASKRUN with TASKRUN_FLAG: the kernel does not interrupt this thread to post
+        // completions (interrupts are slow on virtual machines); it raises a flag in shared
+        // memory instead, and `reap` enters the kernel only when that flag is set. Older
+        // kernels get a plain ring.
+        let (ring, taskrun_flag) =
+            match IoUring::builder().setup_coop_taskrun().setup_taskrun_flag().build(256) {
+                Ok(r) => (r, true),
+                Err(_) => (IoUring::new(256)?, false),
+            };
         let ring_layout =
             Layout::from_size_align(RX_BUFFERS as usize * std::mem::size_of::<BufRingEntry>(), 4096)
                 .map_err(|e| io::Error::other(e.to_string()))?;
@@ -89,6 +99,7 @@ impl UringUdp {
             .collect();
         let mut u = UringUdp {
             ring,
+            taskrun_flag,
             socket,
             ring_entries,
             ring_layout,
@@ -112,6 +123,9 @@ impl UringUdp {
         }
         u.publish_tail();
         u.arm_recv()?;
+        // Submit now: a busy-polling runner that has nothing to send never enters the kernel.
+        u.ring.submit()?;
+        u.unsubmitted = 0;
         Ok(u)
     }
 
@@ -175,6 +189,11 @@ impl UringUdp {
 
     /// Reads the completion queue: send slots come back, datagrams go to `f`.
     fn reap(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        if self.taskrun_flag && self.ring.completion().is_empty() && self.ring.submission().taskrun() {
+            // Completion work is pending in the kernel: one enter runs it.
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        }
         let mut received = 0;
         let mut returned = false;
         let mut rearm = false;

@@ -1,0 +1,462 @@
+//! `dxpu bench link`: the transport's figures, measured side by side in one run so that
+//! their ratios mean something on a shared, noisy machine.
+//!
+//! (a) the floor: a bare UDP ping-pong with plain sockets, busy-polling and blocking;
+//! (b) a one-TLP request/response (MRd → CplD) through two sessions, for each driver and
+//!     mode, run to completion by the requesting thread;
+//! (c) streaming 256-byte posted writes through a session, against the same datagrams
+//!     through bare sockets;
+//! (d) the cost of the per-frame MAC.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use link::driver::{
+    AnyUdp, Clock, Datagrams, DriverKind, PollMode, PortableUdp, ServerRunner, SessionRunner,
+};
+use link::{Config, Endpoint, PresharedKey, Rng, Session};
+use tlp::{Address, Bdf, Body, Completion, CplStatus, ParseConfig, Request, Tag, TlpRepr};
+
+/// Options of `dxpu bench link`.
+#[derive(Args, Debug)]
+pub(crate) struct LinkBench {
+    /// Round trips measured per case (after 10 % warm-up).
+    #[arg(long, default_value_t = 20000)]
+    iterations: usize,
+    /// Posted writes streamed per streaming case.
+    #[arg(long, default_value_t = 200_000)]
+    stream: usize,
+}
+
+const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Rtt {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn summarize(mut v: Vec<Duration>) -> Rtt {
+    v.sort();
+    Rtt { p50: percentile(&v, 0.50), p99: percentile(&v, 0.99) }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_nanos() as f64 / 1000.0
+}
+
+/// (a) Bare UDP ping-pong with 64-byte datagrams.
+fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
+    let server = UdpSocket::bind(SocketAddr::from(LOCAL))?;
+    let client = UdpSocket::bind(SocketAddr::from(LOCAL))?;
+    let (sa, ca) = (server.local_addr()?, client.local_addr()?);
+    server.set_nonblocking(busy)?;
+    client.set_nonblocking(busy)?;
+    let total = n + n / 10;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = [0u8; 2048];
+        for _ in 0..total {
+            loop {
+                match server.recv_from(&mut buf) {
+                    Ok((len, from)) => {
+                        server.send_to(&buf[..len], from)?;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    });
+    let msg = [0x5au8; 64];
+    let mut buf = [0u8; 2048];
+    let mut rtts = Vec::with_capacity(n);
+    for i in 0..total {
+        let t0 = Instant::now();
+        client.send_to(&msg, sa)?;
+        loop {
+            match client.recv_from(&mut buf) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+        if i >= total - n {
+            rtts.push(t0.elapsed());
+        }
+    }
+    let _ = ca;
+    echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
+    Ok(summarize(rtts))
+}
+
+fn bench_config() -> Config {
+    let psk = PresharedKey::new(b"dxpu bench key, not a secret at all").unwrap_or_else(|| unreachable!());
+    let mut c = Config::new(psk);
+    c.mtu = 9000;
+    c
+}
+
+fn tlp_bytes(r: &TlpRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; r.buffer_len()];
+    let _ = r.emit(&mut b);
+    b
+}
+
+fn read_request(tag: u16) -> Vec<u8> {
+    tlp_bytes(&TlpRepr {
+        prefixes: Default::default(),
+        tc: 0,
+        attr: Default::default(),
+        th: false,
+        td: false,
+        ep: false,
+        at: Default::default(),
+        body: Body::MemRead {
+            req: Request {
+                requester: Bdf::new(0, 0, 0),
+                tag: Tag::from_bits(tag),
+                first_be: 0xf,
+                last_be: 0,
+            },
+            address: Address::Bits32(0xf000_0000),
+            ph: 0,
+            length_dw: 1,
+            locked: false,
+        },
+    })
+}
+
+fn completion_for(read: &[u8]) -> Option<Vec<u8>> {
+    let r = TlpRepr::parse_bytes(read, &ParseConfig::default()).ok()?;
+    let (requester, tag) = r.requester_tag();
+    Some(tlp_bytes(&TlpRepr {
+        body: Body::Completion {
+            cpl: Completion {
+                completer: Bdf::new(1, 0, 0),
+                status: CplStatus::Success,
+                bcm: false,
+                byte_count: 4,
+                requester,
+                tag,
+                lower_address: 0,
+            },
+            locked: false,
+            data: Some(&[0xde, 0xad, 0xbe, 0xef]),
+        },
+        ..r
+    }))
+}
+
+fn write_tlp(size: usize) -> Vec<u8> {
+    let data = vec![0xa5u8; size];
+    tlp_bytes(&TlpRepr {
+        prefixes: Default::default(),
+        tc: 0,
+        attr: Default::default(),
+        th: false,
+        td: false,
+        ep: false,
+        at: Default::default(),
+        body: Body::MemWrite {
+            req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::default(), first_be: 0xf, last_be: 0xf },
+            address: Address::Bits32(0x1000_0000),
+            ph: 0,
+            data: &data,
+        },
+    })
+}
+
+fn mode_of(busy: bool) -> PollMode {
+    if busy { PollMode::Busy { spin: Duration::from_secs(3600) } } else { PollMode::Blocking }
+}
+
+/// A server endpoint in its own thread: answers reads with completions, counts writes.
+struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    writes: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+fn spawn_server(driver: DriverKind, busy: bool) -> std::io::Result<Server> {
+    let sock = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
+    let addr = sock.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let (stop2, writes2) = (stop.clone(), writes.clone());
+    let thread = std::thread::spawn(move || -> std::io::Result<()> {
+        let ep = Endpoint::new(bench_config(), 0x5e, Rng::from_u64(1), 4);
+        let mut r = ServerRunner::new(sock, ep, Clock::new(), mode_of(busy));
+        while !stop2.load(Ordering::Relaxed) {
+            let mut active = r.poll()?;
+            let mut answered = false;
+            for (_, _, s) in r.endpoint.sessions() {
+                while let Some(t) = s.recv_tlp() {
+                    if t.first() == Some(&0x00) {
+                        if let Some(c) = completion_for(&t) {
+                            let _ = s.send_tlp(&c);
+                            answered = true;
+                        }
+                    } else {
+                        writes2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    s.recycle(t);
+                }
+            }
+            if answered {
+                active |= r.transmit()? > 0;
+            }
+            if !active {
+                r.wait()?;
+            }
+        }
+        Ok(())
+    });
+    Ok(Server { addr, stop, writes, thread })
+}
+
+impl Server {
+    fn finish(self) -> std::io::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().map_err(|_| std::io::Error::other("server thread panicked"))?
+    }
+}
+
+fn connect(driver: DriverKind, busy: bool, server: SocketAddr) -> std::io::Result<SessionRunner<AnyUdp>> {
+    let sock = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
+    let clock = Clock::new();
+    let session = Session::client(bench_config(), clock.now(), 0xc1, Rng::from_u64(2));
+    let mut r = SessionRunner::new(sock, server, session, clock, mode_of(busy));
+    if !r.run_until(Duration::from_secs(5), |s| s.is_up())? {
+        return Err(std::io::Error::other("session did not come up"));
+    }
+    Ok(r)
+}
+
+/// (b) One-TLP request/response through two sessions.
+fn session_rtt(driver: DriverKind, busy: bool, n: usize) -> std::io::Result<Rtt> {
+    let server = spawn_server(driver, busy)?;
+    let mut r = connect(driver, busy, server.addr)?;
+    let total = n + n / 10;
+    let reads: Vec<Vec<u8>> = (0..1024).map(read_request).collect();
+    let mut rtts = Vec::with_capacity(n);
+    for i in 0..total {
+        let t0 = Instant::now();
+        r.session.send_tlp(&reads[i % 1024]).map_err(|e| std::io::Error::other(e.to_string()))?;
+        r.transmit()?;
+        let mut got = None;
+        while got.is_none() {
+            let active = r.poll()?;
+            got = r.session.recv_tlp();
+            if got.is_none() && !active {
+                r.wait()?;
+            }
+            if r.session.is_down() {
+                return Err(std::io::Error::other("session went down"));
+            }
+        }
+        if i >= total - n {
+            rtts.push(t0.elapsed());
+        }
+        if let Some(b) = got {
+            r.session.recycle(b);
+        }
+    }
+    r.session.close(r.clock.now());
+    let _ = r.poll();
+    server.finish()?;
+    Ok(summarize(rtts))
+}
+
+struct Stream {
+    seconds: f64,
+    datagrams: u64,
+}
+
+/// (c) Streaming posted writes of `size` bytes through a session.
+fn session_stream(driver: DriverKind, n: usize, size: usize) -> std::io::Result<Stream> {
+    let server = spawn_server(driver, true)?;
+    let mut r = connect(driver, true, server.addr)?;
+    let w = write_tlp(size);
+    let frames_before = r.session.stats().data_frames_sent;
+    let t0 = Instant::now();
+    let mut queued = 0;
+    while server.writes.load(Ordering::Relaxed) < n as u64 {
+        while queued < n && r.session.send_tlp(&w).is_ok() {
+            queued += 1;
+        }
+        r.poll()?;
+        if t0.elapsed() > Duration::from_secs(60) || r.session.is_down() {
+            return Err(std::io::Error::other("streaming did not finish"));
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let datagrams = r.session.stats().data_frames_sent - frames_before;
+    r.session.close(r.clock.now());
+    let _ = r.poll();
+    server.finish()?;
+    Ok(Stream { seconds, datagrams })
+}
+
+/// (c) The same datagrams (count and size) through bare sockets with sendmmsg/recvmmsg.
+fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
+    let mut rx = PortableUdp::bind(SocketAddr::from(LOCAL))?;
+    let to = rx.local_addr()?;
+    let received = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let (received2, done2) = (received.clone(), done.clone());
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut idle_since = Instant::now();
+        while !done2.load(Ordering::Relaxed) || idle_since.elapsed() < Duration::from_millis(50) {
+            let n = rx.recv(&mut |_, _| {})?;
+            if n > 0 {
+                received2.fetch_add(n as u64, Ordering::Relaxed);
+                idle_since = Instant::now();
+            }
+        }
+        Ok(())
+    });
+    let mut tx = PortableUdp::bind(SocketAddr::from(LOCAL))?;
+    let payload = vec![0x5au8; size];
+    let t0 = Instant::now();
+    for _ in 0..datagrams {
+        tx.send_to(to, &payload)?;
+    }
+    tx.flush()?;
+    // Wait until everything arrived, or nothing more does.
+    let mut last = 0;
+    let mut last_change = Instant::now();
+    while received.load(Ordering::Relaxed) < datagrams && last_change.elapsed() < Duration::from_millis(100) {
+        let now = received.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        }
+        std::hint::spin_loop();
+    }
+    let seconds = if received.load(Ordering::Relaxed) >= datagrams { t0.elapsed() } else { last_change - t0 }
+        .as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    reader.join().map_err(|_| std::io::Error::other("reader panicked"))??;
+    Ok((seconds, received.load(Ordering::Relaxed)))
+}
+
+/// (d) Nanoseconds per frame tag.
+fn mac_cost(len: usize) -> f64 {
+    let (k, _) =
+        PresharedKey::new(b"0123456789abcdef").map(|p| p.frame_keys(b"t")).unwrap_or_else(|| unreachable!());
+    let frame = vec![0x11u8; len];
+    let n = 200_000;
+    let t0 = Instant::now();
+    let mut acc = 0u8;
+    for _ in 0..n {
+        acc ^= std::hint::black_box(k.tag(std::hint::black_box(&frame)))[0];
+    }
+    std::hint::black_box(acc);
+    t0.elapsed().as_nanos() as f64 / n as f64
+}
+
+pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
+    let n = args.iterations.max(100);
+    println!("dxpu bench link — {n} round trips per case (after warm-up), UDP loopback");
+    let uring = link::driver::UringUdp::probe();
+    if let Err(e) = &uring {
+        println!("io_uring unavailable ({e}): its rows are skipped");
+    }
+    println!();
+    println!(
+        "{:<44} {:>10} {:>10} {:>12}",
+        "round trip (64 B / one MRd→CplD)", "p50 µs", "p99 µs", "p50 / floor"
+    );
+    let floors = [(true, bare_pingpong(true, n)?), (false, bare_pingpong(false, n)?)];
+    for (busy, f) in &floors {
+        let mode = if *busy { "busy-poll" } else { "blocking" };
+        println!(
+            "{:<44} {:>10.1} {:>10.1} {:>12}",
+            format!("bare UDP ping-pong, {mode} (floor)"),
+            us(f.p50),
+            us(f.p99),
+            "1.00"
+        );
+    }
+    for driver in [DriverKind::Portable, DriverKind::IoUring] {
+        if driver == DriverKind::IoUring && uring.is_err() {
+            continue;
+        }
+        for (busy, floor) in &floors {
+            let rtt = session_rtt(driver, *busy, n)?;
+            let name = format!(
+                "session, {}, {}",
+                if driver == DriverKind::Portable { "portable" } else { "io_uring" },
+                if *busy { "busy-poll" } else { "blocking" }
+            );
+            println!(
+                "{:<44} {:>10.1} {:>10.1} {:>12.2}",
+                name,
+                us(rtt.p50),
+                us(rtt.p99),
+                us(rtt.p50) / us(floor.p50)
+            );
+        }
+    }
+    println!();
+    let size = 256;
+    let tlp_len = write_tlp(size).len();
+    println!(
+        "{:<44} {:>10} {:>10} {:>12}",
+        format!("streaming {} × {size} B posted writes", args.stream),
+        "MB/s",
+        "Mdgram/s",
+        "vs bare"
+    );
+    for driver in [DriverKind::Portable, DriverKind::IoUring] {
+        if driver == DriverKind::IoUring && uring.is_err() {
+            continue;
+        }
+        let s = session_stream(driver, args.stream, size)?;
+        let per = args.stream as f64 / s.datagrams.max(1) as f64;
+        let dgram =
+            (link::wire::HEADER_LEN + link::wire::TRAILER_LEN) + (per.round() as usize) * (tlp_len + 2);
+        let (bare_s, bare_got) = bare_stream(s.datagrams, dgram)?;
+        let mbps = (args.stream * size) as f64 / s.seconds / 1e6;
+        let bare_mbps = (bare_got as f64 * per * size as f64) / bare_s / 1e6;
+        let name = format!(
+            "session, {} ({:.1} TLPs per datagram)",
+            if driver == DriverKind::Portable { "portable" } else { "io_uring" },
+            per
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.3} {:>12.2}",
+            name,
+            mbps,
+            s.datagrams as f64 / s.seconds / 1e6,
+            mbps / bare_mbps
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.3} {:>12}",
+            format!("  bare sockets, same {} × {dgram} B datagrams", s.datagrams),
+            bare_mbps,
+            bare_got as f64 / bare_s / 1e6,
+            if bare_got < s.datagrams { format!("({} lost)", s.datagrams - bare_got) } else { "1.00".into() }
+        );
+    }
+    println!();
+    println!(
+        "frame MAC (AES-128-GMAC): {:.0} ns per 64-byte frame, {:.0} ns per 1472-byte frame",
+        mac_cost(64),
+        mac_cost(1472)
+    );
+    Ok(())
+}
