@@ -31,6 +31,8 @@ pub struct PortableUdp {
     out_bytes: Vec<u8>,
     out: Vec<(SocketAddr, usize, usize)>,
     rx: Vec<u8>,
+    /// The last receive found more than one datagram: batch the next.
+    rx_busy: bool,
 }
 
 pub(super) fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -154,6 +156,7 @@ impl PortableUdp {
             out_bytes: Vec::new(),
             out: Vec::new(),
             rx,
+            rx_busy: false,
         })
     }
 }
@@ -228,6 +231,9 @@ impl Datagrams for PortableUdp {
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let mut total = 0;
+        // While idle, probe for one datagram (cheaper for the kernel than a 32-slot batch);
+        // once traffic flows, take batches.
+        let mut vlen = if self.rx_busy { BATCH } else { 1 };
         loop {
             for m in &mut self.rx_msgs {
                 m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -239,7 +245,7 @@ impl Datagrams for PortableUdp {
                 libc::recvmmsg(
                     self.socket.as_raw_fd(),
                     self.rx_msgs.as_mut_ptr(),
-                    BATCH as u32,
+                    vlen as u32,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )
@@ -247,7 +253,10 @@ impl Datagrams for PortableUdp {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
-                    io::ErrorKind::WouldBlock => Ok(total),
+                    io::ErrorKind::WouldBlock => {
+                        self.rx_busy = total > 0;
+                        Ok(total)
+                    }
                     io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
                     _ => Err(e),
                 };
@@ -259,9 +268,11 @@ impl Datagrams for PortableUdp {
                 }
             }
             total += n as usize;
-            if (n as usize) < BATCH {
+            if (n as usize) < vlen {
+                self.rx_busy = total > 1;
                 return Ok(total);
             }
+            vlen = BATCH;
         }
     }
 

@@ -63,7 +63,8 @@ pub struct SessionRunner<D> {
     pub clock: Clock,
     mode: PollMode,
     buf: Vec<u8>,
-    last_activity: Instant,
+    idle_polls: u64,
+    idle_since: Option<Instant>,
 }
 
 impl<D: Datagrams> SessionRunner<D> {
@@ -82,7 +83,8 @@ impl<D: Datagrams> SessionRunner<D> {
             clock,
             mode,
             buf: vec![0u8; 65536],
-            last_activity: Instant::now(),
+            idle_polls: 0,
+            idle_since: None,
         }
     }
 
@@ -98,10 +100,12 @@ impl<D: Datagrams> SessionRunner<D> {
             }
         })?;
         self.session.handle_timeout(now);
-        let sent = self.transmit()?;
+        let sent = self.transmit_at(now)?;
         let active = received + sent > 0;
         if active {
-            self.last_activity = Instant::now();
+            self.idle_polls = 0;
+        } else {
+            self.idle_polls += 1;
         }
         Ok(active)
     }
@@ -110,6 +114,10 @@ impl<D: Datagrams> SessionRunner<D> {
     /// it leaves without waiting for a receive system call. Returns the datagrams sent.
     pub fn transmit(&mut self) -> io::Result<usize> {
         let now = self.clock.now();
+        self.transmit_at(now)
+    }
+
+    fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
         while let Some(n) = self.session.poll_transmit(now, &mut self.buf) {
             self.sock.send_to(self.peer, &self.buf[..n])?;
@@ -123,16 +131,19 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// Waits for work the way the mode says (call after an idle `poll`).
     pub fn wait(&mut self) -> io::Result<()> {
-        let timer = self.session.poll_timeout().map(|t| self.clock.until(t));
-        match self.mode {
-            PollMode::Busy { spin } if self.last_activity.elapsed() < spin => {
+        if let PollMode::Busy { spin } = self.mode {
+            // Spinning: look at the clock only every 64 idle polls.
+            if !self.idle_polls.is_multiple_of(64) {
                 std::hint::spin_loop();
-                Ok(())
+                return Ok(());
             }
-            _ => self
-                .sock
-                .wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100)))),
+            if self.idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
+                return Ok(());
+            }
         }
+        self.idle_since = None;
+        let timer = self.session.poll_timeout().map(|t| self.clock.until(t));
+        self.sock.wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100))))
     }
 
     /// Polls until `done` says so or `limit` passes; returns whether `done` was reached.
@@ -169,7 +180,8 @@ pub struct ServerRunner<D> {
     buf: Vec<u8>,
     out: Vec<(SocketAddr, usize, usize)>,
     out_bytes: Vec<u8>,
-    last_activity: Instant,
+    idle_polls: u64,
+    idle_since: Option<Instant>,
 }
 
 impl<D: Datagrams> ServerRunner<D> {
@@ -183,7 +195,8 @@ impl<D: Datagrams> ServerRunner<D> {
             buf: vec![0u8; 65536],
             out: Vec::new(),
             out_bytes: Vec::new(),
-            last_activity: Instant::now(),
+            idle_polls: 0,
+            idle_since: None,
         }
     }
 
@@ -195,10 +208,12 @@ impl<D: Datagrams> ServerRunner<D> {
             endpoint.handle_datagram(now, from, bytes);
         })?;
         self.endpoint.handle_timeout(now);
-        let sent = self.transmit()?;
+        let sent = self.transmit_at(now)?;
         let active = received + sent > 0;
         if active {
-            self.last_activity = Instant::now();
+            self.idle_polls = 0;
+        } else {
+            self.idle_polls += 1;
         }
         Ok(active)
     }
@@ -206,6 +221,10 @@ impl<D: Datagrams> ServerRunner<D> {
     /// Sends what every session has now (no receive). Returns the datagrams sent.
     pub fn transmit(&mut self) -> io::Result<usize> {
         let now = self.clock.now();
+        self.transmit_at(now)
+    }
+
+    fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         self.out.clear();
         self.out_bytes.clear();
         for (_, addr, s) in self.endpoint.sessions() {
@@ -226,15 +245,18 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// Waits for work the way the mode says.
     pub fn wait(&mut self) -> io::Result<()> {
-        let timer = self.endpoint.poll_timeout().map(|t| self.clock.until(t));
-        match self.mode {
-            PollMode::Busy { spin } if self.last_activity.elapsed() < spin => {
+        if let PollMode::Busy { spin } = self.mode {
+            // Spinning: look at the clock only every 64 idle polls.
+            if !self.idle_polls.is_multiple_of(64) {
                 std::hint::spin_loop();
-                Ok(())
+                return Ok(());
             }
-            _ => self
-                .sock
-                .wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100)))),
+            if self.idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
+                return Ok(());
+            }
         }
+        self.idle_since = None;
+        let timer = self.endpoint.poll_timeout().map(|t| self.clock.until(t));
+        self.sock.wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100))))
     }
 }
