@@ -29,6 +29,9 @@ pub(crate) struct LinkBench {
     /// Posted writes streamed per streaming case.
     #[arg(long, default_value_t = 200_000)]
     stream: usize,
+    /// The sessions' MTU (the link's default is 1472; 9000 for jumbo frames).
+    #[arg(long, default_value_t = 1472, value_parser = clap::value_parser!(u32).range(512..=65507))]
+    mtu: u32,
 }
 
 const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
@@ -101,10 +104,12 @@ fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
     Ok(summarize(rtts))
 }
 
+static MTU: AtomicU64 = AtomicU64::new(1472);
+
 fn bench_config() -> Config {
     let psk = PresharedKey::new(b"dxpu bench key, not a secret at all").unwrap_or_else(|| unreachable!());
     let mut c = Config::new(psk);
-    c.mtu = 9000;
+    c.mtu = MTU.load(Ordering::Relaxed) as usize;
     c
 }
 
@@ -370,7 +375,8 @@ fn mac_cost(len: usize) -> f64 {
 
 pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
     let n = args.iterations.max(100);
-    println!("dxpu bench link — {n} round trips per case (after warm-up), UDP loopback");
+    MTU.store(args.mtu as u64, Ordering::Relaxed);
+    println!("dxpu bench link — {n} round trips per case (after warm-up), UDP loopback, MTU {}", args.mtu);
     let uring = link::driver::UringUdp::probe();
     if let Err(e) = &uring {
         println!("io_uring unavailable ({e}): its rows are skipped");
