@@ -1,6 +1,7 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
 
 mod bench;
+mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;
 
@@ -21,6 +22,9 @@ enum Command {
     /// Decode and encode PCIe Transaction Layer Packets.
     #[command(subcommand)]
     Tlp(tlp_cmd::TlpCommand),
+    /// The simulated GPU on its own.
+    #[command(subcommand)]
+    Sim(sim_cmd::SimCommand),
     /// Benchmarks that print figures (not pass/fail).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -37,6 +41,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
+        Command::Sim(cmd) => {
+            sim_cmd::run(cmd);
+            ExitCode::SUCCESS
+        }
         Command::Bench(BenchCommand::Link(args)) => match bench::run_link(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
