@@ -541,9 +541,20 @@ impl Session {
             self.keepalive_due = false;
             return self.control_frame(FrameType::Keepalive, buf);
         }
-        let fc_changed = self.allocated != self.advertised;
+        // Credits freed since the last advertisement go out at once when a quarter of any
+        // grant has come back (a sender may be waiting for it); smaller returns wait for the
+        // ACK timer or ride on the next frame, as PCIe batches UpdateFC DLLPs.
+        let fc_due = self.allocated != self.advertised && {
+            let grant = grant_array(&self.cfg);
+            let urgent =
+                (0..6).any(|i| self.allocated[i].wrapping_sub(self.advertised[i]) >= grant[i].div_ceil(4));
+            if !urgent && self.timers[Timer::Ack as usize].is_none() {
+                self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
+            }
+            urgent || self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now)
+        };
         let ack_ready = self.ack_due && (self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now));
-        if self.nak_due || ack_ready || fc_changed {
+        if self.nak_due || ack_ready || fc_due {
             self.stats.acks_sent += 1;
             return self.control_frame(FrameType::Ack, buf);
         }

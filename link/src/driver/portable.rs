@@ -176,6 +176,40 @@ impl Datagrams for PortableUdp {
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        if let [(to, start, end)] = self.out[..] {
+            // One datagram: plain sendto, the kernel's shortest path.
+            let (ss, len) = sockaddr_of(&to);
+            let bytes = &self.out_bytes[start..end];
+            loop {
+                // SAFETY: `bytes` and `ss` are valid for the lengths given during the call.
+                let r = unsafe {
+                    libc::sendto(
+                        self.socket.as_raw_fd(),
+                        bytes.as_ptr() as *const libc::c_void,
+                        bytes.len(),
+                        0,
+                        &ss as *const _ as *const libc::sockaddr,
+                        len,
+                    )
+                };
+                if r >= 0 {
+                    break;
+                }
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::ConnectionRefused => break,
+                    _ => {
+                        self.out.clear();
+                        self.out_bytes.clear();
+                        return Err(e);
+                    }
+                }
+            }
+            self.out.clear();
+            self.out_bytes.clear();
+            return Ok(());
+        }
         let mut done = 0;
         while done < self.out.len() {
             let batch = &self.out[done..(done + BATCH).min(self.out.len())];
@@ -230,10 +264,38 @@ impl Datagrams for PortableUdp {
     }
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        if !self.rx_busy {
+            // Idle: probe for one datagram with plain recvfrom, the kernel's shortest path.
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            // SAFETY: the buffer and address storage are valid for the lengths given.
+            let n = unsafe {
+                libc::recvfrom(
+                    self.socket.as_raw_fd(),
+                    self.rx.as_mut_ptr() as *mut libc::c_void,
+                    MAX_DATAGRAM,
+                    libc::MSG_DONTWAIT,
+                    &mut self.rx_addrs[0] as *mut _ as *mut libc::sockaddr,
+                    &mut len,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock
+                    | io::ErrorKind::Interrupted
+                    | io::ErrorKind::ConnectionRefused => Ok(0),
+                    _ => Err(e),
+                };
+            }
+            if let Some(from) = addr_of(&self.rx_addrs[0]) {
+                f(from, &self.rx[..n as usize]);
+            }
+            // More may be waiting: take a batch next.
+            self.rx_busy = true;
+            return Ok(1);
+        }
         let mut total = 0;
-        // While idle, probe for one datagram (cheaper for the kernel than a 32-slot batch);
-        // once traffic flows, take batches.
-        let mut vlen = if self.rx_busy { BATCH } else { 1 };
+        let vlen = BATCH;
         loop {
             for m in &mut self.rx_msgs {
                 m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -272,7 +334,6 @@ impl Datagrams for PortableUdp {
                 self.rx_busy = total > 1;
                 return Ok(total);
             }
-            vlen = BATCH;
         }
     }
 
