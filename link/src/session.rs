@@ -221,7 +221,8 @@ pub struct Session {
     // Receive side.
     rx_next: SeqNum,
     out_of_order: VecDeque<Option<Vec<u8>>>,
-    delivered: VecDeque<Vec<u8>>,
+    /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
+    delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
     rx_used: [u32; 6],
     allocated: [u32; 6],
     advertised: [u32; 6],
@@ -455,11 +456,9 @@ impl Session {
     /// The next TLP the peer sent, in order. Reading it returns its credits to the peer.
     /// Give the buffer back with [`Session::recycle`] to avoid allocation.
     pub fn recv_tlp(&mut self) -> Option<Vec<u8>> {
-        let tlp = self.delivered.pop_front()?;
-        if let Ok((class, h, d)) = tlp_cost(&tlp) {
-            self.allocated[2 * class] = self.allocated[2 * class].wrapping_add(h);
-            self.allocated[2 * class + 1] = self.allocated[2 * class + 1].wrapping_add(d);
-        }
+        let (tlp, class, h, d) = self.delivered.pop_front()?;
+        self.allocated[2 * class] = self.allocated[2 * class].wrapping_add(h);
+        self.allocated[2 * class + 1] = self.allocated[2 * class + 1].wrapping_add(d);
         Some(tlp)
     }
 
@@ -1065,7 +1064,7 @@ impl Session {
             let mut b = self.pool.pop().unwrap_or_default();
             b.clear();
             b.extend_from_slice(tlp);
-            self.delivered.push_back(b);
+            self.delivered.push_back((b, class, h, d));
             self.stats.tlps_received += 1;
         }
     }

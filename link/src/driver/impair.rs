@@ -52,6 +52,7 @@ pub struct Impaired<D> {
     held: BinaryHeap<Held>,
     order: u64,
     rate_free_at: Instant,
+    scratch: Vec<u8>,
     /// Datagrams dropped, duplicated, corrupted by the layer.
     pub dropped: u64,
     /// Datagrams sent twice.
@@ -70,6 +71,7 @@ impl<D: Datagrams> Impaired<D> {
             held: BinaryHeap::new(),
             order: 0,
             rate_free_at: Instant::now(),
+            scratch: Vec::new(),
             dropped: 0,
             duplicated: 0,
             corrupted: 0,
@@ -148,6 +150,23 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
             }
         }
         Ok(())
+    }
+
+    fn send_with(
+        &mut self,
+        to: SocketAddr,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<usize> {
+        // The impairment layer may hold or alter the datagram: it needs its own copy anyway.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(max, 0);
+        let n = fill(&mut scratch).min(max);
+        if n > 0 {
+            self.send_to(to, &scratch[..n])?;
+        }
+        self.scratch = scratch;
+        Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -175,6 +175,25 @@ impl Datagrams for PortableUdp {
         Ok(())
     }
 
+    fn send_with(
+        &mut self,
+        to: SocketAddr,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<usize> {
+        let start = self.out_bytes.len();
+        self.out_bytes.resize(start + max, 0);
+        let n = fill(&mut self.out_bytes[start..]).min(max);
+        self.out_bytes.truncate(start + n);
+        if n > 0 {
+            self.out.push((to, start, start + n));
+            if self.out.len() >= BATCH {
+                self.flush()?;
+            }
+        }
+        Ok(n)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         if let [(to, start, end)] = self.out[..] {
             // One datagram: plain sendto, the kernel's shortest path.

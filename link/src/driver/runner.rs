@@ -62,7 +62,6 @@ pub struct SessionRunner<D> {
     /// The clock.
     pub clock: Clock,
     mode: PollMode,
-    buf: Vec<u8>,
     idle_polls: u64,
     idle_since: Option<Instant>,
 }
@@ -76,16 +75,7 @@ impl<D: Datagrams> SessionRunner<D> {
         clock: Clock,
         mode: PollMode,
     ) -> SessionRunner<D> {
-        SessionRunner {
-            sock,
-            peer,
-            session,
-            clock,
-            mode,
-            buf: vec![0u8; 65536],
-            idle_polls: 0,
-            idle_since: None,
-        }
+        SessionRunner { sock, peer, session, clock, mode, idle_polls: 0, idle_since: None }
     }
 
     /// One pass: receive what is ready, run timers, send what the session has. Returns
@@ -119,8 +109,10 @@ impl<D: Datagrams> SessionRunner<D> {
 
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
-        while let Some(n) = self.session.poll_transmit(now, &mut self.buf) {
-            self.sock.send_to(self.peer, &self.buf[..n])?;
+        let session = &mut self.session;
+        let max = session.mtu();
+        // Frames are written straight into the driver's send queue.
+        while self.sock.send_with(self.peer, max, &mut |b| session.poll_transmit(now, b).unwrap_or(0))? > 0 {
             sent += 1;
         }
         if sent > 0 {
@@ -177,9 +169,6 @@ pub struct ServerRunner<D> {
     /// The clock.
     pub clock: Clock,
     mode: PollMode,
-    buf: Vec<u8>,
-    out: Vec<(SocketAddr, usize, usize)>,
-    out_bytes: Vec<u8>,
     idle_polls: u64,
     idle_since: Option<Instant>,
 }
@@ -187,17 +176,7 @@ pub struct ServerRunner<D> {
 impl<D: Datagrams> ServerRunner<D> {
     /// A runner for `endpoint`.
     pub fn new(sock: D, endpoint: Endpoint<SocketAddr>, clock: Clock, mode: PollMode) -> ServerRunner<D> {
-        ServerRunner {
-            sock,
-            endpoint,
-            clock,
-            mode,
-            buf: vec![0u8; 65536],
-            out: Vec::new(),
-            out_bytes: Vec::new(),
-            idle_polls: 0,
-            idle_since: None,
-        }
+        ServerRunner { sock, endpoint, clock, mode, idle_polls: 0, idle_since: None }
     }
 
     /// One pass over the socket and every session.
@@ -225,22 +204,18 @@ impl<D: Datagrams> ServerRunner<D> {
     }
 
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
-        self.out.clear();
-        self.out_bytes.clear();
+        let mut sent = 0;
         for (_, addr, s) in self.endpoint.sessions() {
-            while let Some(n) = s.poll_transmit(now, &mut self.buf) {
-                let start = self.out_bytes.len();
-                self.out_bytes.extend_from_slice(&self.buf[..n]);
-                self.out.push((addr, start, self.out_bytes.len()));
+            let max = s.mtu();
+            // Frames are written straight into the driver's send queue.
+            while self.sock.send_with(addr, max, &mut |b| s.poll_transmit(now, b).unwrap_or(0))? > 0 {
+                sent += 1;
             }
         }
-        for &(addr, s, e) in &self.out {
-            self.sock.send_to(addr, &self.out_bytes[s..e])?;
-        }
-        if !self.out.is_empty() {
+        if sent > 0 {
             self.sock.flush()?;
         }
-        Ok(self.out.len())
+        Ok(sent)
     }
 
     /// Waits for work the way the mode says.

@@ -262,6 +262,19 @@ impl UringUdp {
 
 impl Datagrams for UringUdp {
     fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        self.send_with(to, bytes.len(), &mut |b| {
+            b.copy_from_slice(bytes);
+            bytes.len()
+        })
+        .map(|_| ())
+    }
+
+    fn send_with(
+        &mut self,
+        to: SocketAddr,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<usize> {
         while self.free.is_empty() {
             // Every slot is in flight: submit and wait for one to come back.
             self.ring.submit_and_wait(1)?;
@@ -269,10 +282,15 @@ impl Datagrams for UringUdp {
             let mut ignore = |_: SocketAddr, _: &[u8]| {};
             self.reap(&mut ignore)?;
         }
-        let Some(i) = self.free.pop() else { return Ok(()) };
+        let Some(i) = self.free.pop() else { return Ok(0) };
         let slot = &mut self.slots[i];
-        slot.bytes.clear();
-        slot.bytes.extend_from_slice(bytes);
+        slot.bytes.resize(max, 0);
+        let n = fill(&mut slot.bytes).min(max);
+        if n == 0 {
+            self.free.push(i);
+            return Ok(0);
+        }
+        slot.bytes.truncate(n);
         let (ss, len) = sockaddr_of(&to);
         slot.addr = ss;
         slot.iov =
@@ -283,7 +301,8 @@ impl Datagrams for UringUdp {
         slot.msg.msg_iovlen = 1;
         let op =
             opcode::SendMsg::new(types::Fd(self.socket.as_raw_fd()), &slot.msg).build().user_data(i as u64);
-        self.push(op)
+        self.push(op)?;
+        Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
