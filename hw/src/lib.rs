@@ -24,10 +24,16 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod device;
+pub mod direct;
+pub mod driver;
 pub mod function;
 pub mod msix;
 pub mod simgpu;
+pub mod simgpu_device;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};
+pub use device::Device;
 pub use function::{Function, MemoryTarget, TlpQueue, Upstream};
 pub use msix::{MsixEntry, MsixMessage, MsixTable};
+pub use simgpu_device::SimGpu;

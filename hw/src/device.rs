@@ -1,0 +1,24 @@
+//! The device interface a bridge drives, the same for a simulated and a real device: it
+//! receives host-originated TLPs (config, memory, IO) and answers non-posted ones through
+//! the upstream port; it originates its own requests (DMA reads and writes, MSI-X writes)
+//! through the same port and receives the completions to its reads; it resets. Errors
+//! become completion statuses, never panics.
+
+use tlp::TlpRepr;
+
+use crate::function::{Function, Upstream};
+
+/// A PCIe function behind a bridge.
+pub trait Device {
+    /// The function: config space, MSI-X, Command gates.
+    fn function(&self) -> &Function;
+    /// A host-originated request. Non-posted requests get exactly one completion upstream.
+    fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream);
+    /// A completion for one of the device's own reads.
+    fn completion(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream);
+    /// Lets the device progress (command processing, DMA, interrupts). Returns whether it
+    /// did anything.
+    fn poll(&mut self, up: &mut dyn Upstream) -> bool;
+    /// Function-level reset: back to the power-on state; in-flight DMA is dropped.
+    fn reset(&mut self);
+}

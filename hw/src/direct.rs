@@ -1,0 +1,301 @@
+//! A device attached directly, with no bridge: the baseline the bridged figures are compared
+//! with, and the platform the driver tests run on. This is the host side of the link in
+//! miniature: it places BARs as firmware would, turns the driver's config and MMIO accesses
+//! into TLPs, serves the device's DMA from host memory (anything outside it is answered
+//! with UR, or dropped for writes, and counted), and turns MSI-X writes into interrupts.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use tlp::rules::{self, Rcb, TransferSize};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
+
+use crate::device::Device;
+use crate::driver::{DmaBuf, PciFunction};
+use crate::function::TlpQueue;
+
+/// The host's requester ID.
+pub const HOST_ID: Bdf = Bdf::new(0, 0, 0);
+/// Where MSI-X writes land (the x86 interrupt window).
+pub const MSI_BASE: u64 = 0xfee0_0000;
+/// Bus address of host memory.
+pub const HOST_MEMORY_BASE: u64 = 0x1_0000_0000;
+/// Where BAR0 is placed.
+pub const BAR0_BASE: u64 = 0xfe00_0000;
+/// Where BAR2 is placed.
+pub const BAR2_BASE: u64 = 0x40_0000_0000;
+
+/// A device on the host's own bus.
+pub struct DirectAttach<D: Device> {
+    dev: D,
+    up: TlpQueue,
+    completions: VecDeque<Vec<u8>>,
+    mem: Vec<u8>,
+    next_alloc: usize,
+    interrupts: HashMap<u16, u32>,
+    next_tag: u16,
+    /// Device DMA reads outside host memory (answered with UR).
+    pub dma_read_refused: u64,
+    /// Device DMA writes outside host memory (dropped).
+    pub dma_write_dropped: u64,
+}
+
+impl<D: Device> DirectAttach<D> {
+    /// Attaches `dev` with `host_memory` bytes of DMA-able memory, and places its BARs.
+    pub fn new(dev: D, host_memory: usize) -> DirectAttach<D> {
+        let mut d = DirectAttach {
+            dev,
+            up: TlpQueue::default(),
+            completions: VecDeque::new(),
+            mem: vec![0; host_memory],
+            next_alloc: 0,
+            interrupts: HashMap::new(),
+            next_tag: 0,
+            dma_read_refused: 0,
+            dma_write_dropped: 0,
+        };
+        d.config_write(0x10, BAR0_BASE as u32);
+        d.config_write(0x14, (BAR0_BASE >> 32) as u32);
+        d.config_write(0x18, BAR2_BASE as u32);
+        d.config_write(0x1c, (BAR2_BASE >> 32) as u32);
+        d
+    }
+
+    /// The device.
+    pub fn device(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    fn tag(&mut self) -> Tag {
+        self.next_tag = (self.next_tag + 1) % 1024;
+        Tag::from_bits(self.next_tag)
+    }
+
+    /// Sends one host request to the device and routes everything that follows.
+    fn request(&mut self, tlp: &TlpRepr<'_>) {
+        self.dev.request(tlp, &mut self.up);
+        self.route();
+    }
+
+    /// Takes the completion for `tag` (after routing).
+    fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)> {
+        let i = self.completions.iter().position(|b| {
+            TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|c| c.requester_tag().1 == tag)
+        })?;
+        let b = self.completions.remove(i)?;
+        let c = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
+        match c.body {
+            Body::Completion { cpl, data, .. } => Some((cpl.status, data.unwrap_or(&[]).to_vec())),
+            _ => None,
+        }
+    }
+
+    fn in_memory(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(HOST_MEMORY_BASE)?;
+        (off.checked_add(len)? <= self.mem.len() as u64).then_some(off as usize)
+    }
+
+    /// Routes what the device sent until nothing is left.
+    fn route(&mut self) {
+        while !self.up.0.is_empty() {
+            let batch = std::mem::take(&mut self.up.0);
+            for bytes in batch {
+                let Ok(t) = TlpRepr::parse_bytes(&bytes, &ParseConfig::default()) else { continue };
+                match t.body {
+                    Body::Completion { .. } => self.completions.push_back(bytes.clone()),
+                    Body::MemRead { req, address, length_dw, .. } => {
+                        let a = address.value();
+                        match self.in_memory(a, length_dw as u64 * 4) {
+                            Some(off) => {
+                                let data = self.mem[off..off + length_dw as usize * 4].to_vec();
+                                let mps =
+                                    TransferSize::from_bytes(self.dev.function().config().max_payload())
+                                        .unwrap_or(TransferSize::B128);
+                                for chunk in rules::read_completions(
+                                    a,
+                                    length_dw,
+                                    req.first_be,
+                                    req.last_be,
+                                    Rcb::B64,
+                                    mps,
+                                ) {
+                                    let s = chunk.data_offset as usize;
+                                    let cpl = rules::completion_with_data(
+                                        &t,
+                                        HOST_ID,
+                                        &chunk,
+                                        &data[s..s + chunk.length_dw as usize * 4],
+                                    );
+                                    self.dev.completion(&cpl, &mut self.up);
+                                }
+                            }
+                            None => {
+                                self.dma_read_refused += 1;
+                                let cpl = rules::completion_without_data(
+                                    &t,
+                                    HOST_ID,
+                                    CplStatus::UnsupportedRequest,
+                                );
+                                self.dev.completion(&cpl, &mut self.up);
+                            }
+                        }
+                    }
+                    Body::MemWrite { req, address, data, .. } => {
+                        let a = address.value();
+                        if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
+                            let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
+                            *self.interrupts.entry(v).or_default() += 1;
+                        } else if let Some(off) = self.in_memory(a, data.len() as u64) {
+                            let n = data.len();
+                            for (i, b) in data.iter().enumerate() {
+                                let on = if i < 4 {
+                                    req.first_be & (1 << i) != 0
+                                } else if n > 4 && i >= n - 4 {
+                                    req.last_be & (1 << (i - (n - 4))) != 0
+                                } else {
+                                    true
+                                };
+                                if on {
+                                    self.mem[off + i] = *b;
+                                }
+                            }
+                        } else {
+                            self.dma_write_dropped += 1;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Lets the device work until it has nothing left to do (bounded).
+    pub fn run(&mut self) -> bool {
+        let mut any = false;
+        for _ in 0..1_000_000 {
+            let did = self.dev.poll(&mut self.up);
+            self.route();
+            if !did {
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn memory_request(&mut self, addr: u64, data: Option<&[u8]>, length_dw: u16) -> Tag {
+        let tag = self.tag();
+        let be = |n: u16| if n > 1 { (0xf, 0xf) } else { (0xf, 0) };
+        let (first_be, last_be) = be(length_dw);
+        let req = Request { requester: HOST_ID, tag, first_be, last_be };
+        let body = match data {
+            Some(d) => Body::MemWrite { req, address: Address::new(addr), ph: 0, data: d },
+            None => Body::MemRead { req, address: Address::new(addr), ph: 0, length_dw, locked: false },
+        };
+        let t = TlpRepr {
+            prefixes: Default::default(),
+            tc: 0,
+            attr: Default::default(),
+            th: false,
+            td: false,
+            ep: false,
+            at: Default::default(),
+            body,
+        };
+        self.request(&t);
+        tag
+    }
+
+    fn config_request(&mut self, reg: u16, data: Option<[u8; 4]>) -> u32 {
+        let tag = self.tag();
+        let req = Request { requester: HOST_ID, tag, first_be: 0xf, last_be: 0 };
+        let cfg = ConfigTarget { type1: false, target: self.dev.function().id(), register: reg & 0xffc };
+        let d;
+        let body = match data {
+            Some(bytes) => {
+                d = bytes;
+                Body::CfgWrite { req, cfg, data: &d }
+            }
+            None => Body::CfgRead { req, cfg },
+        };
+        let t = TlpRepr {
+            prefixes: Default::default(),
+            tc: 0,
+            attr: Default::default(),
+            th: false,
+            td: false,
+            ep: false,
+            at: Default::default(),
+            body,
+        };
+        self.request(&t);
+        match self.completion_for(tag) {
+            Some((CplStatus::Success, v)) if v.len() >= 4 => u32::from_le_bytes([v[0], v[1], v[2], v[3]]),
+            Some((CplStatus::Success, _)) => 0,
+            _ => u32::MAX,
+        }
+    }
+}
+
+impl<D: Device> PciFunction for DirectAttach<D> {
+    fn config_read(&mut self, offset: u16) -> u32 {
+        self.config_request(offset, None)
+    }
+    fn config_write(&mut self, offset: u16, value: u32) {
+        self.config_request(offset, Some(value.to_le_bytes()));
+    }
+    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
+        let tag = self.memory_request(addr, None, (len / 4).max(1) as u16);
+        match self.completion_for(tag) {
+            Some((CplStatus::Success, v)) => {
+                let mut b = [0u8; 8];
+                let n = v.len().min(len).min(8);
+                b[..n].copy_from_slice(&v[..n]);
+                u64::from_le_bytes(b)
+            }
+            // A failed read returns all-ones, as real hardware does.
+            _ => u64::MAX,
+        }
+    }
+    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
+        let b = value.to_le_bytes();
+        self.memory_request(addr, Some(&b[..len.min(8)]), (len / 4).max(1) as u16);
+        self.run();
+    }
+    fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
+        let start = self.next_alloc.div_ceil(64) * 64;
+        let end = start.checked_add(len)?;
+        if end > self.mem.len() {
+            return None;
+        }
+        self.next_alloc = end;
+        self.mem[start..end].fill(0);
+        Some(DmaBuf { bus: HOST_MEMORY_BASE + start as u64, len })
+    }
+    fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
+        self.run();
+        let s = (buf.bus - HOST_MEMORY_BASE) as usize + offset;
+        out.copy_from_slice(&self.mem[s..s + out.len()]);
+    }
+    fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
+        let s = (buf.bus - HOST_MEMORY_BASE) as usize + offset;
+        self.mem[s..s + data.len()].copy_from_slice(data);
+    }
+    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
+        (MSI_BASE, vector as u32)
+    }
+    fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if let Some(n) = self.interrupts.get_mut(&vector)
+                && *n > 0
+            {
+                *n -= 1;
+                return true;
+            }
+            if !self.run() && start.elapsed() >= timeout {
+                return false;
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The simgpu driver, written against an abstract PCI function access ([`PciFunction`]) so
+//! that the same driver runs on a directly attached simgpu, on a remote one through the host
+//! endpoint, and inside a VM. It checks the device, sizes its BARs, enables MSI-X, sets up
+//! the command ring, submits work, and waits for fences by polling or by interrupt.
+
+use std::time::Duration;
+
+use crate::simgpu::{DEVICE_ID, MSIX_TABLE_OFFSET, VENDOR_ID};
+use crate::simgpu_device::{COMMAND_BYTES, ERROR_VECTOR, err, op, reg};
+
+/// Host memory a device may reach, as the platform hands it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaBuf {
+    /// Bus address the device uses.
+    pub bus: u64,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// What a driver needs from its platform.
+pub trait PciFunction {
+    /// Reads a config DW.
+    fn config_read(&mut self, offset: u16) -> u32;
+    /// Writes a config DW.
+    fn config_write(&mut self, offset: u16, value: u32);
+    /// Reads `len` (4 or 8) bytes of MMIO at bus address `addr`.
+    fn mmio_read(&mut self, addr: u64, len: usize) -> u64;
+    /// Writes `len` (4 or 8) bytes of MMIO.
+    fn mmio_write(&mut self, addr: u64, len: usize, value: u64);
+    /// Allocates DMA-able host memory (zeroed).
+    fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf>;
+    /// Reads host memory the device may have written.
+    fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]);
+    /// Writes host memory the device will read.
+    fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]);
+    /// The MSI-X address and data that make vector `vector` reach this driver.
+    fn msi_message(&mut self, vector: u16) -> (u64, u32);
+    /// Waits until vector `vector` fired (consuming one occurrence) or `timeout` passed.
+    fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool;
+}
+
+/// Why the driver could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// Not a simgpu.
+    #[error("not a simgpu: vendor {vendor:#06x} device {device:#06x}")]
+    NotSimGpu {
+        /// Vendor ID read.
+        vendor: u16,
+        /// Device ID read.
+        device: u16,
+    },
+    /// The device lacks something the driver needs.
+    #[error("device unusable: {0}")]
+    Unusable(&'static str),
+    /// The platform refused DMA memory.
+    #[error("no DMA memory for {0} bytes")]
+    NoMemory(usize),
+    /// The device reported an error (ERROR register value).
+    #[error("device error {code} ({})", match *code { err::BAD_OPCODE => "bad opcode", err::BAD_ARGUMENT => "bad argument", err::DMA => "DMA failed", err::RING => "ring misconfigured", _ => "unknown" })]
+    Device {
+        /// The ERROR register.
+        code: u64,
+    },
+    /// A fence did not arrive in time.
+    #[error("fence {value} not reached within {timeout:?}")]
+    Timeout {
+        /// The fence value waited for.
+        value: u64,
+        /// How long.
+        timeout: Duration,
+    },
+}
+
+/// How to wait for a fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Poll the fence word in host memory.
+    Poll,
+    /// Sleep until the completion interrupt.
+    Interrupt,
+}
+
+/// One command for the ring.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Command {
+    /// Opcode ([`op`]).
+    pub opcode: u32,
+    /// Arguments a..e.
+    pub args: [u64; 5],
+}
+
+const RING_ENTRIES: u64 = 64;
+/// Vector the driver uses for command completion.
+pub const DONE_VECTOR: u16 = 0;
+
+/// A simgpu opened through some [`PciFunction`].
+pub struct SimGpuDriver<P: PciFunction> {
+    pci: P,
+    bar0: u64,
+    bar2: u64,
+    vram_size: u64,
+    ring: DmaBuf,
+    tail: u64,
+    fence: DmaBuf,
+    next_fence: u64,
+    timeout: Duration,
+}
+
+fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
+    let mut at = (pci.config_read(0x34) & 0xfc) as u16;
+    for _ in 0..48 {
+        if at == 0 {
+            return None;
+        }
+        let h = pci.config_read(at);
+        if h & 0xff == id as u32 {
+            return Some(at);
+        }
+        at = ((h >> 8) & 0xfc) as u16;
+    }
+    None
+}
+
+/// Sizes a 64-bit memory BAR by probing; returns (address, size).
+fn probe_bar64<P: PciFunction>(pci: &mut P, index: u16) -> (u64, u64) {
+    let at = 0x10 + 4 * index;
+    let (lo, hi) = (pci.config_read(at), pci.config_read(at + 4));
+    pci.config_write(at, 0xffff_ffff);
+    pci.config_write(at + 4, 0xffff_ffff);
+    let mask = (pci.config_read(at + 4) as u64) << 32 | (pci.config_read(at) & !0xf) as u64;
+    pci.config_write(at, lo);
+    pci.config_write(at + 4, hi);
+    ((hi as u64) << 32 | (lo & !0xf) as u64, (!mask).wrapping_add(1))
+}
+
+impl<P: PciFunction> SimGpuDriver<P> {
+    /// Checks and sets up the device: IDs, BARs, bus mastering, MSI-X, command ring.
+    pub fn open(mut pci: P) -> Result<SimGpuDriver<P>, DriverError> {
+        let id = pci.config_read(0);
+        let (vendor, device) = (id as u16, (id >> 16) as u16);
+        if vendor != VENDOR_ID || device != DEVICE_ID {
+            return Err(DriverError::NotSimGpu { vendor, device });
+        }
+        // Memory decoding off while sizing, as system software does.
+        let cmd = pci.config_read(0x04);
+        pci.config_write(0x04, cmd & !0x6);
+        let (bar0, size0) = probe_bar64(&mut pci, 0);
+        let (bar2, vram_size) = probe_bar64(&mut pci, 2);
+        if bar0 == 0 || bar2 == 0 || size0 < 0x1000 {
+            return Err(DriverError::Unusable("BARs not placed"));
+        }
+        pci.config_write(0x04, (cmd & 0xffff_0000) | 0x6);
+        let msix = find_capability(&mut pci, 0x11).ok_or(DriverError::Unusable("no MSI-X capability"))?;
+        let vectors = ((pci.config_read(msix) >> 16) & 0x7ff) as u16 + 1;
+        for v in 0..vectors.min(4) {
+            let (addr, data) = pci.msi_message(v);
+            let e = bar0 + MSIX_TABLE_OFFSET as u64 + v as u64 * 16;
+            pci.mmio_write(e, 8, addr);
+            pci.mmio_write(e + 8, 4, data as u64);
+            pci.mmio_write(e + 12, 4, 0); // unmask
+        }
+        let ctl = pci.config_read(msix);
+        pci.config_write(msix, (ctl & !(0xc000 << 16)) | 0x8000 << 16);
+        let ring =
+            pci.dma_alloc((RING_ENTRIES * COMMAND_BYTES) as usize).ok_or(DriverError::NoMemory(4096))?;
+        let fence = pci.dma_alloc(8).ok_or(DriverError::NoMemory(8))?;
+        let mut d = SimGpuDriver {
+            pci,
+            bar0,
+            bar2,
+            vram_size,
+            ring,
+            tail: 0,
+            fence,
+            next_fence: 0,
+            timeout: Duration::from_secs(5),
+        };
+        d.write_reg(reg::RING_BASE, ring.bus);
+        d.write_reg(reg::RING_SIZE, RING_ENTRIES);
+        d.write_reg(reg::RING_TAIL, 0);
+        Ok(d)
+    }
+
+    /// VRAM size found by sizing BAR2.
+    pub fn vram_size(&self) -> u64 {
+        self.vram_size
+    }
+    /// BAR2's bus address (VRAM window).
+    pub fn vram_bar(&self) -> u64 {
+        self.bar2
+    }
+    /// The platform underneath.
+    pub fn pci(&mut self) -> &mut P {
+        &mut self.pci
+    }
+    /// Reads a BAR0 register.
+    pub fn read_reg(&mut self, r: u64) -> u64 {
+        self.pci.mmio_read(self.bar0 + r, 8)
+    }
+    /// Writes a BAR0 register.
+    pub fn write_reg(&mut self, r: u64, v: u64) {
+        self.pci.mmio_write(self.bar0 + r, 8, v)
+    }
+
+    /// Queues one command and rings the doorbell.
+    pub fn submit(&mut self, c: Command) -> Result<(), DriverError> {
+        // The ring is full when the next tail would reach the head: wait for the device.
+        let mut spins = 0;
+        while (self.tail + 1) % RING_ENTRIES == self.read_reg(reg::RING_HEAD) {
+            spins += 1;
+            if spins > 1_000_000 {
+                return Err(DriverError::Unusable("command ring stuck"));
+            }
+        }
+        let mut b = [0u8; COMMAND_BYTES as usize];
+        b[0..4].copy_from_slice(&c.opcode.to_le_bytes());
+        for (i, a) in c.args.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        let ring = self.ring;
+        self.pci.dma_write(&ring, (self.tail * COMMAND_BYTES) as usize, &b);
+        self.tail = (self.tail + 1) % RING_ENTRIES;
+        self.write_reg(reg::RING_TAIL, self.tail);
+        self.write_reg(reg::DOORBELL, 1);
+        Ok(())
+    }
+
+    /// Queues a fence and waits until the device has executed everything before it.
+    pub fn sync(&mut self, mode: WaitMode) -> Result<(), DriverError> {
+        self.next_fence += 1;
+        let value = self.next_fence;
+        self.submit(Command { opcode: op::FENCE, args: [self.fence.bus, value, 0, 0, 0] })?;
+        if mode == WaitMode::Interrupt {
+            self.submit(Command { opcode: op::INTERRUPT, args: [DONE_VECTOR as u64, 0, 0, 0, 0] })?;
+            if !self.pci.wait_interrupt(DONE_VECTOR, self.timeout) {
+                return Err(DriverError::Timeout { value, timeout: self.timeout });
+            }
+        }
+        let start = std::time::Instant::now();
+        loop {
+            let mut f = [0u8; 8];
+            let fence = self.fence;
+            self.pci.dma_read(&fence, 0, &mut f);
+            if u64::from_le_bytes(f) >= value {
+                break;
+            }
+            if self.read_reg(reg::ERROR) != 0 && self.read_reg(reg::STATUS) & 1 == 0 {
+                break;
+            }
+            if start.elapsed() > self.timeout {
+                return Err(DriverError::Timeout { value, timeout: self.timeout });
+            }
+        }
+        match self.read_reg(reg::ERROR) {
+            0 => Ok(()),
+            code => {
+                self.write_reg(reg::ERROR, code);
+                self.write_reg(reg::INT_STATUS, 2);
+                // The error interrupt was raised too; consume it.
+                let _ = self.pci.wait_interrupt(ERROR_VECTOR, Duration::ZERO);
+                Err(DriverError::Device { code })
+            }
+        }
+    }
+
+    /// Copies host bytes into VRAM at `vram` (through a staging buffer).
+    pub fn memcpy_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
+        let buf = self.pci.dma_alloc(data.len()).ok_or(DriverError::NoMemory(data.len()))?;
+        self.pci.dma_write(&buf, 0, data);
+        self.submit(Command { opcode: op::COPY_H2V, args: [buf.bus, vram, data.len() as u64, 0, 0] })?;
+        self.sync(WaitMode::Poll)
+    }
+
+    /// Copies VRAM bytes at `vram` into `out`.
+    pub fn memcpy_from_device(&mut self, vram: u64, out: &mut [u8]) -> Result<(), DriverError> {
+        let buf = self.pci.dma_alloc(out.len()).ok_or(DriverError::NoMemory(out.len()))?;
+        self.submit(Command { opcode: op::COPY_V2H, args: [vram, buf.bus, out.len() as u64, 0, 0] })?;
+        self.sync(WaitMode::Poll)?;
+        self.pci.dma_read(&buf, 0, out);
+        Ok(())
+    }
+
+    /// Launches a kernel (or any command) and waits for it.
+    pub fn launch(&mut self, opcode: u32, args: [u64; 5], mode: WaitMode) -> Result<(), DriverError> {
+        self.submit(Command { opcode, args })?;
+        self.sync(mode)
+    }
+}

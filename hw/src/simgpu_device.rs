@@ -1,0 +1,704 @@
+//! The simulated GPU's device model (docs/simgpu.md): BAR0 registers, sparse VRAM behind the
+//! prefetchable BAR2, MSI-X, and a command processor that fetches 64-byte commands by DMA
+//! from a ring in host memory when the doorbell rings and executes them — copies in both
+//! directions (DMA split at Max_Read_Request_Size / Max_Payload_Size and 4 KiB, several
+//! reads in flight), fill, fp32 kernels, fences, interrupts. A malformed command or a failed
+//! DMA sets ERROR, raises the error vector, and the processor goes on with the next command.
+
+use std::collections::HashMap;
+
+use tlp::rules::{self, DwSpan, Rcb, TransferSize};
+use tlp::{Address, Body, CplStatus, Request, Tag, TlpRepr};
+
+use crate::device::Device;
+use crate::function::{Function, MemoryTarget, Upstream};
+use crate::simgpu::{SimGpuParams, config_space};
+
+/// BAR0 register offsets (64-bit registers; 4- and 8-byte accesses).
+pub mod reg {
+    /// RO: "SIMG" in the low 32 bits, version in the high 32.
+    pub const ID: u64 = 0x000;
+    /// RO: bit 0 busy (commands pending), bit 1 error (ERROR is non-zero).
+    pub const STATUS: u64 = 0x008;
+    /// W1C: the first unacknowledged error (see [`super::err`]).
+    pub const ERROR: u64 = 0x010;
+    /// W1C: bit 0 an INTERRUPT command ran, bit 1 an error.
+    pub const INT_STATUS: u64 = 0x018;
+    /// RW: bus address of the command ring (64-byte aligned).
+    pub const RING_BASE: u64 = 0x020;
+    /// RW: ring entries (a power of two, 2..=4096).
+    pub const RING_SIZE: u64 = 0x028;
+    /// RO: the next entry the device fetches.
+    pub const RING_HEAD: u64 = 0x030;
+    /// RW: the next entry the driver fills.
+    pub const RING_TAIL: u64 = 0x038;
+    /// WO: any write makes the device look at RING_TAIL.
+    pub const DOORBELL: u64 = 0x040;
+    /// RO: the value of the last FENCE command.
+    pub const FENCE: u64 = 0x048;
+    /// RO: VRAM size in bytes.
+    pub const VRAM_SIZE: u64 = 0x050;
+    /// RO: commands executed since reset.
+    pub const COMPLETED: u64 = 0x058;
+}
+
+/// Error codes in ERROR.
+pub mod err {
+    /// Unknown opcode.
+    pub const BAD_OPCODE: u64 = 1;
+    /// Arguments out of range (VRAM bounds, zero length, alignment, vector number).
+    pub const BAD_ARGUMENT: u64 = 2;
+    /// A DMA read completed with UR or CA (or poisoned).
+    pub const DMA: u64 = 3;
+    /// RING_BASE or RING_SIZE unusable.
+    pub const RING: u64 = 4;
+}
+
+/// Command opcodes (64-byte commands: u32 opcode, u32 flags, then u64 arguments a..e).
+pub mod op {
+    /// Nothing.
+    pub const NOP: u32 = 0;
+    /// Copy c bytes from host address a to VRAM offset b.
+    pub const COPY_H2V: u32 = 1;
+    /// Copy c bytes from VRAM offset a to host address b.
+    pub const COPY_V2H: u32 = 2;
+    /// Copy c bytes from VRAM offset a to VRAM offset b.
+    pub const COPY_V2V: u32 = 3;
+    /// Fill b bytes at VRAM offset a with the 32-bit pattern c.
+    pub const FILL: u32 = 4;
+    /// out[c] = x[a] + y[b] over d fp32 elements.
+    pub const VADD: u32 = 5;
+    /// y[b] = alpha * x[a] + y[b] over c elements; alpha is the fp32 in d.
+    pub const SAXPY: u32 = 6;
+    /// VRAM[c] = sum of b fp32 elements at a.
+    pub const REDUCE_SUM: u32 = 7;
+    /// C[c] = A[a] × B[b], row-major fp32; d = m | n << 16 | k << 32 (each 1..=256).
+    pub const MATMUL: u32 = 8;
+    /// Write the 64-bit value b to host address a (8-byte aligned); FENCE = b.
+    pub const FENCE: u32 = 9;
+    /// Raise MSI-X vector a.
+    pub const INTERRUPT: u32 = 10;
+}
+
+/// The vector errors are raised on.
+pub const ERROR_VECTOR: u16 = 1;
+/// Command size in bytes.
+pub const COMMAND_BYTES: u64 = 64;
+/// DMA reads the device keeps in flight at most.
+pub const MAX_READS_IN_FLIGHT: usize = 32;
+const PAGE: u64 = 4096;
+
+/// Sparse VRAM: pages exist once written; reads of untouched memory return zeros.
+#[derive(Clone, Default)]
+struct Vram {
+    size: u64,
+    pages: HashMap<u64, Box<[u8; PAGE as usize]>>,
+}
+
+impl Vram {
+    fn in_bounds(&self, off: u64, len: u64) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.size)
+    }
+    fn read(&self, off: u64, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let a = off + done as u64;
+            let (page, at) = (a / PAGE, (a % PAGE) as usize);
+            let n = (PAGE as usize - at).min(out.len() - done);
+            match self.pages.get(&page) {
+                Some(p) => out[done..done + n].copy_from_slice(&p[at..at + n]),
+                None => out[done..done + n].fill(0),
+            }
+            done += n;
+        }
+    }
+    fn write(&mut self, off: u64, data: &[u8]) {
+        let mut done = 0;
+        while done < data.len() {
+            let a = off + done as u64;
+            let (page, at) = (a / PAGE, (a % PAGE) as usize);
+            let n = (PAGE as usize - at).min(data.len() - done);
+            let p = self.pages.entry(page).or_insert_with(|| Box::new([0; PAGE as usize]));
+            p[at..at + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+    }
+    fn read_f32s(&self, off: u64, n: u64) -> Vec<f32> {
+        let mut b = vec![0u8; n as usize * 4];
+        self.read(off, &mut b);
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+    fn write_f32s(&mut self, off: u64, v: &[f32]) {
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.write(off, &b);
+    }
+    /// Bytes actually backed by memory.
+    fn resident(&self) -> u64 {
+        self.pages.len() as u64 * PAGE
+    }
+}
+
+/// What an outstanding DMA read is for.
+#[derive(Clone, Copy, Debug)]
+enum ReadPurpose {
+    /// The command at ring slot `slot`.
+    Command,
+    /// Part of a host→VRAM copy: bytes land at this VRAM offset.
+    Copy { vram: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Outstanding {
+    purpose: ReadPurpose,
+    /// Bytes of the request not yet received.
+    remaining: u64,
+    /// Where the next received byte goes (command buffer offset or VRAM offset).
+    next: u64,
+}
+
+/// The command processor's state.
+#[derive(Clone, Debug)]
+enum Cp {
+    Idle,
+    /// Waiting for the command's bytes.
+    Fetching,
+    /// A host→VRAM copy: `next_host` .. `end_host` still to request.
+    CopyIn {
+        next_host: u64,
+        end_host: u64,
+        vram_at_next: u64,
+    },
+}
+
+/// The simulated GPU.
+pub struct SimGpu {
+    function: Function,
+    vram: Vram,
+    regs: Regs,
+    cp: Cp,
+    command: [u8; COMMAND_BYTES as usize],
+    outstanding: HashMap<u16, Outstanding>,
+    next_tag: u16,
+    failed: bool,
+    /// DMA completions that matched no outstanding read (dropped, counted).
+    pub stray_completions: u64,
+    /// The most DMA reads the device had in flight at once.
+    pub max_reads_in_flight: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Regs {
+    error: u64,
+    int_status: u64,
+    ring_base: u64,
+    ring_size: u64,
+    ring_head: u64,
+    ring_tail: u64,
+    fence: u64,
+    completed: u64,
+}
+
+impl SimGpu {
+    /// A simulated GPU answering as `id`.
+    pub fn new(id: tlp::Bdf, params: SimGpuParams) -> SimGpu {
+        let cfg = config_space(&params);
+        let vram_size = cfg.bar(2).map_or(params.vram_bytes, |b| b.size);
+        SimGpu {
+            function: Function::new(id, cfg),
+            vram: Vram { size: vram_size, pages: HashMap::new() },
+            regs: Regs::default(),
+            cp: Cp::Idle,
+            command: [0; COMMAND_BYTES as usize],
+            outstanding: HashMap::new(),
+            next_tag: 0,
+            failed: false,
+            stray_completions: 0,
+            max_reads_in_flight: 0,
+        }
+    }
+
+    /// VRAM bytes backed by memory (pages written so far).
+    pub fn vram_resident(&self) -> u64 {
+        self.vram.resident()
+    }
+
+    fn reg_read(&self, off: u64) -> u64 {
+        match off {
+            reg::ID => 1 << 32 | 0x474d_4953,
+            reg::STATUS => {
+                let busy = self.regs.ring_head != self.regs.ring_tail || !matches!(self.cp, Cp::Idle);
+                busy as u64 | ((self.regs.error != 0) as u64) << 1
+            }
+            reg::ERROR => self.regs.error,
+            reg::INT_STATUS => self.regs.int_status,
+            reg::RING_BASE => self.regs.ring_base,
+            reg::RING_SIZE => self.regs.ring_size,
+            reg::RING_HEAD => self.regs.ring_head,
+            reg::RING_TAIL => self.regs.ring_tail,
+            reg::FENCE => self.regs.fence,
+            reg::VRAM_SIZE => self.vram.size,
+            reg::COMPLETED => self.regs.completed,
+            _ => 0,
+        }
+    }
+
+    fn reg_write(&mut self, off: u64, value: u64) {
+        match off {
+            reg::ERROR => self.regs.error &= !value,
+            reg::INT_STATUS => self.regs.int_status &= !value,
+            reg::RING_BASE => self.regs.ring_base = value & !(COMMAND_BYTES - 1),
+            reg::RING_SIZE => self.regs.ring_size = value,
+            reg::RING_TAIL => self.regs.ring_tail = value,
+            // The doorbell only wakes the processor; `poll` reads RING_TAIL.
+            _ => {}
+        }
+    }
+
+    /// A register access of `len` bytes (4 or 8, aligned) at `off`.
+    fn mmio_read(&self, off: u64, len: usize) -> Option<u64> {
+        if !matches!(len, 4 | 8) || !off.is_multiple_of(len as u64) {
+            return None;
+        }
+        let v = self.reg_read(off & !7);
+        Some(if len == 8 {
+            v
+        } else if off % 8 == 4 {
+            v >> 32
+        } else {
+            v & 0xffff_ffff
+        })
+    }
+
+    fn mmio_write(&mut self, off: u64, data: &[u8]) {
+        match data.len() {
+            8 if off.is_multiple_of(8) => {
+                let v = u64::from_le_bytes(data.try_into().unwrap_or([0; 8]));
+                self.reg_write(off, v);
+            }
+            4 if off.is_multiple_of(4) => {
+                let v = u32::from_le_bytes(data.try_into().unwrap_or([0; 4])) as u64;
+                let base = off & !7;
+                let old = self.reg_read(base);
+                let merged =
+                    if off % 8 == 4 { (old & 0xffff_ffff) | v << 32 } else { (old & !0xffff_ffff) | v };
+                // W1C registers take the written bits only.
+                let w = if matches!(base, reg::ERROR | reg::INT_STATUS) {
+                    if off % 8 == 4 { v << 32 } else { v }
+                } else {
+                    merged
+                };
+                self.reg_write(base, w);
+            }
+            _ => {}
+        }
+    }
+
+    fn raise_error(&mut self, code: u64, up: &mut dyn Upstream) {
+        if self.regs.error == 0 {
+            self.regs.error = code;
+        }
+        self.regs.int_status |= 2;
+        self.function.signal(ERROR_VECTOR, up);
+    }
+
+    fn alloc_tag(&mut self) -> Option<u16> {
+        for _ in 0..1024 {
+            let t = self.next_tag;
+            self.next_tag = (self.next_tag + 1) % 1024;
+            if !self.outstanding.contains_key(&t) {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
+        let Some(tag) = self.alloc_tag() else { return false };
+        let span = DwSpan::for_bytes(addr, len as u32);
+        up.send(&TlpRepr {
+            prefixes: Default::default(),
+            tc: 0,
+            attr: Default::default(),
+            th: false,
+            td: false,
+            ep: false,
+            at: Default::default(),
+            body: Body::MemRead {
+                req: Request {
+                    requester: self.function.id(),
+                    tag: Tag::from_bits(tag),
+                    first_be: span.first_be,
+                    last_be: span.last_be,
+                },
+                address: Address::new(span.address),
+                ph: 0,
+                length_dw: span.length_dw,
+                locked: false,
+            },
+        });
+        let next = match purpose {
+            ReadPurpose::Command => addr % COMMAND_BYTES,
+            ReadPurpose::Copy { vram } => vram,
+        };
+        self.outstanding.insert(tag, Outstanding { purpose, remaining: len, next });
+        self.max_reads_in_flight = self.max_reads_in_flight.max(self.outstanding.len());
+        true
+    }
+
+    fn dma_write(&mut self, addr: u64, data: &[u8], up: &mut dyn Upstream) {
+        let mps =
+            TransferSize::from_bytes(self.function.config().max_payload()).unwrap_or(TransferSize::B128);
+        let mut done = 0usize;
+        for (a, n) in rules::split(addr, data.len() as u64, mps) {
+            let span = DwSpan::for_bytes(a, n);
+            // The payload is whole DWs; bytes outside the byte enables are zero.
+            let mut payload = vec![0u8; span.length_dw as usize * 4];
+            let lead = (a - span.address) as usize;
+            payload[lead..lead + n as usize].copy_from_slice(&data[done..done + n as usize]);
+            up.send(&TlpRepr {
+                prefixes: Default::default(),
+                tc: 0,
+                attr: Default::default(),
+                th: false,
+                td: false,
+                ep: false,
+                at: Default::default(),
+                body: Body::MemWrite {
+                    req: Request {
+                        requester: self.function.id(),
+                        tag: Tag::default(),
+                        first_be: span.first_be,
+                        last_be: span.last_be,
+                    },
+                    address: Address::new(span.address),
+                    ph: 0,
+                    data: &payload,
+                },
+            });
+            done += n as usize;
+        }
+    }
+
+    fn arg(&self, i: usize) -> u64 {
+        let at = 8 + 8 * i;
+        u64::from_le_bytes(self.command[at..at + 8].try_into().unwrap_or([0; 8]))
+    }
+
+    /// Runs the fetched command. Returns true when it is finished (else a copy continues).
+    fn execute(&mut self, up: &mut dyn Upstream) -> bool {
+        let opcode = u32::from_le_bytes(self.command[0..4].try_into().unwrap_or([0; 4]));
+        let (a, b, c, d) = (self.arg(0), self.arg(1), self.arg(2), self.arg(3));
+        let f32_range = |off: u64, n: u64| {
+            n > 0 && n <= 1 << 24 && off.is_multiple_of(4) && self.vram.in_bounds(off, n * 4)
+        };
+        let ok = match opcode {
+            op::NOP => true,
+            op::COPY_H2V if c > 0 && self.vram.in_bounds(b, c) => {
+                self.cp = Cp::CopyIn { next_host: a, end_host: a.saturating_add(c), vram_at_next: b };
+                return false;
+            }
+            op::COPY_V2H if c > 0 && c <= 1 << 30 && self.vram.in_bounds(a, c) => {
+                let mut buf = vec![0u8; c as usize];
+                self.vram.read(a, &mut buf);
+                self.dma_write(b, &buf, up);
+                true
+            }
+            op::COPY_V2V
+                if c > 0 && c <= 1 << 30 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) =>
+            {
+                let mut buf = vec![0u8; c as usize];
+                self.vram.read(a, &mut buf);
+                self.vram.write(b, &buf);
+                true
+            }
+            op::FILL if b > 0 && b <= 1 << 30 && self.vram.in_bounds(a, b) => {
+                let pat = (c as u32).to_le_bytes();
+                let buf: Vec<u8> = (0..b as usize).map(|i| pat[i % 4]).collect();
+                self.vram.write(a, &buf);
+                true
+            }
+            op::VADD if f32_range(a, d) && f32_range(b, d) && f32_range(c, d) => {
+                let (x, y) = (self.vram.read_f32s(a, d), self.vram.read_f32s(b, d));
+                let out: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+                self.vram.write_f32s(c, &out);
+                true
+            }
+            op::SAXPY if f32_range(a, c) && f32_range(b, c) => {
+                let alpha = f32::from_bits(d as u32);
+                let (x, y) = (self.vram.read_f32s(a, c), self.vram.read_f32s(b, c));
+                let out: Vec<f32> = x.iter().zip(&y).map(|(p, q)| alpha * p + q).collect();
+                self.vram.write_f32s(b, &out);
+                true
+            }
+            op::REDUCE_SUM if f32_range(a, b) && f32_range(c, 1) => {
+                let sum: f32 = self.vram.read_f32s(a, b).iter().sum();
+                self.vram.write_f32s(c, &[sum]);
+                true
+            }
+            op::MATMUL => {
+                let (m, n, k) = (d & 0xffff, (d >> 16) & 0xffff, (d >> 32) & 0xffff);
+                let dims_ok = (1..=256).contains(&m) && (1..=256).contains(&n) && (1..=256).contains(&k);
+                if dims_ok && f32_range(a, m * k) && f32_range(b, k * n) && f32_range(c, m * n) {
+                    let (am, bm) = (self.vram.read_f32s(a, m * k), self.vram.read_f32s(b, k * n));
+                    let (m, n, k) = (m as usize, n as usize, k as usize);
+                    let mut cm = vec![0f32; m * n];
+                    for i in 0..m {
+                        for j in 0..n {
+                            cm[i * n + j] = (0..k).map(|p| am[i * k + p] * bm[p * n + j]).sum();
+                        }
+                    }
+                    self.vram.write_f32s(c, &cm);
+                    true
+                } else {
+                    false
+                }
+            }
+            op::FENCE if a.is_multiple_of(8) => {
+                self.dma_write(a, &b.to_le_bytes(), up);
+                self.regs.fence = b;
+                true
+            }
+            op::INTERRUPT if (a as usize) < self.function.msix().len() => {
+                self.regs.int_status |= 1;
+                self.function.signal(a as u16, up);
+                true
+            }
+            // A known opcode whose arguments failed its checks.
+            known if known <= op::INTERRUPT => false,
+            _ => {
+                self.raise_error(err::BAD_OPCODE, up);
+                return true;
+            }
+        };
+        if !ok {
+            self.raise_error(err::BAD_ARGUMENT, up);
+        }
+        true
+    }
+
+    fn finish_command(&mut self) {
+        self.regs.ring_head = (self.regs.ring_head + 1) % self.regs.ring_size.max(1);
+        self.regs.completed += 1;
+        self.cp = Cp::Idle;
+    }
+}
+
+impl Device for SimGpu {
+    fn function(&self) -> &Function {
+        &self.function
+    }
+
+    fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
+        match tlp.body {
+            Body::CfgRead { .. } | Body::CfgWrite { .. } => {
+                let e = self.function.config_request(tlp, up);
+                if e.function_level_reset {
+                    self.reset();
+                }
+            }
+            Body::MemRead { req, address, length_dw, .. } => {
+                let target = self.function.memory_target(address.value());
+                let len = length_dw as u64 * 4;
+                let data: Result<Vec<u8>, CplStatus> = match target {
+                    Err(s) => Err(s),
+                    Ok(t @ (MemoryTarget::MsixTable(_) | MemoryTarget::MsixPba(_))) => {
+                        let v = self.function.msix_read(t, len as usize);
+                        if matches!(len, 4 | 8) {
+                            Ok(v.to_le_bytes()[..len as usize].to_vec())
+                        } else {
+                            Err(CplStatus::UnsupportedRequest)
+                        }
+                    }
+                    Ok(MemoryTarget::Bar(0, off)) => match self.mmio_read(off, len as usize) {
+                        Some(v) => Ok(v.to_le_bytes()[..len as usize].to_vec()),
+                        None => Err(CplStatus::CompleterAbort),
+                    },
+                    Ok(MemoryTarget::Bar(_, off)) if self.vram.in_bounds(off, len) => {
+                        let mut b = vec![0u8; len as usize];
+                        self.vram.read(off, &mut b);
+                        Ok(b)
+                    }
+                    Ok(MemoryTarget::Bar(..)) => Err(CplStatus::UnsupportedRequest),
+                };
+                match data {
+                    Ok(d) => {
+                        let mps = TransferSize::from_bytes(self.function.config().max_payload())
+                            .unwrap_or(TransferSize::B128);
+                        for chunk in rules::read_completions(
+                            address.value(),
+                            length_dw,
+                            req.first_be,
+                            req.last_be,
+                            Rcb::B64,
+                            mps,
+                        ) {
+                            let s = chunk.data_offset as usize;
+                            let payload = &d[s..s + chunk.length_dw as usize * 4];
+                            up.send(&rules::completion_with_data(tlp, self.function.id(), &chunk, payload));
+                        }
+                    }
+                    Err(status) => up.send(&rules::completion_without_data(tlp, self.function.id(), status)),
+                }
+            }
+            Body::MemWrite { req, address, data, .. } => {
+                // Posted: a write nothing decodes is dropped (no completion to send).
+                let Ok(target) = self.function.memory_target(address.value()) else { return };
+                match target {
+                    MemoryTarget::MsixTable(_) | MemoryTarget::MsixPba(_) => {
+                        let v = match data.len() {
+                            4 => u32::from_le_bytes(data.try_into().unwrap_or([0; 4])) as u64,
+                            8 => u64::from_le_bytes(data.try_into().unwrap_or([0; 8])),
+                            _ => return,
+                        };
+                        self.function.msix_write(target, data.len(), v, up);
+                    }
+                    MemoryTarget::Bar(0, off) => self.mmio_write(off, data),
+                    MemoryTarget::Bar(_, off) => {
+                        // Byte enables: First DW BE covers bytes 0..4, Last DW BE the last DW.
+                        let n = data.len();
+                        let enabled = |i: usize| {
+                            if i < 4 {
+                                req.first_be & (1 << i) != 0
+                            } else if n > 4 && i >= n - 4 {
+                                req.last_be & (1 << (i - (n - 4))) != 0
+                            } else {
+                                true
+                            }
+                        };
+                        if !self.vram.in_bounds(off, n as u64) {
+                            return;
+                        }
+                        let mut i = 0;
+                        while i < n {
+                            if !enabled(i) {
+                                i += 1;
+                                continue;
+                            }
+                            let start = i;
+                            while i < n && enabled(i) {
+                                i += 1;
+                            }
+                            self.vram.write(off + start as u64, &data[start..i]);
+                        }
+                    }
+                }
+            }
+            // IO, AtomicOps and the rest: unsupported. Non-posted ones get UR.
+            _ => {
+                if tlp.fc_class() == tlp::FcClass::NonPosted {
+                    up.send(&rules::completion_without_data(
+                        tlp,
+                        self.function.id(),
+                        CplStatus::UnsupportedRequest,
+                    ));
+                }
+            }
+        }
+    }
+
+    fn completion(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
+        let Body::Completion { cpl, data, .. } = tlp.body else { return };
+        let tag = cpl.tag.value();
+        let Some(mut o) = self.outstanding.get(&tag).copied() else {
+            self.stray_completions += 1;
+            return;
+        };
+        if cpl.status != CplStatus::Success || tlp.ep {
+            self.outstanding.remove(&tag);
+            self.failed = true;
+            self.raise_error(err::DMA, up);
+            return;
+        }
+        let d = data.unwrap_or(&[]);
+        let pad = (cpl.lower_address & 3) as usize;
+        let n = (d.len().saturating_sub(pad) as u64).min(o.remaining).min(cpl.byte_count as u64);
+        let bytes = &d[pad.min(d.len())..pad.min(d.len()) + n as usize];
+        match o.purpose {
+            ReadPurpose::Command => {
+                let at = o.next as usize;
+                let end = (at + bytes.len()).min(self.command.len());
+                self.command[at..end].copy_from_slice(&bytes[..end - at]);
+            }
+            ReadPurpose::Copy { .. } => self.vram.write(o.next, bytes),
+        }
+        o.next += n;
+        o.remaining -= n;
+        if o.remaining == 0 {
+            self.outstanding.remove(&tag);
+        } else {
+            self.outstanding.insert(tag, o);
+        }
+    }
+
+    fn poll(&mut self, up: &mut dyn Upstream) -> bool {
+        if !self.function.bus_master() {
+            return false;
+        }
+        match self.cp.clone() {
+            Cp::Idle => {
+                if self.regs.ring_head == self.regs.ring_tail {
+                    return false;
+                }
+                let size = self.regs.ring_size;
+                if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.regs.ring_tail >= size {
+                    self.raise_error(err::RING, up);
+                    self.regs.ring_head = self.regs.ring_tail;
+                    return true;
+                }
+                let addr = self.regs.ring_base + self.regs.ring_head * COMMAND_BYTES;
+                self.command = [0; COMMAND_BYTES as usize];
+                self.failed = false;
+                if self.dma_read(addr, COMMAND_BYTES, ReadPurpose::Command, up) {
+                    self.cp = Cp::Fetching;
+                }
+                true
+            }
+            Cp::Fetching => {
+                if !self.outstanding.is_empty() {
+                    return false;
+                }
+                if self.failed || self.execute(up) {
+                    self.finish_command();
+                }
+                true
+            }
+            Cp::CopyIn { next_host, end_host, vram_at_next } => {
+                if self.failed {
+                    if self.outstanding.is_empty() {
+                        self.finish_command();
+                    }
+                    return true;
+                }
+                let mrrs = TransferSize::from_bytes(self.function.config().max_read_request())
+                    .unwrap_or(TransferSize::B128);
+                let (mut host, mut vram) = (next_host, vram_at_next);
+                let mut issued = false;
+                for (a, n) in rules::split(host, end_host - host, mrrs) {
+                    if self.outstanding.len() >= MAX_READS_IN_FLIGHT
+                        || !self.dma_read(a, n as u64, ReadPurpose::Copy { vram }, up)
+                    {
+                        break;
+                    }
+                    host = a + n as u64;
+                    vram += n as u64;
+                    issued = true;
+                }
+                if host >= end_host && self.outstanding.is_empty() {
+                    self.finish_command();
+                    return true;
+                }
+                self.cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
+                issued
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        self.function.reset();
+        self.vram.pages.clear();
+        self.regs = Regs::default();
+        self.cp = Cp::Idle;
+        self.outstanding.clear();
+        self.failed = false;
+    }
+}
