@@ -35,6 +35,9 @@ enum BenchCommand {
     /// The transport over UDP loopback: round trips against the bare UDP floor, streaming
     /// against bare sockets, MAC cost.
     Link(bench::LinkBench),
+    /// The directly attached simulated GPU (no bridge): command latency, copy bandwidth,
+    /// kernel time — the baseline for bridged figures.
+    Simgpu(bench::SimGpuBench),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,13 @@ fn main() -> ExitCode {
             sim_cmd::run(cmd);
             ExitCode::SUCCESS
         }
+        Command::Bench(BenchCommand::Simgpu(args)) => match bench::run_simgpu(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench simgpu: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Bench(BenchCommand::Link(args)) => match bench::run_link(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
