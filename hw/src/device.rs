@@ -4,14 +4,16 @@
 //! through the same port and receives the completions to its reads; it resets. Errors
 //! become completion statuses, never panics.
 
-use tlp::TlpRepr;
+use tlp::{Bdf, TlpRepr};
 
-use crate::function::{Function, Upstream};
+use crate::function::Upstream;
 
 /// A PCIe function behind a bridge.
 pub trait Device {
-    /// The function: config space, MSI-X, Command gates.
-    fn function(&self) -> &Function;
+    /// The function's ID: completer ID of its completions, requester ID of its requests.
+    fn id(&self) -> Bdf;
+    /// Max_Payload_Size in bytes as its Device Control register says now.
+    fn max_payload(&self) -> u32;
     /// A host-originated request. Non-posted requests get exactly one completion upstream.
     fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream);
     /// A completion for one of the device's own reads.

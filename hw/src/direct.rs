@@ -108,9 +108,8 @@ impl<D: Device> DirectAttach<D> {
                         match self.in_memory(a, length_dw as u64 * 4) {
                             Some(off) => {
                                 let data = self.mem[off..off + length_dw as usize * 4].to_vec();
-                                let mps =
-                                    TransferSize::from_bytes(self.dev.function().config().max_payload())
-                                        .unwrap_or(TransferSize::B128);
+                                let mps = TransferSize::from_bytes(self.dev.max_payload())
+                                    .unwrap_or(TransferSize::B128);
                                 for chunk in rules::read_completions(
                                     a,
                                     length_dw,
@@ -209,7 +208,7 @@ impl<D: Device> DirectAttach<D> {
     fn config_request(&mut self, reg: u16, data: Option<[u8; 4]>) -> u32 {
         let tag = self.tag();
         let req = Request { requester: HOST_ID, tag, first_be: 0xf, last_be: 0 };
-        let cfg = ConfigTarget { type1: false, target: self.dev.function().id(), register: reg & 0xffc };
+        let cfg = ConfigTarget { type1: false, target: self.dev.id(), register: reg & 0xffc };
         let d;
         let body = match data {
             Some(bytes) => {

@@ -31,6 +31,7 @@ pub mod function;
 pub mod msix;
 pub mod simgpu;
 pub mod simgpu_device;
+pub mod vfio;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};
 pub use device::Device;

@@ -483,9 +483,20 @@ impl SimGpu {
     }
 }
 
-impl Device for SimGpu {
-    fn function(&self) -> &Function {
+impl SimGpu {
+    /// The function: config space, MSI-X, Command gates.
+    pub fn function(&self) -> &Function {
         &self.function
+    }
+}
+
+impl Device for SimGpu {
+    fn id(&self) -> tlp::Bdf {
+        self.function.id()
+    }
+
+    fn max_payload(&self) -> u32 {
+        self.function.config().max_payload()
     }
 
     fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
