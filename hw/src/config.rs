@@ -2,6 +2,7 @@
 //! `pci/configuration.rs`: 4 KiB of registers with a writable mask and a write-1-to-clear
 //! mask per byte; BAR registers that answer size probing; capability and extended-capability
 //! chains built at set-up. A write returns a [`ConfigWrite`] describing what changed.
+#![forbid(unsafe_code)]
 
 /// Config space size (PCIe extended configuration space).
 pub const CONFIG_SIZE: usize = 4096;

@@ -3,6 +3,7 @@
 //! the upstream port; it originates its own requests (DMA reads and writes, MSI-X writes)
 //! through the same port and receives the completions to its reads; it resets. Errors
 //! become completion statuses, never panics.
+#![forbid(unsafe_code)]
 
 use tlp::{Bdf, TlpRepr};
 

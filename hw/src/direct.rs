@@ -3,6 +3,7 @@
 //! miniature: it places BARs as firmware would, turns the driver's config and MMIO accesses
 //! into TLPs, serves the device's DMA from host memory (anything outside it is answered
 //! with UR, or dropped for writes, and counted), and turns MSI-X writes into interrupts.
+#![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! that the same driver runs on a directly attached simgpu, on a remote one through the host
 //! endpoint, and inside a VM. It checks the device, sizes its BARs, enables MSI-X, sets up
 //! the command ring, submits work, and waits for fences by polling or by interrupt.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

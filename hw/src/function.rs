@@ -3,6 +3,7 @@
 //! refused with UR while Memory Space Enable is clear); MSI-X table and PBA accesses are
 //! served here; device-originated requests (DMA, MSI-X writes) go out only with Bus Master
 //! Enable set. Function-level reset returns everything to its power-on state.
+#![forbid(unsafe_code)]
 
 use tlp::{Address, Bdf, Body, CplStatus, Request, Tag, TlpRepr, rules};
 

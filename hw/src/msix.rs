@@ -3,6 +3,7 @@
 //! (others read all-ones and write nothing). Signalling a vector that is masked — by its
 //! entry, by Function Mask, or because MSI-X is disabled — sets its pending bit; unmasking
 //! delivers it. Deliveries are returned as values, for the function to send as MWr TLPs.
+#![forbid(unsafe_code)]
 
 /// One table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 //! The simulated GPU's PCI face: identity, BARs and capabilities (docs/simgpu.md). The
 //! device model behind these registers is built on this config space.
+#![forbid(unsafe_code)]
 
 use crate::config::{Bar, BarKind, ConfigSpace, PcieCapability};
 

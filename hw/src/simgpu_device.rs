@@ -4,6 +4,7 @@
 //! directions (DMA split at Max_Read_Request_Size / Max_Payload_Size and 4 KiB, several
 //! reads in flight), fill, fp32 kernels, fences, interrupts. A malformed command or a failed
 //! DMA sets ERROR, raises the error vector, and the processor goes on with the next command.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 

@@ -9,12 +9,17 @@
 //! the network needs a hardware proxy on the box's PCIe side (DxPU's proxy card), and
 //! [`VfioDevice::open`] says so in its log line.
 //!
+//! MSI-X: the host programs a virtual table (its accesses to the table in the BAR are served
+//! here); when it enables MSI-X, VFIO signals one eventfd per vector, and [`Device::poll`]
+//! turns each signal into the MSI-X write the host programmed (or a pending bit).
+//!
 //! The Command register is written raw, 16 bits, read-modify-write. pci-driver 0.1.4
 //! declares Interrupt Disable (bit 10) write-1-to-clear, so a read-modify-write through its
 //! structured API writes 0 there to "preserve" it — and clears it on real hardware, where it
 //! is read-write. Status (the next 16 bits) really is write-1-to-clear, so a 32-bit write
 //! would clear every error bit it read as 1. [`update_command`] avoids both, and the tests
 //! check it against a model of the hardware's semantics.
+#![allow(unsafe_code)]
 
 use std::io;
 use std::path::Path;
@@ -24,6 +29,51 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr};
 
 use crate::device::Device;
 use crate::function::Upstream;
+use crate::msix::{MsixMessage, MsixTable};
+
+/// One eventfd per MSI-X vector: VFIO signals them, [`MsixEventfds::fired`] reads them.
+pub struct MsixEventfds {
+    fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl MsixEventfds {
+    /// `n` non-blocking eventfds.
+    pub fn new(n: usize) -> io::Result<MsixEventfds> {
+        use std::os::fd::FromRawFd;
+        let mut fds = Vec::with_capacity(n);
+        for _ in 0..n {
+            // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a new descriptor this process owns and nothing else holds.
+            fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        }
+        Ok(MsixEventfds { fds })
+    }
+
+    /// The raw descriptors, in vector order, for VFIO.
+    pub fn raw(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.fds.iter().map(|f| f.as_raw_fd()).collect()
+    }
+
+    /// The vectors signalled since the last call (each once, however often it fired).
+    pub fn fired(&self) -> Vec<u16> {
+        use std::os::fd::AsRawFd;
+        let mut out = Vec::new();
+        for (v, fd) in self.fds.iter().enumerate() {
+            let mut count = 0u64;
+            // SAFETY: reads 8 bytes into a u64 that lives across the call.
+            let r = unsafe { libc::read(fd.as_raw_fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
+            if r == 8 && count > 0 {
+                out.push(v as u16);
+            }
+        }
+        out
+    }
+}
 
 /// Raw access to a function's config space.
 pub trait RawConfig {
@@ -49,6 +99,12 @@ pub struct VfioDevice {
     dev: pci_driver::backends::vfio::VfioPciDevice,
     id: Bdf,
     bars: Vec<Option<pci_driver::regions::OwningPciRegion>>,
+    /// MSI-X capability offset, and the table's BAR, offset and length.
+    msix_cap: Option<u16>,
+    msix_table: Option<(usize, u64, u64)>,
+    /// The table the host programs; the device's own table is VFIO's business.
+    msix: MsixTable,
+    eventfds: Option<MsixEventfds>,
 }
 
 struct VfioConfig<'a>(pci_driver::regions::PciSubregion<'a>);
@@ -104,7 +160,68 @@ impl VfioDevice {
              needs a hardware proxy",
             sysfs_path.display()
         ));
-        Ok(VfioDevice { dev, id, bars })
+        let mut d = VfioDevice {
+            dev,
+            id,
+            bars,
+            msix_cap: None,
+            msix_table: None,
+            msix: MsixTable::new(1),
+            eventfds: None,
+        };
+        if let Some(cap) = d.find_capability(0x11) {
+            let raw = d.raw();
+            let n = (raw.read(cap + 2, 2)? & 0x7ff) as u16 + 1;
+            let t = raw.read(cap + 4, 4)?;
+            d.msix_cap = Some(cap);
+            d.msix_table = Some(((t & 7) as usize, (t & !7) as u64, n as u64 * 16));
+            d.msix = MsixTable::new(n);
+        }
+        Ok(d)
+    }
+
+    fn find_capability(&self, id: u8) -> Option<u16> {
+        let raw = self.raw();
+        let mut at = raw.read(0x34, 1).ok()? as u16 & !3;
+        for _ in 0..48 {
+            if at == 0 {
+                return None;
+            }
+            let h = raw.read(at, 2).ok()?;
+            if h & 0xff == id as u32 {
+                return Some(at);
+            }
+            at = ((h >> 8) & 0xfc) as u16;
+        }
+        None
+    }
+
+    /// The host wrote MSI-X Message Control: follow it in the virtual table and in VFIO.
+    fn msix_control_written(&mut self, control: u16, up: &mut dyn Upstream) {
+        use pci_driver::device::PciDevice;
+        let enable = control & 0x8000 != 0;
+        if enable && self.eventfds.is_none() {
+            match MsixEventfds::new(self.msix.len()) {
+                Ok(fds) => {
+                    if self.dev.interrupts().msi_x().enable(&fds.raw()).is_ok() {
+                        self.eventfds = Some(fds);
+                    }
+                }
+                Err(_) => self.eventfds = None,
+            }
+        } else if !enable && self.eventfds.is_some() {
+            let _ = self.dev.interrupts().msi_x().disable();
+            self.eventfds = None;
+        }
+        for m in self.msix.set_control(control) {
+            send_msix(self.id, m, up);
+        }
+    }
+
+    fn msix_offset(&self, addr: u64) -> Option<u64> {
+        let (bar, off) = self.decode(addr)?;
+        let (tbar, start, len) = self.msix_table?;
+        (bar == tbar && off >= start && off < start + len).then(|| off - start)
     }
 
     fn raw(&self) -> VfioConfig<'_> {
@@ -200,11 +317,33 @@ impl Device for VfioDevice {
                     Ok(()) => CplStatus::Success,
                     Err(e) => status_of(e),
                 };
+                if let Some(cap) = self.msix_cap
+                    && cfg.register == cap
+                    && req.first_be & 0b1100 != 0
+                {
+                    let control = self.raw().read(cap + 2, 2).unwrap_or(0) as u16;
+                    self.msix_control_written(control, up);
+                }
                 up.send(&rules::completion_without_data(tlp, self.id, status));
             }
             Body::MemRead { req, address, length_dw, .. } => {
                 use pci_driver::regions::PciRegion;
                 let len = length_dw as usize * 4;
+                if let Some(off) = self.msix_offset(address.value()) {
+                    let v = self.msix.read_table(off, len);
+                    let chunk = rules::CompletionChunk {
+                        byte_count: len as u16,
+                        lower_address: (address.value() & 0x7f) as u8,
+                        data_offset: 0,
+                        length_dw,
+                    };
+                    if matches!(len, 4 | 8) {
+                        up.send(&rules::completion_with_data(tlp, self.id, &chunk, &v.to_le_bytes()[..len]));
+                    } else {
+                        up.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest));
+                    }
+                    return;
+                }
                 let read = self.decode(address.value()).and_then(|(bar, off)| {
                     let region = self.bars.get(bar)?.as_ref()?;
                     let mut buf = vec![0u8; len];
@@ -237,6 +376,17 @@ impl Device for VfioDevice {
             }
             Body::MemWrite { address, data, .. } => {
                 use pci_driver::regions::PciRegion;
+                if let Some(off) = self.msix_offset(address.value()) {
+                    let v = match data.len() {
+                        4 => u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u64,
+                        8 => u64::from_le_bytes(data[..8].try_into().unwrap_or([0; 8])),
+                        _ => return,
+                    };
+                    for m in self.msix.write_table(off, data.len(), v) {
+                        send_msix(self.id, m, up);
+                    }
+                    return;
+                }
                 if let Some((bar, off)) = self.decode(address.value())
                     && let Some(Some(region)) = self.bars.get(bar)
                 {
@@ -258,14 +408,40 @@ impl Device for VfioDevice {
         // A VFIO device's DMA does not pass through software: no completions are ours.
     }
 
-    fn poll(&mut self, _up: &mut dyn Upstream) -> bool {
-        false
+    fn poll(&mut self, up: &mut dyn Upstream) -> bool {
+        let fired = self.eventfds.as_ref().map(MsixEventfds::fired).unwrap_or_default();
+        for v in &fired {
+            if let Some(m) = self.msix.signal(*v) {
+                send_msix(self.id, m, up);
+            }
+        }
+        !fired.is_empty()
     }
 
     fn reset(&mut self) {
         use pci_driver::device::PciDevice;
         let _ = self.dev.reset();
     }
+}
+
+/// The MSI-X write of one interrupt, from the function to the host.
+fn send_msix(id: Bdf, m: MsixMessage, up: &mut dyn Upstream) {
+    let data = m.data.to_le_bytes();
+    up.send(&TlpRepr {
+        prefixes: Default::default(),
+        tc: 0,
+        attr: Default::default(),
+        th: false,
+        td: false,
+        ep: false,
+        at: Default::default(),
+        body: Body::MemWrite {
+            req: tlp::Request { requester: id, tag: tlp::Tag::default(), first_be: 0xf, last_be: 0 },
+            address: tlp::Address::new(m.address),
+            ph: 0,
+            data: &data,
+        },
+    });
 }
 
 #[cfg(test)]
@@ -331,6 +507,22 @@ mod tests {
         let dw = hw.read(0x04, 4).unwrap();
         hw.write(0x04, 4, dw | 0x6).unwrap();
         assert_eq!(hw.read(0x06, 2).unwrap() & 0x2000, 0, "why Command is written 16 bits wide");
+    }
+
+    #[test]
+    fn eventfd_signals_become_vectors() {
+        use std::os::fd::RawFd;
+        let fds = MsixEventfds::new(4).unwrap();
+        let raw: Vec<RawFd> = fds.raw();
+        assert!(fds.fired().is_empty());
+        for v in [2usize, 2, 3] {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd this test owns.
+            let r = unsafe { libc::write(raw[v], &one as *const u64 as *const libc::c_void, 8) };
+            assert_eq!(r, 8);
+        }
+        assert_eq!(fds.fired(), vec![2, 3], "each vector once, however often it fired");
+        assert!(fds.fired().is_empty());
     }
 
     #[test]
