@@ -191,3 +191,85 @@ fn no_bus_master_no_dma() {
     d.pci().run();
     assert_eq!(d.read_reg(reg::COMPLETED), 1);
 }
+
+#[test]
+fn reset_with_dma_in_flight_drops_it() {
+    use hw::TlpQueue;
+    use hw::simgpu_device::{COMMAND_BYTES, MAX_READS_IN_FLIGHT};
+    use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
+
+    let host = Bdf::new(0, 0, 0);
+    let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut up = TlpQueue::default();
+    fn base(body: Body<'_>) -> TlpRepr<'_> {
+        TlpRepr {
+            prefixes: Default::default(),
+            tc: 0,
+            attr: Default::default(),
+            th: false,
+            td: false,
+            ep: false,
+            at: Default::default(),
+            body,
+        }
+    }
+    let cfg_write = |dev: &mut SimGpu, up: &mut TlpQueue, reg: u16, v: u32| {
+        let d = v.to_le_bytes();
+        let t = base(Body::CfgWrite {
+            req: Request { requester: host, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 },
+            cfg: ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register: reg },
+            data: &d,
+        });
+        dev.request(&t, up);
+    };
+    let reg_write = |dev: &mut SimGpu, up: &mut TlpQueue, off: u64, v: u64| {
+        let d = v.to_le_bytes();
+        let t = base(Body::MemWrite {
+            req: Request { requester: host, tag: Tag::default(), first_be: 0xf, last_be: 0xf },
+            address: Address::new(0xfe00_0000 + off),
+            ph: 0,
+            data: &d,
+        });
+        dev.request(&t, up);
+    };
+    cfg_write(&mut dev, &mut up, 0x10, 0xfe00_0000);
+    cfg_write(&mut dev, &mut up, 0x04, 0x6);
+    reg_write(&mut dev, &mut up, reg::RING_BASE, 0x1_0000_0000);
+    reg_write(&mut dev, &mut up, reg::RING_SIZE, 4);
+    reg_write(&mut dev, &mut up, reg::RING_TAIL, 1);
+    up.0.clear();
+    // The device fetches the command...
+    assert!(dev.poll(&mut up));
+    let fetch = up.0.pop().unwrap();
+    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
+    assert_eq!(fetch.address(), Some(0x1_0000_0000));
+    // ...which is a 1 MiB host→VRAM copy.
+    let mut cmd = [0u8; COMMAND_BYTES as usize];
+    cmd[0..4].copy_from_slice(&op::COPY_H2V.to_le_bytes());
+    cmd[8..16].copy_from_slice(&0x2_0000_0000u64.to_le_bytes());
+    cmd[16..24].copy_from_slice(&0u64.to_le_bytes());
+    cmd[24..32].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    let chunk = rules::CompletionChunk { byte_count: 64, lower_address: 0, data_offset: 0, length_dw: 16 };
+    dev.completion(&rules::completion_with_data(&fetch, host, &chunk, &cmd), &mut up);
+    assert!(dev.poll(&mut up)); // decode
+    assert!(dev.poll(&mut up)); // reads go out
+    let reads: Vec<Vec<u8>> = std::mem::take(&mut up.0);
+    assert_eq!(reads.len(), MAX_READS_IN_FLIGHT, "reads in flight before the reset");
+    // Function-level reset in the middle of the copy.
+    dev.reset();
+    assert_eq!(dev.function().config().command(), 0);
+    assert!(!dev.poll(&mut up), "idle after reset (and no Bus Master Enable)");
+    // Completions for the dropped reads arrive late: counted, not written anywhere.
+    let r = TlpRepr::parse_bytes(&reads[0], &ParseConfig::default()).unwrap();
+    let data = vec![0xeeu8; r.length_dw().unwrap() as usize * 4];
+    let chunk = rules::CompletionChunk {
+        byte_count: data.len() as u16,
+        lower_address: 0,
+        data_offset: 0,
+        length_dw: r.length_dw().unwrap(),
+    };
+    dev.completion(&rules::completion_with_data(&r, host, &chunk, &data), &mut up);
+    assert_eq!(dev.stray_completions, 1);
+    assert_eq!(dev.vram_resident(), 0, "nothing landed in VRAM");
+    assert!(up.0.is_empty());
+}
