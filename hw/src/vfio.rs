@@ -94,11 +94,26 @@ pub fn update_command(cfg: &dyn RawConfig, set: u16, clear: u16) -> io::Result<u
     Ok(new)
 }
 
+/// How a BAR is reached: memory-mapped where VFIO allows it, else through region I/O.
+enum Bar {
+    Mapped(pci_driver::regions::MappedOwningPciRegion),
+    Region(pci_driver::regions::OwningPciRegion),
+}
+
+impl Bar {
+    fn region(&self) -> &dyn pci_driver::regions::PciRegion {
+        match self {
+            Bar::Mapped(m) => m,
+            Bar::Region(r) => r,
+        }
+    }
+}
+
 /// A real device opened through VFIO.
 pub struct VfioDevice {
     dev: pci_driver::backends::vfio::VfioPciDevice,
     id: Bdf,
-    bars: Vec<Option<pci_driver::regions::OwningPciRegion>>,
+    bars: Vec<Option<Bar>>,
     /// MSI-X capability offset, and the table's BAR, offset and length.
     msix_cap: Option<u16>,
     msix_table: Option<(usize, u64, u64)>,
@@ -153,7 +168,23 @@ impl VfioDevice {
         }
         let dev = pci_driver::backends::vfio::VfioPciDevice::open(sysfs_path)
             .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", sysfs_path.display())))?;
-        let bars = (0..6).map(|i| dev.bar(i)).collect();
+        let bars: Vec<Option<Bar>> = (0..6)
+            .map(|i| {
+                use pci_driver::regions::PciRegion;
+                let r = dev.bar(i)?;
+                if r.is_mappable()
+                    && let Ok(m) = r.map(.., r.permissions())
+                {
+                    return Some(Bar::Mapped(m));
+                }
+                Some(Bar::Region(r))
+            })
+            .collect();
+        let mapped = bars.iter().flatten().filter(|b| matches!(b, Bar::Mapped(_))).count();
+        log(&format!(
+            "VFIO device {}: {mapped} BAR(s) memory-mapped, the rest through region I/O",
+            sysfs_path.display()
+        ));
         log(&format!(
             "VFIO device {}: config, BARs, MSI-X (eventfds) and reset are forwarded; its own DMA is not \
              visible to software (the IOMMU maps it into this box), so host-memory DMA across the link \
@@ -242,8 +273,8 @@ impl VfioDevice {
             } else {
                 (lo & !0xf) as u64
             };
-            if let Some(Some(region)) = self.bars.get(i) {
-                use pci_driver::regions::PciRegion;
+            if let Some(Some(bar)) = self.bars.get(i) {
+                let region = bar.region();
                 if lo & 1 == 0 && base != 0 && addr >= base && addr - base < region.len() {
                     return Some((i, addr - base));
                 }
@@ -327,7 +358,6 @@ impl Device for VfioDevice {
                 up.send(&rules::completion_without_data(tlp, self.id, status));
             }
             Body::MemRead { req, address, length_dw, .. } => {
-                use pci_driver::regions::PciRegion;
                 let len = length_dw as usize * 4;
                 if let Some(off) = self.msix_offset(address.value()) {
                     let v = self.msix.read_table(off, len);
@@ -345,7 +375,7 @@ impl Device for VfioDevice {
                     return;
                 }
                 let read = self.decode(address.value()).and_then(|(bar, off)| {
-                    let region = self.bars.get(bar)?.as_ref()?;
+                    let region = self.bars.get(bar)?.as_ref()?.region();
                     let mut buf = vec![0u8; len];
                     region.read_bytes(off, &mut buf).ok().map(|_| buf)
                 });
@@ -375,7 +405,6 @@ impl Device for VfioDevice {
                 }
             }
             Body::MemWrite { address, data, .. } => {
-                use pci_driver::regions::PciRegion;
                 if let Some(off) = self.msix_offset(address.value()) {
                     let v = match data.len() {
                         4 => u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u64,
@@ -388,8 +417,9 @@ impl Device for VfioDevice {
                     return;
                 }
                 if let Some((bar, off)) = self.decode(address.value())
-                    && let Some(Some(region)) = self.bars.get(bar)
+                    && let Some(Some(bar)) = self.bars.get(bar)
                 {
+                    let region = bar.region();
                     for (i, chunk) in data.chunks(4).enumerate() {
                         let v = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
                         let _ = region.write_le_u32(off + 4 * i as u64, v);
