@@ -120,27 +120,13 @@ fn tlp_bytes(r: &TlpRepr<'_>) -> Vec<u8> {
 }
 
 fn read_request(tag: u16) -> Vec<u8> {
-    tlp_bytes(&TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::MemRead {
-            req: Request {
-                requester: Bdf::new(0, 0, 0),
-                tag: Tag::from_bits(tag),
-                first_be: 0xf,
-                last_be: 0,
-            },
-            address: Address::Bits32(0xf000_0000),
-            ph: 0,
-            length_dw: 1,
-            locked: false,
-        },
-    })
+    tlp_bytes(&TlpRepr::new(Body::MemRead {
+        req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::from_bits(tag), first_be: 0xf, last_be: 0 },
+        address: Address::Bits32(0xf000_0000),
+        ph: 0,
+        length_dw: 1,
+        locked: false,
+    }))
 }
 
 fn completion_for(read: &[u8]) -> Option<Vec<u8>> {
@@ -166,21 +152,12 @@ fn completion_for(read: &[u8]) -> Option<Vec<u8>> {
 
 fn write_tlp(size: usize) -> Vec<u8> {
     let data = vec![0xa5u8; size];
-    tlp_bytes(&TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::MemWrite {
-            req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::default(), first_be: 0xf, last_be: 0xf },
-            address: Address::Bits32(0x1000_0000),
-            ph: 0,
-            data: &data,
-        },
-    })
+    tlp_bytes(&TlpRepr::new(Body::MemWrite {
+        req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::default(), first_be: 0xf, last_be: 0xf },
+        address: Address::Bits32(0x1000_0000),
+        ph: 0,
+        data: &data,
+    }))
 }
 
 fn mode_of(busy: bool) -> PollMode {

@@ -104,30 +104,17 @@ impl<D: Device> DirectAttach<D> {
                 let Ok(t) = TlpRepr::parse_bytes(&bytes, &ParseConfig::default()) else { continue };
                 match t.body {
                     Body::Completion { .. } => self.completions.push_back(bytes.clone()),
-                    Body::MemRead { req, address, length_dw, .. } => {
+                    Body::MemRead { address, length_dw, .. } => {
                         let a = address.value();
                         match self.in_memory(a, length_dw as u64 * 4) {
                             Some(off) => {
                                 let data = self.mem[off..off + length_dw as usize * 4].to_vec();
                                 let mps = TransferSize::from_bytes(self.dev.max_payload())
                                     .unwrap_or(TransferSize::B128);
-                                for chunk in rules::read_completions(
-                                    a,
-                                    length_dw,
-                                    req.first_be,
-                                    req.last_be,
-                                    Rcb::B64,
-                                    mps,
-                                ) {
-                                    let s = chunk.data_offset as usize;
-                                    let cpl = rules::completion_with_data(
-                                        &t,
-                                        HOST_ID,
-                                        &chunk,
-                                        &data[s..s + chunk.length_dw as usize * 4],
-                                    );
-                                    self.dev.completion(&cpl, &mut self.up);
-                                }
+                                let (dev, up) = (&mut self.dev, &mut self.up);
+                                rules::complete_read(&t, HOST_ID, &data, Rcb::B64, mps, |c| {
+                                    dev.completion(c, up)
+                                });
                             }
                             None => {
                                 self.dma_read_refused += 1;
@@ -192,16 +179,7 @@ impl<D: Device> DirectAttach<D> {
             Some(d) => Body::MemWrite { req, address: Address::new(addr), ph: 0, data: d },
             None => Body::MemRead { req, address: Address::new(addr), ph: 0, length_dw, locked: false },
         };
-        let t = TlpRepr {
-            prefixes: Default::default(),
-            tc: 0,
-            attr: Default::default(),
-            th: false,
-            td: false,
-            ep: false,
-            at: Default::default(),
-            body,
-        };
+        let t = TlpRepr::new(body);
         self.request(&t);
         tag
     }
@@ -218,16 +196,7 @@ impl<D: Device> DirectAttach<D> {
             }
             None => Body::CfgRead { req, cfg },
         };
-        let t = TlpRepr {
-            prefixes: Default::default(),
-            tc: 0,
-            attr: Default::default(),
-            th: false,
-            td: false,
-            ep: false,
-            at: Default::default(),
-            body,
-        };
+        let t = TlpRepr::new(body);
         self.request(&t);
         match self.completion_for(tag) {
             Some((CplStatus::Success, v)) if v.len() >= 4 => u32::from_le_bytes([v[0], v[1], v[2], v[3]]),

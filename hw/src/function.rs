@@ -5,7 +5,7 @@
 //! Enable set. Function-level reset returns everything to its power-on state.
 #![forbid(unsafe_code)]
 
-use tlp::{Address, Bdf, Body, CplStatus, Request, Tag, TlpRepr, rules};
+use tlp::{Bdf, Body, CplStatus, TlpRepr, rules};
 
 use crate::config::{BarKind, ConfigSpace, ConfigWrite};
 use crate::msix::{MsixMessage, MsixTable};
@@ -204,22 +204,7 @@ impl Function {
             self.msix.set_pending(m.vector);
             return;
         }
-        let data = m.data.to_le_bytes();
-        up.send(&TlpRepr {
-            prefixes: Default::default(),
-            tc: 0,
-            attr: Default::default(),
-            th: false,
-            td: false,
-            ep: false,
-            at: Default::default(),
-            body: Body::MemWrite {
-                req: Request { requester: self.id, tag: Tag::default(), first_be: 0xf, last_be: 0 },
-                address: Address::new(m.address),
-                ph: 0,
-                data: &data,
-            },
-        });
+        m.send(self.id, up);
     }
 
     /// Bus Master Enable: the function may issue DMA and MSI-X writes.

@@ -33,6 +33,19 @@ pub struct MsixMessage {
     pub data: u32,
 }
 
+impl MsixMessage {
+    /// Sends this interrupt upstream as the MWr of one DW that MSI-X is, from `requester`.
+    pub fn send(&self, requester: tlp::Bdf, up: &mut dyn crate::function::Upstream) {
+        let data = self.data.to_le_bytes();
+        up.send(&tlp::TlpRepr::new(tlp::Body::MemWrite {
+            req: tlp::Request { requester, tag: tlp::Tag::default(), first_be: 0xf, last_be: 0 },
+            address: tlp::Address::new(self.address),
+            ph: 0,
+            data: &data,
+        }));
+    }
+}
+
 /// The table, the PBA, and the capability's Enable and Function Mask as last written.
 #[derive(Clone, Debug)]
 pub struct MsixTable {

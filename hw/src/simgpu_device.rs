@@ -316,27 +316,18 @@ impl SimGpu {
     fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
         let Some(tag) = self.alloc_tag() else { return false };
         let span = DwSpan::for_bytes(addr, len as u32);
-        up.send(&TlpRepr {
-            prefixes: Default::default(),
-            tc: 0,
-            attr: Default::default(),
-            th: false,
-            td: false,
-            ep: false,
-            at: Default::default(),
-            body: Body::MemRead {
-                req: Request {
-                    requester: self.function.id(),
-                    tag: Tag::from_bits(tag),
-                    first_be: span.first_be,
-                    last_be: span.last_be,
-                },
-                address: Address::new(span.address),
-                ph: 0,
-                length_dw: span.length_dw,
-                locked: false,
+        up.send(&TlpRepr::new(Body::MemRead {
+            req: Request {
+                requester: self.function.id(),
+                tag: Tag::from_bits(tag),
+                first_be: span.first_be,
+                last_be: span.last_be,
             },
-        });
+            address: Address::new(span.address),
+            ph: 0,
+            length_dw: span.length_dw,
+            locked: false,
+        }));
         let next = match purpose {
             ReadPurpose::Command => addr % COMMAND_BYTES,
             ReadPurpose::Copy { vram } => vram,
@@ -356,26 +347,17 @@ impl SimGpu {
             let mut payload = vec![0u8; span.length_dw as usize * 4];
             let lead = (a - span.address) as usize;
             payload[lead..lead + n as usize].copy_from_slice(&data[done..done + n as usize]);
-            up.send(&TlpRepr {
-                prefixes: Default::default(),
-                tc: 0,
-                attr: Default::default(),
-                th: false,
-                td: false,
-                ep: false,
-                at: Default::default(),
-                body: Body::MemWrite {
-                    req: Request {
-                        requester: self.function.id(),
-                        tag: Tag::default(),
-                        first_be: span.first_be,
-                        last_be: span.last_be,
-                    },
-                    address: Address::new(span.address),
-                    ph: 0,
-                    data: &payload,
+            up.send(&TlpRepr::new(Body::MemWrite {
+                req: Request {
+                    requester: self.function.id(),
+                    tag: Tag::default(),
+                    first_be: span.first_be,
+                    last_be: span.last_be,
                 },
-            });
+                address: Address::new(span.address),
+                ph: 0,
+                data: &payload,
+            }));
             done += n as usize;
         }
     }
@@ -508,7 +490,7 @@ impl Device for SimGpu {
                     self.reset();
                 }
             }
-            Body::MemRead { req, address, length_dw, .. } => {
+            Body::MemRead { address, length_dw, .. } => {
                 let target = self.function.memory_target(address.value());
                 let len = length_dw as u64 * 4;
                 let data: Result<Vec<u8>, CplStatus> = match target {
@@ -536,18 +518,7 @@ impl Device for SimGpu {
                     Ok(d) => {
                         let mps = TransferSize::from_bytes(self.function.config().max_payload())
                             .unwrap_or(TransferSize::B128);
-                        for chunk in rules::read_completions(
-                            address.value(),
-                            length_dw,
-                            req.first_be,
-                            req.last_be,
-                            Rcb::B64,
-                            mps,
-                        ) {
-                            let s = chunk.data_offset as usize;
-                            let payload = &d[s..s + chunk.length_dw as usize * 4];
-                            up.send(&rules::completion_with_data(tlp, self.function.id(), &chunk, payload));
-                        }
+                        rules::complete_read(tlp, self.function.id(), &d, Rcb::B64, mps, |c| up.send(c));
                     }
                     Err(status) => up.send(&rules::completion_without_data(tlp, self.function.id(), status)),
                 }

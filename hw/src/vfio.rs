@@ -29,7 +29,7 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr};
 
 use crate::device::Device;
 use crate::function::Upstream;
-use crate::msix::{MsixMessage, MsixTable};
+use crate::msix::MsixTable;
 
 /// One eventfd per MSI-X vector: VFIO signals them, [`MsixEventfds::fired`] reads them.
 pub struct MsixEventfds {
@@ -245,7 +245,7 @@ impl VfioDevice {
             self.eventfds = None;
         }
         for m in self.msix.set_control(control) {
-            send_msix(self.id, m, up);
+            m.send(self.id, up);
         }
     }
 
@@ -357,7 +357,7 @@ impl Device for VfioDevice {
                 }
                 up.send(&rules::completion_without_data(tlp, self.id, status));
             }
-            Body::MemRead { req, address, length_dw, .. } => {
+            Body::MemRead { address, length_dw, .. } => {
                 let len = length_dw as usize * 4;
                 if let Some(off) = self.msix_offset(address.value()) {
                     let v = self.msix.read_table(off, len);
@@ -382,22 +382,7 @@ impl Device for VfioDevice {
                 match read {
                     Some(data) => {
                         let mps = TransferSize::from_bytes(self.max_payload()).unwrap_or(TransferSize::B128);
-                        for chunk in rules::read_completions(
-                            address.value(),
-                            length_dw,
-                            req.first_be,
-                            req.last_be,
-                            Rcb::B64,
-                            mps,
-                        ) {
-                            let s = chunk.data_offset as usize;
-                            up.send(&rules::completion_with_data(
-                                tlp,
-                                self.id,
-                                &chunk,
-                                &data[s..s + chunk.length_dw as usize * 4],
-                            ));
-                        }
+                        rules::complete_read(tlp, self.id, &data, Rcb::B64, mps, |c| up.send(c));
                     }
                     None => {
                         up.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest))
@@ -412,7 +397,7 @@ impl Device for VfioDevice {
                         _ => return,
                     };
                     for m in self.msix.write_table(off, data.len(), v) {
-                        send_msix(self.id, m, up);
+                        m.send(self.id, up);
                     }
                     return;
                 }
@@ -442,7 +427,7 @@ impl Device for VfioDevice {
         let fired = self.eventfds.as_ref().map(MsixEventfds::fired).unwrap_or_default();
         for v in &fired {
             if let Some(m) = self.msix.signal(*v) {
-                send_msix(self.id, m, up);
+                m.send(self.id, up);
             }
         }
         !fired.is_empty()
@@ -452,26 +437,6 @@ impl Device for VfioDevice {
         use pci_driver::device::PciDevice;
         let _ = self.dev.reset();
     }
-}
-
-/// The MSI-X write of one interrupt, from the function to the host.
-fn send_msix(id: Bdf, m: MsixMessage, up: &mut dyn Upstream) {
-    let data = m.data.to_le_bytes();
-    up.send(&TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::MemWrite {
-            req: tlp::Request { requester: id, tag: tlp::Tag::default(), first_be: 0xf, last_be: 0 },
-            address: tlp::Address::new(m.address),
-            ph: 0,
-            data: &data,
-        },
-    });
 }
 
 #[cfg(test)]

@@ -11,19 +11,10 @@ const HOST: Bdf = Bdf::new(0, 0, 0);
 const DEV: Bdf = Bdf::new(1, 0, 0);
 
 fn cfg_read(reg: u16) -> TlpRepr<'static> {
-    TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::CfgRead {
-            req: Request { requester: HOST, tag: Tag::new(7).unwrap(), first_be: 0xf, last_be: 0 },
-            cfg: ConfigTarget { type1: false, target: DEV, register: reg },
-        },
-    }
+    TlpRepr::new(Body::CfgRead {
+        req: Request { requester: HOST, tag: Tag::new(7).unwrap(), first_be: 0xf, last_be: 0 },
+        cfg: ConfigTarget { type1: false, target: DEV, register: reg },
+    })
 }
 
 fn cfg_write(reg: u16, be: u8, data: &[u8; 4]) -> TlpRepr<'_> {

@@ -202,16 +202,7 @@ fn reset_with_dma_in_flight_drops_it() {
     let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut up = TlpQueue::default();
     fn base(body: Body<'_>) -> TlpRepr<'_> {
-        TlpRepr {
-            prefixes: Default::default(),
-            tc: 0,
-            attr: Default::default(),
-            th: false,
-            td: false,
-            ep: false,
-            at: Default::default(),
-            body,
-        }
+        TlpRepr::new(body)
     }
     let cfg_write = |dev: &mut SimGpu, up: &mut TlpQueue, reg: u16, v: u32| {
         let d = v.to_le_bytes();

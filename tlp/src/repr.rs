@@ -248,6 +248,21 @@ impl NonConformance {
 }
 
 impl<'a> TlpRepr<'a> {
+    /// A TLP with the given body and the defaults of ordinary traffic: TC 0, no attributes,
+    /// no processing hints, no digest, not poisoned, untranslated, no prefixes.
+    pub fn new(body: Body<'a>) -> TlpRepr<'a> {
+        TlpRepr {
+            prefixes: Prefixes::EMPTY,
+            tc: 0,
+            attr: Attr::default(),
+            th: false,
+            td: false,
+            ep: false,
+            at: AddressType::Untranslated,
+            body,
+        }
+    }
+
     /// Parses and validates bytes holding exactly one TLP.
     pub fn parse_bytes(bytes: &'a [u8], cfg: &ParseConfig) -> Result<TlpRepr<'a>, Error> {
         TlpRepr::parse(&TlpPacket::new_checked(bytes)?, cfg)

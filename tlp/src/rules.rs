@@ -255,6 +255,29 @@ pub fn completion_with_data<'a>(
     }
 }
 
+/// Answers a memory read with `data` (its DWs, `length_dw × 4` bytes from the DW-aligned
+/// address): the completions [`read_completions`] plans under `rcb` and `mps`, each handed to
+/// `send` in order. Returns false, sending nothing, if `request` is not a memory read or
+/// `data` is shorter than the request.
+pub fn complete_read(
+    request: &TlpRepr<'_>,
+    completer: Bdf,
+    data: &[u8],
+    rcb: Rcb,
+    mps: TransferSize,
+    mut send: impl FnMut(&TlpRepr<'_>),
+) -> bool {
+    let Body::MemRead { req, address, length_dw, .. } = request.body else { return false };
+    if data.len() < length_dw as usize * 4 {
+        return false;
+    }
+    for chunk in read_completions(address.value(), length_dw, req.first_be, req.last_be, rcb, mps) {
+        let s = chunk.data_offset as usize;
+        send(&completion_with_data(request, completer, &chunk, &data[s..s + chunk.length_dw as usize * 4]));
+    }
+    true
+}
+
 /// The completion for a non-posted request that carries no data: a successful one for an
 /// IO or configuration write, or an error (UR, CA, CRS) for any request. Byte Count and
 /// Lower Address follow PCIe 6.0 §2.3.1.1: a read's full byte count and its first byte's

@@ -51,6 +51,41 @@ pub enum PollMode {
     Blocking,
 }
 
+/// The waiting half of a runner: counts idle polls and, per the mode, spins or sleeps in the
+/// kernel until the next timer (at most 100 ms).
+#[derive(Clone, Copy, Debug)]
+struct Idle {
+    mode: PollMode,
+    polls: u64,
+    since: Option<Instant>,
+}
+
+impl Idle {
+    fn new(mode: PollMode) -> Idle {
+        Idle { mode, polls: 0, since: None }
+    }
+
+    fn record(&mut self, active: bool) {
+        self.polls = if active { 0 } else { self.polls + 1 };
+    }
+
+    fn wait<D: Datagrams>(&mut self, sock: &mut D, next_timer: Option<Duration>) -> io::Result<()> {
+        if let PollMode::Busy { spin } = self.mode {
+            // Spinning: look at the clock only every 64 idle polls.
+            if !self.polls.is_multiple_of(64) {
+                std::hint::spin_loop();
+                return Ok(());
+            }
+            if self.since.get_or_insert_with(Instant::now).elapsed() < spin {
+                return Ok(());
+            }
+        }
+        self.since = None;
+        let cap = Duration::from_millis(100);
+        sock.wait(Some(next_timer.unwrap_or(cap).min(cap)))
+    }
+}
+
 /// Drives one client session over a driver.
 pub struct SessionRunner<D> {
     /// The socket.
@@ -61,9 +96,7 @@ pub struct SessionRunner<D> {
     pub session: Session,
     /// The clock.
     pub clock: Clock,
-    mode: PollMode,
-    idle_polls: u64,
-    idle_since: Option<Instant>,
+    idle: Idle,
 }
 
 impl<D: Datagrams> SessionRunner<D> {
@@ -75,7 +108,7 @@ impl<D: Datagrams> SessionRunner<D> {
         clock: Clock,
         mode: PollMode,
     ) -> SessionRunner<D> {
-        SessionRunner { sock, peer, session, clock, mode, idle_polls: 0, idle_since: None }
+        SessionRunner { sock, peer, session, clock, idle: Idle::new(mode) }
     }
 
     /// One pass: receive what is ready, run timers, send what the session has. Returns
@@ -92,11 +125,7 @@ impl<D: Datagrams> SessionRunner<D> {
         self.session.handle_timeout(now);
         let sent = self.transmit_at(now)?;
         let active = received + sent > 0;
-        if active {
-            self.idle_polls = 0;
-        } else {
-            self.idle_polls += 1;
-        }
+        self.idle.record(active);
         Ok(active)
     }
 
@@ -123,19 +152,8 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// Waits for work the way the mode says (call after an idle `poll`).
     pub fn wait(&mut self) -> io::Result<()> {
-        if let PollMode::Busy { spin } = self.mode {
-            // Spinning: look at the clock only every 64 idle polls.
-            if !self.idle_polls.is_multiple_of(64) {
-                std::hint::spin_loop();
-                return Ok(());
-            }
-            if self.idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
-                return Ok(());
-            }
-        }
-        self.idle_since = None;
         let timer = self.session.poll_timeout().map(|t| self.clock.until(t));
-        self.sock.wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100))))
+        self.idle.wait(&mut self.sock, timer)
     }
 
     /// Polls until `done` says so or `limit` passes; returns whether `done` was reached.
@@ -168,15 +186,13 @@ pub struct ServerRunner<D> {
     pub endpoint: Endpoint<SocketAddr>,
     /// The clock.
     pub clock: Clock,
-    mode: PollMode,
-    idle_polls: u64,
-    idle_since: Option<Instant>,
+    idle: Idle,
 }
 
 impl<D: Datagrams> ServerRunner<D> {
     /// A runner for `endpoint`.
     pub fn new(sock: D, endpoint: Endpoint<SocketAddr>, clock: Clock, mode: PollMode) -> ServerRunner<D> {
-        ServerRunner { sock, endpoint, clock, mode, idle_polls: 0, idle_since: None }
+        ServerRunner { sock, endpoint, clock, idle: Idle::new(mode) }
     }
 
     /// One pass over the socket and every session.
@@ -189,11 +205,7 @@ impl<D: Datagrams> ServerRunner<D> {
         self.endpoint.handle_timeout(now);
         let sent = self.transmit_at(now)?;
         let active = received + sent > 0;
-        if active {
-            self.idle_polls = 0;
-        } else {
-            self.idle_polls += 1;
-        }
+        self.idle.record(active);
         Ok(active)
     }
 
@@ -220,18 +232,7 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// Waits for work the way the mode says.
     pub fn wait(&mut self) -> io::Result<()> {
-        if let PollMode::Busy { spin } = self.mode {
-            // Spinning: look at the clock only every 64 idle polls.
-            if !self.idle_polls.is_multiple_of(64) {
-                std::hint::spin_loop();
-                return Ok(());
-            }
-            if self.idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
-                return Ok(());
-            }
-        }
-        self.idle_since = None;
         let timer = self.endpoint.poll_timeout().map(|t| self.clock.until(t));
-        self.sock.wait(Some(timer.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100))))
+        self.idle.wait(&mut self.sock, timer)
     }
 }

@@ -159,77 +159,45 @@ fn emit(r: &TlpRepr<'_>) -> Vec<u8> {
 fn write_tlp(counter: u32, size: usize) -> Vec<u8> {
     let mut data = vec![0u8; size.max(4)];
     data[..4].copy_from_slice(&counter.to_be_bytes());
-    let r = TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::MemWrite {
-            req: Request {
-                requester: Bdf::new(0, 0, 0),
-                tag: Tag::default(),
-                first_be: 0xf,
-                last_be: if size > 4 { 0xf } else { 0 },
-            },
-            address: Address::Bits32(0x1000_0000),
-            ph: 0,
-            data: &data,
+    let r = TlpRepr::new(Body::MemWrite {
+        req: Request {
+            requester: Bdf::new(0, 0, 0),
+            tag: Tag::default(),
+            first_be: 0xf,
+            last_be: if size > 4 { 0xf } else { 0 },
         },
-    };
+        address: Address::Bits32(0x1000_0000),
+        ph: 0,
+        data: &data,
+    });
     emit(&r)
 }
 
 fn read_tlp(tag: u16, writes_before: u32) -> Vec<u8> {
-    let r = TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::MemRead {
-            req: Request {
-                requester: Bdf::new(0, 0, 0),
-                tag: Tag::new(tag).unwrap(),
-                first_be: 0xf,
-                last_be: 0,
-            },
-            address: Address::Bits64(((writes_before as u64) << 12) | 0x1_0000_0000_0000),
-            ph: 0,
-            length_dw: 1,
-            locked: false,
-        },
-    };
+    let r = TlpRepr::new(Body::MemRead {
+        req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::new(tag).unwrap(), first_be: 0xf, last_be: 0 },
+        address: Address::Bits64(((writes_before as u64) << 12) | 0x1_0000_0000_0000),
+        ph: 0,
+        length_dw: 1,
+        locked: false,
+    });
     emit(&r)
 }
 
 fn completion_tlp(tag: Tag) -> Vec<u8> {
-    let r = TlpRepr {
-        prefixes: Default::default(),
-        tc: 0,
-        attr: Default::default(),
-        th: false,
-        td: false,
-        ep: false,
-        at: Default::default(),
-        body: Body::Completion {
-            cpl: Completion {
-                completer: Bdf::new(1, 0, 0),
-                status: CplStatus::Success,
-                bcm: false,
-                byte_count: 4,
-                requester: Bdf::new(0, 0, 0),
-                tag,
-                lower_address: 0,
-            },
-            locked: false,
-            data: Some(&[1, 2, 3, 4]),
+    let r = TlpRepr::new(Body::Completion {
+        cpl: Completion {
+            completer: Bdf::new(1, 0, 0),
+            status: CplStatus::Success,
+            bcm: false,
+            byte_count: 4,
+            requester: Bdf::new(0, 0, 0),
+            tag,
+            lower_address: 0,
         },
-    };
+        locked: false,
+        data: Some(&[1, 2, 3, 4]),
+    });
     emit(&r)
 }
 
