@@ -37,7 +37,8 @@ impl Default for SimGpuParams {
 /// endpoint with 10-bit tags; Power Management; Device Serial Number.
 pub fn config_space(p: &SimGpuParams) -> ConfigSpace {
     let mut c = ConfigSpace::new(VENDOR_ID, DEVICE_ID, [0x03, 0x02, 0x00], 0x01, (VENDOR_ID, 0x0001));
-    c.set_interrupt_pin(1);
+    // No INTx: MSI-X is the interrupt mechanism (Interrupt Pin 0).
+    c.set_interrupt_pin(0);
     c.add_bar(Bar { index: 0, kind: BarKind::Memory64, prefetchable: false, size: BAR0_SIZE });
     c.add_bar(Bar { index: 2, kind: BarKind::Memory64, prefetchable: true, size: p.vram_bytes });
     c.add_power_management();
