@@ -88,6 +88,8 @@ pub const COMMAND_BYTES: u64 = 64;
 /// DMA reads the device keeps in flight at most.
 pub const MAX_READS_IN_FLIGHT: usize = 32;
 const PAGE: u64 = 4096;
+/// Largest buffer a command makes the device hold at once.
+const CHUNK: u64 = 1 << 20;
 
 /// Sparse VRAM: pages exist once written; reads of untouched memory return zeros.
 #[derive(Clone, Default)]
@@ -380,24 +382,41 @@ impl SimGpu {
                 self.cp = Cp::CopyIn { next_host: a, end_host: a.saturating_add(c), vram_at_next: b };
                 return false;
             }
-            op::COPY_V2H if c > 0 && c <= 1 << 30 && self.vram.in_bounds(a, c) => {
-                let mut buf = vec![0u8; c as usize];
-                self.vram.read(a, &mut buf);
-                self.dma_write(b, &buf, up);
+            op::COPY_V2H if c > 0 && self.vram.in_bounds(a, c) => {
+                // In bounded chunks: a command cannot make the device hold more than CHUNK.
+                let mut buf = vec![0u8; c.min(CHUNK) as usize];
+                let mut done = 0;
+                while done < c {
+                    let n = (c - done).min(CHUNK) as usize;
+                    self.vram.read(a + done, &mut buf[..n]);
+                    self.dma_write(b + done, &buf[..n], up);
+                    done += n as u64;
+                }
                 true
             }
-            op::COPY_V2V
-                if c > 0 && c <= 1 << 30 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) =>
-            {
-                let mut buf = vec![0u8; c as usize];
-                self.vram.read(a, &mut buf);
-                self.vram.write(b, &buf);
+            op::COPY_V2V if c > 0 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) => {
+                let mut buf = vec![0u8; c.min(CHUNK) as usize];
+                // Overlapping ranges copy as memmove does: backwards when the destination is above.
+                let chunks: Vec<u64> = (0..c.div_ceil(CHUNK)).map(|i| i * CHUNK).collect();
+                let order: Box<dyn Iterator<Item = &u64>> =
+                    if b > a { Box::new(chunks.iter().rev()) } else { Box::new(chunks.iter()) };
+                for &off in order {
+                    let n = (c - off).min(CHUNK) as usize;
+                    self.vram.read(a + off, &mut buf[..n]);
+                    self.vram.write(b + off, &buf[..n]);
+                }
                 true
             }
-            op::FILL if b > 0 && b <= 1 << 30 && self.vram.in_bounds(a, b) => {
+            op::FILL if b > 0 && self.vram.in_bounds(a, b) => {
                 let pat = (c as u32).to_le_bytes();
-                let buf: Vec<u8> = (0..b as usize).map(|i| pat[i % 4]).collect();
-                self.vram.write(a, &buf);
+                let buf: Vec<u8> = (0..b.min(CHUNK) as usize).map(|i| pat[i % 4]).collect();
+                let mut done = 0;
+                while done < b {
+                    // CHUNK is a multiple of 4, so the pattern stays in phase.
+                    let n = (b - done).min(CHUNK) as usize;
+                    self.vram.write(a + done, &buf[..n]);
+                    done += n as u64;
+                }
                 true
             }
             op::VADD if f32_range(a, d) && f32_range(b, d) && f32_range(c, d) => {
