@@ -25,8 +25,11 @@ struct Outcome {
 
 /// Runs the workload: a server endpoint in its own thread (optionally in network namespace
 /// `server_ns`), the client here (optionally in `client_ns`).
+// Each argument is one axis of the test matrix (driver, mode, where, impairment, size).
+#[allow(clippy::too_many_arguments)]
 fn run(
     driver: DriverKind,
+    mode: PollMode,
     server_bind: &str,
     client_bind: &str,
     server_ns: Option<&str>,
@@ -49,7 +52,7 @@ fn run(
         );
         addr_tx.send(sock.local_addr().unwrap()).unwrap();
         let ep = Endpoint::new(config(key()), 0x5e, Rng::from_u64(2), 4);
-        let mut r = ServerRunner::new(sock, ep, Clock::new(), PollMode::Blocking);
+        let mut r = ServerRunner::new(sock, ep, Clock::new(), mode);
         let mut sapp = ServerApp::new(16);
         while !stop2.load(Ordering::Relaxed) {
             let active = r.poll().unwrap();
@@ -73,7 +76,7 @@ fn run(
     assert_eq!(sock.name(), if driver == DriverKind::Portable { "portable" } else { "io_uring" });
     let clock = Clock::new();
     let session = Session::client(config(key()), clock.now(), 0xc1, Rng::from_u64(3));
-    let mut r = SessionRunner::new(sock, server_addr, session, clock, PollMode::Blocking);
+    let mut r = SessionRunner::new(sock, server_addr, session, clock, mode);
     let mut capp = ClientApp::new(plan(n, 3, imp.seed));
     let ok = r
         .run_until(Duration::from_secs(60), |s| {
@@ -121,13 +124,31 @@ fn uring_available() -> bool {
 
 #[test]
 fn loopback_clean_portable() {
-    let o = run(DriverKind::Portable, "127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
+    let o = run(
+        DriverKind::Portable,
+        PollMode::Blocking,
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+        None,
+        None,
+        Impairment::default(),
+        3000,
+    );
     check(&o, 3000);
 }
 
 #[test]
 fn loopback_lossy_reordering_duplicating_portable() {
-    let o = run(DriverKind::Portable, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(21), 2000);
+    let o = run(
+        DriverKind::Portable,
+        PollMode::Blocking,
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+        None,
+        None,
+        lossy(21),
+        2000,
+    );
     check(&o, 2000);
     assert!(o.retransmits > 0, "5 % loss should have caused replays");
 }
@@ -135,8 +156,16 @@ fn loopback_lossy_reordering_duplicating_portable() {
 #[test]
 fn loopback_clean_io_uring() {
     if uring_available() {
-        let o =
-            run(DriverKind::IoUring, "127.0.0.1:0", "127.0.0.1:0", None, None, Impairment::default(), 3000);
+        let o = run(
+            DriverKind::IoUring,
+            PollMode::Blocking,
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            None,
+            None,
+            Impairment::default(),
+            3000,
+        );
         check(&o, 3000);
     }
 }
@@ -144,7 +173,16 @@ fn loopback_clean_io_uring() {
 #[test]
 fn loopback_lossy_reordering_duplicating_io_uring() {
     if uring_available() {
-        let o = run(DriverKind::IoUring, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(23), 2000);
+        let o = run(
+            DriverKind::IoUring,
+            PollMode::Blocking,
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            None,
+            None,
+            lossy(23),
+            2000,
+        );
         check(&o, 2000);
         assert!(o.retransmits > 0, "5 % loss should have caused replays");
     }
@@ -212,9 +250,11 @@ fn netns_workload(tag: &str, driver: DriverKind, imp: Impairment, n: usize) {
     };
     // The client runs in a thread of its own so that this test thread keeps its namespace.
     let (a, b) = (ns.a.clone(), ns.b.clone());
-    let o = std::thread::spawn(move || run(driver, "10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n))
-        .join()
-        .unwrap();
+    let o = std::thread::spawn(move || {
+        run(driver, PollMode::Blocking, "10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n)
+    })
+    .join()
+    .unwrap();
     check(&o, n);
 }
 
@@ -232,5 +272,18 @@ fn across_network_namespaces_lossy_portable() {
 fn across_network_namespaces_lossy_io_uring() {
     if uring_available() {
         netns_workload("u", DriverKind::IoUring, lossy(35), 1500);
+    }
+}
+
+/// Busy-polling (spinning 200 µs after activity, then sleeping) on both sides: the run-to-
+/// completion path the benchmark uses, including io_uring's completion-flag path.
+#[test]
+fn loopback_busy_poll_both_drivers() {
+    let busy = PollMode::Busy { spin: Duration::from_micros(200) };
+    let o = run(DriverKind::Portable, busy, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(41), 1500);
+    check(&o, 1500);
+    if uring_available() {
+        let o = run(DriverKind::IoUring, busy, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(43), 1500);
+        check(&o, 1500);
     }
 }
