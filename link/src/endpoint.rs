@@ -66,22 +66,28 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
 
     fn on_init(&mut self, now: Time, from: A, frame: &Frame<'_>) -> Option<u32> {
         let epoch = frame.header().epoch;
-        // A repeated INIT of a handshake in progress goes to that session.
-        let mut restarted = None;
+        let body = frame.body();
+        let client_id = body.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        // A repeated INIT of a handshake in progress goes to that session; an INIT for a new
+        // session from the same peer ends the old one: with a new epoch the peer restarted,
+        // with the same epoch it started over (e.g. after a partition).
+        let mut replaced = None;
         for (id, (addr, s)) in &mut self.sessions {
             if *addr == from && !s.is_down() {
-                if s.peer_epoch() == epoch {
+                if s.peer_epoch() == epoch && Some(s.peer_id()) == client_id {
                     s.handle_frame(now, frame);
                     return Some(*id);
                 }
-                restarted = Some(*id);
+                replaced = Some((*id, s.peer_epoch() != epoch));
             }
         }
-        if let Some(id) = restarted
+        if let Some((id, restarted)) = replaced
             && let Some((_, old)) = self.sessions.get_mut(&id)
         {
-            old.peer_restarted();
-            self.stats.peer_restarts += 1;
+            old.superseded(if restarted { DownReason::PeerRestarted } else { DownReason::Superseded });
+            if restarted {
+                self.stats.peer_restarts += 1;
+            }
         }
         self.sessions.retain(|_, (_, s)| !s.is_down() || s.has_events());
         if self.sessions.len() >= self.max_sessions {
@@ -133,6 +139,3 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         }
     }
 }
-
-/// Reason a replaced session reports.
-pub(crate) const RESTARTED: DownReason = DownReason::PeerRestarted;

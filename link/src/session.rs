@@ -54,6 +54,8 @@ pub enum DownReason {
     Closed,
     /// The peer restarted (a new epoch started a new session).
     PeerRestarted,
+    /// The peer started a new session from the same epoch (this one is abandoned).
+    Superseded,
     /// The peer broke the protocol (e.g. sent beyond its credits).
     ProtocolViolation(&'static str),
 }
@@ -421,9 +423,13 @@ impl Session {
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()
     }
-    /// The peer started a new session from a new epoch: this one is over.
-    pub(crate) fn peer_restarted(&mut self) {
-        self.go_down(crate::endpoint::RESTARTED);
+    /// The peer started another session: this one is over, for `reason`.
+    pub(crate) fn superseded(&mut self, reason: DownReason) {
+        self.go_down(reason);
+    }
+    /// The peer's session ID (0 before the handshake has told it).
+    pub fn peer_id(&self) -> u32 {
+        self.peer_id
     }
     /// Nothing is queued or waiting for acknowledgement.
     pub fn is_idle(&self) -> bool {

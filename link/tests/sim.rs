@@ -262,3 +262,24 @@ fn delayed_ack_goes_out_on_its_own() {
     assert_eq!(p.client.stats().retransmits, 0);
     assert_eq!(p.server_session().unwrap().stats().acks_sent, 1);
 }
+
+#[test]
+fn a_new_session_from_the_same_epoch_supersedes_the_old_one_at_once() {
+    // The client's session gives up (here: is dropped) while the server still holds it; the
+    // same process (same epoch) starts a new session. It must be served at once, not after
+    // the server's idle timeout.
+    let mut p = Pair::new(23, clean(), config(key()), config(key()), plan(50, 3, 23));
+    assert!(p.run_until(Duration::from_millis(50), |p| p.capp.done()));
+    let old = p.server_session.unwrap();
+    let epoch = p.client.local_epoch();
+    p.client = Session::client(config(key()), p.now, epoch, Rng::from_u64(0x5eed));
+    p.capp = ClientApp::new(plan(50, 3, 24));
+    p.sapp = ServerApp::new(4);
+    let start = p.now;
+    assert!(p.run_until(Duration::from_millis(50), |p| p.capp.done()));
+    assert!(p.now - start < config(key()).idle_timeout / 4, "served after {:?}", p.now - start);
+    assert_ne!(p.server_session, Some(old));
+    assert!(p.server_events.iter().any(|(_, e)| *e == Event::Down(DownReason::Superseded)));
+    assert_eq!(p.server.stats().peer_restarts, 0, "same epoch: not a restart");
+    assert_workload_ok(&p);
+}
