@@ -63,12 +63,6 @@ impl AnyUdp {
 }
 
 impl Datagrams for AnyUdp {
-    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
-        match self {
-            AnyUdp::Uring(u) => u.send_to(to, bytes),
-            AnyUdp::Portable(p) => p.send_to(to, bytes),
-        }
-    }
     fn send_with(
         &mut self,
         to: SocketAddr,
@@ -115,7 +109,13 @@ impl Datagrams for AnyUdp {
 /// A datagram socket as a session runner uses it.
 pub trait Datagrams {
     /// Queues one datagram for `to`; it leaves at the next [`Datagrams::flush`] (or sooner).
-    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()>;
+    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        self.send_with(to, bytes.len(), &mut |b| {
+            b[..bytes.len()].copy_from_slice(bytes);
+            bytes.len()
+        })
+        .map(|_| ())
+    }
     /// Queues one datagram for `to` written in place by `fill`, which gets up to `max` bytes
     /// and returns the length it wrote (0: nothing to send). Saves the copy `send_to` makes.
     fn send_with(

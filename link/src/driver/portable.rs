@@ -165,16 +165,6 @@ impl PortableUdp {
 unsafe impl Send for PortableUdp {}
 
 impl Datagrams for PortableUdp {
-    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
-        let start = self.out_bytes.len();
-        self.out_bytes.extend_from_slice(bytes);
-        self.out.push((to, start, self.out_bytes.len()));
-        if self.out.len() >= BATCH {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
     fn send_with(
         &mut self,
         to: SocketAddr,

@@ -261,14 +261,6 @@ impl UringUdp {
 }
 
 impl Datagrams for UringUdp {
-    fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
-        self.send_with(to, bytes.len(), &mut |b| {
-            b.copy_from_slice(bytes);
-            bytes.len()
-        })
-        .map(|_| ())
-    }
-
     fn send_with(
         &mut self,
         to: SocketAddr,
