@@ -207,11 +207,10 @@ impl<P: PciFunction> SimGpuDriver<P> {
     /// Queues one command and rings the doorbell.
     pub fn submit(&mut self, c: Command) -> Result<(), DriverError> {
         // The ring is full when the next tail would reach the head: wait for the device.
-        let mut spins = 0;
+        let start = std::time::Instant::now();
         while (self.tail + 1) % RING_ENTRIES == self.read_reg(reg::RING_HEAD) {
-            spins += 1;
-            if spins > 1_000_000 {
-                return Err(DriverError::Unusable("command ring stuck"));
+            if start.elapsed() > self.timeout {
+                return Err(DriverError::Unusable("command ring full and not draining"));
             }
         }
         let mut b = [0u8; COMMAND_BYTES as usize];

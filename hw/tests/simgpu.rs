@@ -286,3 +286,14 @@ fn big_fills_and_overlapping_copies_are_chunked_correctly() {
     d.memcpy_from_device(0x100_0000 + 1000, &mut back).unwrap();
     assert_eq!(back, data, "copy to a lower, overlapping range");
 }
+
+#[test]
+fn ring_indices_wrap_around() {
+    // 200 commands through a 64-entry ring without a sync: head and tail wrap three times.
+    let mut d = open();
+    for _ in 0..200 {
+        d.submit(hw::driver::Command { opcode: op::NOP, args: [0; 5] }).unwrap();
+    }
+    d.sync(WaitMode::Poll).unwrap();
+    assert_eq!(d.read_reg(reg::COMPLETED), 201);
+}
