@@ -106,6 +106,7 @@ pub struct SimGpuDriver<P: PciFunction> {
     fence: DmaBuf,
     next_fence: u64,
     timeout: Duration,
+    staging: Option<DmaBuf>,
 }
 
 fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
@@ -176,6 +177,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             fence,
             next_fence: 0,
             timeout: Duration::from_secs(5),
+            staging: None,
         };
         d.write_reg(reg::RING_BASE, ring.bus);
         d.write_reg(reg::RING_SIZE, RING_ENTRIES);
@@ -264,9 +266,27 @@ impl<P: PciFunction> SimGpuDriver<P> {
         }
     }
 
+    /// A staging buffer of at least `len` bytes, reused across copies (grown when too small)
+    /// so that copies do not use up the platform's DMA memory.
+    fn staging(&mut self, len: usize) -> Result<DmaBuf, DriverError> {
+        match self.staging {
+            Some(b) if b.len >= len => Ok(DmaBuf { bus: b.bus, len }),
+            _ => {
+                let b = self.pci.dma_alloc(len).ok_or(DriverError::NoMemory(len))?;
+                self.staging = Some(b);
+                Ok(b)
+            }
+        }
+    }
+
+    /// Sets how long to wait for the device (ring space, fences); 5 s unless changed.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// Copies host bytes into VRAM at `vram` (through a staging buffer).
     pub fn memcpy_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
-        let buf = self.pci.dma_alloc(data.len()).ok_or(DriverError::NoMemory(data.len()))?;
+        let buf = self.staging(data.len())?;
         self.pci.dma_write(&buf, 0, data);
         self.submit(Command { opcode: op::COPY_H2V, args: [buf.bus, vram, data.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)
@@ -274,7 +294,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
 
     /// Copies VRAM bytes at `vram` into `out`.
     pub fn memcpy_from_device(&mut self, vram: u64, out: &mut [u8]) -> Result<(), DriverError> {
-        let buf = self.pci.dma_alloc(out.len()).ok_or(DriverError::NoMemory(out.len()))?;
+        let buf = self.staging(out.len())?;
         self.submit(Command { opcode: op::COPY_V2H, args: [vram, buf.bus, out.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)?;
         self.pci.dma_read(&buf, 0, out);

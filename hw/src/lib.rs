@@ -33,7 +33,9 @@ pub mod function;
 pub mod msix;
 pub mod simgpu;
 pub mod simgpu_device;
+pub mod suite;
 pub mod vfio;
+pub mod workload;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};
 pub use device::Device;

@@ -42,6 +42,14 @@ impl PresharedKey {
         let expected = self.hmac(label, transcript);
         proof.len() == 32 && expected.iter().zip(proof).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
+    /// The key's identifier: the first 8 bytes of HMAC-SHA-256(K, `"dxpu-v1 key id"`). A
+    /// client names its key with it in INIT so that a server holding several keys (one per
+    /// host) proves the right one; it reveals nothing of the key.
+    pub fn key_id(&self) -> [u8; 8] {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&self.hmac(b"dxpu-v1 key id", &[])[..8]);
+        id
+    }
     /// The frame keys for client→server and server→client.
     pub fn frame_keys(&self, transcript: &[u8]) -> (FrameKey, FrameKey) {
         let k = self.hmac(b"dxpu-v1 frame keys", transcript);

@@ -1,13 +1,16 @@
 //! Server-side demultiplexing: many sessions behind one socket. Frames are routed by the
 //! receiver's session ID; INITs create sessions (bounded in number); an INIT from a peer
 //! address that already has a session with another epoch means the peer restarted, and the
-//! old session is declared down.
+//! old session is declared down. An endpoint may hold several pre-shared keys (one per
+//! host it serves): INIT names the client's key by its identifier and the session proves
+//! that key; an INIT naming no key held gets the endpoint's first key, so the client learns
+//! of the mismatch from a proof that fails (`AuthFailed`) rather than from silence.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::auth::Rng;
+use crate::auth::{PresharedKey, Rng};
 use crate::config::Config;
 use crate::session::{DownReason, Session};
 use crate::time::Time;
@@ -24,11 +27,14 @@ pub struct EndpointStats {
     pub refused_full: u64,
     /// Sessions replaced because their peer restarted.
     pub peer_restarts: u64,
+    /// INITs naming a key this endpoint does not hold (answered under the first key).
+    pub unknown_key: u64,
 }
 
 /// A server endpoint: sessions keyed by ID, each remembered with its peer address `A`.
 pub struct Endpoint<A> {
     cfg: Config,
+    keys: Vec<([u8; 8], PresharedKey)>,
     epoch: u32,
     rng: Rng,
     max_sessions: usize,
@@ -37,9 +43,26 @@ pub struct Endpoint<A> {
 }
 
 impl<A: Copy + Eq + Hash> Endpoint<A> {
-    /// An endpoint accepting up to `max_sessions` sessions.
+    /// An endpoint accepting up to `max_sessions` sessions, holding the key in `cfg`.
     pub fn new(cfg: Config, epoch: u32, rng: Rng, max_sessions: usize) -> Endpoint<A> {
-        Endpoint { cfg, epoch, rng, max_sessions, sessions: HashMap::new(), stats: EndpointStats::default() }
+        let keys = vec![(cfg.psk.key_id(), cfg.psk.clone())];
+        Endpoint {
+            cfg,
+            keys,
+            epoch,
+            rng,
+            max_sessions,
+            sessions: HashMap::new(),
+            stats: EndpointStats::default(),
+        }
+    }
+
+    /// Holds one more key: clients presenting it are answered with it.
+    pub fn add_key(&mut self, psk: PresharedKey) {
+        let id = psk.key_id();
+        if !self.keys.iter().any(|(k, _)| *k == id) {
+            self.keys.push((id, psk));
+        }
     }
 
     /// Routes one datagram from `from`; returns the ID of the session it went to.
@@ -96,7 +119,13 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         }
         let mut seed = [0u8; 32];
         self.rng.fill(&mut seed);
-        let s = Session::accept(self.cfg.clone(), now, self.epoch, Rng::new(seed), frame)?;
+        let mut cfg = self.cfg.clone();
+        let wanted = body.get(24..32);
+        match self.keys.iter().find(|(id, _)| Some(&id[..]) == wanted) {
+            Some((_, k)) => cfg.psk = k.clone(),
+            None => self.stats.unknown_key += 1,
+        }
+        let s = Session::accept(cfg, now, self.epoch, Rng::new(seed), frame)?;
         let id = s.local_id();
         self.sessions.insert(id, (from, s));
         Some(id)

@@ -183,7 +183,7 @@ struct Sent {
     body: Vec<u8>,
 }
 
-const INIT_BODY: usize = 4 + 16 + 2 + 2;
+const INIT_BODY: usize = 4 + 16 + 2 + 2 + 8;
 const CHALLENGE_BODY: usize = 4 + 16 + 2 + 2 + 32;
 const RESPONSE_BODY: usize = 32;
 
@@ -426,6 +426,11 @@ impl Session {
     /// The peer started another session: this one is over, for `reason`.
     pub(crate) fn superseded(&mut self, reason: DownReason) {
         self.go_down(reason);
+    }
+    /// The identifier of the pre-shared key this session proves (see
+    /// [`crate::PresharedKey::key_id`]): on a server, which host key the client presented.
+    pub fn key_id(&self) -> [u8; 8] {
+        self.cfg.psk.key_id()
     }
     /// The peer's session ID (0 before the handshake has told it).
     pub fn peer_id(&self) -> u32 {
@@ -789,6 +794,7 @@ impl Session {
         b[4..20].copy_from_slice(&self.local_nonce);
         b[20..22].copy_from_slice(&(self.cfg.mtu.min(u16::MAX as usize) as u16).to_be_bytes());
         b[22..24].copy_from_slice(&(self.cfg.window.min(u16::MAX as u32) as u16).to_be_bytes());
+        b[24..32].copy_from_slice(&self.cfg.psk.key_id());
         b
     }
 

@@ -283,3 +283,23 @@ fn a_new_session_from_the_same_epoch_supersedes_the_old_one_at_once() {
     assert_eq!(p.server.stats().peer_restarts, 0, "same epoch: not a restart");
     assert_workload_ok(&p);
 }
+
+#[test]
+fn a_server_holding_several_keys_answers_with_the_one_the_client_names() {
+    let host_b = link::PresharedKey::new(b"the key of host b, 32 bytes long").unwrap();
+    let mut p = Pair::new(23, clean(), config(host_b.clone()), config(key()), plan(50, 3, 23));
+    p.server.add_key(host_b.clone());
+    assert!(p.run_until(Duration::from_secs(2), |p| p.capp.done()));
+    assert_workload_ok(&p);
+    assert_eq!(p.server_session().unwrap().key_id(), host_b.key_id());
+    assert_ne!(host_b.key_id(), key().key_id());
+    assert_eq!(p.server.stats().unknown_key, 0);
+
+    // A key the server does not hold: answered under its first key, so the proof fails.
+    let stranger = link::PresharedKey::new(b"a key nobody gave the server....").unwrap();
+    let mut p = Pair::new(29, clean(), config(stranger), config(key()), plan(10, 2, 29));
+    p.server.add_key(host_b);
+    p.run_until(Duration::from_millis(400), |_| false);
+    assert_eq!(p.client_down().map(|d| d.1), Some(DownReason::AuthFailed));
+    assert!(p.server.stats().unknown_key > 0);
+}

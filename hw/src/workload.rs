@@ -1,0 +1,217 @@
+//! The demo workload `dxpu loopback` runs and the integration tests repeat: copies in both
+//! directions, every kernel, fences by polling and by interrupt, each result checked
+//! against a CPU reference. It runs on any [`PciFunction`], so the bridged run and the
+//! directly attached baseline execute exactly the same commands.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
+use crate::simgpu_device::op;
+use crate::suite::{f32_bytes, pattern, read_f32s};
+
+/// How much work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkloadSize {
+    /// Bytes copied each way.
+    pub copy_bytes: usize,
+    /// fp32 elements of the vector kernels.
+    pub vector_len: usize,
+    /// Matrix dimension (square, 1..=256).
+    pub matrix_dim: usize,
+    /// Fences waited for by interrupt.
+    pub fences: usize,
+}
+
+impl WorkloadSize {
+    /// A size from a scale, 1..=32 (clamped): `scale` MiB copies, `scale` × 64 Ki-element
+    /// vectors, 64·`scale` square matrices (at most 256). It fits the default 256 MiB VRAM.
+    pub fn scaled(scale: u32) -> WorkloadSize {
+        let s = scale.clamp(1, 32) as usize;
+        WorkloadSize { copy_bytes: s << 20, vector_len: s << 16, matrix_dim: (64 * s).min(256), fences: 16 }
+    }
+}
+
+/// One step and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// What ran.
+    pub name: String,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// What ran, verified.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadReport {
+    /// Every step, in order, each verified against the CPU.
+    pub steps: Vec<Step>,
+    /// Bytes and seconds of the host→device copy.
+    pub h2d: (usize, f64),
+    /// Bytes and seconds of the device→host copy.
+    pub d2h: (usize, f64),
+    /// Wall time of the whole workload.
+    pub seconds: f64,
+}
+
+/// Why the workload failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    /// The driver failed.
+    #[error("{step}: {error}")]
+    Driver {
+        /// Which step.
+        step: String,
+        /// What the driver said.
+        error: DriverError,
+    },
+    /// A result differs from the CPU reference.
+    #[error("{step}: result differs from the CPU reference at element {index}: {got} != {want}")]
+    Mismatch {
+        /// Which step.
+        step: String,
+        /// First differing element.
+        index: usize,
+        /// Device value.
+        got: String,
+        /// CPU value.
+        want: String,
+    },
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(step: &str, got: &[T], want: &[T]) -> Result<(), WorkloadError> {
+    let index = match got.iter().zip(want).position(|(a, b)| a != b) {
+        Some(i) => i,
+        None if got.len() == want.len() => return Ok(()),
+        None => got.len().min(want.len()),
+    };
+    Err(WorkloadError::Mismatch {
+        step: step.to_string(),
+        index,
+        got: format!("{:?}", got.get(index)),
+        want: format!("{:?}", want.get(index)),
+    })
+}
+
+struct Run<'a, P: PciFunction> {
+    d: &'a mut SimGpuDriver<P>,
+    steps: Vec<Step>,
+    progress: &'a mut dyn FnMut(&str),
+}
+
+impl<P: PciFunction> Run<'_, P> {
+    fn step<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut SimGpuDriver<P>) -> Result<T, DriverError>,
+    ) -> Result<(T, f64), WorkloadError> {
+        (self.progress)(name);
+        let t = Instant::now();
+        let out = f(self.d).map_err(|error| WorkloadError::Driver { step: name.to_string(), error })?;
+        let seconds = t.elapsed().as_secs_f64();
+        self.steps.push(Step { name: name.to_string(), seconds });
+        Ok((out, seconds))
+    }
+}
+
+/// Runs the workload on an opened driver; `progress` hears each step's name as it starts.
+pub fn run<P: PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    size: WorkloadSize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<WorkloadReport, WorkloadError> {
+    let start = Instant::now();
+    let mut r = Run { d, steps: Vec::new(), progress };
+    let n = size.vector_len;
+    let bytes = size.copy_bytes;
+    let data = pattern(bytes, 0x5eed);
+
+    let name = format!("copy {} KiB host→VRAM", bytes >> 10);
+    let (_, h2d) = r.step(&name, |d| d.memcpy_to_device(0x100_0000, &data))?;
+    let mut back = vec![0u8; bytes];
+    let name = format!("copy {} KiB VRAM→host", bytes >> 10);
+    let (_, d2h) = r.step(&name, |d| d.memcpy_from_device(0x100_0000, &mut back))?;
+    check(&name, &back, &data)?;
+
+    let name = "FILL 256 KiB".to_string();
+    r.step(&name, |d| d.launch(op::FILL, [0x80_0000, 256 << 10, 0xdead_beef, 0, 0], WaitMode::Poll))?;
+    let mut f = vec![0u8; 256 << 10];
+    r.step("read back the fill", |d| d.memcpy_from_device(0x80_0000, &mut f))?;
+    let want: Vec<u8> = (0..f.len()).map(|i| 0xdead_beefu32.to_le_bytes()[i % 4]).collect();
+    check(&name, &f, &want)?;
+
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25 - 7.0).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 37) as f32 * 1.5).collect();
+    let (xa, ya, za) = (0x400_0000u64, 0x600_0000u64, 0x800_0000u64);
+    r.step("upload vectors", |d| {
+        d.memcpy_to_device(xa, &f32_bytes(&x))?;
+        d.memcpy_to_device(ya, &f32_bytes(&y))
+    })?;
+    let name = format!("VADD {n} fp32 (fence by polling)");
+    r.step(&name, |d| d.launch(op::VADD, [xa, ya, za, n as u64, 0], WaitMode::Poll))?;
+    let (z, _) = r.step("read VADD result", |d| read_f32s(d, za, n))?;
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    check(&name, &z, &want)?;
+
+    let alpha = 0.75f32;
+    let name = format!("SAXPY {n} fp32 (fence by interrupt)");
+    r.step(&name, |d| {
+        d.launch(op::SAXPY, [xa, ya, n as u64, alpha.to_bits() as u64, 0], WaitMode::Interrupt)
+    })?;
+    let (y2, _) = r.step("read SAXPY result", |d| read_f32s(d, ya, n))?;
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| alpha * a + b).collect();
+    check(&name, &y2, &want)?;
+
+    let name = format!("REDUCE_SUM {n} fp32");
+    r.step(&name, |d| d.launch(op::REDUCE_SUM, [xa, n as u64, za, 0, 0], WaitMode::Poll))?;
+    let (s, _) = r.step("read REDUCE_SUM result", |d| read_f32s(d, za, 1))?;
+    check(&name, &s, &[x.iter().sum::<f32>()])?;
+
+    let m = size.matrix_dim.clamp(1, 256);
+    let a: Vec<f32> = (0..m * m).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+    let b: Vec<f32> = (0..m * m).map(|i| ((i % 89) as f32 - 44.0) / 8.0).collect();
+    let (aa, ba, ca) = (0xa00_0000u64, 0xa10_0000u64, 0xa20_0000u64);
+    r.step("upload matrices", |d| {
+        d.memcpy_to_device(aa, &f32_bytes(&a))?;
+        d.memcpy_to_device(ba, &f32_bytes(&b))
+    })?;
+    let name = format!("MATMUL {m}x{m}x{m} fp32");
+    let dims = m as u64 | (m as u64) << 16 | (m as u64) << 32;
+    r.step(&name, |d| d.launch(op::MATMUL, [aa, ba, ca, dims, 0], WaitMode::Poll))?;
+    let (c, _) = r.step("read MATMUL result", |d| read_f32s(d, ca, m * m))?;
+    let mut want = vec![0f32; m * m];
+    for i in 0..m {
+        for j in 0..m {
+            want[i * m + j] = (0..m).map(|p| a[i * m + p] * b[p * m + j]).sum();
+        }
+    }
+    check(&name, &c, &want)?;
+
+    let fences = size.fences;
+    let name = format!("{fences} fences waited by interrupt");
+    r.step(&name, |d| {
+        for _ in 0..fences {
+            d.launch(op::NOP, [0; 5], WaitMode::Interrupt)?;
+        }
+        Ok(())
+    })?;
+
+    Ok(WorkloadReport {
+        steps: r.steps,
+        h2d: (bytes, h2d),
+        d2h: (bytes, d2h),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// A duration as a human reads it.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
+    }
+}
