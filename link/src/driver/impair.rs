@@ -112,6 +112,9 @@ impl<D: Datagrams> Impaired<D> {
 
 impl<D: Datagrams> Datagrams for Impaired<D> {
     fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
+        if self.imp.is_none() {
+            return self.inner.send_to(to, bytes);
+        }
         if self.chance(self.imp.loss) {
             self.dropped += 1;
             return Ok(());
@@ -158,6 +161,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         max: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> io::Result<usize> {
+        if self.imp.is_none() {
+            // Nothing to impair: no copy, no delay.
+            return self.inner.send_with(to, max, fill);
+        }
         // The impairment layer may hold or alter the datagram: it needs its own copy anyway.
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(max, 0);

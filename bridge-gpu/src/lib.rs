@@ -1,0 +1,625 @@
+//! The GPU-box endpoint: it exports the box's devices (simulated GPUs, or real ones through
+//! VFIO) to hosts over the link. Hosts authenticate with their own pre-shared keys (the
+//! session proves the key the host names, see `docs/wire-protocol.md`); each device lists
+//! the hosts that may attach it and belongs to one host at a time. The endpoint executes the
+//! owner's TLPs against the device, carries the device's DMA requests and MSI-X writes to
+//! the owner, and hands the owner's completions back to the device. When the owner detaches
+//! or its session goes down, the device is reset (function-level) so the next host gets a
+//! clean device; its in-flight DMA is dropped and counted.
+//!
+//! One thread runs everything, run-to-completion: [`GpuEndpoint::poll`] receives what the
+//! socket has, steps every session and every attached device, and sends what they produced.
+//! [`GpuEndpoint::run`] loops on it until told to stop, spinning or sleeping in the kernel
+//! as the [`PollMode`] says.
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hw::simgpu::SimGpuParams;
+use hw::{Device, SimGpu, TlpQueue, Upstream};
+use link::attach::{BarInfo, Control, ControlError};
+use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
+use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
+use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
+
+/// The requester ID the box's own configuration requests use (its root port).
+pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
+
+/// A host allowed to attach devices, known by its key.
+#[derive(Clone, Debug)]
+pub struct HostKey {
+    /// The host's name (logs, refusals).
+    pub name: String,
+    /// Its pre-shared key.
+    pub key: PresharedKey,
+}
+
+/// What backs an exported device.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeviceSpec {
+    /// A simulated GPU.
+    Sim(SimGpuParams),
+    /// A real device bound to vfio-pci, by PCI address (`0000:41:00.0`).
+    Vfio(String),
+}
+
+/// One exported device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportSpec {
+    /// The name hosts attach it by.
+    pub name: String,
+    /// What it is.
+    pub device: DeviceSpec,
+    /// Names of the hosts that may attach it.
+    pub allow: Vec<String>,
+}
+
+/// How the endpoint runs.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// Session settings (its key is replaced by the host keys).
+    pub link: link::Config,
+    /// Hosts and their keys; at least one.
+    pub hosts: Vec<HostKey>,
+    /// Devices to export; at least one.
+    pub exports: Vec<ExportSpec>,
+    /// Which UDP driver.
+    pub driver: DriverKind,
+    /// Busy-poll or blocking.
+    pub poll: PollMode,
+    /// Emulated network impairment on what this endpoint sends.
+    pub impairment: Impairment,
+}
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The options are inconsistent.
+    #[error("{0}")]
+    Config(String),
+    /// A device could not be opened.
+    #[error("device {name}: {error}")]
+    Device {
+        /// Export name.
+        name: String,
+        /// What failed.
+        error: io::Error,
+    },
+    /// The socket could not be set up.
+    #[error("UDP socket on {addr}: {error}")]
+    Socket {
+        /// Address.
+        addr: SocketAddr,
+        /// What failed.
+        error: io::Error,
+    },
+}
+
+/// Counters of one exported device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    /// Successful attaches.
+    pub attaches: u64,
+    /// Attaches refused (not allowed, or owned by another host).
+    pub refusals: u64,
+    /// Requests from the owner executed against the device.
+    pub host_requests: u64,
+    /// Requests the device originated (DMA, MSI-X) sent to the owner.
+    pub device_requests: u64,
+    /// Completions from the owner for the device's reads.
+    pub device_completions: u64,
+    /// Device DMA dropped at a reset (reads without their completion, queued TLPs).
+    pub dma_dropped: u64,
+    /// TLPs that did not fit the link (Max_Payload_Size above what the MTU carries).
+    pub too_large: u64,
+    /// Function-level resets done on release.
+    pub resets: u64,
+}
+
+/// What the endpoint counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Per export, by name.
+    pub exports: Vec<(String, ExportStats)>,
+    /// Sessions that came up.
+    pub sessions_up: u64,
+    /// Requests from sessions that own no device (answered UR / dropped).
+    pub unowned_requests: u64,
+    /// Control messages that did not parse.
+    pub bad_control: u64,
+}
+
+struct Export {
+    name: String,
+    allow: Vec<String>,
+    dev: Box<dyn Device>,
+    bars: [BarInfo; 6],
+    base: u64,
+    owner: Option<(u32, String)>,
+    out: Outbox,
+    stats: ExportStats,
+}
+
+/// What the device sent that the session could not take yet, and the device's reads
+/// awaiting completion.
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Vec<u8>>,
+    reads: HashSet<u16>,
+    scratch: Vec<u8>,
+}
+
+/// The device's upstream port, as the owner's session.
+struct ToHost<'a> {
+    s: &'a mut Session,
+    out: &'a mut Outbox,
+    stats: &'a mut ExportStats,
+    device: &'a str,
+}
+
+impl Upstream for ToHost<'_> {
+    fn send(&mut self, tlp: &TlpRepr<'_>) {
+        let n = tlp.buffer_len();
+        self.out.scratch.resize(n, 0);
+        if tlp.emit(&mut self.out.scratch).is_err() {
+            return;
+        }
+        match tlp.body {
+            Body::MemRead { req, .. } => {
+                self.out.reads.insert(req.tag.value());
+                self.stats.device_requests += 1;
+            }
+            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => {
+                self.stats.device_requests += 1
+            }
+            _ => {}
+        }
+        let bytes = &self.out.scratch[..n];
+        if !self.out.queue.is_empty() {
+            self.out.queue.push_back(bytes.to_vec());
+            return;
+        }
+        match self.s.send_tlp(bytes) {
+            Ok(()) => {}
+            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(bytes.to_vec()),
+            Err(SendError::TooLarge { len, mtu }) => {
+                self.stats.too_large += 1;
+                log::error!(
+                    "{}: a {len}-byte TLP does not fit the link's {mtu}-byte MTU; dropped",
+                    self.device
+                );
+            }
+            Err(e) => log::debug!("{}: TLP not sent: {e}", self.device),
+        }
+    }
+}
+
+impl Outbox {
+    /// Moves queued TLPs into the session while it takes them.
+    fn flush(&mut self, s: &mut Session) {
+        while let Some(b) = self.queue.front() {
+            match s.send_tlp(b) {
+                Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
+                    self.queue.pop_front();
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+struct SessionInfo {
+    host: String,
+    device: Option<usize>,
+}
+
+/// The GPU-box endpoint.
+pub struct GpuEndpoint {
+    runner: ServerRunner<Impaired<AnyUdp>>,
+    exports: Vec<Export>,
+    hosts: HashMap<[u8; 8], String>,
+    sessions: HashMap<u32, SessionInfo>,
+    stats: GpuStats,
+}
+
+/// Sends one config request to `dev` and returns the completion's data (all-ones if none).
+fn config_access(dev: &mut dyn Device, register: u16, write: Option<u32>) -> u32 {
+    let mut q = TlpQueue::default();
+    let req = Request { requester: BOX_ROOT, tag: Tag::from_bits(0), first_be: 0xf, last_be: 0 };
+    let cfg = ConfigTarget { type1: false, target: dev.id(), register };
+    let data = write.unwrap_or(0).to_le_bytes();
+    let body = match write {
+        Some(_) => Body::CfgWrite { req, cfg, data: &data },
+        None => Body::CfgRead { req, cfg },
+    };
+    dev.request(&TlpRepr::new(body), &mut q);
+    for b in &q.0 {
+        if let Ok(TlpRepr { body: Body::Completion { cpl, data, .. }, .. }) =
+            TlpRepr::parse_bytes(b, &ParseConfig::default())
+            && cpl.status == CplStatus::Success
+        {
+            return data.and_then(|d| d.get(..4)).map_or(0, |d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+        }
+    }
+    u32::MAX
+}
+
+/// Sizes the device's BARs and places the unplaced ones from `base` up, as firmware would.
+fn place_bars(dev: &mut dyn Device, base: u64) -> [BarInfo; 6] {
+    let mut bars = [BarInfo::default(); 6];
+    let mut cursor = base;
+    let mut i = 0;
+    while i < 6 {
+        let at = 0x10 + 4 * i as u16;
+        let orig = config_access(dev, at, None);
+        config_access(dev, at, Some(0xffff_ffff));
+        let mask = config_access(dev, at, None);
+        let io = mask & 1 == 1;
+        let is_64 = !io && (mask >> 1) & 3 == 2;
+        let (orig_hi, mask_hi) = if is_64 && i < 5 {
+            let o = config_access(dev, at + 4, None);
+            config_access(dev, at + 4, Some(0xffff_ffff));
+            (o, config_access(dev, at + 4, None))
+        } else {
+            (0, if is_64 { 0xffff_ffff } else { 0 })
+        };
+        let low_mask = if io { mask & !3 } else { mask & !0xf };
+        let full = if is_64 {
+            (mask_hi as u64) << 32 | low_mask as u64
+        } else {
+            0xffff_ffff_0000_0000 | low_mask as u64
+        };
+        let size = if low_mask == 0 && mask_hi == 0 { 0 } else { (!full).wrapping_add(1) };
+        let mut address = (orig_hi as u64) << 32 | (orig & !0xf) as u64;
+        if size != 0 && !io && address == 0 {
+            address = cursor.div_ceil(size) * size;
+            cursor = address + size;
+        }
+        config_access(dev, at, Some(address as u32 | (orig & 0xf)));
+        if is_64 && i < 5 {
+            config_access(dev, at + 4, Some((address >> 32) as u32));
+        }
+        if size != 0 {
+            bars[i] = BarInfo { address, size, memory: !io, is_64, prefetchable: mask & 8 != 0 };
+        }
+        i += if is_64 { 2 } else { 1 };
+    }
+    bars
+}
+
+fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>, GpuError> {
+    match &spec.device {
+        DeviceSpec::Sim(p) => Ok(Box::new(SimGpu::new(id, *p))),
+        DeviceSpec::Vfio(addr) => {
+            let path = std::path::Path::new("/sys/bus/pci/devices").join(addr);
+            let name = spec.name.clone();
+            let d = hw::vfio::VfioDevice::open(&path, id, &mut |m| log::info!("{name}: {m}"))
+                .map_err(|error| GpuError::Device { name: spec.name.clone(), error })?;
+            Ok(Box::new(d))
+        }
+    }
+}
+
+impl GpuEndpoint {
+    /// Opens the devices, binds the socket, and is ready to serve.
+    pub fn new(opts: GpuOptions) -> Result<GpuEndpoint, GpuError> {
+        let Some(first) = opts.hosts.first() else {
+            return Err(GpuError::Config("hosts: at least one host key is needed".into()));
+        };
+        if opts.exports.is_empty() {
+            return Err(GpuError::Config("devices: at least one device must be exported".into()));
+        }
+        let mut names = HashSet::new();
+        for (i, e) in opts.exports.iter().enumerate() {
+            if !names.insert(e.name.as_str()) {
+                return Err(GpuError::Config(format!("devices[{i}].name: '{}' is exported twice", e.name)));
+            }
+            for h in &e.allow {
+                if !opts.hosts.iter().any(|k| &k.name == h) {
+                    return Err(GpuError::Config(format!(
+                        "devices[{i}].allow: host '{h}' is not among the hosts (known: {})",
+                        opts.hosts.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            }
+        }
+        let mut hosts = HashMap::new();
+        for (i, h) in opts.hosts.iter().enumerate() {
+            if hosts.insert(h.key.key_id(), h.name.clone()).is_some() {
+                return Err(GpuError::Config(format!(
+                    "hosts[{i}].key: host '{}' has another host's key",
+                    h.name
+                )));
+            }
+        }
+        let mut exports = Vec::new();
+        for (i, spec) in opts.exports.iter().enumerate() {
+            let id = Bdf::new(i as u8 + 1, 0, 0);
+            let mut dev = open_device(spec, id)?;
+            // Each device gets its own 1 TiB of the box's bus address space.
+            let base = (i as u64 + 1) << 40;
+            let bars = place_bars(dev.as_mut(), base);
+            log::info!(
+                "exporting {} as {id} ({}) to {}",
+                spec.name,
+                match &spec.device {
+                    DeviceSpec::Sim(p) => format!("simgpu, {} MiB VRAM", p.vram_bytes >> 20),
+                    DeviceSpec::Vfio(a) => format!("VFIO {a}"),
+                },
+                spec.allow.join(", ")
+            );
+            exports.push(Export {
+                name: spec.name.clone(),
+                allow: spec.allow.clone(),
+                dev,
+                bars,
+                base,
+                owner: None,
+                out: Outbox::default(),
+                stats: ExportStats::default(),
+            });
+        }
+        let mut cfg = opts.link.clone();
+        cfg.psk = first.key.clone();
+        cfg.validate().map_err(|e| GpuError::Config(format!("link.{e}")))?;
+        let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
+        let epoch = rng.nonzero_u32();
+        let mut endpoint = Endpoint::new(cfg, epoch, rng, 64 + 4 * exports.len());
+        for h in &opts.hosts[1..] {
+            endpoint.add_key(h.key.clone());
+        }
+        let sock = AnyUdp::bind(opts.listen, opts.driver, &mut |m| log::info!("{m}"))
+            .map_err(|error| GpuError::Socket { addr: opts.listen, error })?;
+        if !opts.impairment.is_none() {
+            log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
+        }
+        let sock = Impaired::new(sock, opts.impairment);
+        let runner = ServerRunner::new(sock, endpoint, Clock::new(), opts.poll);
+        Ok(GpuEndpoint { runner, exports, hosts, sessions: HashMap::new(), stats: GpuStats::default() })
+    }
+
+    /// The address the endpoint listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.runner.sock.local_addr()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> GpuStats {
+        let mut s = self.stats.clone();
+        s.exports = self.exports.iter().map(|e| (e.name.clone(), e.stats)).collect();
+        s
+    }
+
+    /// The host that owns export `name`, if any.
+    pub fn owner(&self, name: &str) -> Option<&str> {
+        self.exports.iter().find(|e| e.name == name)?.owner.as_ref().map(|(_, h)| h.as_str())
+    }
+
+    /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
+    pub fn poll(&mut self) -> io::Result<bool> {
+        let mut active = self.runner.poll()?;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats } = self;
+        for (id, _, s) in runner.endpoint.sessions() {
+            while let Some(ev) = s.poll_event() {
+                active = true;
+                match ev {
+                    Event::Up { .. } => {
+                        let host = hosts.get(&s.key_id()).cloned().unwrap_or_else(|| "?".into());
+                        log::info!("host {host} connected (session {id:#010x})");
+                        stats.sessions_up += 1;
+                        sessions.insert(id, SessionInfo { host, device: None });
+                    }
+                    Event::Down(reason) => {
+                        if let Some(info) = sessions.remove(&id) {
+                            log::info!("host {} gone (session {id:#010x}): {reason:?}", info.host);
+                            if let Some(d) = info.device {
+                                release(&mut exports[d], reason_text(reason));
+                            }
+                        }
+                    }
+                }
+            }
+            while let Some(t) = s.recv_tlp() {
+                active = true;
+                handle_tlp(id, s, &t, exports, sessions, stats);
+                s.recycle(t);
+            }
+        }
+        for e in exports.iter_mut() {
+            let Some((sid, _)) = e.owner else { continue };
+            let Some(s) = runner.endpoint.session(sid) else { continue };
+            e.out.flush(s);
+            // Let the device work while its upstream has room; bounded per pass so that
+            // one busy device does not starve the socket.
+            for _ in 0..64 {
+                if !e.out.queue.is_empty() {
+                    break;
+                }
+                let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
+                if !e.dev.poll(&mut up) {
+                    break;
+                }
+                active = true;
+            }
+        }
+        if runner.transmit()? > 0 {
+            active = true;
+        }
+        runner.endpoint.reap();
+        Ok(active)
+    }
+
+    /// Serves until `stop` is set, then closes every session and resets attached devices.
+    pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            if !self.poll()? {
+                self.runner.wait()?;
+            }
+        }
+        self.shutdown()
+    }
+
+    /// Closes every session (the hosts see the link go down) and resets attached devices.
+    pub fn shutdown(&mut self) -> io::Result<()> {
+        let now = self.runner.clock.now();
+        for (_, _, s) in self.runner.endpoint.sessions() {
+            s.close(now);
+        }
+        self.runner.transmit()?;
+        for e in &mut self.exports {
+            if e.owner.is_some() {
+                release(e, "endpoint stopping");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn reason_text(r: DownReason) -> &'static str {
+    match r {
+        DownReason::Timeout => "link timed out",
+        DownReason::HandshakeTimeout => "handshake timed out",
+        DownReason::AuthFailed => "authentication failed",
+        DownReason::PeerClosed => "host closed the session",
+        DownReason::Closed => "session closed here",
+        DownReason::PeerRestarted => "host restarted",
+        DownReason::Superseded => "host started a new session",
+        DownReason::ProtocolViolation(_) => "protocol violation",
+    }
+}
+
+/// Gives the device back: function-level reset, in-flight DMA dropped and counted, BARs
+/// placed again (the reset cleared them).
+fn release(e: &mut Export, why: &str) {
+    let dropped = e.out.reads.len() + e.out.queue.len();
+    e.stats.dma_dropped += dropped as u64;
+    e.out.reads.clear();
+    e.out.queue.clear();
+    e.dev.reset();
+    e.stats.resets += 1;
+    e.bars = place_bars(e.dev.as_mut(), e.base);
+    if let Some((_, host)) = e.owner.take() {
+        log::info!("{}: released by {host} ({why}); reset, {dropped} in-flight DMA dropped", e.name);
+    }
+}
+
+fn reply(s: &mut Session, c: Control) {
+    let _ = s.send_tlp(&c.to_tlp(BOX_ROOT));
+}
+
+fn handle_tlp(
+    sid: u32,
+    s: &mut Session,
+    bytes: &[u8],
+    exports: &mut [Export],
+    sessions: &mut HashMap<u32, SessionInfo>,
+    stats: &mut GpuStats,
+) {
+    let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
+    let Some(info) = sessions.get_mut(&sid) else { return };
+    match Control::from_repr(&t) {
+        Ok(Control::Attach { device }) => attach(sid, s, info, &device, exports),
+        Ok(Control::Detach { device }) => {
+            if let Some(d) = info.device.take() {
+                if exports[d].name == device {
+                    release(&mut exports[d], "detached");
+                } else {
+                    info.device = Some(d);
+                }
+            }
+        }
+        Ok(_) => stats.bad_control += 1,
+        Err(ControlError::NotControl) => match info.device {
+            Some(d) => {
+                let e = &mut exports[d];
+                let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
+                if let Body::Completion { cpl, data, .. } = t.body {
+                    up.stats.device_completions += 1;
+                    let last = cpl.status != CplStatus::Success
+                        || data.is_none_or(|d| {
+                            d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize
+                        })
+                        || cpl.byte_count == 0;
+                    if last {
+                        up.out.reads.remove(&cpl.tag.value());
+                    }
+                    e.dev.completion(&t, &mut up);
+                } else {
+                    up.stats.host_requests += 1;
+                    e.dev.request(&t, &mut up);
+                }
+            }
+            None => {
+                stats.unowned_requests += 1;
+                if t.fc_class() == tlp::FcClass::NonPosted {
+                    let _ = s.send_tlp(&emit(&rules::completion_without_data(
+                        &t,
+                        BOX_ROOT,
+                        CplStatus::UnsupportedRequest,
+                    )));
+                }
+            }
+        },
+        Err(_) => stats.bad_control += 1,
+    }
+}
+
+fn emit(t: &TlpRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; t.buffer_len()];
+    let n = t.emit(&mut b).unwrap_or(0);
+    b.truncate(n);
+    b
+}
+
+fn attach(sid: u32, s: &mut Session, info: &mut SessionInfo, device: &str, exports: &mut [Export]) {
+    let refuse = |s: &mut Session, reason: String| {
+        log::warn!("attach of {device} by {} refused: {reason}", info.host);
+        reply(s, Control::Refused { device: device.to_string(), reason });
+    };
+    let Some(d) = exports.iter().position(|e| e.name == device) else {
+        let names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
+        return refuse(s, format!("no device named '{device}' here (exported: {})", names.join(", ")));
+    };
+    let e = &mut exports[d];
+    if !e.allow.contains(&info.host) {
+        e.stats.refusals += 1;
+        return refuse(s, format!("host '{}' may not attach '{device}'", info.host));
+    }
+    match &e.owner {
+        Some((owner, host)) if *owner != sid => {
+            e.stats.refusals += 1;
+            let reason = format!("'{device}' is attached to host '{host}'");
+            return refuse(s, reason);
+        }
+        _ => {}
+    }
+    if let Some(other) = info.device
+        && other != d
+    {
+        return refuse(
+            s,
+            format!(
+                "this session already has '{}'; attach each device on its own session",
+                exports[other].name
+            ),
+        );
+    }
+    let e = &mut exports[d];
+    e.owner = Some((sid, info.host.clone()));
+    info.device = Some(d);
+    e.stats.attaches += 1;
+    log::info!("{device} attached by {} (session {sid:#010x})", info.host);
+    // The largest payload a TLP may carry and still fit one frame of this session.
+    let room = s
+        .mtu()
+        .saturating_sub(link::wire::HEADER_LEN + link::wire::FC_LEN + link::wire::TRAILER_LEN + 2 + 20);
+    let max_payload =
+        [4096u16, 2048, 1024, 512, 256, 128].into_iter().find(|m| *m as usize <= room).unwrap_or(128);
+    let c = Control::Attached { device: device.to_string(), box_id: e.dev.id(), max_payload, bars: e.bars };
+    reply(s, c);
+}

@@ -1,0 +1,919 @@
+//! The host endpoint: remote devices made local. [`RemoteDevice`] attaches one device that
+//! a GPU-box endpoint (`bridge-gpu`, `dxpu gpu`) exports and implements the PCI function
+//! access ([`hw::driver::PciFunction`]) that drivers are written against, so the unchanged
+//! simgpu driver runs on a GPU in another box:
+//!
+//! - **Config space** as the host sees it: BAR registers (placement and sizing) and the
+//!   Expansion ROM BAR are virtualized here; every other register is forwarded to the
+//!   device as CfgRd/CfgWr.
+//! - **MMIO** reads become MRd with a 10-bit tag and a completion timeout; writes become
+//!   posted MWr. Host-view BAR addresses are translated to where the box placed the BARs.
+//! - **DMA** from the device is served only inside windows the host granted (the DMA arena
+//!   [`PciFunction::dma_alloc`] hands out, and windows mapped with [`RemoteDevice::map_window`]);
+//!   anything else is answered with Unsupported Request (reads) or dropped (writes), counted,
+//!   and logged with the device and address.
+//! - **MSI-X** writes from the device to the interrupt window become interrupts that
+//!   [`PciFunction::wait_interrupt`] consumes.
+//! - **Failure**: a read whose completion does not come within the completion timeout, or
+//!   any read after the link went down, returns all-ones as a read of a vanished PCIe device
+//!   does, and the device is reported surprise-removed ([`RemoteDevice::removed`]).
+//! - **IDs**: requests carry the host's requester ID; config requests are retargeted from
+//!   the device's host-view BDF to its BDF on the box, and the box's BDF in what the device
+//!   sends is known as the host-view BDF in logs and counters.
+//!
+//! The calling thread drives the link itself (run-to-completion): a register read queues
+//! its MRd, transmits it, and polls the socket until the completion arrives, serving device
+//! DMA that arrives meanwhile. In busy-poll mode with the io_uring driver that path makes no
+//! system call beyond the io_uring submission. A service thread keeps the session alive
+//! (keepalives, acknowledgements, DMA served) while the caller is not inside a call.
+//!
+//! ```no_run
+//! use bridge_host::{AttachOptions, RemoteDevice};
+//! use hw::driver::{SimGpuDriver, WaitMode};
+//! use hw::simgpu_device::op;
+//! use link::PresharedKey;
+//!
+//! let key = PresharedKey::new(b"a key of at least sixteen bytes!").unwrap();
+//! let opts = AttachOptions::new("192.0.2.7:7440".parse().unwrap(), "gpu0", key);
+//! let remote = RemoteDevice::attach(opts).unwrap();
+//! // The simgpu driver, unchanged, on a GPU in another box.
+//! let mut gpu = SimGpuDriver::open(remote).unwrap();
+//! gpu.memcpy_to_device(0, &[1, 2, 3, 4]).unwrap();
+//! gpu.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap();
+//! println!("{:?}", gpu.pci().stats());
+//! ```
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hw::driver::{DmaBuf, PciFunction};
+use link::attach::{BarInfo, Control};
+use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
+use link::{DownReason, Event, PresharedKey, SendError, Session};
+use tlp::rules::{self, Rcb, TransferSize};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
+
+/// Where MSI-X writes land (the x86 interrupt window, 1 MiB).
+pub const MSI_BASE: u64 = 0xfee0_0000;
+/// Bus address of the DMA arena.
+pub const DMA_ARENA_BASE: u64 = 0x1_0000_0000;
+/// Where the host view places 64-bit BARs.
+pub const BAR64_BASE: u64 = 0x80_0000_0000;
+/// Where the host view places 32-bit BARs.
+pub const BAR32_BASE: u64 = 0xc000_0000;
+
+/// How to attach a remote device.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// The GPU-box endpoint.
+    pub server: SocketAddr,
+    /// The device's name there.
+    pub device: String,
+    /// Session settings; `link.psk` is this host's key.
+    pub link: link::Config,
+    /// Local address to bind (default: any address of the server's family, any port).
+    pub bind: Option<SocketAddr>,
+    /// Which UDP driver.
+    pub driver: DriverKind,
+    /// Busy-poll or blocking.
+    pub poll: PollMode,
+    /// Emulated network impairment on what this side sends.
+    pub impairment: Impairment,
+    /// The host's requester ID (its root port).
+    pub host_id: Bdf,
+    /// The device's BDF in the host's view.
+    pub device_id: Bdf,
+    /// Completion timeout of non-posted requests. The default, 50 ms, is the top of the
+    /// PCIe default range (50 µs to 50 ms, PCIe 6.0 §2.8), room for a replay or two.
+    pub completion_timeout: Duration,
+    /// How long the handshake and the attach may take.
+    pub attach_timeout: Duration,
+    /// Bytes of DMA memory in the arena `dma_alloc` hands out.
+    pub dma_memory: usize,
+    /// How often the service thread keeps the session alive while no call runs (`None`:
+    /// no service thread; the caller must call often enough itself).
+    pub service_interval: Option<Duration>,
+}
+
+impl AttachOptions {
+    /// Defaults for attaching `device` at `server` with `key`.
+    pub fn new(server: SocketAddr, device: &str, key: PresharedKey) -> AttachOptions {
+        AttachOptions {
+            server,
+            device: device.to_string(),
+            link: link::Config::new(key),
+            bind: None,
+            driver: DriverKind::Auto,
+            poll: PollMode::Blocking,
+            impairment: Impairment::default(),
+            host_id: Bdf::new(0, 0, 0),
+            device_id: Bdf::new(0, 1, 0),
+            completion_timeout: Duration::from_millis(50),
+            attach_timeout: Duration::from_secs(5),
+            dma_memory: 64 << 20,
+            service_interval: Some(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Why a device could not be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The socket could not be set up.
+    #[error("UDP socket: {0}")]
+    Socket(io::Error),
+    /// The options are inconsistent.
+    #[error("{0}")]
+    Config(String),
+    /// The session did not come up.
+    #[error("no session with {server}: {reason}")]
+    Link {
+        /// The box.
+        server: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The box refused the device.
+    #[error("{server} refused to attach {device}: {reason}")]
+    Refused {
+        /// The box.
+        server: SocketAddr,
+        /// The device asked for.
+        device: String,
+        /// The box's reason.
+        reason: String,
+    },
+    /// No answer to the attach request.
+    #[error("{server} did not answer the attach of {device} within {timeout:?}")]
+    Timeout {
+        /// The box.
+        server: SocketAddr,
+        /// The device.
+        device: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
+    /// DMA memory could not be mapped.
+    #[error("DMA arena of {len} bytes: {error}")]
+    Memory {
+        /// Size asked for.
+        len: usize,
+        /// What failed.
+        error: io::Error,
+    },
+}
+
+/// What the host endpoint counted for one device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostStats {
+    /// TLPs sent to the box, by kind (`MRd64`, `CfgWr0`, …).
+    pub tlps_sent: BTreeMap<&'static str, u64>,
+    /// TLPs received from the box, by kind.
+    pub tlps_received: BTreeMap<&'static str, u64>,
+    /// Device DMA reads served from granted windows.
+    pub dma_reads: u64,
+    /// Device DMA writes into granted windows.
+    pub dma_writes: u64,
+    /// Device DMA reads outside every window (answered UR).
+    pub dma_read_refused: u64,
+    /// Device DMA writes outside every window (dropped).
+    pub dma_write_dropped: u64,
+    /// MSI-X messages received.
+    pub interrupts: u64,
+    /// Non-posted requests that timed out.
+    pub completion_timeouts: u64,
+    /// Non-posted requests failed because the link went down or the device was removed.
+    pub failed_requests: u64,
+    /// Completions that matched no outstanding request.
+    pub stray_completions: u64,
+    /// MMIO to host addresses no BAR claims (all-ones, nothing sent).
+    pub unclaimed_mmio: u64,
+    /// The session's counters.
+    pub link: link::Stats,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct VirtualBar {
+    info: BarInfo,
+    /// The BAR's value as the host programmed it (address bits above the size only).
+    host: u64,
+}
+
+impl VirtualBar {
+    fn flags(&self) -> u32 {
+        (self.info.is_64 as u32) << 2 | (self.info.prefetchable as u32) << 3
+    }
+    fn mask(&self) -> u64 {
+        let m = !(self.info.size.wrapping_sub(1));
+        if self.info.is_64 { m } else { m & 0xffff_ffff }
+    }
+}
+
+/// A DMA window: host memory the device may reach, at a bus address.
+struct Window {
+    bus: u64,
+    mem: memmap2::MmapMut,
+    read: bool,
+    write: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    deadline: Instant,
+    status: Option<CplStatus>,
+    data: [u8; 8],
+    received: usize,
+}
+
+struct Inner {
+    runner: SessionRunner<Impaired<AnyUdp>>,
+    name: String,
+    server: SocketAddr,
+    host_id: Bdf,
+    device_id: Bdf,
+    box_id: Bdf,
+    max_payload: TransferSize,
+    bars: [VirtualBar; 6],
+    windows: Vec<Window>,
+    next_alloc: usize,
+    pending: HashMap<u16, Pending>,
+    next_tag: u16,
+    interrupts: HashMap<u32, u64>,
+    removed: Option<String>,
+    timeout: Duration,
+    sent: [u64; 256],
+    received: [u64; 256],
+    stats: HostStats,
+    scratch: Vec<u8>,
+    logged_refusals: u64,
+}
+
+/// A device in another box, attached and usable as a local PCI function.
+pub struct RemoteDevice {
+    inner: Arc<Mutex<Inner>>,
+    stop: Arc<AtomicBool>,
+    service: Option<JoinHandle<()>>,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock leaves counters, not invariants, half-updated.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn kind_index(t: &TlpRepr<'_>) -> usize {
+    t.kind() as u8 as usize
+}
+
+fn kind_counts(counts: &[u64; 256]) -> BTreeMap<&'static str, u64> {
+    let mut out = BTreeMap::new();
+    for (i, n) in counts.iter().enumerate() {
+        if *n > 0
+            && let Some(k) = tlp::Kind::BY_BYTE0[i]
+        {
+            out.insert(k.name(), *n);
+        }
+    }
+    out
+}
+
+impl RemoteDevice {
+    /// Connects to the box, authenticates, attaches the device and places its BARs in the
+    /// host's view.
+    pub fn attach(opts: AttachOptions) -> Result<RemoteDevice, AttachError> {
+        opts.link.validate().map_err(|e| AttachError::Config(format!("link.{e}")))?;
+        if opts.dma_memory == 0 {
+            return Err(AttachError::Config("dma_memory: must be at least 1 byte".into()));
+        }
+        let bind = opts.bind.unwrap_or(match opts.server {
+            SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+            SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+        });
+        let sock =
+            AnyUdp::bind(bind, opts.driver, &mut |m| log::info!("{m}")).map_err(AttachError::Socket)?;
+        if !opts.impairment.is_none() {
+            log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
+        }
+        let sock = Impaired::new(sock, opts.impairment);
+        let clock = Clock::new();
+        let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
+        let epoch = rng.nonzero_u32();
+        let session = Session::client(opts.link.clone(), clock.now(), epoch, rng);
+        let mut runner = SessionRunner::new(sock, opts.server, session, clock, opts.poll);
+        let link_err = |reason: String| AttachError::Link { server: opts.server, reason };
+
+        // Handshake.
+        let mut down = None;
+        let up = runner
+            .run_until(opts.attach_timeout, |s| {
+                while let Some(e) = s.poll_event() {
+                    if let Event::Down(r) = e {
+                        down = Some(r);
+                    }
+                }
+                s.is_up() || down.is_some()
+            })
+            .map_err(AttachError::Socket)?;
+        if let Some(r) = down {
+            return Err(link_err(match r {
+                DownReason::AuthFailed => {
+                    "authentication failed: the box does not hold this host's key".into()
+                }
+                other => format!("{other:?}"),
+            }));
+        }
+        if !up {
+            return Err(link_err(format!("no handshake within {:?}", opts.attach_timeout)));
+        }
+
+        // Attach.
+        let _ =
+            runner.session.send_tlp(&Control::Attach { device: opts.device.clone() }.to_tlp(opts.host_id));
+        let mut answer = None;
+        let done = runner
+            .run_until(opts.attach_timeout, |s| {
+                while let Some(t) = s.recv_tlp() {
+                    if let Ok(c @ (Control::Attached { .. } | Control::Refused { .. })) =
+                        Control::from_tlp(&t)
+                    {
+                        answer = Some(c);
+                    }
+                }
+                answer.is_some() || s.is_down()
+            })
+            .map_err(AttachError::Socket)?;
+        let (box_id, max_payload, bar_info) = match answer {
+            Some(Control::Attached { box_id, max_payload, bars, .. }) => (box_id, max_payload, bars),
+            Some(Control::Refused { reason, .. }) => {
+                return Err(AttachError::Refused { server: opts.server, device: opts.device, reason });
+            }
+            _ if done => return Err(link_err("the link went down during the attach".into())),
+            _ => {
+                return Err(AttachError::Timeout {
+                    server: opts.server,
+                    device: opts.device,
+                    timeout: opts.attach_timeout,
+                });
+            }
+        };
+
+        // The host's view of the BARs, placed as firmware would.
+        let mut bars = [VirtualBar::default(); 6];
+        let (mut at64, mut at32) = (BAR64_BASE, BAR32_BASE);
+        for (v, info) in bars.iter_mut().zip(bar_info) {
+            v.info = info;
+            if info.size != 0 && info.memory {
+                let cursor = if info.is_64 { &mut at64 } else { &mut at32 };
+                v.host = cursor.div_ceil(info.size) * info.size;
+                *cursor = v.host + info.size;
+            }
+        }
+        let arena = memmap2::MmapMut::map_anon(opts.dma_memory)
+            .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
+        log::info!(
+            "attached {} at {} (box {box_id}, host view {}), Max_Payload_Size {max_payload} B",
+            opts.device,
+            opts.server,
+            opts.device_id
+        );
+        let inner = Inner {
+            runner,
+            name: opts.device.clone(),
+            server: opts.server,
+            host_id: opts.host_id,
+            device_id: opts.device_id,
+            box_id,
+            max_payload: TransferSize::from_bytes(max_payload as u32).unwrap_or(TransferSize::B128),
+            bars,
+            windows: vec![Window { bus: DMA_ARENA_BASE, mem: arena, read: true, write: true }],
+            next_alloc: 0,
+            pending: HashMap::new(),
+            next_tag: 0,
+            interrupts: HashMap::new(),
+            removed: None,
+            timeout: opts.completion_timeout,
+            sent: [0; 256],
+            received: [0; 256],
+            stats: HostStats::default(),
+            scratch: Vec::with_capacity(4096),
+            logged_refusals: 0,
+        };
+        let inner = Arc::new(Mutex::new(inner));
+        let stop = Arc::new(AtomicBool::new(false));
+        let service = opts.service_interval.map(|every| {
+            let (inner, stop) = (inner.clone(), stop.clone());
+            std::thread::Builder::new().name(format!("dxpu-host-{}", opts.device)).spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    if let Ok(mut g) = inner.try_lock() {
+                        g.pump();
+                    }
+                }
+            })
+        });
+        let service = match service {
+            Some(Ok(h)) => Some(h),
+            Some(Err(e)) => return Err(AttachError::Socket(e)),
+            None => None,
+        };
+        Ok(RemoteDevice { inner, stop, service })
+    }
+
+    /// Why the device counts as surprise-removed, if it does.
+    pub fn removed(&self) -> Option<String> {
+        lock(&self.inner).removed.clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> HostStats {
+        let g = lock(&self.inner);
+        let mut s = g.stats.clone();
+        s.tlps_sent = kind_counts(&g.sent);
+        s.tlps_received = kind_counts(&g.received);
+        s.link = *g.runner.session.stats();
+        s
+    }
+
+    /// The device's BDF on the box.
+    pub fn box_id(&self) -> Bdf {
+        lock(&self.inner).box_id
+    }
+
+    /// Grants the device a DMA window: `mem` at bus address `bus`, readable and/or writable
+    /// by the device. Refused if it overlaps a window already granted.
+    pub fn map_window(&self, bus: u64, mem: memmap2::MmapMut, read: bool, write: bool) -> Result<(), String> {
+        let mut g = lock(&self.inner);
+        let end = bus.checked_add(mem.len() as u64).ok_or(format!("window at {bus:#x} wraps"))?;
+        if let Some(w) = g.windows.iter().find(|w| bus < w.bus + w.mem.len() as u64 && w.bus < end) {
+            return Err(format!(
+                "window {bus:#x}..{end:#x} overlaps {:#x}..{:#x}",
+                w.bus,
+                w.bus + w.mem.len() as u64
+            ));
+        }
+        g.windows.push(Window { bus, mem, read, write });
+        Ok(())
+    }
+
+    /// Revokes the window at `bus`; DMA to it is refused from now on.
+    pub fn unmap_window(&self, bus: u64) -> Option<memmap2::MmapMut> {
+        let mut g = lock(&self.inner);
+        let i = g.windows.iter().position(|w| w.bus == bus && w.bus != DMA_ARENA_BASE)?;
+        Some(g.windows.remove(i).mem)
+    }
+
+    /// Detaches: what is in flight completes, the box takes the device back (and resets
+    /// it), the session closes.
+    pub fn detach(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.service.take() {
+            let _ = h.join();
+        }
+        let mut g = lock(&self.inner);
+        if g.removed.is_none() && g.runner.session.is_up() {
+            let detach = Control::Detach { device: g.name.clone() }.to_tlp(g.host_id);
+            let _ = g.runner.session.send_tlp(&detach);
+            let _ = g.runner.run_until(Duration::from_millis(200), |s| s.is_idle() || s.is_down());
+            log::info!("detached {} from {}", g.name, g.server);
+        }
+        let now = g.runner.clock.now();
+        g.runner.session.close(now);
+        let _ = g.runner.transmit();
+    }
+}
+
+impl Drop for RemoteDevice {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+impl Inner {
+    fn remove(&mut self, why: String) {
+        if self.removed.is_none() {
+            log::error!("{} ({}): surprise removal: {why}", self.name, self.device_id);
+            self.removed = Some(why);
+        }
+        self.stats.failed_requests += self.pending.len() as u64;
+        self.pending.clear();
+    }
+
+    /// One pass over the link: receive, run timers, serve what arrived, send.
+    fn pump(&mut self) -> bool {
+        let mut active = match self.runner.poll() {
+            Ok(a) => a,
+            Err(e) => {
+                log::error!("{}: socket: {e}", self.name);
+                false
+            }
+        };
+        while let Some(e) = self.runner.session.poll_event() {
+            if let Event::Down(r) = e {
+                self.remove(format!("link to {} down: {r:?}", self.server));
+            }
+        }
+        while let Some(b) = self.runner.session.recv_tlp() {
+            active = true;
+            self.handle(&b);
+            self.runner.session.recycle(b);
+        }
+        if active && let Err(e) = self.runner.transmit() {
+            log::error!("{}: socket: {e}", self.name);
+        }
+        active
+    }
+
+    fn send(&mut self, t: &TlpRepr<'_>) -> bool {
+        let n = t.buffer_len();
+        self.scratch.resize(n, 0);
+        if t.emit(&mut self.scratch).is_err() {
+            return false;
+        }
+        self.sent[kind_index(t)] += 1;
+        loop {
+            match self.runner.session.send_tlp(&self.scratch[..n]) {
+                Ok(()) => return true,
+                Err(SendError::QueueFull { .. }) => {
+                    if !self.pump() {
+                        let _ = self.runner.wait();
+                    }
+                    if self.removed.is_some() {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    log::error!("{}: cannot send {}: {e}", self.name, t.kind().name());
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn tag(&mut self) -> Tag {
+        for _ in 0..1024 {
+            self.next_tag = (self.next_tag + 1) & Tag::MAX;
+            if !self.pending.contains_key(&self.next_tag) {
+                break;
+            }
+        }
+        Tag::from_bits(self.next_tag)
+    }
+
+    fn wait_for(&mut self, tag: Tag) -> Option<(CplStatus, [u8; 8], usize)> {
+        if let Err(e) = self.runner.transmit() {
+            log::error!("{}: socket: {e}", self.name);
+        }
+        loop {
+            match self.pending.get(&tag.value()) {
+                None => return None,
+                Some(p) if p.status.is_some() => {
+                    let p = self.pending.remove(&tag.value())?;
+                    return Some((p.status?, p.data, p.received));
+                }
+                Some(p) if Instant::now() >= p.deadline => {
+                    self.stats.completion_timeouts += 1;
+                    let why = format!("no completion for tag {tag} within {:?}", self.timeout);
+                    self.remove(why);
+                    return None;
+                }
+                Some(_) => {}
+            }
+            if !self.pump() {
+                if self.removed.is_some() {
+                    return None;
+                }
+                let _ = self.runner.wait();
+            }
+        }
+    }
+
+    fn request(&mut self, t: &TlpRepr<'_>, tag: Tag) -> Option<(CplStatus, [u8; 8], usize)> {
+        if self.removed.is_some() {
+            self.stats.failed_requests += 1;
+            return None;
+        }
+        let deadline = Instant::now() + self.timeout;
+        self.pending.insert(tag.value(), Pending { deadline, status: None, data: [0; 8], received: 0 });
+        if !self.send(t) {
+            self.pending.remove(&tag.value());
+            self.stats.failed_requests += 1;
+            return None;
+        }
+        self.wait_for(tag)
+    }
+
+    fn config(&mut self, offset: u16, write: Option<u32>) -> u32 {
+        let tag = self.tag();
+        let req = Request { requester: self.host_id, tag, first_be: 0xf, last_be: 0 };
+        // Retargeted from the host-view BDF to the device's BDF on the box.
+        let cfg = ConfigTarget { type1: false, target: self.box_id, register: offset & 0xffc };
+        let data = write.unwrap_or(0).to_le_bytes();
+        let body = match write {
+            Some(_) => Body::CfgWrite { req, cfg, data: &data },
+            None => Body::CfgRead { req, cfg },
+        };
+        match self.request(&TlpRepr::new(body), tag) {
+            Some((CplStatus::Success, d, n)) if n >= 4 => u32::from_le_bytes([d[0], d[1], d[2], d[3]]),
+            Some((CplStatus::Success, ..)) => 0,
+            _ => u32::MAX,
+        }
+    }
+
+    /// The box address behind host-view address `addr`.
+    fn translate(&self, addr: u64, len: u64) -> Option<u64> {
+        self.bars.iter().find_map(|b| {
+            let host = b.host & b.mask();
+            (b.info.size != 0
+                && b.info.memory
+                && host != 0
+                && addr >= host
+                && addr + len <= host + b.info.size)
+                .then(|| b.info.address + (addr - host))
+        })
+    }
+
+    fn window(&mut self, addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
+        let w = self.windows.iter_mut().find(|w| {
+            addr >= w.bus && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
+        })?;
+        if (write && !w.write) || (!write && !w.read) {
+            return None;
+        }
+        let off = (addr - w.bus) as usize;
+        Some(&mut w.mem[off..off + len])
+    }
+
+    fn log_refusal(&mut self, what: &str, addr: u64, len: usize) {
+        self.logged_refusals += 1;
+        let n = self.logged_refusals;
+        if n <= 16 || n.is_power_of_two() {
+            log::warn!(
+                "{} ({}): device DMA {what} of {len} bytes at {addr:#x} outside every granted window ({n} so far)",
+                self.name,
+                self.device_id
+            );
+        }
+    }
+
+    /// What arrived from the box.
+    fn handle(&mut self, bytes: &[u8]) {
+        let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
+        self.received[kind_index(&t)] += 1;
+        match t.body {
+            Body::Completion { cpl, data, .. } => {
+                let Some(p) = self.pending.get_mut(&cpl.tag.value()) else {
+                    self.stats.stray_completions += 1;
+                    return;
+                };
+                if let Some(d) = data {
+                    let n = d.len().min(8 - p.received);
+                    p.data[p.received..p.received + n].copy_from_slice(&d[..n]);
+                    p.received += n;
+                }
+                let last = cpl.status != CplStatus::Success
+                    || data.is_none_or(|d| {
+                        d.len() + (cpl.lower_address as usize % 4) >= cpl.byte_count as usize
+                    });
+                if last {
+                    p.status = Some(cpl.status);
+                }
+            }
+            Body::MemRead { address, length_dw, .. } => {
+                let (addr, len) = (address.value(), length_dw as usize * 4);
+                let mps = self.max_payload;
+                let host_id = self.host_id;
+                // Split borrows: the window's bytes, the session, the scratch buffer.
+                let Inner { windows, runner, scratch, sent, .. } = self;
+                let w = windows.iter().find(|w| {
+                    w.read
+                        && addr >= w.bus
+                        && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
+                });
+                match w {
+                    Some(w) => {
+                        let off = (addr - w.bus) as usize;
+                        let data = &w.mem[off..off + len];
+                        rules::complete_read(&t, host_id, data, Rcb::B64, mps, |c| {
+                            let n = c.buffer_len();
+                            scratch.resize(n, 0);
+                            if c.emit(scratch).is_ok() {
+                                sent[kind_index(c)] += 1;
+                                let _ = runner.session.send_tlp(&scratch[..n]);
+                            }
+                        });
+                        self.stats.dma_reads += 1;
+                    }
+                    None => {
+                        self.stats.dma_read_refused += 1;
+                        self.log_refusal("read", addr, len);
+                        let c = rules::completion_without_data(&t, host_id, CplStatus::UnsupportedRequest);
+                        self.send(&c);
+                    }
+                }
+            }
+            Body::MemWrite { req, address, data, .. } => {
+                let addr = address.value();
+                if (MSI_BASE..MSI_BASE + 0x10_0000).contains(&addr) && data.len() >= 4 {
+                    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                    *self.interrupts.entry(v).or_default() += 1;
+                    self.stats.interrupts += 1;
+                    return;
+                }
+                let n = data.len();
+                match self.window(addr, n, true) {
+                    Some(mem) => {
+                        for (i, (dst, src)) in mem.iter_mut().zip(data).enumerate() {
+                            let on = if i < 4 {
+                                req.first_be & (1 << i) != 0
+                            } else if n > 4 && i >= n - 4 {
+                                req.last_be & (1 << (i - (n - 4))) != 0
+                            } else {
+                                true
+                            };
+                            if on {
+                                *dst = *src;
+                            }
+                        }
+                        self.stats.dma_writes += 1;
+                    }
+                    None => {
+                        self.stats.dma_write_dropped += 1;
+                        self.log_refusal("write", addr, n);
+                    }
+                }
+            }
+            Body::Message { .. } => {}
+            _ => {
+                if t.fc_class() == tlp::FcClass::NonPosted {
+                    let c = rules::completion_without_data(&t, self.host_id, CplStatus::UnsupportedRequest);
+                    self.send(&c);
+                }
+            }
+        }
+    }
+
+    fn mmio(&mut self, addr: u64, len: usize, write: Option<u64>) -> u64 {
+        let len = if len == 8 { 8 } else { 4 };
+        let Some(target) = self.translate(addr, len as u64) else {
+            self.stats.unclaimed_mmio += 1;
+            return u64::MAX;
+        };
+        if self.removed.is_some() {
+            self.stats.failed_requests += write.is_none() as u64;
+            return u64::MAX;
+        }
+        let tag = self.tag();
+        let (first_be, last_be) = if len == 8 { (0xf, 0xf) } else { (0xf, 0) };
+        let req = Request { requester: self.host_id, tag, first_be, last_be };
+        let address = Address::new(target);
+        match write {
+            Some(v) => {
+                let b = v.to_le_bytes();
+                let t = TlpRepr::new(Body::MemWrite { req, address, ph: 0, data: &b[..len] });
+                if self.send(&t)
+                    && let Err(e) = self.runner.transmit()
+                {
+                    log::error!("{}: socket: {e}", self.name);
+                }
+                0
+            }
+            None => {
+                let length_dw = (len / 4) as u16;
+                let t = TlpRepr::new(Body::MemRead { req, address, ph: 0, length_dw, locked: false });
+                match self.request(&t, tag) {
+                    Some((CplStatus::Success, d, n)) if n >= len => {
+                        let mut b = [0u8; 8];
+                        b[..len].copy_from_slice(&d[..len]);
+                        u64::from_le_bytes(b)
+                    }
+                    _ => u64::MAX,
+                }
+            }
+        }
+    }
+
+    fn config_read(&mut self, offset: u16) -> u32 {
+        let offset = offset & 0xffc;
+        match offset {
+            0x10..=0x27 => {
+                let i = (offset as usize - 0x10) / 4;
+                // The upper half of a 64-bit BAR.
+                if i > 0
+                    && self.bars[i - 1].info.is_64
+                    && self.bars[i].info.size == 0
+                    && self.bars[i - 1].info.size != 0
+                {
+                    let b = &self.bars[i - 1];
+                    return ((b.host & b.mask()) >> 32) as u32;
+                }
+                let b = &self.bars[i];
+                if b.info.size == 0 {
+                    return 0;
+                }
+                (b.host & b.mask()) as u32 | b.flags()
+            }
+            0x30 => 0, // no Expansion ROM in the host's view
+            _ if self.removed.is_some() => u32::MAX,
+            _ => self.config(offset, None),
+        }
+    }
+
+    fn config_write(&mut self, offset: u16, value: u32) {
+        let offset = offset & 0xffc;
+        match offset {
+            0x10..=0x27 => {
+                let i = (offset as usize - 0x10) / 4;
+                if i > 0
+                    && self.bars[i - 1].info.is_64
+                    && self.bars[i].info.size == 0
+                    && self.bars[i - 1].info.size != 0
+                {
+                    let b = &mut self.bars[i - 1];
+                    b.host = (value as u64) << 32 | (b.host & 0xffff_ffff);
+                    b.host &= b.mask();
+                    return;
+                }
+                let b = &mut self.bars[i];
+                b.host = (b.host & 0xffff_ffff_0000_0000) | (value & !0xf) as u64;
+                b.host &= b.mask();
+            }
+            0x30 => {}
+            _ if self.removed.is_some() => {}
+            _ => {
+                self.config(offset, Some(value));
+            }
+        }
+    }
+}
+
+impl PciFunction for RemoteDevice {
+    fn config_read(&mut self, offset: u16) -> u32 {
+        lock(&self.inner).config_read(offset)
+    }
+    fn config_write(&mut self, offset: u16, value: u32) {
+        lock(&self.inner).config_write(offset, value)
+    }
+    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
+        lock(&self.inner).mmio(addr, len, None)
+    }
+    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
+        lock(&self.inner).mmio(addr, len, Some(value));
+    }
+    fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
+        let mut g = lock(&self.inner);
+        let start = g.next_alloc.div_ceil(64) * 64;
+        let end = start.checked_add(len)?;
+        let arena = g.windows.iter_mut().find(|w| w.bus == DMA_ARENA_BASE)?;
+        if end > arena.mem.len() {
+            return None;
+        }
+        arena.mem[start..end].fill(0);
+        g.next_alloc = end;
+        Some(DmaBuf { bus: DMA_ARENA_BASE + start as u64, len })
+    }
+    fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
+        let mut g = lock(&self.inner);
+        // The caller is looking for what the device wrote: let it arrive.
+        g.pump();
+        match g.window(buf.bus + offset as u64, out.len(), false) {
+            Some(mem) => out.copy_from_slice(mem),
+            None => out.fill(0xff),
+        }
+    }
+    fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
+        let mut g = lock(&self.inner);
+        if let Some(mem) = g.window(buf.bus + offset as u64, data.len(), true) {
+            mem.copy_from_slice(data);
+        }
+    }
+    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
+        (MSI_BASE, vector as u32)
+    }
+    fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
+        let start = Instant::now();
+        let mut g = lock(&self.inner);
+        loop {
+            if let Some(n) = g.interrupts.get_mut(&(vector as u32))
+                && *n > 0
+            {
+                *n -= 1;
+                return true;
+            }
+            if g.removed.is_some() || start.elapsed() >= timeout {
+                return false;
+            }
+            if !g.pump() {
+                let _ = g.runner.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Both endpoints over real UDP on loopback: the simgpu driver's whole suite through the
+//! bridges, the demo workload, DMA outside the granted windows, wrong keys and second hosts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use bridge_host::{AttachError, RemoteDevice};
+use dxpu_tests::{GpuBox, gpu_options, host_options, key_a, key_b, serial};
+use hw::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
+use hw::simgpu_device::{err, op};
+use link::PresharedKey;
+
+fn local() -> std::net::SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+#[test]
+fn driver_suite_passes_through_the_bridges() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let mut failed = Vec::new();
+    for c in hw::suite::checks() {
+        let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+        let mut d = SimGpuDriver::open(remote).unwrap();
+        if let Err(e) = (c.run)(&mut d) {
+            failed.push(format!("{}: {e}", c.name));
+        }
+        let s = d.pci().stats();
+        assert!(d.pci().removed().is_none(), "{}: removed: {:?}", c.name, d.pci().removed());
+        assert_eq!(s.completion_timeouts, 0);
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+    let stats = gpu.stop();
+    let (_, e) = &stats.exports[0];
+    // Each check attached, then detached: the device was reset for the next.
+    assert_eq!(e.attaches, hw::suite::checks::<RemoteDevice>().len() as u64);
+    assert_eq!(e.resets, e.attaches);
+}
+
+#[test]
+fn demo_workload_through_the_bridges_is_verified() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    let r = hw::workload::run(&mut d, hw::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    assert!(r.steps.len() > 10);
+    let s = d.pci().stats();
+    for kind in ["MRd64", "MWr64", "CfgRd0", "CfgWr0"] {
+        assert!(s.tlps_sent.get(kind).copied().unwrap_or(0) > 0, "sent no {kind}: {:?}", s.tlps_sent);
+    }
+    for kind in ["CplD", "Cpl", "MRd64", "MWr64"] {
+        assert!(
+            s.tlps_received.get(kind).copied().unwrap_or(0) > 0,
+            "received no {kind}: {:?}",
+            s.tlps_received
+        );
+    }
+    assert!(s.interrupts >= 16, "interrupts: {}", s.interrupts);
+    assert_eq!(s.dma_read_refused + s.dma_write_dropped, 0);
+}
+
+#[test]
+fn dma_outside_every_granted_window_is_refused_and_host_memory_untouched() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    // A buffer the host did grant, to see that nothing lands in it.
+    let buf = d.pci().dma_alloc(4096).unwrap();
+    d.pci().dma_write(&buf, 0, &[0x5a; 4096]);
+    d.memcpy_to_device(0, &[0xa5; 4096]).unwrap();
+    // Read from an address no window covers: UR, reported as a DMA error by the device.
+    let outside = bridge_host::DMA_ARENA_BASE + (1 << 36);
+    assert_eq!(
+        d.launch(op::COPY_H2V, [outside, 0x1000, 4096, 0, 0], WaitMode::Poll),
+        Err(DriverError::Device { code: err::DMA })
+    );
+    // Write to one: dropped.
+    let _ = d.launch(op::COPY_V2H, [0, outside, 4096, 0, 0], WaitMode::Poll);
+    // Just below the arena: dropped too.
+    let _ = d.launch(op::COPY_V2H, [0, bridge_host::DMA_ARENA_BASE - 64, 64, 0, 0], WaitMode::Poll);
+    let s = d.pci().stats();
+    assert!(s.dma_read_refused >= 1, "{s:?}");
+    assert!(s.dma_write_dropped >= 2, "{s:?}");
+    let mut back = vec![0u8; 4096];
+    d.pci().dma_read(&buf, 0, &mut back);
+    assert!(back.iter().all(|b| *b == 0x5a), "host memory changed");
+    // And the device still works.
+    d.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap();
+}
+
+#[test]
+fn a_wrong_key_and_a_second_host_are_refused() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let stranger = PresharedKey::new(b"nobody gave the box this key....").unwrap();
+    match RemoteDevice::attach(host_options(gpu.addr, stranger)) {
+        Err(AttachError::Link { reason, .. }) => assert!(reason.contains("authentication"), "{reason}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a wrong key attached"),
+    }
+    let first = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    match RemoteDevice::attach(host_options(gpu.addr, key_b())) {
+        Err(AttachError::Refused { reason, .. }) => assert!(reason.contains("host-a"), "{reason}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a second host attached an owned device"),
+    }
+    let mut other = host_options(gpu.addr, key_b());
+    other.device = "gpu7".into();
+    match RemoteDevice::attach(other) {
+        Err(AttachError::Refused { reason, .. }) => assert!(reason.contains("gpu0"), "{reason}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("attached a device that does not exist"),
+    }
+    // Once the first host detaches, the second gets the device.
+    first.detach();
+    let second = RemoteDevice::attach(host_options(gpu.addr, key_b())).unwrap();
+    let mut d = SimGpuDriver::open(second).unwrap();
+    d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
+}

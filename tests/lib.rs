@@ -1,0 +1,102 @@
+//! Helpers for dxpu's cross-crate integration tests: a GPU-box endpoint on its own thread,
+//! host options pointing at it, and the keys both sides use.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, GpuStats, HostKey};
+use bridge_host::AttachOptions;
+use hw::simgpu::SimGpuParams;
+use link::PresharedKey;
+use link::driver::{DriverKind, Impairment, PollMode};
+
+pub fn key_a() -> PresharedKey {
+    PresharedKey::new(b"host-a's key: 32 bytes, not less").unwrap()
+}
+pub fn key_b() -> PresharedKey {
+    PresharedKey::new(b"host-b's key: 32 bytes, not less").unwrap()
+}
+
+/// Integration tests share two cores: run one bridged test at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Link settings for tests: a quick idle timeout and handshake so failures show fast.
+pub fn test_link(key: PresharedKey) -> link::Config {
+    let mut c = link::Config::new(key);
+    c.idle_timeout = Duration::from_millis(500);
+    c.keepalive_interval = Duration::from_millis(50);
+    c.handshake_timeout = Duration::from_secs(1);
+    c
+}
+
+pub fn gpu_options(listen: SocketAddr) -> GpuOptions {
+    GpuOptions {
+        listen,
+        link: test_link(key_a()),
+        hosts: vec![
+            HostKey { name: "host-a".into(), key: key_a() },
+            HostKey { name: "host-b".into(), key: key_b() },
+        ],
+        exports: vec![ExportSpec {
+            name: "gpu0".into(),
+            device: DeviceSpec::Sim(SimGpuParams::default()),
+            allow: vec!["host-a".into(), "host-b".into()],
+        }],
+        driver: DriverKind::Auto,
+        poll: PollMode::Blocking,
+        impairment: Impairment::default(),
+    }
+}
+
+/// A GPU-box endpoint serving on its own thread until stopped.
+pub struct GpuBox {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<GpuStats>>,
+}
+
+impl GpuBox {
+    pub fn start(opts: GpuOptions) -> GpuBox {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut ep = GpuEndpoint::new(opts).expect("GPU-box endpoint starts");
+            tx.send(ep.local_addr().unwrap()).unwrap();
+            ep.run(&s).unwrap();
+            ep.stats()
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(10)).expect("GPU-box endpoint reports its address");
+        GpuBox { addr, stop, thread: Some(thread) }
+    }
+
+    /// Stops the endpoint the way SIGTERM does and returns its counters.
+    pub fn stop(mut self) -> GpuStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for GpuBox {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn host_options(server: SocketAddr, key: PresharedKey) -> AttachOptions {
+    let mut o = AttachOptions::new(server, "gpu0", key.clone());
+    o.link = test_link(key);
+    o.completion_timeout = Duration::from_millis(500);
+    o.attach_timeout = Duration::from_secs(2);
+    o
+}
