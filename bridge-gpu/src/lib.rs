@@ -454,6 +454,11 @@ impl GpuEndpoint {
         Ok(active)
     }
 
+    /// Waits for work the way the poll mode says (call after an idle [`GpuEndpoint::poll`]).
+    pub fn wait(&mut self) -> io::Result<()> {
+        self.runner.wait()
+    }
+
     /// Serves until `stop` is set, then closes every session and resets attached devices.
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         while !stop.load(Ordering::Relaxed) {

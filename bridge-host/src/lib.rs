@@ -259,6 +259,7 @@ pub struct RemoteDevice {
     inner: Arc<Mutex<Inner>>,
     stop: Arc<AtomicBool>,
     service: Option<JoinHandle<()>>,
+    abandoned: bool,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -421,7 +422,7 @@ impl RemoteDevice {
             Some(Err(e)) => return Err(AttachError::Socket(e)),
             None => None,
         };
-        Ok(RemoteDevice { inner, stop, service })
+        Ok(RemoteDevice { inner, stop, service, abandoned: false })
     }
 
     /// Why the device counts as surprise-removed, if it does.
@@ -473,10 +474,20 @@ impl RemoteDevice {
         self.shut_down();
     }
 
+    /// Lets go of the device without detaching or closing the session, as a host process
+    /// that is killed does: the box learns of it only from the link's idle timeout. For
+    /// tests of that failure.
+    pub fn abandon(mut self) {
+        self.abandoned = true;
+    }
+
     fn shut_down(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.service.take() {
             let _ = h.join();
+        }
+        if self.abandoned {
+            return;
         }
         let mut g = lock(&self.inner);
         if g.removed.is_none() && g.runner.session.is_up() {

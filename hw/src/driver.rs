@@ -197,6 +197,10 @@ impl<P: PciFunction> SimGpuDriver<P> {
     pub fn pci(&mut self) -> &mut P {
         &mut self.pci
     }
+    /// Closes the driver and gives the platform back.
+    pub fn into_pci(self) -> P {
+        self.pci
+    }
     /// Reads a BAR0 register.
     pub fn read_reg(&mut self, r: u64) -> u64 {
         self.pci.mmio_read(self.bar0 + r, 8)

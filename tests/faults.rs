@@ -1,0 +1,131 @@
+//! The bridges when the network or an endpoint fails: endpoints in separate network
+//! namespaces, a lossy reordering network, the box killed mid-workload, the host killed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use bridge_host::RemoteDevice;
+use dxpu_tests::{GpuBox, Netns, enter_netns, gpu_options, host_options, key_a, key_b, serial};
+use hw::driver::SimGpuDriver;
+use hw::workload::{WorkloadSize, run};
+use link::driver::Impairment;
+
+fn local() -> std::net::SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn workload_ok(remote: RemoteDevice) -> RemoteDevice {
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    run(&mut d, WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    assert!(d.pci().removed().is_none());
+    d.into_pci()
+}
+
+#[test]
+fn endpoints_in_separate_network_namespaces() {
+    let _g = serial();
+    let ns = match Netns::create("n", 1) {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("skipping: network namespaces unavailable here ({e})");
+            return;
+        }
+    };
+    let gpu = GpuBox::start_in(gpu_options("10.78.1.1:0".parse().unwrap()), Some(ns.a.clone()));
+    let (b, addr) = (ns.b.clone(), gpu.addr);
+    std::thread::spawn(move || {
+        enter_netns(&b);
+        let remote = RemoteDevice::attach(host_options(addr, key_a())).unwrap();
+        let remote = workload_ok(remote);
+        assert!(remote.stats().link.frames_received > 100);
+    })
+    .join()
+    .unwrap();
+    let stats = gpu.stop();
+    assert_eq!(stats.exports[0].1.attaches, 1);
+}
+
+#[test]
+fn lossy_reordering_network_still_gives_correct_results() {
+    let _g = serial();
+    let lossy =
+        |seed| Impairment { loss: 0.02, jitter: Duration::from_micros(200), seed, ..Impairment::default() };
+    let mut g = gpu_options(local());
+    g.impairment = lossy(7);
+    let gpu = GpuBox::start(g);
+    let mut h = host_options(gpu.addr, key_a());
+    h.impairment = lossy(8);
+    let remote = RemoteDevice::attach(h).unwrap();
+    let remote = workload_ok(remote);
+    let s = remote.stats();
+    assert!(s.link.retransmits > 0, "2 % loss caused no retransmission: {:?}", s.link);
+    assert_eq!(s.completion_timeouts, 0);
+}
+
+#[test]
+fn box_killed_mid_workload_completes_reads_with_all_ones_and_reports_removal() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    d.set_timeout(Duration::from_secs(2));
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        gpu.kill()
+    });
+    let start = Instant::now();
+    // Large enough to be running when the box dies.
+    let r = run(&mut d, WorkloadSize::scaled(8), &mut |_| {});
+    let took = start.elapsed();
+    killer.join().unwrap();
+    assert!(r.is_err(), "the workload cannot finish without the box");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let removed = d.pci().removed();
+    assert!(removed.is_some(), "device not reported removed");
+    // After removal every read returns all-ones at once.
+    let t = Instant::now();
+    assert_eq!(d.read_reg(hw::simgpu_device::reg::ID), u64::MAX);
+    assert_eq!(hw::driver::PciFunction::config_read(d.pci(), 0), u32::MAX);
+    assert!(t.elapsed() < Duration::from_millis(100));
+    let s = d.pci().stats();
+    assert!(s.completion_timeouts + s.failed_requests > 0, "{s:?}");
+}
+
+#[test]
+fn host_killed_frees_the_device_for_another_host() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    // Leave work behind: dirty VRAM, commands in flight.
+    d.memcpy_to_device(0, &[0x77; 1 << 16]).unwrap();
+    d.submit(hw::driver::Command {
+        opcode: hw::simgpu_device::op::COPY_V2H,
+        args: [0, 0x1_0000_0000, 1 << 20, 0, 0],
+    })
+    .unwrap();
+    d.into_pci().abandon();
+    // host-b waits for the box to notice (idle timeout) and then gets a clean device.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let second = loop {
+        match RemoteDevice::attach(host_options(gpu.addr, key_b())) {
+            Ok(r) => break r,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("device never freed: {e}"),
+        }
+    };
+    let mut d = SimGpuDriver::open(second).unwrap();
+    // The reset cleared VRAM: nothing of host-a's data is left.
+    let mut b = vec![0u8; 4096];
+    d.memcpy_from_device(0, &mut b).unwrap();
+    assert!(b.iter().all(|x| *x == 0), "VRAM not cleared by the reset");
+    let remote = workload_ok(d.into_pci());
+    drop(remote);
+    let stats = gpu.stop();
+    let e = &stats.exports[0].1;
+    assert!(e.resets >= 2, "{e:?}");
+    assert_eq!(e.attaches, 2);
+}
