@@ -440,6 +440,12 @@ impl RemoteDevice {
         s
     }
 
+    /// Which UDP driver carries the session (`io_uring` or `portable`).
+    pub fn driver_name(&self) -> &'static str {
+        use link::driver::Datagrams;
+        lock(&self.inner).runner.sock.inner().name()
+    }
+
     /// The device's BDF on the box.
     pub fn box_id(&self) -> Bdf {
         lock(&self.inner).box_id

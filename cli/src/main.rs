@@ -1,6 +1,9 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
 
 mod bench;
+mod config;
+mod daemon;
+mod loopback;
 mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;
@@ -19,6 +22,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Both endpoints and a simulated GPU on this machine: the demo workload through the
+    /// bridges over UDP loopback, verified, compared with a directly attached simgpu.
+    Loopback(loopback::LoopbackArgs),
+    /// The GPU-box endpoint: export devices to hosts.
+    Gpu(daemon::GpuArgs),
+    /// The host endpoint: attach remote devices.
+    Host(daemon::HostArgs),
     /// Decode and encode PCIe Transaction Layer Packets.
     #[command(subcommand)]
     Tlp(tlp_cmd::TlpCommand),
@@ -43,6 +53,9 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Loopback(args) => loopback::run_loopback(args),
+        Command::Gpu(args) => daemon::run_gpu(args),
+        Command::Host(args) => daemon::run_host(args),
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
         Command::Sim(cmd) => {
             sim_cmd::run(cmd);

@@ -1,0 +1,204 @@
+//! `dxpu gpu` and `dxpu host`: the two endpoints as daemons, configured by a TOML file with
+//! command-line overrides, logging through `log`, stopping cleanly on SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bridge_gpu::GpuEndpoint;
+use bridge_host::RemoteDevice;
+use clap::Args;
+use hw::driver::{PciFunction, SimGpuDriver};
+
+use crate::config::{self, GpuFile, HostFile};
+
+/// Options of `dxpu gpu`.
+#[derive(Args, Debug)]
+pub(crate) struct GpuArgs {
+    /// The configuration file (TOML; see docs/operations.md).
+    #[arg(long, short)]
+    config: PathBuf,
+    /// UDP address to listen on (overrides `listen`).
+    #[arg(long)]
+    listen: Option<String>,
+    /// UDP driver: auto, io_uring or portable (overrides `link.driver`).
+    #[arg(long)]
+    driver: Option<String>,
+    /// blocking or busy (overrides `link.poll`).
+    #[arg(long)]
+    poll: Option<String>,
+    /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+/// Options of `dxpu host`.
+#[derive(Args, Debug)]
+pub(crate) struct HostArgs {
+    /// The configuration file (TOML; see docs/operations.md).
+    #[arg(long, short)]
+    config: PathBuf,
+    /// The GPU-box endpoint's address for every attach (overrides `attach[].server`).
+    #[arg(long)]
+    server: Option<String>,
+    /// UDP driver: auto, io_uring or portable (overrides `link.driver`).
+    #[arg(long)]
+    driver: Option<String>,
+    /// blocking or busy (overrides `link.poll`).
+    #[arg(long)]
+    poll: Option<String>,
+    /// Run the demo workload on every attached device, report, detach and exit.
+    #[arg(long)]
+    workload: bool,
+    /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+/// Starts logging at `level` unless `RUST_LOG` says otherwise.
+pub(crate) fn init_logging(level: &str) -> Result<(), String> {
+    if !["error", "warn", "info", "debug", "trace", "off"].contains(&level) {
+        return Err(format!("--log-level {level}: must be error, warn, info, debug, trace or off"));
+    }
+    let env = env_logger::Env::default().default_filter_or(level);
+    let _ = env_logger::Builder::from_env(env).format_target(false).try_init();
+    Ok(())
+}
+
+/// A flag that SIGINT and SIGTERM set.
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("signal handler: {e}"))?;
+    }
+    Ok(stop)
+}
+
+fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("dxpu {cmd}: {e}");
+    ExitCode::FAILURE
+}
+
+pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
+    if let Err(e) = init_logging(&args.log_level) {
+        return fail("gpu", e);
+    }
+    let mut file: GpuFile = match config::read(&args.config) {
+        Ok(f) => f,
+        Err(e) => return fail("gpu", e),
+    };
+    if let Some(d) = args.driver {
+        file.link.driver = Some(d);
+    }
+    if let Some(p) = args.poll {
+        file.link.poll = Some(p);
+    }
+    let opts = match file.options(args.listen.as_deref()) {
+        Ok(o) => o,
+        Err(e) => return fail("gpu", format!("{}: {e}", args.config.display())),
+    };
+    let stop = match stop_flag() {
+        Ok(s) => s,
+        Err(e) => return fail("gpu", e),
+    };
+    let mut ep = match GpuEndpoint::new(opts) {
+        Ok(ep) => ep,
+        Err(e) => return fail("gpu", e),
+    };
+    match ep.local_addr() {
+        Ok(a) => log::info!("listening on {a}"),
+        Err(e) => return fail("gpu", e),
+    }
+    if let Err(e) = ep.run(&stop) {
+        return fail("gpu", e);
+    }
+    for (name, s) in ep.stats().exports {
+        log::info!(
+            "{name}: {} attaches, {} refused, {} host requests, {} device requests, {} DMA dropped at resets",
+            s.attaches,
+            s.refusals,
+            s.host_requests,
+            s.device_requests,
+            s.dma_dropped
+        );
+    }
+    log::info!("stopped");
+    ExitCode::SUCCESS
+}
+
+pub(crate) fn run_host(args: HostArgs) -> ExitCode {
+    if let Err(e) = init_logging(&args.log_level) {
+        return fail("host", e);
+    }
+    let mut file: HostFile = match config::read(&args.config) {
+        Ok(f) => f,
+        Err(e) => return fail("host", e),
+    };
+    if let Some(d) = args.driver {
+        file.link.driver = Some(d);
+    }
+    if let Some(p) = args.poll {
+        file.link.poll = Some(p);
+    }
+    let all = match file.options(args.server.as_deref()) {
+        Ok(o) => o,
+        Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
+    };
+    let stop = match stop_flag() {
+        Ok(s) => s,
+        Err(e) => return fail("host", e),
+    };
+    let mut devices = Vec::new();
+    for o in all {
+        let (name, id) = (o.device.clone(), o.device_id);
+        match RemoteDevice::attach(o) {
+            Ok(mut d) => {
+                let ids = d.config_read(0);
+                log::info!("{name} at {id}: vendor {:#06x} device {:#06x}", ids & 0xffff, ids >> 16);
+                devices.push((name, d));
+            }
+            Err(e) => return fail("host", e),
+        }
+    }
+    let mut ok = true;
+    if args.workload {
+        for (name, d) in devices.drain(..) {
+            let mut drv = match SimGpuDriver::open(d) {
+                Ok(drv) => drv,
+                Err(e) => {
+                    log::error!("{name}: {e}");
+                    ok = false;
+                    continue;
+                }
+            };
+            let size = hw::workload::WorkloadSize::scaled(1);
+            match hw::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
+                Ok(r) => log::info!("{name}: workload verified in {:.3} s", r.seconds),
+                Err(e) => {
+                    log::error!("{name}: {e}");
+                    ok = false;
+                }
+            }
+            drv.into_pci().detach();
+        }
+    } else {
+        log::info!("{} device(s) attached; SIGINT or SIGTERM detaches and exits", devices.len());
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            for (name, d) in &devices {
+                if let Some(why) = d.removed() {
+                    log::error!("{name}: removed ({why}); exiting");
+                    ok = false;
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        for (_, d) in devices {
+            d.detach();
+        }
+    }
+    log::info!("stopped");
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

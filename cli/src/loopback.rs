@@ -1,0 +1,310 @@
+//! `dxpu loopback`: both endpoints and a simulated GPU on one machine, over real UDP
+//! loopback. The simgpu driver runs the demo workload through the bridges (every result
+//! checked against the CPU), then the same workload on a directly attached simgpu, and the
+//! report compares them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, HostKey};
+use bridge_host::{AttachOptions, HostStats, RemoteDevice};
+use clap::Args;
+use hw::SimGpu;
+use hw::direct::DirectAttach;
+use hw::driver::SimGpuDriver;
+use hw::simgpu::SimGpuParams;
+use hw::simgpu_device::reg;
+use hw::workload::{self, WorkloadReport, WorkloadSize};
+use link::PresharedKey;
+use link::driver::Impairment;
+use serde_json::json;
+
+use crate::config;
+
+/// Options of `dxpu loopback`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct LoopbackArgs {
+    /// Workload size, 1..=32: MiB copied each way, ×64 Ki-element vectors.
+    #[arg(long, default_value_t = 4)]
+    scale: u32,
+    /// UDP driver: auto, io_uring or portable.
+    #[arg(long, default_value = "auto")]
+    driver: String,
+    /// busy (spin on the socket: lowest latency, one core per endpoint) or blocking.
+    #[arg(long, default_value = "busy")]
+    poll: String,
+    /// Busy-poll budget before sleeping in the kernel, µs.
+    #[arg(long, default_value_t = 2000)]
+    spin_us: u64,
+    /// Added one-way delay in each direction, µs (emulates distance).
+    #[arg(long, default_value_t = 0)]
+    delay_us: u64,
+    /// Random extra delay per datagram, up to this many µs (reorders).
+    #[arg(long, default_value_t = 0)]
+    jitter_us: u64,
+    /// Datagram loss probability in each direction, 0.0..=0.5.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// MMIO reads timed for the round-trip figures.
+    #[arg(long, default_value_t = 2000)]
+    rtt_samples: usize,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, default_value = "warn")]
+    log_level: String,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_nanos() as f64 / 1000.0
+}
+
+fn gbps(bytes: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 { bytes as f64 * 8.0 / seconds / 1e9 } else { 0.0 }
+}
+
+/// What one run found.
+struct Outcome {
+    bridged: WorkloadReport,
+    direct: WorkloadReport,
+    rtt: (Duration, Duration),
+    direct_rtt: (Duration, Duration),
+    host: HostStats,
+    driver: String,
+}
+
+fn random_key() -> PresharedKey {
+    let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
+    let mut k = [0u8; 32];
+    rng.fill(&mut k);
+    PresharedKey::new(&k).unwrap_or_else(|| unreachable!("32 bytes is a valid key length"))
+}
+
+fn mmio_rtt<P: hw::driver::PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> (Duration, Duration) {
+    for _ in 0..n / 10 {
+        d.read_reg(reg::ID);
+    }
+    let mut v: Vec<Duration> = (0..n.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            d.read_reg(reg::ID);
+            t.elapsed()
+        })
+        .collect();
+    v.sort();
+    (percentile(&v, 0.5), percentile(&v, 0.99))
+}
+
+fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
+    if !(1..=32).contains(&args.scale) {
+        return Err(format!("--scale {}: must be 1..=32", args.scale));
+    }
+    if !(0.0..=0.5).contains(&args.loss) {
+        return Err(format!("--loss {}: must be 0.0..=0.5", args.loss));
+    }
+    let driver = config::driver_kind("--driver", &args.driver)?;
+    let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
+    let imp = |seed| Impairment {
+        loss: args.loss,
+        delay: Duration::from_micros(args.delay_us),
+        jitter: Duration::from_micros(args.jitter_us),
+        seed,
+        ..Impairment::default()
+    };
+    let key = random_key();
+    let mut link_cfg = link::Config::new(key.clone());
+    // Loopback carries 4 KiB payloads in one datagram.
+    link_cfg.mtu = 9000;
+    let opts = GpuOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        link: link_cfg.clone(),
+        hosts: vec![HostKey { name: "loopback-host".into(), key: key.clone() }],
+        exports: vec![ExportSpec {
+            name: "gpu0".into(),
+            device: DeviceSpec::Sim(SimGpuParams::default()),
+            allow: vec!["loopback-host".into()],
+        }],
+        driver,
+        poll,
+        impairment: imp(11),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop2 = stop.clone();
+    let gpu = std::thread::Builder::new()
+        .name("dxpu-gpu".into())
+        .spawn(move || {
+            let mut ep = match GpuEndpoint::new(opts) {
+                Ok(ep) => ep,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            let _ = tx.send(ep.local_addr().map_err(|e| e.to_string()));
+            if let Err(e) = ep.run(&stop2) {
+                log::error!("GPU-box endpoint: {e}");
+            }
+        })
+        .map_err(|e| format!("starting the GPU-box endpoint: {e}"))?;
+    let server = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
+
+    let result = (|| {
+        progress("attaching gpu0 through the host endpoint");
+        let mut o = AttachOptions::new(server, "gpu0", key.clone());
+        o.link = link_cfg.clone();
+        o.driver = driver;
+        o.poll = poll;
+        o.impairment = imp(12);
+        o.dma_memory = 256 << 20;
+        // Distance adds to every round trip: keep the timeout above it.
+        o.completion_timeout =
+            Duration::from_millis(50) + 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+        let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+        let driver_name = remote.driver_name().to_string();
+        let mut d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+        progress("timing MMIO reads");
+        let rtt = mmio_rtt(&mut d, args.rtt_samples);
+        let size = WorkloadSize::scaled(args.scale);
+        let bridged = workload::run(&mut d, size, &mut |s| progress(&format!("bridged: {s}")))
+            .map_err(|e| format!("bridged workload: {e}"))?;
+        let host = d.pci().stats();
+        d.into_pci().detach();
+
+        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+        let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
+            .map_err(|e| format!("opening the direct simgpu: {e}"))?;
+        let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
+        let direct_report = workload::run(&mut direct, size, &mut |s| progress(&format!("direct: {s}")))
+            .map_err(|e| format!("direct workload: {e}"))?;
+        Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name })
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = gpu.join();
+    result
+}
+
+fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
+    let mut t = h.tlps_sent.clone();
+    for (k, v) in &h.tlps_received {
+        *t.entry(k).or_default() += v;
+    }
+    t
+}
+
+pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
+    if let Err(e) = crate::daemon::init_logging(&args.log_level) {
+        eprintln!("dxpu loopback: {e}");
+        return ExitCode::FAILURE;
+    }
+    let start = Instant::now();
+    let quiet = args.json;
+    let mut progress = |s: &str| {
+        if !quiet {
+            eprintln!("[{:6.2} s] {s}", start.elapsed().as_secs_f64());
+        }
+    };
+    let o = match run(&args, &mut progress) {
+        Ok(o) => o,
+        Err(e) => {
+            if args.json {
+                println!("{}", json!({ "verified": false, "error": e }));
+            } else {
+                eprintln!("dxpu loopback: {e}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let overhead = (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0;
+    let tlps = tlp_totals(&o.host);
+    if args.json {
+        let report = json!({
+            "verified": true,
+            "steps": o.bridged.steps.iter().map(|s| json!({"name": s.name, "bridged_seconds": s.seconds})).collect::<Vec<_>>(),
+            "tlps": tlps,
+            "tlps_host_to_box": o.host.tlps_sent,
+            "tlps_box_to_host": o.host.tlps_received,
+            "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
+            "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
+            "dma_h2d_gbps": gbps(o.bridged.h2d.0, o.bridged.h2d.1),
+            "dma_d2h_gbps": gbps(o.bridged.d2h.0, o.bridged.d2h.1),
+            "direct_dma_h2d_gbps": gbps(o.direct.h2d.0, o.direct.h2d.1),
+            "direct_dma_d2h_gbps": gbps(o.direct.d2h.0, o.direct.d2h.1),
+            "direct_seconds": o.direct.seconds,
+            "bridged_seconds": o.bridged.seconds,
+            "overhead_percent": overhead,
+            "interrupts": o.host.interrupts,
+            "retransmits": o.host.link.retransmits,
+            "link_driver": o.driver,
+            "poll": args.poll,
+            "delay_us": args.delay_us,
+            "loss": args.loss,
+        });
+        println!("{report}");
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
+    );
+    println!(
+        "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %",
+        o.driver,
+        args.poll,
+        args.delay_us,
+        args.jitter_us,
+        args.loss * 100.0
+    );
+    println!();
+    println!("  workload (every result checked against the CPU)          bridged      direct");
+    for (b, d) in o.bridged.steps.iter().zip(&o.direct.steps) {
+        println!("    {:<52} {:>9}  {:>9}", b.name, fmt_s(b.seconds), fmt_s(d.seconds));
+    }
+    println!("  all results verified: yes");
+    println!();
+    println!("  TLPs by kind (host→box / box→host):");
+    for k in tlps.keys() {
+        println!(
+            "    {:<8} {:>9} / {:<9}",
+            k,
+            o.host.tlps_sent.get(k).copied().unwrap_or(0),
+            o.host.tlps_received.get(k).copied().unwrap_or(0)
+        );
+    }
+    println!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
+    println!();
+    println!(
+        "  MMIO read round trip: p50 {:.1} µs, p99 {:.1} µs   (direct: p50 {:.2} µs)",
+        us(o.rtt.0),
+        us(o.rtt.1),
+        us(o.direct_rtt.0)
+    );
+    println!(
+        "  DMA host→device {:.2} Gbit/s, device→host {:.2} Gbit/s   (direct: {:.2} / {:.2})",
+        gbps(o.bridged.h2d.0, o.bridged.h2d.1),
+        gbps(o.bridged.d2h.0, o.bridged.d2h.1),
+        gbps(o.direct.h2d.0, o.direct.h2d.1),
+        gbps(o.direct.d2h.0, o.direct.d2h.1)
+    );
+    println!(
+        "  workload: bridged {}, direct {}, overhead {overhead:.0} %",
+        fmt_s(o.bridged.seconds),
+        fmt_s(o.direct.seconds)
+    );
+    ExitCode::SUCCESS
+}
+
+fn fmt_s(s: f64) -> String {
+    workload::human(Duration::from_secs_f64(s.max(0.0)))
+}
