@@ -89,8 +89,11 @@ pub struct AttachOptions {
     pub host_id: Bdf,
     /// The device's BDF in the host's view.
     pub device_id: Bdf,
-    /// Completion timeout of non-posted requests. The default, 50 ms, is the top of the
-    /// PCIe default range (50 µs to 50 ms, PCIe 6.0 §2.8), room for a replay or two.
+    /// Completion timeout of non-posted requests. The default, 250 ms, is the top of the
+    /// PCIe Completion Timeout Range B (10 ms to 250 ms, PCIe 6.0 §7.5.3.16). The default
+    /// range's 50 ms is too tight across a network: a completion must not pass the posted
+    /// writes queued before it (PCIe ordering), and during bulk device→host DMA megabytes of
+    /// them can be queued at the box.
     pub completion_timeout: Duration,
     /// How long the handshake and the attach may take.
     pub attach_timeout: Duration,
@@ -114,7 +117,7 @@ impl AttachOptions {
             impairment: Impairment::default(),
             host_id: Bdf::new(0, 0, 0),
             device_id: Bdf::new(0, 1, 0),
-            completion_timeout: Duration::from_millis(50),
+            completion_timeout: Duration::from_millis(250),
             attach_timeout: Duration::from_secs(5),
             dma_memory: 64 << 20,
             service_interval: Some(Duration::from_millis(1)),
@@ -238,7 +241,12 @@ struct Inner {
     host_id: Bdf,
     device_id: Bdf,
     box_id: Bdf,
+    /// Largest completion payload toward the device: its Max_Payload_Size (Device
+    /// Control, snooped as the host writes it), within what a link frame carries.
     max_payload: TransferSize,
+    link_max_payload: u32,
+    /// Offset of the Device Control register (PCI Express capability + 8).
+    device_control: Option<u16>,
     bars: [VirtualBar; 6],
     windows: Vec<Window>,
     next_alloc: usize,
@@ -389,7 +397,9 @@ impl RemoteDevice {
             host_id: opts.host_id,
             device_id: opts.device_id,
             box_id,
-            max_payload: TransferSize::from_bytes(max_payload as u32).unwrap_or(TransferSize::B128),
+            max_payload: TransferSize::B128,
+            link_max_payload: max_payload as u32,
+            device_control: None,
             bars,
             windows: vec![Window { bus: DMA_ARENA_BASE, mem: arena, read: true, write: true }],
             next_alloc: 0,
@@ -404,6 +414,8 @@ impl RemoteDevice {
             scratch: Vec::with_capacity(4096),
             logged_refusals: 0,
         };
+        let mut inner = inner;
+        inner.learn_max_payload();
         let inner = Arc::new(Mutex::new(inner));
         let stop = Arc::new(AtomicBool::new(false));
         let service = opts.service_interval.map(|every| {
@@ -645,6 +657,30 @@ impl Inner {
         }
     }
 
+    /// Finds the PCI Express capability and reads Max_Payload_Size from Device Control.
+    fn learn_max_payload(&mut self) {
+        let mut at = (self.config(0x34, None) & 0xfc) as u16;
+        for _ in 0..48 {
+            if at == 0 || self.removed.is_some() {
+                return;
+            }
+            let h = self.config(at, None);
+            if h & 0xff == 0x10 {
+                self.device_control = Some(at + 8);
+                let ctl = self.config(at + 8, None);
+                self.set_max_payload(ctl);
+                return;
+            }
+            at = ((h >> 8) & 0xfc) as u16;
+        }
+    }
+
+    fn set_max_payload(&mut self, device_control: u32) {
+        // PCIe 6.0 §7.5.3.4: Max_Payload_Size is bits 7:5, 128 << n bytes.
+        let bytes = (128u32 << ((device_control >> 5) & 7)).min(self.link_max_payload).min(4096);
+        self.max_payload = TransferSize::from_bytes(bytes).unwrap_or(TransferSize::B128);
+    }
+
     /// The box address behind host-view address `addr`.
     fn translate(&self, addr: u64, len: u64) -> Option<u64> {
         self.bars.iter().find_map(|b| {
@@ -867,6 +903,9 @@ impl Inner {
             _ if self.removed.is_some() => {}
             _ => {
                 self.config(offset, Some(value));
+                if Some(offset) == self.device_control {
+                    self.set_max_payload(value);
+                }
             }
         }
     }

@@ -44,9 +44,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-struct Rtt {
-    p50: Duration,
-    p99: Duration,
+pub(crate) struct Rtt {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
 }
 
 fn summarize(mut v: Vec<Duration>) -> Rtt {
@@ -54,12 +54,12 @@ fn summarize(mut v: Vec<Duration>) -> Rtt {
     Rtt { p50: percentile(&v, 0.50), p99: percentile(&v, 0.99) }
 }
 
-fn us(d: Duration) -> f64 {
+pub(crate) fn us(d: Duration) -> f64 {
     d.as_nanos() as f64 / 1000.0
 }
 
 /// (a) Bare UDP ping-pong with 64-byte datagrams.
-fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
+pub(crate) fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
     let server = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let client = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let (sa, ca) = (server.local_addr()?, client.local_addr()?);
@@ -298,7 +298,7 @@ fn session_stream(driver: DriverKind, n: usize, size: usize) -> std::io::Result<
 }
 
 /// (c) The same datagrams (count and size) through bare sockets with sendmmsg/recvmmsg.
-fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
+pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
     let mut rx = PortableUdp::bind(SocketAddr::from(LOCAL))?;
     let to = rx.local_addr()?;
     let received = Arc::new(AtomicU64::new(0));

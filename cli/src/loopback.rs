@@ -20,7 +20,7 @@ use hw::simgpu::SimGpuParams;
 use hw::simgpu_device::reg;
 use hw::workload::{self, WorkloadReport, WorkloadSize};
 use link::PresharedKey;
-use link::driver::Impairment;
+use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 
 use crate::config;
@@ -30,7 +30,7 @@ use crate::config;
 pub(crate) struct LoopbackArgs {
     /// Workload size, 1..=32: MiB copied each way, ×64 Ki-element vectors.
     #[arg(long, default_value_t = 4)]
-    scale: u32,
+    pub(crate) scale: u32,
     /// UDP driver: auto, io_uring or portable.
     #[arg(long, default_value = "auto")]
     driver: String,
@@ -51,13 +51,31 @@ pub(crate) struct LoopbackArgs {
     loss: f64,
     /// MMIO reads timed for the round-trip figures.
     #[arg(long, default_value_t = 2000)]
-    rtt_samples: usize,
+    pub(crate) rtt_samples: usize,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, default_value = "warn")]
     log_level: String,
+}
+
+impl LoopbackArgs {
+    /// What `dxpu loopback` runs with no options.
+    pub(crate) fn defaults() -> LoopbackArgs {
+        LoopbackArgs {
+            scale: 4,
+            driver: "auto".into(),
+            poll: "busy".into(),
+            spin_us: 2000,
+            delay_us: 0,
+            jitter_us: 0,
+            loss: 0.0,
+            rtt_samples: 2000,
+            json: false,
+            log_level: "warn".into(),
+        }
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -76,9 +94,9 @@ fn gbps(bytes: usize, seconds: f64) -> f64 {
 }
 
 /// What one run found.
-struct Outcome {
-    bridged: WorkloadReport,
-    direct: WorkloadReport,
+pub(crate) struct Outcome {
+    pub(crate) bridged: WorkloadReport,
+    pub(crate) direct: WorkloadReport,
     rtt: (Duration, Duration),
     direct_rtt: (Duration, Duration),
     host: HostStats,
@@ -92,7 +110,92 @@ fn random_key() -> PresharedKey {
     PresharedKey::new(&k).unwrap_or_else(|| unreachable!("32 bytes is a valid key length"))
 }
 
-fn mmio_rtt<P: hw::driver::PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> (Duration, Duration) {
+/// A GPU-box endpoint with one simgpu on its own thread, on 127.0.0.1.
+pub(crate) struct LocalBox {
+    pub(crate) addr: SocketAddr,
+    pub(crate) key: PresharedKey,
+    pub(crate) link: link::Config,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LocalBox {
+    pub(crate) fn start(
+        driver: DriverKind,
+        poll: PollMode,
+        impairment: Impairment,
+    ) -> Result<LocalBox, String> {
+        let key = random_key();
+        let mut link_cfg = link::Config::new(key.clone());
+        // Loopback carries 4 KiB payloads in one datagram.
+        link_cfg.mtu = 9000;
+        let opts = GpuOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            link: link_cfg.clone(),
+            hosts: vec![HostKey { name: "loopback-host".into(), key: key.clone() }],
+            exports: vec![ExportSpec {
+                name: "gpu0".into(),
+                device: DeviceSpec::Sim(SimGpuParams::default()),
+                allow: vec!["loopback-host".into()],
+            }],
+            driver,
+            poll,
+            impairment,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dxpu-gpu".into())
+            .spawn(move || {
+                let mut ep = match GpuEndpoint::new(opts) {
+                    Ok(ep) => ep,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = tx.send(ep.local_addr().map_err(|e| e.to_string()));
+                if let Err(e) = ep.run(&stop2) {
+                    log::error!("GPU-box endpoint: {e}");
+                }
+            })
+            .map_err(|e| format!("starting the GPU-box endpoint: {e}"))?;
+        let addr = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
+        Ok(LocalBox { addr, key, link: link_cfg, stop, thread: Some(thread) })
+    }
+
+    /// Options for attaching its gpu0.
+    pub(crate) fn attach_options(
+        &self,
+        driver: DriverKind,
+        poll: PollMode,
+        impairment: Impairment,
+    ) -> AttachOptions {
+        let mut o = AttachOptions::new(self.addr, "gpu0", self.key.clone());
+        o.link = self.link.clone();
+        o.driver = driver;
+        o.poll = poll;
+        o.impairment = impairment;
+        o.dma_memory = 256 << 20;
+        o
+    }
+}
+
+impl Drop for LocalBox {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Times `n` MMIO reads (after a warm-up): p50 and p99.
+pub(crate) fn mmio_rtt<P: hw::driver::PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    n: usize,
+) -> (Duration, Duration) {
     for _ in 0..n / 10 {
         d.read_reg(reg::ID);
     }
@@ -107,7 +210,7 @@ fn mmio_rtt<P: hw::driver::PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> (D
     (percentile(&v, 0.5), percentile(&v, 0.99))
 }
 
-fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
+pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {
         return Err(format!("--scale {}: must be 1..=32", args.scale));
     }
@@ -123,77 +226,30 @@ fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, S
         seed,
         ..Impairment::default()
     };
-    let key = random_key();
-    let mut link_cfg = link::Config::new(key.clone());
-    // Loopback carries 4 KiB payloads in one datagram.
-    link_cfg.mtu = 9000;
-    let opts = GpuOptions {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        link: link_cfg.clone(),
-        hosts: vec![HostKey { name: "loopback-host".into(), key: key.clone() }],
-        exports: vec![ExportSpec {
-            name: "gpu0".into(),
-            device: DeviceSpec::Sim(SimGpuParams::default()),
-            allow: vec!["loopback-host".into()],
-        }],
-        driver,
-        poll,
-        impairment: imp(11),
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stop2 = stop.clone();
-    let gpu = std::thread::Builder::new()
-        .name("dxpu-gpu".into())
-        .spawn(move || {
-            let mut ep = match GpuEndpoint::new(opts) {
-                Ok(ep) => ep,
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            let _ = tx.send(ep.local_addr().map_err(|e| e.to_string()));
-            if let Err(e) = ep.run(&stop2) {
-                log::error!("GPU-box endpoint: {e}");
-            }
-        })
-        .map_err(|e| format!("starting the GPU-box endpoint: {e}"))?;
-    let server = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
+    let gpu = LocalBox::start(driver, poll, imp(11))?;
+    progress("attaching gpu0 through the host endpoint");
+    let mut o = gpu.attach_options(driver, poll, imp(12));
+    // Distance adds to every round trip: keep the timeout above it.
+    o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+    let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+    let driver_name = remote.driver_name().to_string();
+    let mut d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+    progress("timing MMIO reads");
+    let rtt = mmio_rtt(&mut d, args.rtt_samples);
+    let size = WorkloadSize::scaled(args.scale);
+    let bridged = workload::run(&mut d, size, &mut |s| progress(&format!("bridged: {s}")))
+        .map_err(|e| format!("bridged workload: {e}"))?;
+    let host = d.pci().stats();
+    d.into_pci().detach();
+    drop(gpu);
 
-    let result = (|| {
-        progress("attaching gpu0 through the host endpoint");
-        let mut o = AttachOptions::new(server, "gpu0", key.clone());
-        o.link = link_cfg.clone();
-        o.driver = driver;
-        o.poll = poll;
-        o.impairment = imp(12);
-        o.dma_memory = 256 << 20;
-        // Distance adds to every round trip: keep the timeout above it.
-        o.completion_timeout =
-            Duration::from_millis(50) + 4 * Duration::from_micros(args.delay_us + args.jitter_us);
-        let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
-        let driver_name = remote.driver_name().to_string();
-        let mut d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
-        progress("timing MMIO reads");
-        let rtt = mmio_rtt(&mut d, args.rtt_samples);
-        let size = WorkloadSize::scaled(args.scale);
-        let bridged = workload::run(&mut d, size, &mut |s| progress(&format!("bridged: {s}")))
-            .map_err(|e| format!("bridged workload: {e}"))?;
-        let host = d.pci().stats();
-        d.into_pci().detach();
-
-        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-        let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
-            .map_err(|e| format!("opening the direct simgpu: {e}"))?;
-        let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
-        let direct_report = workload::run(&mut direct, size, &mut |s| progress(&format!("direct: {s}")))
-            .map_err(|e| format!("direct workload: {e}"))?;
-        Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name })
-    })();
-    stop.store(true, Ordering::Relaxed);
-    let _ = gpu.join();
-    result
+    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
+        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
+    let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
+    let direct_report = workload::run(&mut direct, size, &mut |s| progress(&format!("direct: {s}")))
+        .map_err(|e| format!("direct workload: {e}"))?;
+    Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name })
 }
 
 fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {

@@ -1,6 +1,7 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
 
 mod bench;
+mod bench_bridge;
 mod config;
 mod daemon;
 mod loopback;
@@ -48,6 +49,9 @@ enum BenchCommand {
     /// The directly attached simulated GPU (no bridge): command latency, copy bandwidth,
     /// kernel time — the baseline for bridged figures.
     Simgpu(bench::SimGpuBench),
+    /// Both endpoints over UDP loopback: MMIO round trip against the bare ping-pong floor,
+    /// DMA throughput against bare sockets, the demo workload bridged against direct.
+    Bridge(bench_bridge::BridgeBench),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench simgpu: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Bench(BenchCommand::Bridge(args)) => match bench_bridge::run_bridge(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench bridge: {e}");
                 ExitCode::FAILURE
             }
         },

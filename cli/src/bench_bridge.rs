@@ -1,0 +1,165 @@
+//! `dxpu bench bridge`: the bridges' figures against their floors, side by side in one run:
+//!
+//! (a) MMIO read round trip through both endpoints (driver → RemoteDevice → link → box →
+//!     simgpu → back) against a bare UDP ping-pong in the same mode;
+//! (b) DMA throughput through the bridges (simgpu copies host↔VRAM) against the same bytes
+//!     streamed through bare sockets;
+//! (c) the demo workload bridged against a directly attached simgpu.
+
+use std::time::{Duration, Instant};
+
+use bridge_host::RemoteDevice;
+use clap::Args;
+use hw::driver::SimGpuDriver;
+use link::driver::{DriverKind, Impairment, PollMode};
+
+use crate::bench::{bare_pingpong, bare_stream, us};
+use crate::loopback::{LocalBox, mmio_rtt};
+
+/// Options of `dxpu bench bridge`.
+#[derive(Args, Debug)]
+pub(crate) struct BridgeBench {
+    /// MMIO reads timed per case (after 10 % warm-up).
+    #[arg(long, default_value_t = 20000)]
+    iterations: usize,
+    /// Bytes per DMA copy.
+    #[arg(long, default_value_t = 16 << 20)]
+    copy_bytes: usize,
+    /// Workload scale for the bridged-versus-direct comparison (1..=32).
+    #[arg(long, default_value_t = 4)]
+    scale: u32,
+}
+
+fn name(driver: DriverKind) -> &'static str {
+    if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
+}
+
+fn open(gpu: &LocalBox, driver: DriverKind, poll: PollMode) -> Result<SimGpuDriver<RemoteDevice>, String> {
+    let remote = RemoteDevice::attach(gpu.attach_options(driver, poll, Impairment::default()))
+        .map_err(|e| e.to_string())?;
+    SimGpuDriver::open(remote).map_err(|e| e.to_string())
+}
+
+pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
+    let n = args.iterations.max(100);
+    let spin = Duration::from_millis(2);
+    let uring = link::driver::UringUdp::probe();
+    println!("dxpu bench bridge — both endpoints on UDP loopback, MTU 9000, simgpu behind the box");
+    if let Err(e) = &uring {
+        println!("io_uring unavailable ({e}): its rows are skipped");
+    }
+    let drivers: Vec<DriverKind> = [DriverKind::Portable, DriverKind::IoUring]
+        .into_iter()
+        .filter(|d| *d == DriverKind::Portable || uring.is_ok())
+        .collect();
+    println!();
+    println!(
+        "{:<48} {:>10} {:>10} {:>12}",
+        format!("(a) MMIO read round trip, {n} reads"),
+        "p50 µs",
+        "p99 µs",
+        "p50 / floor"
+    );
+    let io = |e: std::io::Error| e.to_string();
+    for busy in [true, false] {
+        let floor = bare_pingpong(busy, n).map_err(io)?;
+        let mode = if busy { "busy-poll" } else { "blocking" };
+        println!(
+            "{:<48} {:>10.1} {:>10.1} {:>12}",
+            format!("bare UDP ping-pong, {mode} (floor)"),
+            us(floor.p50),
+            us(floor.p99),
+            "1.00"
+        );
+        for &driver in &drivers {
+            let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
+            let gpu = LocalBox::start(driver, poll, Impairment::default())?;
+            let mut d = open(&gpu, driver, poll)?;
+            let (p50, p99) = mmio_rtt(&mut d, n);
+            println!(
+                "{:<48} {:>10.1} {:>10.1} {:>12.2}",
+                format!("through the bridges, {}, {mode}", name(driver)),
+                us(p50),
+                us(p99),
+                us(p50) / us(floor.p50)
+            );
+        }
+    }
+
+    println!();
+    let mb = args.copy_bytes as f64 / 1e6;
+    println!(
+        "{:<48} {:>10} {:>10} {:>12}",
+        format!("(b) DMA, {:.0} MB per copy", mb),
+        "h→d MB/s",
+        "d→h MB/s",
+        "vs bare"
+    );
+    // Bare sockets carrying the same bytes in datagrams as large as the link's (MTU 9000).
+    let dgram = 8192;
+    let count = args.copy_bytes.div_ceil(dgram) as u64;
+    let (bare_s, bare_got) = bare_stream(count, dgram).map_err(io)?;
+    let bare = (bare_got as usize * dgram) as f64 / bare_s / 1e6;
+    println!(
+        "{:<48} {:>10.0} {:>10.0} {:>12}",
+        format!("bare sockets, {count} × {dgram} B datagrams"),
+        bare,
+        bare,
+        "1.00"
+    );
+    fn copy<P: hw::driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Result<(f64, f64), String> {
+        let mb = bytes as f64 / 1e6;
+        let data = hw::suite::pattern(bytes, 3);
+        let t = Instant::now();
+        d.memcpy_to_device(0, &data).map_err(|e| e.to_string())?;
+        let h2d = mb / t.elapsed().as_secs_f64();
+        let mut back = vec![0u8; bytes];
+        let t = Instant::now();
+        d.memcpy_from_device(0, &mut back).map_err(|e| e.to_string())?;
+        let d2h = mb / t.elapsed().as_secs_f64();
+        if back != data {
+            return Err("DMA copy came back different".into());
+        }
+        Ok((h2d, d2h))
+    }
+    {
+        let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
+        let mut d = SimGpuDriver::open(hw::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
+            .map_err(|e| e.to_string())?;
+        let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
+        println!(
+            "{:<48} {:>10.0} {:>10.0} {:>12}",
+            "directly attached simgpu (no network)",
+            h2d,
+            d2h,
+            format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
+        );
+    }
+    for &driver in &drivers {
+        let poll = PollMode::Busy { spin };
+        let gpu = LocalBox::start(driver, poll, Impairment::default())?;
+        let mut d = open(&gpu, driver, poll)?;
+        let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
+        println!(
+            "{:<48} {:>10.0} {:>10.0} {:>12}",
+            format!("through the bridges, {}, busy-poll", name(driver)),
+            h2d,
+            d2h,
+            format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
+        );
+    }
+
+    println!();
+    let mut la = crate::loopback::LoopbackArgs::defaults();
+    la.scale = args.scale;
+    la.rtt_samples = 200;
+    let o = crate::loopback::run(&la, &mut |_| {})?;
+    println!(
+        "(c) demo workload (scale {}): bridged {:.2} ms, direct {:.2} ms, overhead {:.0} %",
+        args.scale,
+        o.bridged.seconds * 1e3,
+        o.direct.seconds * 1e3,
+        (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0
+    );
+    Ok(())
+}
