@@ -104,6 +104,59 @@ pub(crate) fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
     Ok(summarize(rtts))
 }
 
+/// The same ping-pong through one of the link's drivers (no session): the floor of that
+/// driver in that mode.
+pub(crate) fn driver_pingpong(driver: DriverKind, busy: bool, n: usize) -> std::io::Result<Rtt> {
+    let mode = mode_of(busy);
+    let mut server = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
+    let mut client = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
+    let sa = server.local_addr()?;
+    let total = n + n / 10;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut echoed = 0;
+        let mut from_to = Vec::new();
+        while echoed < total {
+            from_to.clear();
+            server.recv(&mut |from, _| from_to.push(from))?;
+            for from in &from_to {
+                server.send_to(*from, &[0x5a; 64])?;
+                echoed += 1;
+            }
+            if from_to.is_empty() {
+                if mode == PollMode::Blocking {
+                    server.wait(Some(Duration::from_millis(100)))?;
+                } else {
+                    std::hint::spin_loop();
+                }
+            } else {
+                server.flush()?;
+            }
+        }
+        Ok(())
+    });
+    let mut rtts = Vec::with_capacity(n);
+    for i in 0..total {
+        let t0 = Instant::now();
+        client.send_to(sa, &[0x5a; 64])?;
+        client.flush()?;
+        loop {
+            if client.recv(&mut |_, _| {})? > 0 {
+                break;
+            }
+            if mode == PollMode::Blocking {
+                client.wait(Some(Duration::from_millis(100)))?;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if i >= total - n {
+            rtts.push(t0.elapsed());
+        }
+    }
+    echo.join().map_err(|_| std::io::Error::other("echo thread panicked"))??;
+    Ok(summarize(rtts))
+}
+
 static MTU: AtomicU64 = AtomicU64::new(1472);
 
 fn bench_config() -> Config {
@@ -160,7 +213,7 @@ fn write_tlp(size: usize) -> Vec<u8> {
     }))
 }
 
-fn mode_of(busy: bool) -> PollMode {
+pub(crate) fn mode_of(busy: bool) -> PollMode {
     if busy { PollMode::Busy { spin: Duration::from_secs(3600) } } else { PollMode::Blocking }
 }
 

@@ -1,7 +1,8 @@
 //! `dxpu bench bridge`: the bridges' figures against their floors, side by side in one run:
 //!
 //! (a) MMIO read round trip through both endpoints (driver → RemoteDevice → link → box →
-//!     simgpu → back) against a bare UDP ping-pong in the same mode;
+//!     simgpu → back) against a bare UDP ping-pong in the same mode, both with plain
+//!     sockets and through the same link driver (no session);
 //! (b) DMA throughput through the bridges (simgpu copies host↔VRAM) against the same bytes
 //!     streamed through bare sockets;
 //! (c) the demo workload bridged against a directly attached simgpu.
@@ -13,7 +14,7 @@ use clap::Args;
 use hw::driver::SimGpuDriver;
 use link::driver::{DriverKind, Impairment, PollMode};
 
-use crate::bench::{bare_pingpong, bare_stream, us};
+use crate::bench::{bare_pingpong, bare_stream, driver_pingpong, us};
 use crate::loopback::{LocalBox, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
@@ -54,34 +55,45 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         .collect();
     println!();
     println!(
-        "{:<48} {:>10} {:>10} {:>12}",
+        "{:<48} {:>8} {:>8} {:>11} {:>11}",
         format!("(a) MMIO read round trip, {n} reads"),
         "p50 µs",
         "p99 µs",
-        "p50 / floor"
+        "/ sockets",
+        "/ driver"
     );
     let io = |e: std::io::Error| e.to_string();
     for busy in [true, false] {
         let floor = bare_pingpong(busy, n).map_err(io)?;
         let mode = if busy { "busy-poll" } else { "blocking" };
         println!(
-            "{:<48} {:>10.1} {:>10.1} {:>12}",
-            format!("bare UDP ping-pong, {mode} (floor)"),
+            "{:<48} {:>8.1} {:>8.1} {:>11}",
+            format!("bare UDP ping-pong, plain sockets, {mode}"),
             us(floor.p50),
             us(floor.p99),
             "1.00"
         );
         for &driver in &drivers {
+            let dfloor = driver_pingpong(driver, busy, n).map_err(io)?;
+            println!(
+                "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11}",
+                format!("bare UDP ping-pong, {} driver, {mode}", name(driver)),
+                us(dfloor.p50),
+                us(dfloor.p99),
+                us(dfloor.p50) / us(floor.p50),
+                "1.00"
+            );
             let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
             let gpu = LocalBox::start(driver, poll, Impairment::default())?;
             let mut d = open(&gpu, driver, poll)?;
             let (p50, p99) = mmio_rtt(&mut d, n);
             println!(
-                "{:<48} {:>10.1} {:>10.1} {:>12.2}",
-                format!("through the bridges, {}, {mode}", name(driver)),
+                "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11.2}",
+                format!("  through the bridges, {}, {mode}", name(driver)),
                 us(p50),
                 us(p99),
-                us(p50) / us(floor.p50)
+                us(p50) / us(floor.p50),
+                us(p50) / us(dfloor.p50)
             );
         }
     }

@@ -95,6 +95,9 @@ impl<D: Datagrams> Impaired<D> {
     }
 
     fn release_due(&mut self) -> io::Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
         let now = Instant::now();
         let mut sent = false;
         while self.held.peek().is_some_and(|Reverse((t, ..))| *t <= now) {

@@ -28,7 +28,10 @@ pub struct PortableUdp {
     tx_iovs: Vec<libc::iovec>,
     tx_addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)>,
     /// Queued outgoing datagrams: bytes back to back, and (destination, start, end).
+    /// Queued datagrams' bytes: `out_bytes[..out_len]`. The buffer only grows, so that a
+    /// send attempt does not zero an MTU's worth of bytes each time.
     out_bytes: Vec<u8>,
+    out_len: usize,
     out: Vec<(SocketAddr, usize, usize)>,
     rx: Vec<u8>,
     /// The last receive found more than one datagram: batch the next.
@@ -154,6 +157,7 @@ impl PortableUdp {
             tx_iovs: Vec::with_capacity(BATCH),
             tx_addrs: Vec::with_capacity(BATCH),
             out_bytes: Vec::new(),
+            out_len: 0,
             out: Vec::new(),
             rx,
             rx_busy: false,
@@ -171,10 +175,12 @@ impl Datagrams for PortableUdp {
         max: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> io::Result<usize> {
-        let start = self.out_bytes.len();
-        self.out_bytes.resize(start + max, 0);
-        let n = fill(&mut self.out_bytes[start..]).min(max);
-        self.out_bytes.truncate(start + n);
+        let start = self.out_len;
+        if self.out_bytes.len() < start + max {
+            self.out_bytes.resize(start + max, 0);
+        }
+        let n = fill(&mut self.out_bytes[start..start + max]).min(max);
+        self.out_len = start + n;
         if n > 0 {
             self.out.push((to, start, start + n));
             if self.out.len() >= BATCH {
@@ -210,13 +216,13 @@ impl Datagrams for PortableUdp {
                     io::ErrorKind::ConnectionRefused => break,
                     _ => {
                         self.out.clear();
-                        self.out_bytes.clear();
+                        self.out_len = 0;
                         return Err(e);
                     }
                 }
             }
             self.out.clear();
-            self.out_bytes.clear();
+            self.out_len = 0;
             return Ok(());
         }
         let mut done = 0;
@@ -260,7 +266,7 @@ impl Datagrams for PortableUdp {
                     }
                     _ => {
                         self.out.clear();
-                        self.out_bytes.clear();
+                        self.out_len = 0;
                         return Err(e);
                     }
                 }
@@ -268,7 +274,7 @@ impl Datagrams for PortableUdp {
             done += n as usize;
         }
         self.out.clear();
-        self.out_bytes.clear();
+        self.out_len = 0;
         Ok(())
     }
 

@@ -276,17 +276,18 @@ impl Datagrams for UringUdp {
         }
         let Some(i) = self.free.pop() else { return Ok(0) };
         let slot = &mut self.slots[i];
-        slot.bytes.resize(max, 0);
-        let n = fill(&mut slot.bytes).min(max);
+        // The slot's buffer only grows: no zeroing of an MTU per send attempt.
+        if slot.bytes.len() < max {
+            slot.bytes.resize(max, 0);
+        }
+        let n = fill(&mut slot.bytes[..max]).min(max);
         if n == 0 {
             self.free.push(i);
             return Ok(0);
         }
-        slot.bytes.truncate(n);
         let (ss, len) = sockaddr_of(&to);
         slot.addr = ss;
-        slot.iov =
-            libc::iovec { iov_base: slot.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: slot.bytes.len() };
+        slot.iov = libc::iovec { iov_base: slot.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: n };
         slot.msg.msg_name = &mut slot.addr as *mut _ as *mut libc::c_void;
         slot.msg.msg_namelen = len;
         slot.msg.msg_iov = &mut slot.iov;
