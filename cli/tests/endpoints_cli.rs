@@ -1,0 +1,186 @@
+//! The endpoints as processes: `dxpu gpu` and `dxpu host` from configuration files, stopped
+//! by SIGTERM; bad configuration refused naming the key; `dxpu loopback --json`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const KEY_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+/// Endpoint processes spin and share two cores: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn dxpu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxpu"))
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("dxpu-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn gpu_toml(port: u16) -> String {
+    format!(
+        r#"listen = "127.0.0.1:{port}"
+[link]
+idle_timeout_ms = 500
+[[host]]
+name = "host-a"
+key = "{KEY_A}"
+[[host]]
+name = "host-b"
+key = "{KEY_B}"
+[[device]]
+name = "gpu0"
+sim = {{ vram_mib = 256 }}
+allow = ["host-a"]
+"#
+    )
+}
+
+fn host_toml(port: u16, key: &str) -> String {
+    format!(
+        r#"[[attach]]
+server = "127.0.0.1:{port}"
+device = "gpu0"
+key = "{key}"
+"#
+    )
+}
+
+fn sigterm(child: &Child) {
+    // SAFETY: kill(2) on our own child's PID.
+    let r = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(r, 0);
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> (i32, String) {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (st.code().unwrap_or(-1), err);
+        }
+        if Instant::now() > end {
+            child.kill().unwrap();
+            panic!("process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start_gpu(dir: &std::path::Path, port: u16) -> Child {
+    let cfg = write(dir, "gpu.toml", &gpu_toml(port));
+    let child = dxpu().args(["gpu", "--config"]).arg(&cfg).stderr(Stdio::piped()).spawn().unwrap();
+    // Let it bind.
+    std::thread::sleep(Duration::from_millis(300));
+    child
+}
+
+#[test]
+fn host_runs_the_workload_on_a_box_and_both_stop_on_sigterm() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("run");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&host_cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dxpu host --workload failed:\n{err}");
+    assert!(err.contains("workload verified"), "{err}");
+
+    // A host daemon holding the device stops cleanly on SIGTERM too.
+    let mut host = dxpu().args(["host", "--config"]).arg(&host_cfg).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    sigterm(&host);
+    let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("vendor 0x1234 device 0xd9a0"), "{err}");
+    assert!(err.contains("detached"), "{err}");
+
+    sigterm(&gpu);
+    let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("gpu0 attached by host-a"), "{err}");
+    assert!(err.contains("stopped"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_host_not_allowed_is_refused_with_a_reason() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("refuse");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_B));
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&host_cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(err.contains("host 'host-b' may not attach 'gpu0'"), "{err}");
+    sigterm(&gpu);
+    wait_exit(&mut gpu, Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_key() {
+    let dir = tempdir("bad");
+    let cases = [
+        ("gpu", gpu_toml(1).replace("vram_mib = 256", "vram_mib = 3"), "device[0].sim.vram_mib"),
+        ("gpu", gpu_toml(1).replace("[link]", "[link]\nwindoww = 3"), "windoww"),
+        ("gpu", gpu_toml(1).replace(KEY_A, "abcd"), "host[0].key"),
+        ("host", host_toml(1, KEY_A).replace("127.0.0.1:1", "nowhere"), "attach[0].server"),
+        ("host", host_toml(1, "xyz"), "attach[0].key"),
+    ];
+    for (cmd, text, key) in cases {
+        let cfg = write(&dir, "bad.toml", &text);
+        let out = dxpu().args([cmd, "--config"]).arg(&cfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd} accepted a bad file ({key}): {err}");
+        assert!(err.contains(key), "{cmd}: error does not name {key}: {err}");
+    }
+    let out = dxpu().args(["gpu", "--config", "/nonexistent/gpu.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpu.toml"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn loopback_json_report_has_its_keys() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out = dxpu()
+        .args(["loopback", "--json", "--scale", "1", "--poll", "blocking", "--rtt-samples", "200"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verified"], true);
+    assert!(v["tlps"]["MRd64"].as_u64().unwrap() > 0);
+    assert!(v["tlps"]["CplD"].as_u64().unwrap() > 0);
+    let p50 = v["mmio_read_rtt_us"]["p50"].as_f64().unwrap();
+    let p99 = v["mmio_read_rtt_us"]["p99"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p99 >= p50);
+    for k in ["dma_h2d_gbps", "dma_d2h_gbps", "direct_seconds", "bridged_seconds", "overhead_percent"] {
+        assert!(v[k].is_number(), "{k} missing: {v}");
+    }
+    assert!(v["dma_h2d_gbps"].as_f64().unwrap() > 0.0);
+    // Impossible options are refused.
+    let out = dxpu().args(["loopback", "--scale", "99"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scale"));
+}
