@@ -199,6 +199,45 @@ impl Upstream for ToHost<'_> {
     }
 }
 
+/// The device's upstream port while its session is busy (handling the datagram the TLP
+/// came in): what the device sends waits in the outbox, in order, for the next flush.
+struct Deferred<'a> {
+    out: &'a mut Outbox,
+    stats: &'a mut ExportStats,
+}
+
+impl Upstream for Deferred<'_> {
+    fn send(&mut self, tlp: &TlpRepr<'_>) {
+        let mut b = vec![0u8; tlp.buffer_len()];
+        let Ok(n) = tlp.emit(&mut b) else { return };
+        b.truncate(n);
+        match tlp.body {
+            Body::MemRead { req, .. } => {
+                self.out.reads.insert(req.tag.value());
+                self.stats.device_requests += 1;
+            }
+            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => {
+                self.stats.device_requests += 1
+            }
+            _ => {}
+        }
+        self.out.queue.push_back(b);
+    }
+}
+
+/// A completion from the owner for one of the device's reads.
+fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_>) {
+    let Body::Completion { cpl, data, .. } = t.body else { return };
+    up.stats.device_completions += 1;
+    let last = cpl.status != CplStatus::Success
+        || cpl.byte_count == 0
+        || data.is_none_or(|d| d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize);
+    if last {
+        up.out.reads.remove(&cpl.tag.value());
+    }
+    dev.completion(t, up);
+}
+
 impl Outbox {
     /// Moves queued TLPs into the session while it takes them.
     fn flush(&mut self, s: &mut Session) {
@@ -402,8 +441,21 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let mut active = self.runner.poll()?;
         let GpuEndpoint { runner, exports, hosts, sessions, stats } = self;
+        // Completions for the devices' DMA reads are taken where they lie in the receive
+        // buffer: their payload is copied once, into the device.
+        let mut in_place = |sid: u32, bytes: &[u8]| {
+            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
+            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
+            if !matches!(t.body, Body::Completion { .. }) {
+                return false;
+            }
+            let e = &mut exports[d];
+            let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
+            device_completion(&t, e.dev.as_mut(), &mut up);
+            true
+        };
+        let mut active = runner.poll_with(Some(&mut in_place))?;
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;

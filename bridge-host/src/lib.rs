@@ -538,7 +538,21 @@ impl Inner {
 
     /// One pass over the link: receive, run timers, serve what arrived, send.
     fn pump(&mut self) -> bool {
-        let mut active = match self.runner.poll() {
+        // Posted writes (DMA into host memory, MSI-X) are taken where they lie in the
+        // receive buffer: their payload is copied once, into host memory.
+        let Inner { runner, windows, interrupts, stats, received, logged_refusals, name, device_id, .. } =
+            self;
+        let who = (name.as_str(), *device_id);
+        let mut in_place = |bytes: &[u8]| match TlpRepr::parse_bytes(bytes, &ParseConfig::default()) {
+            Ok(t) if matches!(t.body, Body::MemWrite { .. }) => {
+                received[kind_index(&t)] += 1;
+                posted_write(&t, windows, interrupts, stats, logged_refusals, who);
+                true
+            }
+            _ => false,
+        };
+        let polled = runner.poll_with(Some(&mut in_place));
+        let mut active = match polled {
             Ok(a) => a,
             Err(e) => {
                 log::error!("{}: socket: {e}", self.name);
@@ -695,28 +709,75 @@ impl Inner {
     }
 
     fn window(&mut self, addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
-        let w = self.windows.iter_mut().find(|w| {
-            addr >= w.bus && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
-        })?;
-        if (write && !w.write) || (!write && !w.read) {
-            return None;
-        }
-        let off = (addr - w.bus) as usize;
-        Some(&mut w.mem[off..off + len])
+        find_window(&mut self.windows, addr, len, write)
     }
+}
 
-    fn log_refusal(&mut self, what: &str, addr: u64, len: usize) {
-        self.logged_refusals += 1;
-        let n = self.logged_refusals;
-        if n <= 16 || n.is_power_of_two() {
-            log::warn!(
-                "{} ({}): device DMA {what} of {len} bytes at {addr:#x} outside every granted window ({n} so far)",
-                self.name,
-                self.device_id
-            );
+fn find_window(windows: &mut [Window], addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
+    let w = windows.iter_mut().find(|w| {
+        addr >= w.bus && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
+    })?;
+    if (write && !w.write) || (!write && !w.read) {
+        return None;
+    }
+    let off = (addr - w.bus) as usize;
+    Some(&mut w.mem[off..off + len])
+}
+
+fn log_refusal(count: &mut u64, (name, id): (&str, Bdf), what: &str, addr: u64, len: usize) {
+    *count += 1;
+    let n = *count;
+    if n <= 16 || n.is_power_of_two() {
+        log::warn!(
+            "{name} ({id}): device DMA {what} of {len} bytes at {addr:#x} outside every granted window ({n} so far)"
+        );
+    }
+}
+
+/// A posted write from the device: an MSI-X message (an interrupt for its data value), or
+/// DMA into a granted window (byte enables honoured); anything else is dropped and counted.
+fn posted_write(
+    t: &TlpRepr<'_>,
+    windows: &mut [Window],
+    interrupts: &mut HashMap<u32, u64>,
+    stats: &mut HostStats,
+    refusals: &mut u64,
+    who: (&str, Bdf),
+) {
+    let Body::MemWrite { req, address, data, .. } = t.body else { return };
+    let addr = address.value();
+    if (MSI_BASE..MSI_BASE + 0x10_0000).contains(&addr) && data.len() >= 4 {
+        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        *interrupts.entry(v).or_default() += 1;
+        stats.interrupts += 1;
+        return;
+    }
+    let n = data.len();
+    let Some(mem) = find_window(windows, addr, n, true) else {
+        stats.dma_write_dropped += 1;
+        log_refusal(refusals, who, "write", addr, n);
+        return;
+    };
+    stats.dma_writes += 1;
+    if req.first_be == 0xf && (req.last_be == 0xf || (n == 4 && req.last_be == 0)) {
+        mem.copy_from_slice(data);
+        return;
+    }
+    for (i, (dst, src)) in mem.iter_mut().zip(data).enumerate() {
+        let on = if i < 4 {
+            req.first_be & (1 << i) != 0
+        } else if n > 4 && i >= n - 4 {
+            req.last_be & (1 << (i - (n - 4))) != 0
+        } else {
+            true
+        };
+        if on {
+            *dst = *src;
         }
     }
+}
 
+impl Inner {
     /// What arrived from the box.
     fn handle(&mut self, bytes: &[u8]) {
         let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
@@ -767,42 +828,28 @@ impl Inner {
                     }
                     None => {
                         self.stats.dma_read_refused += 1;
-                        self.log_refusal("read", addr, len);
+                        log_refusal(
+                            &mut self.logged_refusals,
+                            (&self.name, self.device_id),
+                            "read",
+                            addr,
+                            len,
+                        );
                         let c = rules::completion_without_data(&t, host_id, CplStatus::UnsupportedRequest);
                         self.send(&c);
                     }
                 }
             }
-            Body::MemWrite { req, address, data, .. } => {
-                let addr = address.value();
-                if (MSI_BASE..MSI_BASE + 0x10_0000).contains(&addr) && data.len() >= 4 {
-                    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-                    *self.interrupts.entry(v).or_default() += 1;
-                    self.stats.interrupts += 1;
-                    return;
-                }
-                let n = data.len();
-                match self.window(addr, n, true) {
-                    Some(mem) => {
-                        for (i, (dst, src)) in mem.iter_mut().zip(data).enumerate() {
-                            let on = if i < 4 {
-                                req.first_be & (1 << i) != 0
-                            } else if n > 4 && i >= n - 4 {
-                                req.last_be & (1 << (i - (n - 4))) != 0
-                            } else {
-                                true
-                            };
-                            if on {
-                                *dst = *src;
-                            }
-                        }
-                        self.stats.dma_writes += 1;
-                    }
-                    None => {
-                        self.stats.dma_write_dropped += 1;
-                        self.log_refusal("write", addr, n);
-                    }
-                }
+            Body::MemWrite { .. } => {
+                let who = (self.name.as_str(), self.device_id);
+                posted_write(
+                    &t,
+                    &mut self.windows,
+                    &mut self.interrupts,
+                    &mut self.stats,
+                    &mut self.logged_refusals,
+                    who,
+                );
             }
             Body::Message { .. } => {}
             _ => {

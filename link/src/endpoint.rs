@@ -67,6 +67,18 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
 
     /// Routes one datagram from `from`; returns the ID of the session it went to.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) -> Option<u32> {
+        self.handle_datagram_with(now, from, bytes, None)
+    }
+
+    /// [`Endpoint::handle_datagram`], offering in-order TLPs to `sink` in place first (see
+    /// [`Session::handle_datagram_with`]); the sink learns which session each came from.
+    pub fn handle_datagram_with(
+        &mut self,
+        now: Time,
+        from: A,
+        bytes: &[u8],
+        sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool>,
+    ) -> Option<u32> {
         let Ok(frame) = Frame::new_checked(bytes) else {
             self.stats.dropped_malformed += 1;
             return None;
@@ -77,8 +89,12 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         }
         match self.sessions.get_mut(&h.session) {
             Some((_, s)) => {
-                s.handle_frame(now, &frame);
-                Some(h.session)
+                let id = h.session;
+                match sink {
+                    Some(sink) => s.handle_frame_with(now, &frame, Some(&mut |t: &[u8]| sink(id, t))),
+                    None => s.handle_frame(now, &frame),
+                }
+                Some(id)
             }
             None => {
                 self.stats.dropped_unknown_session += 1;

@@ -575,6 +575,21 @@ impl Session {
 
     /// Handles one received datagram.
     pub fn handle_datagram(&mut self, now: Time, bytes: &[u8]) {
+        self.handle_datagram_with(now, bytes, None);
+    }
+
+    /// Handles one received datagram, offering each TLP that is next in order to `sink`
+    /// first, in place in `bytes`: a TLP the sink takes (returns `true`) is consumed there —
+    /// its credits come back at once and [`Session::recv_tlp`] never sees it — and the rest
+    /// queue for `recv_tlp` as usual. Offered only while nothing is queued before it, so the
+    /// application sees every TLP in order either way. This is the receive path without a
+    /// copy: a posted write's payload goes from the socket's buffer straight to its target.
+    pub fn handle_datagram_with(
+        &mut self,
+        now: Time,
+        bytes: &[u8],
+        sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
+    ) {
         let frame = match Frame::new_checked(bytes) {
             Ok(f) => f,
             Err(_) => {
@@ -582,11 +597,21 @@ impl Session {
                 return;
             }
         };
-        self.handle_frame(now, &frame);
+        self.handle_frame_with(now, &frame, sink);
     }
 
     /// Handles a frame already checked (an endpoint that demultiplexes checks once).
     pub fn handle_frame(&mut self, now: Time, frame: &Frame<'_>) {
+        self.handle_frame_with(now, frame, None);
+    }
+
+    /// [`Session::handle_frame`] with a sink, as [`Session::handle_datagram_with`].
+    pub fn handle_frame_with(
+        &mut self,
+        now: Time,
+        frame: &Frame<'_>,
+        sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
+    ) {
         let h = frame.header();
         if self.is_down() {
             self.stats.dropped_unexpected += 1;
@@ -652,7 +677,7 @@ impl Session {
         }
         self.on_ack(now, SeqNum(h.ack), h.nak);
         match h.ty {
-            FrameType::Data => self.on_data(now, SeqNum(h.seq), frame.body()),
+            FrameType::Data => self.on_data(now, SeqNum(h.seq), frame.body(), sink),
             FrameType::Close => self.go_down(DownReason::PeerClosed),
             _ => {}
         }
@@ -990,7 +1015,13 @@ impl Session {
         }
     }
 
-    fn on_data(&mut self, now: Time, seq: SeqNum, body: &[u8]) {
+    fn on_data(
+        &mut self,
+        now: Time,
+        seq: SeqNum,
+        body: &[u8],
+        mut sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
+    ) {
         self.ack_due = true;
         if !self.cfg.ack_delay.is_zero() && self.timers[Timer::Ack as usize].is_none() {
             self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
@@ -1024,13 +1055,13 @@ impl Session {
             }
             return;
         }
-        self.deliver(body);
+        self.deliver(body, &mut sink);
         self.rx_next = self.rx_next.next();
         // Slot 0 of the out-of-order buffer holds the frame after the one just delivered.
         while let Some(slot) = self.out_of_order.pop_front() {
             match slot {
                 Some(b) => {
-                    self.deliver(&b);
+                    self.deliver(&b, &mut sink);
                     self.recycle(b);
                     self.rx_next = self.rx_next.next();
                 }
@@ -1051,8 +1082,9 @@ impl Session {
         }
     }
 
-    /// Hands a frame's TLPs to the application, charging their credits.
-    fn deliver(&mut self, body: &[u8]) {
+    /// Hands a frame's TLPs to the application, charging their credits: to `sink` in place
+    /// while nothing waits in the delivery queue before them, else to the queue.
+    fn deliver(&mut self, body: &[u8], sink: &mut Option<&mut dyn FnMut(&[u8]) -> bool>) {
         for rec in TlpRecords::new(body) {
             let Ok(tlp) = rec else {
                 self.stats.malformed_tlps += 1;
@@ -1073,11 +1105,20 @@ impl Session {
             }
             self.rx_used[hi] = h_used;
             self.rx_used[di] = d_used;
+            self.stats.tlps_received += 1;
+            if self.delivered.is_empty()
+                && let Some(take) = sink.as_mut()
+                && take(tlp)
+            {
+                // Consumed where it lies: the credits are free again.
+                self.allocated[hi] = self.allocated[hi].wrapping_add(h);
+                self.allocated[di] = self.allocated[di].wrapping_add(d);
+                continue;
+            }
             let mut b = self.pool.pop().unwrap_or_default();
             b.clear();
             b.extend_from_slice(tlp);
             self.delivered.push_back((b, class, h, d));
-            self.stats.tlps_received += 1;
         }
     }
 }

@@ -114,12 +114,22 @@ impl<D: Datagrams> SessionRunner<D> {
     /// One pass: receive what is ready, run timers, send what the session has. Returns
     /// whether anything was received or sent.
     pub fn poll(&mut self) -> io::Result<bool> {
+        self.poll_with(None)
+    }
+
+    /// [`SessionRunner::poll`], offering in-order TLPs to `sink` in place in the receive
+    /// buffer first (see [`Session::handle_datagram_with`]).
+    pub fn poll_with(&mut self, mut sink: Option<&mut dyn FnMut(&[u8]) -> bool>) -> io::Result<bool> {
         let now = self.clock.now();
         let peer = self.peer;
         let session = &mut self.session;
         let received = self.sock.recv(&mut |from, bytes| {
             if from == peer {
-                session.handle_datagram(now, bytes);
+                session.handle_datagram_with(
+                    now,
+                    bytes,
+                    sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(&[u8]) -> bool),
+                );
             }
         })?;
         self.session.handle_timeout(now);
@@ -197,10 +207,21 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// One pass over the socket and every session.
     pub fn poll(&mut self) -> io::Result<bool> {
+        self.poll_with(None)
+    }
+
+    /// [`ServerRunner::poll`], offering in-order TLPs to `sink` (with their session's ID)
+    /// in place in the receive buffer first (see [`Session::handle_datagram_with`]).
+    pub fn poll_with(&mut self, mut sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool>) -> io::Result<bool> {
         let now = self.clock.now();
         let endpoint = &mut self.endpoint;
         let received = self.sock.recv(&mut |from, bytes| {
-            endpoint.handle_datagram(now, from, bytes);
+            endpoint.handle_datagram_with(
+                now,
+                from,
+                bytes,
+                sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(u32, &[u8]) -> bool),
+            );
         })?;
         self.endpoint.handle_timeout(now);
         let sent = self.transmit_at(now)?;

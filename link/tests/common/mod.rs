@@ -148,6 +148,8 @@ pub struct ServerApp {
     /// TLPs the server drains per step (to exercise credit stalls).
     pub drain_per_step: usize,
     pub pending_cpl: Vec<Vec<u8>>,
+    /// Posted writes taken in place from the datagram.
+    pub taken_in_place: u64,
 }
 
 fn emit(r: &TlpRepr<'_>) -> Vec<u8> {
@@ -266,8 +268,24 @@ impl ServerApp {
             violations: Vec::new(),
             drain_per_step,
             pending_cpl: Vec::new(),
+            taken_in_place: 0,
         }
     }
+    /// Takes a posted write where it lies (checking its order); anything else waits for
+    /// `recv_tlp`.
+    pub fn take_in_place(&mut self, tlp: &[u8]) -> bool {
+        let r = TlpRepr::parse_bytes(tlp, &ParseConfig::default()).unwrap();
+        let Body::MemWrite { data, .. } = r.body else { return false };
+        let counter = u32::from_be_bytes(data[..4].try_into().unwrap());
+        if counter != self.writes_seen {
+            self.violations
+                .push(format!("posted write {counter} arrived in place, expected {}", self.writes_seen));
+        }
+        self.writes_seen = counter + 1;
+        self.taken_in_place += 1;
+        true
+    }
+
     pub fn pump(&mut self, s: &mut Session) {
         if !s.is_up() {
             return;
@@ -322,6 +340,8 @@ pub struct Pair {
     pub max_memory_seen: link::Memory,
     buf: Vec<u8>,
     pub server_cfg: Config,
+    /// The server takes posted writes in place from the datagram (no queue, no copy).
+    pub server_sink: bool,
 }
 
 impl Pair {
@@ -344,6 +364,7 @@ impl Pair {
             max_memory_seen: Default::default(),
             buf: vec![0u8; 65536],
             server_cfg,
+            server_sink: false,
         }
     }
 
@@ -387,7 +408,11 @@ impl Pair {
         self.now = next;
         while let Some((dst, bytes)) = self.net.pop_due(self.now) {
             if dst == SERVER {
-                if let Some(id) = self.server.handle_datagram(self.now, CLIENT, &bytes)
+                let sapp = &mut self.sapp;
+                let mut sink = |_: u32, t: &[u8]| sapp.take_in_place(t);
+                let sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool> =
+                    if self.server_sink { Some(&mut sink) } else { None };
+                if let Some(id) = self.server.handle_datagram_with(self.now, CLIENT, &bytes, sink)
                     && self
                         .server_session
                         .is_none_or(|cur| self.server.session(cur).is_none_or(|s| s.is_down()))
