@@ -12,7 +12,7 @@ use std::hash::Hash;
 
 use crate::auth::{PresharedKey, Rng};
 use crate::config::Config;
-use crate::session::{DownReason, Session};
+use crate::session::{DownReason, InPlaceFrom, Session};
 use crate::time::Time;
 use crate::wire::{Frame, FrameType};
 
@@ -77,7 +77,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         now: Time,
         from: A,
         bytes: &[u8],
-        sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool>,
+        sink: Option<InPlaceFrom<'_>>,
     ) -> Option<u32> {
         let Ok(frame) = Frame::new_checked(bytes) else {
             self.stats.dropped_malformed += 1;

@@ -24,5 +24,5 @@ pub use config::{Config, CreditGrant};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use error::{ConfigError, FrameError, SendError};
 pub use seq::SeqNum;
-pub use session::{DownReason, Event, Memory, Role, Session, Stats};
+pub use session::{DownReason, Event, InPlace, InPlaceFrom, Memory, Role, Session, Stats};
 pub use time::Time;

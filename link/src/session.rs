@@ -30,6 +30,13 @@ use crate::wire::{
     FC_LEN, FcLimits, Frame, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN, TlpRecords, write_frame,
 };
 
+/// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
+/// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
+pub type InPlace<'a> = &'a mut dyn FnMut(&[u8]) -> bool;
+
+/// [`InPlace`] for an endpoint's sessions: the session's ID comes with each TLP.
+pub type InPlaceFrom<'a> = &'a mut dyn FnMut(u32, &[u8]) -> bool;
+
 /// Which side of the handshake.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
@@ -584,12 +591,7 @@ impl Session {
     /// queue for `recv_tlp` as usual. Offered only while nothing is queued before it, so the
     /// application sees every TLP in order either way. This is the receive path without a
     /// copy: a posted write's payload goes from the socket's buffer straight to its target.
-    pub fn handle_datagram_with(
-        &mut self,
-        now: Time,
-        bytes: &[u8],
-        sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
-    ) {
+    pub fn handle_datagram_with(&mut self, now: Time, bytes: &[u8], sink: Option<InPlace<'_>>) {
         let frame = match Frame::new_checked(bytes) {
             Ok(f) => f,
             Err(_) => {
@@ -606,12 +608,7 @@ impl Session {
     }
 
     /// [`Session::handle_frame`] with a sink, as [`Session::handle_datagram_with`].
-    pub fn handle_frame_with(
-        &mut self,
-        now: Time,
-        frame: &Frame<'_>,
-        sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
-    ) {
+    pub fn handle_frame_with(&mut self, now: Time, frame: &Frame<'_>, sink: Option<InPlace<'_>>) {
         let h = frame.header();
         if self.is_down() {
             self.stats.dropped_unexpected += 1;
@@ -1015,13 +1012,7 @@ impl Session {
         }
     }
 
-    fn on_data(
-        &mut self,
-        now: Time,
-        seq: SeqNum,
-        body: &[u8],
-        mut sink: Option<&mut dyn FnMut(&[u8]) -> bool>,
-    ) {
+    fn on_data(&mut self, now: Time, seq: SeqNum, body: &[u8], mut sink: Option<InPlace<'_>>) {
         self.ack_due = true;
         if !self.cfg.ack_delay.is_zero() && self.timers[Timer::Ack as usize].is_none() {
             self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
@@ -1084,7 +1075,7 @@ impl Session {
 
     /// Hands a frame's TLPs to the application, charging their credits: to `sink` in place
     /// while nothing waits in the delivery queue before them, else to the queue.
-    fn deliver(&mut self, body: &[u8], sink: &mut Option<&mut dyn FnMut(&[u8]) -> bool>) {
+    fn deliver(&mut self, body: &[u8], sink: &mut Option<InPlace<'_>>) {
         for rec in TlpRecords::new(body) {
             let Ok(tlp) = rec else {
                 self.stats.malformed_tlps += 1;

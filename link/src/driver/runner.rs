@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::Datagrams;
 use crate::endpoint::Endpoint;
-use crate::session::Session;
+use crate::session::{InPlace, InPlaceFrom, Session};
 use crate::time::Time;
 
 /// A monotonic clock for a session: `Time` is nanoseconds since its origin.
@@ -119,7 +119,7 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// [`SessionRunner::poll`], offering in-order TLPs to `sink` in place in the receive
     /// buffer first (see [`Session::handle_datagram_with`]).
-    pub fn poll_with(&mut self, mut sink: Option<&mut dyn FnMut(&[u8]) -> bool>) -> io::Result<bool> {
+    pub fn poll_with(&mut self, mut sink: Option<InPlace<'_>>) -> io::Result<bool> {
         let now = self.clock.now();
         let peer = self.peer;
         let session = &mut self.session;
@@ -212,7 +212,7 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// [`ServerRunner::poll`], offering in-order TLPs to `sink` (with their session's ID)
     /// in place in the receive buffer first (see [`Session::handle_datagram_with`]).
-    pub fn poll_with(&mut self, mut sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool>) -> io::Result<bool> {
+    pub fn poll_with(&mut self, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<bool> {
         let now = self.clock.now();
         let endpoint = &mut self.endpoint;
         let received = self.sock.recv(&mut |from, bytes| {

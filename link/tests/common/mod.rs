@@ -410,7 +410,7 @@ impl Pair {
             if dst == SERVER {
                 let sapp = &mut self.sapp;
                 let mut sink = |_: u32, t: &[u8]| sapp.take_in_place(t);
-                let sink: Option<&mut dyn FnMut(u32, &[u8]) -> bool> =
+                let sink: Option<link::InPlaceFrom<'_>> =
                     if self.server_sink { Some(&mut sink) } else { None };
                 if let Some(id) = self.server.handle_datagram_with(self.now, CLIENT, &bytes, sink)
                     && self
