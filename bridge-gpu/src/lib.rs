@@ -151,7 +151,6 @@ struct Export {
 struct Outbox {
     queue: VecDeque<Vec<u8>>,
     reads: HashSet<u16>,
-    scratch: Vec<u8>,
 }
 
 /// The device's upstream port, as the owner's session.
@@ -164,11 +163,6 @@ struct ToHost<'a> {
 
 impl Upstream for ToHost<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        let n = tlp.buffer_len();
-        self.out.scratch.resize(n, 0);
-        if tlp.emit(&mut self.out.scratch).is_err() {
-            return;
-        }
         match tlp.body {
             Body::MemRead { req, .. } => {
                 self.out.reads.insert(req.tag.value());
@@ -179,14 +173,14 @@ impl Upstream for ToHost<'_> {
             }
             _ => {}
         }
-        let bytes = &self.out.scratch[..n];
         if !self.out.queue.is_empty() {
-            self.out.queue.push_back(bytes.to_vec());
+            self.out.queue.push_back(emit(tlp));
             return;
         }
-        match self.s.send_tlp(bytes) {
+        // Emitted straight into the session's queue: the payload is copied once here.
+        match self.s.send_tlp_with(tlp.buffer_len(), &mut |b| tlp.emit(b).unwrap_or(0)) {
             Ok(()) => {}
-            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(bytes.to_vec()),
+            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(emit(tlp)),
             Err(SendError::TooLarge { len, mtu }) => {
                 self.stats.too_large += 1;
                 log::error!(
@@ -208,9 +202,7 @@ struct Deferred<'a> {
 
 impl Upstream for Deferred<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        let mut b = vec![0u8; tlp.buffer_len()];
-        let Ok(n) = tlp.emit(&mut b) else { return };
-        b.truncate(n);
+        let b = emit(tlp);
         match tlp.body {
             Body::MemRead { req, .. } => {
                 self.out.reads.insert(req.tag.value());

@@ -253,6 +253,8 @@ struct Inner {
     pending: HashMap<u16, Pending>,
     next_tag: u16,
     interrupts: HashMap<u32, u64>,
+    /// Completions the session could not queue yet (its completion queue was full), in order.
+    held: std::collections::VecDeque<Vec<u8>>,
     removed: Option<String>,
     timeout: Duration,
     sent: [u64; 256],
@@ -406,6 +408,7 @@ impl RemoteDevice {
             pending: HashMap::new(),
             next_tag: 0,
             interrupts: HashMap::new(),
+            held: std::collections::VecDeque::new(),
             removed: None,
             timeout: opts.completion_timeout,
             sent: [0; 256],
@@ -563,6 +566,12 @@ impl Inner {
             if let Event::Down(r) = e {
                 self.remove(format!("link to {} down: {r:?}", self.server));
             }
+        }
+        while let Some(b) = self.held.front() {
+            if self.runner.session.send_tlp(b).is_err() {
+                break;
+            }
+            self.held.pop_front();
         }
         while let Some(b) = self.runner.session.recv_tlp() {
             active = true;
@@ -806,7 +815,7 @@ impl Inner {
                 let mps = self.max_payload;
                 let host_id = self.host_id;
                 // Split borrows: the window's bytes, the session, the scratch buffer.
-                let Inner { windows, runner, scratch, sent, .. } = self;
+                let Inner { windows, runner, sent, held, .. } = self;
                 let w = windows.iter().find(|w| {
                     w.read
                         && addr >= w.bus
@@ -817,11 +826,18 @@ impl Inner {
                         let off = (addr - w.bus) as usize;
                         let data = &w.mem[off..off + len];
                         rules::complete_read(&t, host_id, data, Rcb::B64, mps, |c| {
-                            let n = c.buffer_len();
-                            scratch.resize(n, 0);
-                            if c.emit(scratch).is_ok() {
-                                sent[kind_index(c)] += 1;
-                                let _ = runner.session.send_tlp(&scratch[..n]);
+                            sent[kind_index(c)] += 1;
+                            // Emitted from host memory straight into the session's queue.
+                            let queued = held.is_empty()
+                                && runner
+                                    .session
+                                    .send_tlp_with(c.buffer_len(), &mut |b| c.emit(b).unwrap_or(0))
+                                    .is_ok();
+                            if !queued {
+                                let mut b = vec![0u8; c.buffer_len()];
+                                let n = c.emit(&mut b).unwrap_or(0);
+                                b.truncate(n);
+                                held.push_back(b);
                             }
                         });
                         self.stats.dma_reads += 1;

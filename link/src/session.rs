@@ -186,8 +186,11 @@ struct Queued {
 
 struct Sent {
     seq: SeqNum,
-    /// The DATA body (TLP records), kept for replay.
-    body: Vec<u8>,
+    /// The frame's TLPs, kept for replay: the queued buffers themselves, moved here
+    /// rather than copied; the frame is written from them.
+    tlps: Vec<Vec<u8>>,
+    /// Length of the DATA body (TLP records).
+    len: usize,
 }
 
 const INIT_BODY: usize = 4 + 16 + 2 + 2 + 8;
@@ -221,6 +224,8 @@ pub struct Session {
     // Transmit side.
     next_seq: SeqNum,
     unacked: VecDeque<Sent>,
+    /// Emptied TLP lists of acknowledged frames, for reuse.
+    frame_pool: Vec<Vec<Vec<u8>>>,
     replay_due: VecDeque<SeqNum>,
     replay_backoff: u32,
     queues: [VecDeque<Queued>; 3],
@@ -290,6 +295,7 @@ impl Session {
             rx_pn_any: false,
             next_seq: SeqNum(0),
             unacked: VecDeque::new(),
+            frame_pool: Vec::new(),
             replay_due: VecDeque::new(),
             replay_backoff: 0,
             queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
@@ -405,7 +411,7 @@ impl Session {
             queued_bytes: self.queues.iter().flatten().map(|q| q.bytes.len()).sum(),
             queued_tlps: self.queues.iter().map(VecDeque::len).sum(),
             unacked_frames: self.unacked.len(),
-            unacked_bytes: self.unacked.iter().map(|s| s.body.len()).sum(),
+            unacked_bytes: self.unacked.iter().map(|s| s.len).sum(),
             out_of_order_frames: self.out_of_order.iter().filter(|f| f.is_some()).count(),
             delivered_tlps: self.delivered.len(),
         }
@@ -455,20 +461,58 @@ impl Session {
         if self.state != State::Up {
             return Err(SendError::NotConnected);
         }
-        let (class, _, data) = tlp_cost(bytes).map_err(SendError::InvalidTlp)?;
-        if 2 + bytes.len() > self.mtu - HEADER_LEN - FC_LEN - TRAILER_LEN {
-            return Err(SendError::TooLarge { len: bytes.len(), mtu: self.mtu });
-        }
-        if self.queues[class].len() >= self.cfg.max_queued {
-            let c = [FcClass::Posted, FcClass::NonPosted, FcClass::Completion][class];
-            return Err(SendError::QueueFull { class: c, limit: self.cfg.max_queued });
-        }
         let mut buf = self.pool.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        self.queues[class].push_back(Queued { order: self.next_order, bytes: buf, data_credits: data });
-        self.next_order += 1;
-        Ok(())
+        self.enqueue(buf)
+    }
+
+    /// Queues one TLP that `write` emits straight into the session's buffer (`len` bytes at
+    /// most; it returns the length written): [`Session::send_tlp`] without the copy from
+    /// the caller's buffer.
+    pub fn send_tlp_with(
+        &mut self,
+        len: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<(), SendError> {
+        if self.state != State::Up {
+            return Err(SendError::NotConnected);
+        }
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.resize(len, 0);
+        let n = write(&mut buf).min(len);
+        buf.truncate(n);
+        self.enqueue(buf)
+    }
+
+    /// Checks a TLP and queues its buffer in its flow-control class.
+    fn enqueue(&mut self, buf: Vec<u8>) -> Result<(), SendError> {
+        let checked = match tlp_cost(&buf) {
+            Err(e) => Err(SendError::InvalidTlp(e)),
+            Ok(_) if 2 + buf.len() > self.mtu - HEADER_LEN - FC_LEN - TRAILER_LEN => {
+                Err(SendError::TooLarge { len: buf.len(), mtu: self.mtu })
+            }
+            Ok((class, _, _)) if self.queues[class].len() >= self.cfg.max_queued => {
+                let c = [FcClass::Posted, FcClass::NonPosted, FcClass::Completion][class];
+                Err(SendError::QueueFull { class: c, limit: self.cfg.max_queued })
+            }
+            Ok((class, _, data)) => Ok((class, data)),
+        };
+        match checked {
+            Ok((class, data)) => {
+                self.queues[class].push_back(Queued {
+                    order: self.next_order,
+                    bytes: buf,
+                    data_credits: data,
+                });
+                self.next_order += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.recycle(buf);
+                Err(e)
+            }
+        }
     }
 
     /// The next TLP the peer sent, in order. Reading it returns its credits to the peer.
@@ -901,8 +945,16 @@ impl Session {
         let seq = self.unacked[index].seq;
         let h = self.header(FrameType::Data, seq);
         let mac = self.mac();
-        let body = &self.unacked[index].body;
-        let n = write_frame(buf, &h, fc.as_ref(), body.len(), |b| b.copy_from_slice(body), mac).ok()?;
+        let sent = &self.unacked[index];
+        let write_records = |b: &mut [u8]| {
+            let mut at = 0;
+            for t in &sent.tlps {
+                b[at..at + 2].copy_from_slice(&(t.len() as u16).to_be_bytes());
+                b[at + 2..at + 2 + t.len()].copy_from_slice(t);
+                at += 2 + t.len();
+            }
+        };
+        let n = write_frame(buf, &h, fc.as_ref(), sent.len, write_records, mac).ok()?;
         self.after_ack_sent(h.nak);
         Some(n)
     }
@@ -936,31 +988,29 @@ impl Session {
     /// Packs as many sendable TLPs as fit into a new DATA frame and sends it.
     fn new_data_frame(&mut self, buf: &mut [u8]) -> Option<usize> {
         let room = self.mtu.min(buf.len()) - HEADER_LEN - FC_LEN - TRAILER_LEN;
-        let mut body = self.pool.pop().unwrap_or_default();
-        body.clear();
-        let mut tlps = 0u64;
+        let mut frame = self.frame_pool.pop().unwrap_or_default();
+        let mut len = 0;
         while let Some(class) = self.next_sendable() {
-            let len = self.queues[class].front().map_or(0, |q| q.bytes.len());
-            if body.len() + 2 + len > room {
+            let tlp_len = self.queues[class].front().map_or(0, |q| q.bytes.len());
+            if len + 2 + tlp_len > room {
                 break;
             }
             let Some(q) = self.queues[class].pop_front() else { break };
-            body.extend_from_slice(&(q.bytes.len() as u16).to_be_bytes());
-            body.extend_from_slice(&q.bytes);
+            len += 2 + q.bytes.len();
             self.consumed[2 * class] = self.consumed[2 * class].wrapping_add(1);
             self.consumed[2 * class + 1] = self.consumed[2 * class + 1].wrapping_add(q.data_credits);
-            tlps += 1;
-            self.recycle(q.bytes);
+            frame.push(q.bytes);
         }
+        let tlps = frame.len() as u64;
         if tlps == 0 {
-            self.recycle(body);
+            self.frame_pool.push(frame);
             return None;
         }
         self.stats.tlps_sent += tlps;
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
         self.next_seq = seq.next();
-        self.unacked.push_back(Sent { seq, body });
+        self.unacked.push_back(Sent { seq, tlps: frame, len });
         let i = self.unacked.len() - 1;
         self.data_frame(buf, i)
     }
@@ -993,8 +1043,13 @@ impl Session {
     fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
         let mut progressed = false;
         while self.unacked.front().is_some_and(|s| s.seq < ack) {
-            if let Some(s) = self.unacked.pop_front() {
-                self.recycle(s.body);
+            if let Some(mut s) = self.unacked.pop_front() {
+                for t in s.tlps.drain(..) {
+                    self.recycle(t);
+                }
+                if self.frame_pool.len() < self.window as usize {
+                    self.frame_pool.push(s.tlps);
+                }
             }
             progressed = true;
         }
