@@ -96,6 +96,7 @@ struct AttachSection {
     completion_timeout_ms: Option<u64>,
     dma_memory_mib: Option<usize>,
     bdf: Option<String>,
+    service_interval_ms: Option<u64>,
 }
 
 /// The whole file of `dxpu host`.
@@ -366,6 +367,16 @@ impl HostFile {
                     return Err(bad(&format!("{at}.dma_memory_mib"), m, "must be 1..=65536"));
                 }
                 o.dma_memory = m << 20;
+            }
+            if let Some(ms) = a.service_interval_ms {
+                if ms > 10_000 {
+                    return Err(bad(
+                        &format!("{at}.service_interval_ms"),
+                        ms,
+                        "must be 0..=10000 (0: no service thread)",
+                    ));
+                }
+                o.service_interval = (ms > 0).then(|| Duration::from_millis(ms));
             }
             if let Some(b) = &a.bdf {
                 o.device_id = b.parse().map_err(|_| {
