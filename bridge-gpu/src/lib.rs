@@ -163,16 +163,7 @@ struct ToHost<'a> {
 
 impl Upstream for ToHost<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        match tlp.body {
-            Body::MemRead { req, .. } => {
-                self.out.reads.insert(req.tag.value());
-                self.stats.device_requests += 1;
-            }
-            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => {
-                self.stats.device_requests += 1
-            }
-            _ => {}
-        }
+        self.out.note(tlp, self.stats);
         if !self.out.queue.is_empty() {
             self.out.queue.push_back(emit(tlp));
             return;
@@ -202,18 +193,8 @@ struct Deferred<'a> {
 
 impl Upstream for Deferred<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        let b = emit(tlp);
-        match tlp.body {
-            Body::MemRead { req, .. } => {
-                self.out.reads.insert(req.tag.value());
-                self.stats.device_requests += 1;
-            }
-            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => {
-                self.stats.device_requests += 1
-            }
-            _ => {}
-        }
-        self.out.queue.push_back(b);
+        self.out.note(tlp, self.stats);
+        self.out.queue.push_back(emit(tlp));
     }
 }
 
@@ -231,6 +212,18 @@ fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_
 }
 
 impl Outbox {
+    /// Counts a TLP the device sends and remembers the tag of each of its reads.
+    fn note(&mut self, tlp: &TlpRepr<'_>, stats: &mut ExportStats) {
+        match tlp.body {
+            Body::MemRead { req, .. } => {
+                self.reads.insert(req.tag.value());
+                stats.device_requests += 1;
+            }
+            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => stats.device_requests += 1,
+            _ => {}
+        }
+    }
+
     /// Moves queued TLPs into the session while it takes them.
     fn flush(&mut self, s: &mut Session) {
         while let Some(b) = self.queue.front() {

@@ -788,22 +788,7 @@ fn posted_write(
         return;
     };
     stats.dma_writes += 1;
-    if req.first_be == 0xf && (req.last_be == 0xf || (n == 4 && req.last_be == 0)) {
-        mem.copy_from_slice(data);
-        return;
-    }
-    for (i, (dst, src)) in mem.iter_mut().zip(data).enumerate() {
-        let on = if i < 4 {
-            req.first_be & (1 << i) != 0
-        } else if n > 4 && i >= n - 4 {
-            req.last_be & (1 << (i - (n - 4))) != 0
-        } else {
-            true
-        };
-        if on {
-            *dst = *src;
-        }
-    }
+    rules::write_enabled_bytes(mem, data, req.first_be, req.last_be);
 }
 
 impl Inner {
@@ -937,17 +922,17 @@ impl Inner {
         }
     }
 
+    /// BAR register `i` is the upper half of the 64-bit BAR before it.
+    fn upper_half(&self, i: usize) -> bool {
+        i > 0 && self.bars[i - 1].info.is_64 && self.bars[i - 1].info.size != 0 && self.bars[i].info.size == 0
+    }
+
     fn config_read(&mut self, offset: u16) -> u32 {
         let offset = offset & 0xffc;
         match offset {
             0x10..=0x27 => {
                 let i = (offset as usize - 0x10) / 4;
-                // The upper half of a 64-bit BAR.
-                if i > 0
-                    && self.bars[i - 1].info.is_64
-                    && self.bars[i].info.size == 0
-                    && self.bars[i - 1].info.size != 0
-                {
+                if self.upper_half(i) {
                     let b = &self.bars[i - 1];
                     return ((b.host & b.mask()) >> 32) as u32;
                 }
@@ -968,11 +953,7 @@ impl Inner {
         match offset {
             0x10..=0x27 => {
                 let i = (offset as usize - 0x10) / 4;
-                if i > 0
-                    && self.bars[i - 1].info.is_64
-                    && self.bars[i].info.size == 0
-                    && self.bars[i - 1].info.size != 0
-                {
+                if self.upper_half(i) {
                     let b = &mut self.bars[i - 1];
                     b.host = (value as u64) << 32 | (b.host & 0xffff_ffff);
                     b.host &= b.mask();

@@ -133,19 +133,8 @@ impl<D: Device> DirectAttach<D> {
                             let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
                             *self.interrupts.entry(v).or_default() += 1;
                         } else if let Some(off) = self.in_memory(a, data.len() as u64) {
-                            let n = data.len();
-                            for (i, b) in data.iter().enumerate() {
-                                let on = if i < 4 {
-                                    req.first_be & (1 << i) != 0
-                                } else if n > 4 && i >= n - 4 {
-                                    req.last_be & (1 << (i - (n - 4))) != 0
-                                } else {
-                                    true
-                                };
-                                if on {
-                                    self.mem[off + i] = *b;
-                                }
-                            }
+                            let dst = &mut self.mem[off..off + data.len()];
+                            rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
                         } else {
                             self.dma_write_dropped += 1;
                         }

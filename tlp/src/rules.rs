@@ -127,6 +127,30 @@ pub fn split(addr: u64, len: u64, max: TransferSize) -> Split {
     Split { addr, end: addr.saturating_add(len), max: max.bytes() as u64 }
 }
 
+/// Stores a write's payload into `dst` (the bytes at its address), only the bytes its byte
+/// enables select (PCIe 6.0 §2.2.5): First DW BE for the first DW, Last DW BE for the last
+/// (a 1-DW write has only First DW BE), every byte of the DWs between. `dst` and `data` are
+/// the same length; extra bytes of the longer one are ignored.
+pub fn write_enabled_bytes(dst: &mut [u8], data: &[u8], first_be: u8, last_be: u8) {
+    let n = data.len().min(dst.len());
+    if first_be & 0xf == 0xf && (last_be & 0xf == 0xf || (n <= 4 && last_be == 0)) {
+        dst[..n].copy_from_slice(&data[..n]);
+        return;
+    }
+    for (i, (d, s)) in dst[..n].iter_mut().zip(data).enumerate() {
+        let on = if i < 4 {
+            first_be & (1 << i) != 0
+        } else if n > 4 && i >= n - 4 {
+            last_be & (1 << (i - (n - 4))) != 0
+        } else {
+            true
+        };
+        if on {
+            *d = *s;
+        }
+    }
+}
+
 /// Bytes a read of `length_dw` DW with these byte enables returns (PCIe 6.0 §2.3.1.1,
 /// Table 2-39): for 1 DW, first enabled byte through last enabled byte (1 for a zero-length
 /// read); otherwise every byte from the first enabled in the first DW to the last enabled
@@ -304,6 +328,24 @@ pub fn completion_without_data(request: &TlpRepr<'_>, completer: Bdf, status: Cp
             locked: matches!(request.kind(), Kind::MRdLk32 | Kind::MRdLk64),
             data: None,
         },
+    }
+}
+
+#[cfg(test)]
+mod write_enable_tests {
+    use super::write_enabled_bytes;
+
+    #[test]
+    fn only_enabled_bytes_are_written() {
+        let mut m = [0u8; 12];
+        write_enabled_bytes(&mut m, &[1; 12], 0b1100, 0b0011);
+        assert_eq!(m, [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+        let mut m = [0u8; 4];
+        write_enabled_bytes(&mut m, &[7; 4], 0b0110, 0);
+        assert_eq!(m, [0, 7, 7, 0]);
+        let mut m = [0u8; 8];
+        write_enabled_bytes(&mut m, &[9; 8], 0xf, 0xf);
+        assert_eq!(m, [9; 8]);
     }
 }
 
