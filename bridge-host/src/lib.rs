@@ -382,7 +382,15 @@ impl RemoteDevice {
         // The host's view of the BARs, placed as firmware would.
         let mut bars = [VirtualBar::default(); 6];
         let (mut at64, mut at32) = (BAR64_BASE, BAR32_BASE);
-        for (v, info) in bars.iter_mut().zip(bar_info) {
+        for (i, (v, info)) in bars.iter_mut().zip(bar_info).enumerate() {
+            // What the box says about its BARs is checked like any input from the network.
+            let limit = if info.is_64 { 1u64 << 46 } else { 1 << 30 };
+            if info.size != 0 && (!info.size.is_power_of_two() || info.size > limit || info.size < 16) {
+                return Err(link_err(format!(
+                    "the box described BAR{i} with an impossible size {:#x}",
+                    info.size
+                )));
+            }
             v.info = info;
             if info.size != 0 && info.memory {
                 let cursor = if info.is_64 { &mut at64 } else { &mut at32 };
@@ -728,12 +736,10 @@ impl Inner {
     fn translate(&self, addr: u64, len: u64) -> Option<u64> {
         self.bars.iter().find_map(|b| {
             let host = b.host & b.mask();
-            (b.info.size != 0
-                && b.info.memory
-                && host != 0
-                && addr >= host
-                && addr + len <= host + b.info.size)
-                .then(|| b.info.address + (addr - host))
+            let inside = addr >= host
+                && addr.checked_add(len).is_some_and(|end| end <= host.saturating_add(b.info.size));
+            (b.info.size != 0 && b.info.memory && host != 0 && inside)
+                .then(|| b.info.address.wrapping_add(addr - host))
         })
     }
 
