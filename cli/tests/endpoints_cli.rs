@@ -154,6 +154,16 @@ fn bad_configuration_is_refused_naming_the_key() {
         assert_eq!(out.status.code(), Some(1), "{cmd} accepted a bad file ({key}): {err}");
         assert!(err.contains(key), "{cmd}: error does not name {key}: {err}");
     }
+    // A VFIO device that cannot be opened stops the endpoint at start, saying which and why.
+    let vfio = gpu_toml(free_port()).replace("sim = { vram_mib = 256 }", "vfio = \"0000:41:00.0\"");
+    let cfg = write(&dir, "vfio.toml", &vfio);
+    let out = dxpu().args(["gpu", "--config"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("device gpu0") && (err.contains("/dev/vfio") || err.contains("0000:41:00.0")),
+        "{err}"
+    );
     let out = dxpu().args(["gpu", "--config", "/nonexistent/gpu.toml"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpu.toml"));
