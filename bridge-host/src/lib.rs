@@ -44,7 +44,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -257,13 +257,12 @@ struct Inner {
     next_tag: u16,
     interrupts: HashMap<u32, u64>,
     /// Completions the session could not queue yet (its completion queue was full), in order.
-    held: std::collections::VecDeque<Vec<u8>>,
+    held: VecDeque<Vec<u8>>,
     removed: Option<String>,
     timeout: Duration,
     sent: [u64; 256],
     received: [u64; 256],
     stats: HostStats,
-    scratch: Vec<u8>,
     logged_refusals: u64,
 }
 
@@ -422,13 +421,12 @@ impl RemoteDevice {
             pending: HashMap::new(),
             next_tag: 0,
             interrupts: HashMap::new(),
-            held: std::collections::VecDeque::new(),
+            held: VecDeque::new(),
             removed: None,
             timeout: opts.completion_timeout,
             sent: [0; 256],
             received: [0; 256],
             stats: HostStats::default(),
-            scratch: Vec::with_capacity(4096),
             logged_refusals: 0,
         };
         let mut inner = inner;
@@ -612,17 +610,20 @@ impl Inner {
         active
     }
 
+    /// Queues a request of the caller's, waiting (up to the completion timeout) while the
+    /// session's queue for its class is full.
     fn send(&mut self, t: &TlpRepr<'_>) -> bool {
-        let n = t.buffer_len();
-        self.scratch.resize(n, 0);
-        if t.emit(&mut self.scratch).is_err() {
-            return false;
-        }
         self.sent[kind_index(t)] += 1;
+        let deadline = Instant::now() + self.timeout;
         loop {
-            match self.runner.session.send_tlp(&self.scratch[..n]) {
+            // Emitted straight into the session's buffer, again on each try.
+            match self.runner.session.send_tlp_with(t.buffer_len(), &mut |b| t.emit(b).unwrap_or(0)) {
                 Ok(()) => return true,
                 Err(SendError::QueueFull { .. }) => {
+                    if Instant::now() >= deadline {
+                        self.remove(format!("the link took no {} for {:?}", t.kind().name(), self.timeout));
+                        return false;
+                    }
                     if !self.pump() {
                         let _ = self.runner.wait();
                     }
@@ -636,6 +637,12 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Queues a completion this side owes the device; never waits: if the session's queue
+    /// is full it is held, in order, and goes at the next pump.
+    fn answer(&mut self, c: &TlpRepr<'_>) {
+        queue_or_hold(&mut self.runner.session, &mut self.held, &mut self.sent, c);
     }
 
     fn tag(&mut self) -> Tag {
@@ -748,6 +755,25 @@ impl Inner {
     }
 }
 
+/// Queues a completion into the session, emitted straight into its buffer, or holds it (in
+/// order, behind any already held) when the session's queue is full.
+fn queue_or_hold(
+    session: &mut Session,
+    held: &mut VecDeque<Vec<u8>>,
+    sent: &mut [u64; 256],
+    c: &TlpRepr<'_>,
+) {
+    sent[kind_index(c)] += 1;
+    let queued =
+        held.is_empty() && session.send_tlp_with(c.buffer_len(), &mut |b| c.emit(b).unwrap_or(0)).is_ok();
+    if !queued {
+        let mut b = vec![0u8; c.buffer_len()];
+        let n = c.emit(&mut b).unwrap_or(0);
+        b.truncate(n);
+        held.push_back(b);
+    }
+}
+
 fn find_window(windows: &mut [Window], addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
     let w = windows.iter_mut().find(|w| {
         addr >= w.bus && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
@@ -825,7 +851,7 @@ impl Inner {
                 let (addr, len) = (address.value(), length_dw as usize * 4);
                 let mps = self.max_payload;
                 let host_id = self.host_id;
-                // Split borrows: the window's bytes, the session, the scratch buffer.
+                // Split borrows: the window's bytes, the session, the held completions.
                 let Inner { windows, runner, sent, held, .. } = self;
                 let w = windows.iter().find(|w| {
                     w.read
@@ -836,20 +862,9 @@ impl Inner {
                     Some(w) => {
                         let off = (addr - w.bus) as usize;
                         let data = &w.mem[off..off + len];
+                        // Emitted from host memory straight into the session's queue.
                         rules::complete_read(&t, host_id, data, Rcb::B64, mps, |c| {
-                            sent[kind_index(c)] += 1;
-                            // Emitted from host memory straight into the session's queue.
-                            let queued = held.is_empty()
-                                && runner
-                                    .session
-                                    .send_tlp_with(c.buffer_len(), &mut |b| c.emit(b).unwrap_or(0))
-                                    .is_ok();
-                            if !queued {
-                                let mut b = vec![0u8; c.buffer_len()];
-                                let n = c.emit(&mut b).unwrap_or(0);
-                                b.truncate(n);
-                                held.push_back(b);
-                            }
+                            queue_or_hold(&mut runner.session, held, sent, c)
                         });
                         self.stats.dma_reads += 1;
                     }
@@ -863,7 +878,7 @@ impl Inner {
                             len,
                         );
                         let c = rules::completion_without_data(&t, host_id, CplStatus::UnsupportedRequest);
-                        self.send(&c);
+                        self.answer(&c);
                     }
                 }
             }
@@ -882,7 +897,7 @@ impl Inner {
             _ => {
                 if t.fc_class() == tlp::FcClass::NonPosted {
                     let c = rules::completion_without_data(&t, self.host_id, CplStatus::UnsupportedRequest);
-                    self.send(&c);
+                    self.answer(&c);
                 }
             }
         }
