@@ -200,18 +200,24 @@ impl Upstream for Deferred<'_> {
 
 /// A completion from the owner for one of the device's reads.
 fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_>) {
-    let Body::Completion { cpl, data, .. } = t.body else { return };
-    up.stats.device_completions += 1;
-    let last = cpl.status != CplStatus::Success
-        || cpl.byte_count == 0
-        || data.is_none_or(|d| d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize);
-    if last {
-        up.out.reads.remove(&cpl.tag.value());
-    }
+    up.out.note_completion(t, up.stats);
     dev.completion(t, up);
 }
 
 impl Outbox {
+    /// Counts a completion for one of the device's reads; the read is no longer in flight
+    /// once its last completion (or an error) arrives.
+    fn note_completion(&mut self, t: &TlpRepr<'_>, stats: &mut ExportStats) {
+        let Body::Completion { cpl, data, .. } = t.body else { return };
+        stats.device_completions += 1;
+        let last = cpl.status != CplStatus::Success
+            || cpl.byte_count == 0
+            || data.is_none_or(|d| d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize);
+        if last {
+            self.reads.remove(&cpl.tag.value());
+        }
+    }
+
     /// Counts a TLP the device sends and remembers the tag of each of its reads.
     fn note(&mut self, tlp: &TlpRepr<'_>, stats: &mut ExportStats) {
         match tlp.body {
@@ -314,6 +320,23 @@ fn place_bars(dev: &mut dyn Device, base: u64) -> [BarInfo; 6] {
         i += if is_64 { 2 } else { 1 };
     }
     bars
+}
+
+/// Writes the BAR addresses back if a reset cleared them (the sizes do not change).
+fn restore_bars(dev: &mut dyn Device, bars: &[BarInfo; 6]) {
+    for (i, b) in bars.iter().enumerate() {
+        if b.size == 0 || !b.memory {
+            continue;
+        }
+        let at = 0x10 + 4 * i as u16;
+        let lo = config_access(dev, at, None);
+        if lo & !0xf != b.address as u32 & !0xf {
+            config_access(dev, at, Some(b.address as u32 | (lo & 0xf)));
+        }
+        if b.is_64 && i < 5 && config_access(dev, at + 4, None) != (b.address >> 32) as u32 {
+            config_access(dev, at + 4, Some((b.address >> 32) as u32));
+        }
+    }
 }
 
 fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>, GpuError> {
@@ -579,21 +602,20 @@ fn handle_tlp(
         Err(ControlError::NotControl) => match info.device {
             Some(d) => {
                 let e = &mut exports[d];
-                let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
-                if let Body::Completion { cpl, data, .. } = t.body {
-                    up.stats.device_completions += 1;
-                    let last = cpl.status != CplStatus::Success
-                        || data.is_none_or(|d| {
-                            d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize
-                        })
-                        || cpl.byte_count == 0;
-                    if last {
-                        up.out.reads.remove(&cpl.tag.value());
-                    }
+                if matches!(t.body, Body::Completion { .. }) {
+                    e.out.note_completion(&t, &mut e.stats);
+                    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
                     e.dev.completion(&t, &mut up);
                 } else {
-                    up.stats.host_requests += 1;
+                    e.stats.host_requests += 1;
+                    let cfg_write = matches!(t.body, Body::CfgWrite { .. });
+                    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
                     e.dev.request(&t, &mut up);
+                    if cfg_write {
+                        // A host-initiated function-level reset clears the BARs; the box owns
+                        // their placement, so it puts them back where the host expects them.
+                        restore_bars(e.dev.as_mut(), &e.bars);
+                    }
                 }
             }
             None => {
