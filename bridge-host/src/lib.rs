@@ -253,7 +253,8 @@ struct Inner {
     bars: [VirtualBar; 6],
     windows: Vec<Window>,
     next_alloc: usize,
-    pending: HashMap<u16, Pending>,
+    /// Outstanding non-posted requests, by 10-bit tag.
+    pending: Box<[Option<Pending>; 1024]>,
     next_tag: u16,
     interrupts: HashMap<u32, u64>,
     /// Completions the session could not queue yet (its completion queue was full), in order.
@@ -418,7 +419,7 @@ impl RemoteDevice {
             bars,
             windows: vec![Window { bus: DMA_ARENA_BASE, mem: arena, read: true, write: true }],
             next_alloc: 0,
-            pending: HashMap::new(),
+            pending: Box::new([None; 1024]),
             next_tag: 0,
             interrupts: HashMap::new(),
             held: VecDeque::new(),
@@ -561,8 +562,11 @@ impl Inner {
             log::error!("{} ({}): surprise removal: {why}", self.name, self.device_id);
             self.removed = Some(why);
         }
-        self.stats.failed_requests += self.pending.len() as u64;
-        self.pending.clear();
+        for p in self.pending.iter_mut() {
+            if p.take().is_some() {
+                self.stats.failed_requests += 1;
+            }
+        }
     }
 
     /// One pass over the link: receive, run timers, serve what arrived, send.
@@ -648,7 +652,7 @@ impl Inner {
     fn tag(&mut self) -> Tag {
         for _ in 0..1024 {
             self.next_tag = (self.next_tag + 1) & Tag::MAX;
-            if !self.pending.contains_key(&self.next_tag) {
+            if self.pending[self.next_tag as usize].is_none() {
                 break;
             }
         }
@@ -660,10 +664,11 @@ impl Inner {
             log::error!("{}: socket: {e}", self.name);
         }
         loop {
-            match self.pending.get(&tag.value()) {
+            let slot = tag.value() as usize;
+            match self.pending[slot] {
                 None => return None,
                 Some(p) if p.status.is_some() => {
-                    let p = self.pending.remove(&tag.value())?;
+                    self.pending[slot] = None;
                     return Some((p.status?, p.data, p.received));
                 }
                 Some(p) if Instant::now() >= p.deadline => {
@@ -689,9 +694,10 @@ impl Inner {
             return None;
         }
         let deadline = Instant::now() + self.timeout;
-        self.pending.insert(tag.value(), Pending { deadline, status: None, data: [0; 8], received: 0 });
+        self.pending[tag.value() as usize] =
+            Some(Pending { deadline, status: None, data: [0; 8], received: 0 });
         if !self.send(t) {
-            self.pending.remove(&tag.value());
+            self.pending[tag.value() as usize] = None;
             self.stats.failed_requests += 1;
             return None;
         }
@@ -830,7 +836,7 @@ impl Inner {
         self.received[kind_index(&t)] += 1;
         match t.body {
             Body::Completion { cpl, data, .. } => {
-                let Some(p) = self.pending.get_mut(&cpl.tag.value()) else {
+                let Some(p) = self.pending[cpl.tag.value() as usize].as_mut() else {
                     self.stats.stray_completions += 1;
                     return;
                 };
