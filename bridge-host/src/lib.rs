@@ -396,6 +396,12 @@ impl RemoteDevice {
                 let cursor = if info.is_64 { &mut at64 } else { &mut at32 };
                 v.host = cursor.div_ceil(info.size) * info.size;
                 *cursor = v.host + info.size;
+                if !info.is_64 && *cursor > 1 << 32 {
+                    return Err(link_err(format!(
+                        "the 32-bit BARs do not fit below 4 GiB in the host's view (BAR{i}, {:#x} bytes)",
+                        info.size
+                    )));
+                }
             }
         }
         let arena = memmap2::MmapMut::map_anon(opts.dma_memory)
