@@ -998,11 +998,17 @@ impl Inner {
             }
             0x30 => {}
             _ if self.removed.is_some() => {}
+            _ if Some(offset) == self.device_control => {
+                // Max_Payload_Size is the host's to choose only up to what one link frame
+                // carries: a larger value is lowered before it reaches the device.
+                let link = (self.link_max_payload.max(128) / 128).ilog2().min(5);
+                let mps = ((value >> 5) & 7).min(link);
+                let value = (value & !(7 << 5)) | mps << 5;
+                self.config(offset, Some(value));
+                self.set_max_payload(value);
+            }
             _ => {
                 self.config(offset, Some(value));
-                if Some(offset) == self.device_control {
-                    self.set_max_payload(value);
-                }
             }
         }
     }

@@ -153,6 +153,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
             return Err(DriverError::Unusable("BARs not placed"));
         }
         pci.config_write(0x04, (cmd & 0xffff_0000) | 0x6);
+        // Max_Payload_Size: the largest the device supports (PCIe 6.0 §7.5.3.3-4), as system
+        // software sets it when nothing on the path is smaller; a platform that carries less
+        // (a bridge's link) lowers what it forwards.
+        if let Some(pcie) = find_capability(&mut pci, 0x10) {
+            let supported = pci.config_read(pcie + 4) & 7;
+            let ctl = pci.config_read(pcie + 8);
+            pci.config_write(pcie + 8, (ctl & !(7 << 5) & 0xffff) | supported << 5);
+        }
         let msix = find_capability(&mut pci, 0x11).ok_or(DriverError::Unusable("no MSI-X capability"))?;
         let vectors = ((pci.config_read(msix) >> 16) & 0x7ff) as u16 + 1;
         for v in 0..vectors.min(4) {
