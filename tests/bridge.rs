@@ -145,3 +145,26 @@ fn host_initiated_function_level_reset_leaves_a_usable_device() {
     d.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap();
     assert!(d.pci().removed().is_none());
 }
+
+#[test]
+fn max_payload_size_is_lowered_to_what_a_link_frame_carries() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let mut h = host_options(gpu.addr, key_a());
+    // A 600-byte MTU carries 256-byte payloads, not the 512 the driver asks the device for.
+    h.link.mtu = 600;
+    let remote = RemoteDevice::attach(h).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 13) as u8).collect();
+    d.memcpy_to_device(0x1000, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    d.memcpy_from_device(0x1000, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(d);
+    let stats = gpu.stop();
+    assert_eq!(
+        stats.exports[0].1.too_large, 0,
+        "device TLPs too large for the link: {:?}",
+        stats.exports[0].1
+    );
+}
