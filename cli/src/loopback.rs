@@ -332,7 +332,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     println!("  TLPs by kind (host→box / box→host):");
     for k in tlps.keys() {
         println!(
-            "    {:<8} {:>9} / {:<9}",
+            "    {:<8} {:>9} / {}",
             k,
             o.host.tlps_sent.get(k).copied().unwrap_or(0),
             o.host.tlps_received.get(k).copied().unwrap_or(0)
