@@ -23,7 +23,7 @@ use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::attach::{BarInfo, Control, ControlError};
 use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
 use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
-use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
+use tlp::{Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr, rules};
 
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
@@ -210,10 +210,7 @@ impl Outbox {
     fn note_completion(&mut self, t: &TlpRepr<'_>, stats: &mut ExportStats) {
         let Body::Completion { cpl, data, .. } = t.body else { return };
         stats.device_completions += 1;
-        let last = cpl.status != CplStatus::Success
-            || cpl.byte_count == 0
-            || data.is_none_or(|d| d.len() + cpl.lower_address as usize % 4 >= cpl.byte_count as usize);
-        if last {
+        if rules::completes_request(&cpl, data) {
             self.reads.remove(&cpl.tag.value());
         }
     }
@@ -454,10 +451,13 @@ impl GpuEndpoint {
         // buffer: their payload is copied once, into the device.
         let mut in_place = |sid: u32, bytes: &[u8]| {
             let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
-            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
-            if !matches!(t.body, Body::Completion { .. }) {
+            // The kind from the header first: requests are parsed once, in `handle_tlp`.
+            let completion = TlpPacket::new_checked(bytes)
+                .is_ok_and(|p| matches!(p.kind(), Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk));
+            if !completion {
                 return false;
             }
+            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             let e = &mut exports[d];
             let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
             device_completion(&t, e.dev.as_mut(), &mut up);

@@ -57,7 +57,7 @@ use link::attach::{BarInfo, Control};
 use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
 use link::{DownReason, Event, PresharedKey, SendError, Session};
 use tlp::rules::{self, Rcb, TransferSize};
-use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
 
 /// Where MSI-X writes land (the x86 interrupt window, 1 MiB).
 pub const MSI_BASE: u64 = 0xfee0_0000;
@@ -577,18 +577,40 @@ impl Inner {
 
     /// One pass over the link: receive, run timers, serve what arrived, send.
     fn pump(&mut self) -> bool {
-        // Posted writes (DMA into host memory, MSI-X) are taken where they lie in the
-        // receive buffer: their payload is copied once, into host memory.
-        let Inner { runner, windows, interrupts, stats, received, logged_refusals, name, device_id, .. } =
-            self;
+        // Posted writes (DMA into host memory, MSI-X) and completions of this side's reads
+        // are taken where they lie in the receive buffer: a payload is copied once, into host
+        // memory (or the waiting read's result). Requests the device needs answered go
+        // through the session's queue; the kind is read from the header before parsing.
+        let Inner {
+            runner,
+            windows,
+            interrupts,
+            stats,
+            received,
+            logged_refusals,
+            name,
+            device_id,
+            pending,
+            ..
+        } = self;
         let who = (name.as_str(), *device_id);
-        let mut in_place = |bytes: &[u8]| match TlpRepr::parse_bytes(bytes, &ParseConfig::default()) {
-            Ok(t) if matches!(t.body, Body::MemWrite { .. }) => {
-                received[kind_index(&t)] += 1;
-                posted_write(&t, windows, interrupts, stats, logged_refusals, who);
-                true
+        let mut in_place = |bytes: &[u8]| {
+            let taken = TlpPacket::new_checked(bytes).is_ok_and(|p| {
+                matches!(
+                    p.kind(),
+                    Kind::MWr32 | Kind::MWr64 | Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk
+                )
+            });
+            if !taken {
+                return false;
             }
-            _ => false,
+            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
+            received[kind_index(&t)] += 1;
+            match t.body {
+                Body::MemWrite { .. } => posted_write(&t, windows, interrupts, stats, logged_refusals, who),
+                _ => take_completion(&t, pending, stats),
+            }
+            true
         };
         let polled = runner.poll_with(Some(&mut in_place));
         let mut active = match polled {
@@ -767,6 +789,24 @@ impl Inner {
     }
 }
 
+/// A completion for one of this side's requests: its data and, once the request is
+/// complete, its status go into the tag's entry.
+fn take_completion(t: &TlpRepr<'_>, pending: &mut [Option<Pending>; 1024], stats: &mut HostStats) {
+    let Body::Completion { cpl, data, .. } = t.body else { return };
+    let Some(p) = pending[cpl.tag.value() as usize].as_mut() else {
+        stats.stray_completions += 1;
+        return;
+    };
+    if let Some(d) = data {
+        let n = d.len().min(8 - p.received);
+        p.data[p.received..p.received + n].copy_from_slice(&d[..n]);
+        p.received += n;
+    }
+    if rules::completes_request(&cpl, data) {
+        p.status = Some(cpl.status);
+    }
+}
+
 /// Queues a completion into the session, emitted straight into its buffer, or holds it (in
 /// order, behind any already held) when the session's queue is full.
 fn queue_or_hold(
@@ -841,24 +881,7 @@ impl Inner {
         let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
         self.received[kind_index(&t)] += 1;
         match t.body {
-            Body::Completion { cpl, data, .. } => {
-                let Some(p) = self.pending[cpl.tag.value() as usize].as_mut() else {
-                    self.stats.stray_completions += 1;
-                    return;
-                };
-                if let Some(d) = data {
-                    let n = d.len().min(8 - p.received);
-                    p.data[p.received..p.received + n].copy_from_slice(&d[..n]);
-                    p.received += n;
-                }
-                let last = cpl.status != CplStatus::Success
-                    || data.is_none_or(|d| {
-                        d.len() + (cpl.lower_address as usize % 4) >= cpl.byte_count as usize
-                    });
-                if last {
-                    p.status = Some(cpl.status);
-                }
-            }
+            Body::Completion { .. } => take_completion(&t, &mut self.pending, &mut self.stats),
             Body::MemRead { address, length_dw, .. } => {
                 let (addr, len) = (address.value(), length_dw as usize * 4);
                 let mps = self.max_payload;

@@ -127,6 +127,18 @@ pub fn split(addr: u64, len: u64, max: TransferSize) -> Split {
     Split { addr, end: addr.saturating_add(len), max: max.bytes() as u64 }
 }
 
+/// Whether this completion is the last of its request's (PCIe 6.0 §2.3.1.1): an error
+/// status ends the request; otherwise the bytes it returns — its payload less the Lower
+/// Address offset into the first DW — cover the Byte Count still owed. Only the last
+/// completion may carry bytes past the end of the read (in its last DW).
+pub fn completes_request(cpl: &Completion, data: Option<&[u8]>) -> bool {
+    if cpl.status != CplStatus::Success {
+        return true;
+    }
+    let pad = (cpl.lower_address & 3) as usize;
+    data.is_none_or(|d| d.len() >= cpl.byte_count as usize + pad)
+}
+
 /// Stores a write's payload into `dst` (the bytes at its address), only the bytes its byte
 /// enables select (PCIe 6.0 §2.2.5): First DW BE for the first DW, Last DW BE for the last
 /// (a 1-DW write has only First DW BE), every byte of the DWs between. `dst` and `data` are
@@ -333,7 +345,32 @@ pub fn completion_without_data(request: &TlpRepr<'_>, completer: Bdf, status: Cp
 
 #[cfg(test)]
 mod write_enable_tests {
-    use super::write_enabled_bytes;
+    use super::{completes_request, write_enabled_bytes};
+    use crate::fields::CplStatus;
+    use crate::ids::{Bdf, Tag};
+    use crate::repr::Completion;
+
+    #[test]
+    fn the_last_completion_covers_the_byte_count() {
+        let cpl = |byte_count, lower_address, status| Completion {
+            completer: Bdf::new(1, 0, 0),
+            status,
+            bcm: false,
+            byte_count,
+            requester: Bdf::new(0, 0, 0),
+            tag: Tag::from_bits(1),
+            lower_address,
+        };
+        // A 130-byte read from ...0x3e under a 64-byte RCB: 2 bytes (1 DW), 64, 64.
+        assert!(!completes_request(&cpl(130, 0x3e, CplStatus::Success), Some(&[0; 4])));
+        assert!(!completes_request(&cpl(128, 0x40, CplStatus::Success), Some(&[0; 64])));
+        assert!(completes_request(&cpl(64, 0x00, CplStatus::Success), Some(&[0; 64])));
+        // One DW read of bytes 1..3: payload of 4, Byte Count 2, offset 1.
+        assert!(completes_request(&cpl(2, 0x01, CplStatus::Success), Some(&[0; 4])));
+        // A non-last completion whose length plus offset reaches the Byte Count is not last.
+        assert!(!completes_request(&cpl(66, 0x3e, CplStatus::Success), Some(&[0; 64])));
+        assert!(completes_request(&cpl(4, 0, CplStatus::UnsupportedRequest), None));
+    }
 
     #[test]
     fn only_enabled_bytes_are_written() {

@@ -86,6 +86,22 @@ impl Idle {
     }
 }
 
+/// Queues every frame `session` has now for `to`, each written straight into the driver's
+/// send queue; returns how many (the caller flushes).
+fn transmit_session<D: Datagrams>(
+    sock: &mut D,
+    to: SocketAddr,
+    session: &mut Session,
+    now: Time,
+) -> io::Result<usize> {
+    let mut sent = 0;
+    let max = session.mtu();
+    while sock.send_with(to, max, &mut |b| session.poll_transmit(now, b).unwrap_or(0))? > 0 {
+        sent += 1;
+    }
+    Ok(sent)
+}
+
 /// Drives one client session over a driver.
 pub struct SessionRunner<D> {
     /// The socket.
@@ -147,13 +163,7 @@ impl<D: Datagrams> SessionRunner<D> {
     }
 
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
-        let mut sent = 0;
-        let session = &mut self.session;
-        let max = session.mtu();
-        // Frames are written straight into the driver's send queue.
-        while self.sock.send_with(self.peer, max, &mut |b| session.poll_transmit(now, b).unwrap_or(0))? > 0 {
-            sent += 1;
-        }
+        let sent = transmit_session(&mut self.sock, self.peer, &mut self.session, now)?;
         if sent > 0 {
             self.sock.flush()?;
         }
@@ -239,11 +249,7 @@ impl<D: Datagrams> ServerRunner<D> {
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
         for (_, addr, s) in self.endpoint.sessions() {
-            let max = s.mtu();
-            // Frames are written straight into the driver's send queue.
-            while self.sock.send_with(addr, max, &mut |b| s.poll_transmit(now, b).unwrap_or(0))? > 0 {
-                sent += 1;
-            }
+            sent += transmit_session(&mut self.sock, addr, s, now)?;
         }
         if sent > 0 {
             self.sock.flush()?;
