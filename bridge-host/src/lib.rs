@@ -42,7 +42,9 @@
 //! gpu.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap();
 //! println!("{:?}", gpu.pci().stats());
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+pub mod vfio_user;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -221,12 +223,61 @@ impl VirtualBar {
     }
 }
 
+/// Memory that lives with a client elsewhere (a VMM's guest memory it did not share as a
+/// file), reached through messages rather than loads and stores.
+pub trait ClientMemory: Send {
+    /// Reads `out.len()` bytes at bus address `addr`.
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> io::Result<()>;
+    /// Writes `data` at bus address `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]) -> io::Result<()>;
+}
+
+/// What backs a DMA window.
+enum Memory {
+    /// Mapped into this process.
+    Local(memmap2::MmapMut),
+    /// Reached through the client ([`ClientMemory`]).
+    Client { len: usize, io: Box<dyn ClientMemory> },
+}
+
+impl Memory {
+    fn len(&self) -> usize {
+        match self {
+            Memory::Local(m) => m.len(),
+            Memory::Client { len, .. } => *len,
+        }
+    }
+}
+
 /// A DMA window: host memory the device may reach, at a bus address.
 struct Window {
     bus: u64,
-    mem: memmap2::MmapMut,
+    mem: Memory,
     read: bool,
     write: bool,
+}
+
+impl Window {
+    fn end(&self) -> u64 {
+        self.bus + self.mem.len() as u64
+    }
+    fn contains(&self, addr: u64, len: usize) -> bool {
+        addr >= self.bus && addr.checked_add(len as u64).is_some_and(|e| e <= self.end())
+    }
+}
+
+/// The BARs of an attached device as the box placed them, for callers that address BARs
+/// by index (a vfio-user client does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BarView {
+    /// Size in bytes (0: no BAR here, or the upper half of a 64-bit BAR).
+    pub size: u64,
+    /// Memory space (not IO).
+    pub memory: bool,
+    /// 64-bit.
+    pub is_64: bool,
+    /// Prefetchable.
+    pub prefetchable: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -251,7 +302,8 @@ struct Inner {
     /// Offset of the Device Control register (PCI Express capability + 8).
     device_control: Option<u16>,
     bars: [VirtualBar; 6],
-    windows: Vec<Window>,
+    /// Granted DMA windows by bus address (a VMM with a vIOMMU grants thousands of pages).
+    windows: BTreeMap<u64, Window>,
     next_alloc: usize,
     /// Outstanding non-posted requests, by 10-bit tag.
     pending: Box<[Option<Pending>; 1024]>,
@@ -259,6 +311,10 @@ struct Inner {
     interrupts: HashMap<u32, u64>,
     /// Completions the session could not queue yet (its completion queue was full), in order.
     held: VecDeque<Vec<u8>>,
+    /// Where MSI-X messages go as they arrive, if a caller asked.
+    interrupt_sink: Option<Box<dyn FnMut(u32) + Send>>,
+    /// Whether the DMA arena exists.
+    arena: bool,
     removed: Option<String>,
     timeout: Duration,
     sent: [u64; 256],
@@ -304,9 +360,6 @@ impl RemoteDevice {
     /// host's view.
     pub fn attach(opts: AttachOptions) -> Result<RemoteDevice, AttachError> {
         opts.link.validate().map_err(|e| AttachError::Config(format!("link.{e}")))?;
-        if opts.dma_memory == 0 {
-            return Err(AttachError::Config("dma_memory: must be at least 1 byte".into()));
-        }
         let bind = opts.bind.unwrap_or(match opts.server {
             SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
             SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
@@ -404,8 +457,13 @@ impl RemoteDevice {
                 }
             }
         }
-        let arena = memmap2::MmapMut::map_anon(opts.dma_memory)
-            .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
+        let mut windows = BTreeMap::new();
+        if opts.dma_memory > 0 {
+            let arena = memmap2::MmapMut::map_anon(opts.dma_memory)
+                .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
+            let arena = Window { bus: DMA_ARENA_BASE, mem: Memory::Local(arena), read: true, write: true };
+            windows.insert(DMA_ARENA_BASE, arena);
+        }
         log::info!(
             "attached {} at {} (box {box_id}, host view {}), Max_Payload_Size {max_payload} B",
             opts.device,
@@ -423,12 +481,14 @@ impl RemoteDevice {
             link_max_payload: max_payload as u32,
             device_control: None,
             bars,
-            windows: vec![Window { bus: DMA_ARENA_BASE, mem: arena, read: true, write: true }],
+            windows,
             next_alloc: 0,
             pending: Box::new([None; 1024]),
             next_tag: 0,
             interrupts: HashMap::new(),
             held: VecDeque::new(),
+            interrupt_sink: None,
+            arena: opts.dma_memory > 0,
             removed: None,
             timeout: opts.completion_timeout,
             sent: [0; 256],
@@ -502,24 +562,148 @@ impl RemoteDevice {
     /// Grants the device a DMA window: `mem` at bus address `bus`, readable and/or writable
     /// by the device. Refused if it overlaps a window already granted.
     pub fn map_window(&self, bus: u64, mem: memmap2::MmapMut, read: bool, write: bool) -> Result<(), String> {
-        let mut g = lock(&self.inner);
-        let end = bus.checked_add(mem.len() as u64).ok_or(format!("window at {bus:#x} wraps"))?;
-        if let Some(w) = g.windows.iter().find(|w| bus < w.bus + w.mem.len() as u64 && w.bus < end) {
-            return Err(format!(
-                "window {bus:#x}..{end:#x} overlaps {:#x}..{:#x}",
-                w.bus,
-                w.bus + w.mem.len() as u64
-            ));
-        }
-        g.windows.push(Window { bus, mem, read, write });
-        Ok(())
+        lock(&self.inner).add_window(Window { bus, mem: Memory::Local(mem), read, write })
     }
 
-    /// Revokes the window at `bus`; DMA to it is refused from now on.
-    pub fn unmap_window(&self, bus: u64) -> Option<memmap2::MmapMut> {
+    /// Grants the device a DMA window of `len` bytes at bus address `bus` that lives with a
+    /// client and is reached through `io`. Refused if it overlaps a window already granted.
+    pub fn map_client_window(
+        &self,
+        bus: u64,
+        len: usize,
+        io: Box<dyn ClientMemory>,
+        read: bool,
+        write: bool,
+    ) -> Result<(), String> {
+        lock(&self.inner).add_window(Window { bus, mem: Memory::Client { len, io }, read, write })
+    }
+
+    /// Revokes the window that starts at `bus` and is `len` bytes long (any length if
+    /// `None`); DMA to it is refused from now on. False if there is no such window.
+    pub fn unmap_window(&self, bus: u64, len: Option<usize>) -> bool {
         let mut g = lock(&self.inner);
-        let i = g.windows.iter().position(|w| w.bus == bus && w.bus != DMA_ARENA_BASE)?;
-        Some(g.windows.remove(i).mem)
+        let arena = g.arena;
+        let found = g
+            .windows
+            .get(&bus)
+            .is_some_and(|w| len.is_none_or(|l| l == w.mem.len()) && !(arena && w.bus == DMA_ARENA_BASE));
+        found && g.windows.remove(&bus).is_some()
+    }
+
+    /// Revokes every window that lies wholly inside `bus..bus + len` (the DMA arena
+    /// excepted), as VFIO's type1 IOMMU unmaps a range; returns how many.
+    pub fn unmap_range(&self, bus: u64, len: u64) -> usize {
+        let mut g = lock(&self.inner);
+        let arena = g.arena;
+        let end = bus.saturating_add(len);
+        let inside: Vec<u64> = g
+            .windows
+            .range(bus..end)
+            .filter(|(b, w)| w.end() <= end && !(arena && **b == DMA_ARENA_BASE))
+            .map(|(b, _)| *b)
+            .collect();
+        for b in &inside {
+            g.windows.remove(b);
+        }
+        inside.len()
+    }
+
+    /// Revokes every window but the DMA arena.
+    pub fn unmap_all_windows(&self) {
+        let mut g = lock(&self.inner);
+        let arena = g.arena;
+        g.windows.retain(|bus, _| arena && *bus == DMA_ARENA_BASE);
+    }
+
+    /// The device's BARs, by index.
+    pub fn bars(&self) -> [BarView; 6] {
+        let g = lock(&self.inner);
+        g.bars.map(|b| BarView {
+            size: b.info.size,
+            memory: b.info.memory,
+            is_64: b.info.is_64,
+            prefetchable: b.info.prefetchable,
+        })
+    }
+
+    /// Reads `out.len()` bytes at `offset` in BAR `bar` (memory BARs), whatever the host
+    /// view's BAR registers say; a read that fails returns all-ones. False if the access is
+    /// outside the BAR.
+    pub fn bar_read(&self, bar: usize, offset: u64, out: &mut [u8]) -> bool {
+        let mut g = self.enter();
+        let Some(base) = g.bar_base(bar, offset, out.len()) else { return false };
+        g.mmio_bytes(base + offset, Access::Read(out));
+        true
+    }
+
+    /// Writes `data` at `offset` in BAR `bar` (posted). False if outside the BAR.
+    pub fn bar_write(&self, bar: usize, offset: u64, data: &[u8]) -> bool {
+        let mut g = self.enter();
+        let Some(base) = g.bar_base(bar, offset, data.len()) else { return false };
+        g.mmio_bytes(base + offset, Access::Write(data));
+        true
+    }
+
+    /// Reads config bytes at `offset` (any alignment) as the host sees them.
+    pub fn config_read_bytes(&self, offset: u16, out: &mut [u8]) {
+        let mut g = self.enter();
+        let mut at = offset as usize;
+        let end = offset as usize + out.len();
+        while at < end {
+            let dw = g.config_read((at & !3) as u16).to_le_bytes();
+            let stop = ((at & !3) + 4).min(end);
+            for a in at..stop {
+                out[a - offset as usize] = dw[a & 3];
+            }
+            at = stop;
+        }
+    }
+
+    /// Writes config bytes at `offset` (any alignment): each DW touched is written with
+    /// byte enables for exactly the bytes given, so neighbouring registers (write-1-to-clear
+    /// Status beside Command, say) are not written.
+    pub fn config_write_bytes(&self, offset: u16, data: &[u8]) {
+        let mut g = self.enter();
+        let mut at = offset as usize;
+        let end = offset as usize + data.len();
+        while at < end {
+            let base = at & !3;
+            let stop = (base + 4).min(end);
+            let mut dw = [0u8; 4];
+            let mut be = 0u8;
+            for a in at..stop {
+                dw[a & 3] = data[a - offset as usize];
+                be |= 1 << (a & 3);
+            }
+            g.config_write_be(base as u16, u32::from_le_bytes(dw), be);
+            at = stop;
+        }
+    }
+
+    /// Routes MSI-X messages (by their data value, which [`PciFunction::msi_message`]
+    /// makes the vector number) to `sink` as they arrive, instead of keeping them for
+    /// [`PciFunction::wait_interrupt`]. `None` goes back to keeping them.
+    pub fn set_interrupt_sink(&self, sink: Option<Box<dyn FnMut(u32) + Send>>) {
+        lock(&self.inner).interrupt_sink = sink;
+    }
+
+    /// One pass over the link for a caller that drives it itself (no service thread):
+    /// receives, serves device DMA, runs timers, sends. True if anything happened.
+    pub fn service(&self) -> bool {
+        self.enter().pump()
+    }
+
+    /// A descriptor that becomes readable when the link has something to receive, for a
+    /// caller that waits on it beside its own (`None` for the io_uring driver, whose
+    /// completions are not signalled on a descriptor).
+    pub fn link_fd(&self) -> Option<std::os::fd::RawFd> {
+        use link::driver::Datagrams;
+        lock(&self.inner).runner.sock.poll_fd()
+    }
+
+    /// How long until the link's next timer, for a caller that drives the link itself.
+    pub fn next_timer(&self) -> Option<Duration> {
+        lock(&self.inner).runner.next_timer()
     }
 
     /// Detaches: what is in flight completes, the box takes the device back (and resets
@@ -585,6 +769,7 @@ impl Inner {
             runner,
             windows,
             interrupts,
+            interrupt_sink,
             stats,
             received,
             logged_refusals,
@@ -607,7 +792,10 @@ impl Inner {
             let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             received[kind_index(&t)] += 1;
             match t.body {
-                Body::MemWrite { .. } => posted_write(&t, windows, interrupts, stats, logged_refusals, who),
+                Body::MemWrite { .. } => {
+                    let mut irq = Interrupts { counts: interrupts, sink: interrupt_sink };
+                    posted_write(&t, windows, &mut irq, stats, logged_refusals, who)
+                }
                 _ => take_completion(&t, pending, stats),
             }
             true
@@ -733,8 +921,13 @@ impl Inner {
     }
 
     fn config(&mut self, offset: u16, write: Option<u32>) -> u32 {
+        self.config_be(offset, write, 0xf)
+    }
+
+    /// A config request with byte enables `be` (a write of only some bytes of the DW).
+    fn config_be(&mut self, offset: u16, write: Option<u32>, be: u8) -> u32 {
         let tag = self.tag();
-        let req = Request { requester: self.host_id, tag, first_be: 0xf, last_be: 0 };
+        let req = Request { requester: self.host_id, tag, first_be: be, last_be: 0 };
         // Retargeted from the host-view BDF to the device's BDF on the box.
         let cfg = ConfigTarget { type1: false, target: self.box_id, register: offset & 0xffc };
         let data = write.unwrap_or(0).to_le_bytes();
@@ -785,7 +978,107 @@ impl Inner {
     }
 
     fn window(&mut self, addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
-        find_window(&mut self.windows, addr, len, write)
+        let w = find_window(&mut self.windows, addr, len, write)?;
+        let off = (addr - w.bus) as usize;
+        match &mut w.mem {
+            Memory::Local(m) => Some(&mut m[off..off + len]),
+            Memory::Client { .. } => None,
+        }
+    }
+
+    fn add_window(&mut self, w: Window) -> Result<(), String> {
+        let (bus, end) = (w.bus, w.bus.checked_add(w.mem.len() as u64));
+        let end = end.ok_or(format!("window at {bus:#x} wraps"))?;
+        if w.mem.len() == 0 {
+            return Err(format!("window at {bus:#x} is empty"));
+        }
+        // The last window starting below `end` is the only one that can overlap.
+        if let Some((_, o)) = self.windows.range(..end).next_back()
+            && o.end() > bus
+        {
+            return Err(format!("window {bus:#x}..{end:#x} overlaps {:#x}..{:#x}", o.bus, o.end()));
+        }
+        self.windows.insert(bus, w);
+        Ok(())
+    }
+
+    /// The box address of memory BAR `bar` if `len` bytes at `offset` lie inside it.
+    fn bar_base(&self, bar: usize, offset: u64, len: usize) -> Option<u64> {
+        let b = self.bars.get(bar)?;
+        let inside = offset.checked_add(len as u64).is_some_and(|e| e <= b.info.size);
+        (b.info.size != 0 && b.info.memory && inside && len > 0).then_some(b.info.address)
+    }
+
+    /// A memory access of any size and alignment at box address `addr`, in pieces a device
+    /// takes as one register access: an aligned QW as one two-DW request, otherwise one
+    /// request per DW with byte enables for the bytes inside it.
+    fn mmio_bytes(&mut self, addr: u64, access: Access<'_>) {
+        let (n, mut out, data) = match access {
+            Access::Read(o) => (o.len(), Some(o), None),
+            Access::Write(d) => (d.len(), None, Some(d)),
+        };
+        let mut done = 0;
+        while done < n {
+            let at = addr + done as u64;
+            let piece = if at.is_multiple_of(8) && n - done >= 8 { 8 } else { (4 - (at % 4) as usize).min(n - done) };
+            let lane = (at % 4) as usize;
+            let (first_be, last_be, length_dw) =
+                if piece == 8 { (0xf, 0xf, 2) } else { ((((1u16 << piece) - 1) << lane) as u8, 0, 1) };
+            let mut dw = [0u8; 8];
+            if let Some(d) = data {
+                dw[lane..lane + piece].copy_from_slice(&d[done..done + piece]);
+            }
+            let got =
+                self.mem_request(at & !3, length_dw, first_be, last_be, data.map(|_| &dw[..length_dw * 4]));
+            if let Some(o) = out.as_mut() {
+                let bytes = got.unwrap_or([0xff; 8]);
+                o[done..done + piece].copy_from_slice(&bytes[lane..lane + piece]);
+            }
+            done += piece;
+        }
+    }
+
+    /// One memory request to box address `addr` (DW-aligned); a read returns its data,
+    /// `None` if it failed.
+    fn mem_request(
+        &mut self,
+        addr: u64,
+        length_dw: usize,
+        first_be: u8,
+        last_be: u8,
+        write: Option<&[u8]>,
+    ) -> Option<[u8; 8]> {
+        if self.removed.is_some() {
+            self.stats.failed_requests += write.is_none() as u64;
+            return None;
+        }
+        let tag = self.tag();
+        let req = Request { requester: self.host_id, tag, first_be, last_be };
+        let address = Address::new(addr);
+        match write {
+            Some(data) => {
+                let t = TlpRepr::new(Body::MemWrite { req, address, ph: 0, data });
+                if self.send(&t)
+                    && let Err(e) = self.runner.transmit()
+                {
+                    log::error!("{}: socket: {e}", self.name);
+                }
+                None
+            }
+            None => {
+                let t = TlpRepr::new(Body::MemRead {
+                    req,
+                    address,
+                    ph: 0,
+                    length_dw: length_dw as u16,
+                    locked: false,
+                });
+                match self.request(&t, tag) {
+                    Some((CplStatus::Success, d, n)) if n >= length_dw * 4 => Some(d),
+                    _ => None,
+                }
+            }
+        }
     }
 }
 
@@ -826,15 +1119,21 @@ fn queue_or_hold(
     }
 }
 
-fn find_window(windows: &mut [Window], addr: u64, len: usize, write: bool) -> Option<&mut [u8]> {
-    let w = windows.iter_mut().find(|w| {
-        addr >= w.bus && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
-    })?;
+/// The window that holds `len` bytes at `addr` and allows the access.
+fn find_window(
+    windows: &mut BTreeMap<u64, Window>,
+    addr: u64,
+    len: usize,
+    write: bool,
+) -> Option<&mut Window> {
+    let (_, w) = windows.range_mut(..=addr).next_back()?;
+    if !w.contains(addr, len) {
+        return None;
+    }
     if (write && !w.write) || (!write && !w.read) {
         return None;
     }
-    let off = (addr - w.bus) as usize;
-    Some(&mut w.mem[off..off + len])
+    Some(w)
 }
 
 fn log_refusal(count: &mut u64, (name, id): (&str, Bdf), what: &str, addr: u64, len: usize) {
@@ -851,8 +1150,8 @@ fn log_refusal(count: &mut u64, (name, id): (&str, Bdf), what: &str, addr: u64, 
 /// DMA into a granted window (byte enables honoured); anything else is dropped and counted.
 fn posted_write(
     t: &TlpRepr<'_>,
-    windows: &mut [Window],
-    interrupts: &mut HashMap<u32, u64>,
+    windows: &mut BTreeMap<u64, Window>,
+    interrupts: &mut Interrupts<'_>,
     stats: &mut HostStats,
     refusals: &mut u64,
     who: (&str, Bdf),
@@ -861,18 +1160,51 @@ fn posted_write(
     let addr = address.value();
     if (MSI_BASE..MSI_BASE + 0x10_0000).contains(&addr) && data.len() >= 4 {
         let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-        *interrupts.entry(v).or_default() += 1;
         stats.interrupts += 1;
+        match interrupts.sink.as_mut() {
+            Some(sink) => sink(v),
+            None => *interrupts.counts.entry(v).or_default() += 1,
+        }
         return;
     }
     let n = data.len();
-    let Some(mem) = find_window(windows, addr, n, true) else {
+    let Some(w) = find_window(windows, addr, n, true) else {
         stats.dma_write_dropped += 1;
         log_refusal(refusals, who, "write", addr, n);
         return;
     };
+    let off = (addr - w.bus) as usize;
+    match &mut w.mem {
+        Memory::Local(m) => rules::write_enabled_bytes(&mut m[off..off + n], data, req.first_be, req.last_be),
+        Memory::Client { io, .. } => {
+            // Only the enabled bytes: read what is there, merge, write back.
+            let mut buf = vec![0u8; n];
+            let full = req.first_be == 0xf && (req.last_be == 0xf || (n <= 4 && req.last_be == 0));
+            if !full && io.read(addr, &mut buf).is_err() {
+                stats.dma_write_dropped += 1;
+                return;
+            }
+            rules::write_enabled_bytes(&mut buf, data, req.first_be, req.last_be);
+            if let Err(e) = io.write(addr, &buf) {
+                stats.dma_write_dropped += 1;
+                log::warn!("{} ({}): device DMA write of {n} bytes at {addr:#x} failed: {e}", who.0, who.1);
+                return;
+            }
+        }
+    }
     stats.dma_writes += 1;
-    rules::write_enabled_bytes(mem, data, req.first_be, req.last_be);
+}
+
+/// A memory access: bytes to fill, or bytes to write.
+enum Access<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// Where MSI-X messages go: counted for `wait_interrupt`, or to the caller's sink.
+struct Interrupts<'a> {
+    counts: &'a mut HashMap<u32, u64>,
+    sink: &'a mut Option<Box<dyn FnMut(u32) + Send>>,
 }
 
 impl Inner {
@@ -888,15 +1220,33 @@ impl Inner {
                 let host_id = self.host_id;
                 // Split borrows: the window's bytes, the session, the held completions.
                 let Inner { windows, runner, sent, held, .. } = self;
-                let w = windows.iter().find(|w| {
-                    w.read
-                        && addr >= w.bus
-                        && addr.checked_add(len as u64).is_some_and(|e| e <= w.bus + w.mem.len() as u64)
-                });
-                match w {
+                match find_window(windows, addr, len, false) {
                     Some(w) => {
                         let off = (addr - w.bus) as usize;
-                        let data = &w.mem[off..off + len];
+                        let client;
+                        let data = match &mut w.mem {
+                            Memory::Local(m) => &m[off..off + len],
+                            Memory::Client { io, .. } => {
+                                let mut buf = vec![0u8; len];
+                                if let Err(e) = io.read(addr, &mut buf) {
+                                    log::warn!(
+                                        "{} ({}): device DMA read of {len} bytes at {addr:#x} failed: {e}",
+                                        self.name,
+                                        self.device_id
+                                    );
+                                    self.stats.dma_read_refused += 1;
+                                    let c = rules::completion_without_data(
+                                        &t,
+                                        host_id,
+                                        CplStatus::UnsupportedRequest,
+                                    );
+                                    self.answer(&c);
+                                    return;
+                                }
+                                client = buf;
+                                &client[..]
+                            }
+                        };
                         // Emitted from host memory straight into the session's queue.
                         rules::complete_read(&t, host_id, data, Rcb::B64, mps, |c| {
                             queue_or_hold(&mut runner.session, held, sent, c)
@@ -919,10 +1269,11 @@ impl Inner {
             }
             Body::MemWrite { .. } => {
                 let who = (self.name.as_str(), self.device_id);
+                let mut irq = Interrupts { counts: &mut self.interrupts, sink: &mut self.interrupt_sink };
                 posted_write(
                     &t,
                     &mut self.windows,
-                    &mut self.interrupts,
+                    &mut irq,
                     &mut self.stats,
                     &mut self.logged_refusals,
                     who,
@@ -944,37 +1295,21 @@ impl Inner {
             self.stats.unclaimed_mmio += 1;
             return u64::MAX;
         };
-        if self.removed.is_some() {
-            self.stats.failed_requests += write.is_none() as u64;
-            return u64::MAX;
-        }
-        let tag = self.tag();
         let (first_be, last_be) = if len == 8 { (0xf, 0xf) } else { (0xf, 0) };
-        let req = Request { requester: self.host_id, tag, first_be, last_be };
-        let address = Address::new(target);
         match write {
             Some(v) => {
                 let b = v.to_le_bytes();
-                let t = TlpRepr::new(Body::MemWrite { req, address, ph: 0, data: &b[..len] });
-                if self.send(&t)
-                    && let Err(e) = self.runner.transmit()
-                {
-                    log::error!("{}: socket: {e}", self.name);
-                }
+                self.mem_request(target, len / 4, first_be, last_be, Some(&b[..len]));
                 0
             }
-            None => {
-                let length_dw = (len / 4) as u16;
-                let t = TlpRepr::new(Body::MemRead { req, address, ph: 0, length_dw, locked: false });
-                match self.request(&t, tag) {
-                    Some((CplStatus::Success, d, n)) if n >= len => {
-                        let mut b = [0u8; 8];
-                        b[..len].copy_from_slice(&d[..len]);
-                        u64::from_le_bytes(b)
-                    }
-                    _ => u64::MAX,
+            None => match self.mem_request(target, len / 4, first_be, last_be, None) {
+                Some(d) => {
+                    let mut b = [0u8; 8];
+                    b[..len].copy_from_slice(&d[..len]);
+                    u64::from_le_bytes(b)
                 }
-            }
+                None => u64::MAX,
+            },
         }
     }
 
@@ -1001,6 +1336,30 @@ impl Inner {
             0x30 => 0, // no Expansion ROM in the host's view
             _ if self.removed.is_some() => u32::MAX,
             _ => self.config(offset, None),
+        }
+    }
+
+    /// A config write of the bytes enabled by `be`. Registers virtualized here take the
+    /// enabled bytes merged into their current value; the rest goes to the device with
+    /// the byte enables as given.
+    fn config_write_be(&mut self, offset: u16, value: u32, be: u8) {
+        let offset = offset & 0xffc;
+        if be == 0xf {
+            return self.config_write(offset, value);
+        }
+        let virtual_reg = matches!(offset, 0x10..=0x27 | 0x30) || Some(offset) == self.device_control;
+        if virtual_reg {
+            let mut merged = self.config_read(offset).to_le_bytes();
+            let new = value.to_le_bytes();
+            for (i, b) in merged.iter_mut().enumerate() {
+                if be & (1 << i) != 0 {
+                    *b = new[i];
+                }
+            }
+            return self.config_write(offset, u32::from_le_bytes(merged));
+        }
+        if self.removed.is_none() && be != 0 {
+            self.config_be(offset, Some(value), be);
         }
     }
 
@@ -1054,11 +1413,15 @@ impl PciFunction for RemoteDevice {
         let mut g = self.enter();
         let start = g.next_alloc.div_ceil(64) * 64;
         let end = start.checked_add(len)?;
-        let arena = g.windows.iter_mut().find(|w| w.bus == DMA_ARENA_BASE)?;
-        if end > arena.mem.len() {
+        if !g.arena {
             return None;
         }
-        arena.mem[start..end].fill(0);
+        let arena = g.windows.get_mut(&DMA_ARENA_BASE)?;
+        let Memory::Local(mem) = &mut arena.mem else { return None };
+        if end > mem.len() {
+            return None;
+        }
+        mem[start..end].fill(0);
         g.next_alloc = end;
         Some(DmaBuf { bus: DMA_ARENA_BASE + start as u64, len })
     }

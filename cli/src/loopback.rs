@@ -55,6 +55,10 @@ pub(crate) struct LoopbackArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Instead of running the workload, serve the remote simgpu to a VMM over vfio-user on
+    /// DIR/gpu0.sock (QEMU: -device vfio-user-pci) until SIGINT or SIGTERM.
+    #[arg(long, value_name = "DIR")]
+    vfio_user: Option<std::path::PathBuf>,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, default_value = "warn")]
     log_level: String,
@@ -73,6 +77,7 @@ impl LoopbackArgs {
             loss: 0.0,
             rtt_samples: 2000,
             json: false,
+            vfio_user: None,
             log_level: "warn".into(),
         }
     }
@@ -260,10 +265,71 @@ fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
     t
 }
 
+/// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
+/// served on DIR/gpu0.sock until SIGINT or SIGTERM.
+fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), String> {
+    let driver = config::driver_kind("--driver", &args.driver)?;
+    // The server waits on the client socket and the link together: the portable driver
+    // gives it a descriptor to wait on (docs/vfio-user.md).
+    let driver = if driver == DriverKind::Auto { DriverKind::Portable } else { driver };
+    let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
+    let wait = match poll {
+        PollMode::Busy { .. } => bridge_host::vfio_user::Wait::Busy,
+        PollMode::Blocking => bridge_host::vfio_user::Wait::Blocking,
+    };
+    let imp = |seed| Impairment {
+        loss: args.loss,
+        delay: Duration::from_micros(args.delay_us),
+        jitter: Duration::from_micros(args.jitter_us),
+        seed,
+        ..Impairment::default()
+    };
+    let stop = crate::daemon::stop_flag()?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
+    let gpu = LocalBox::start(driver, PollMode::Blocking, imp(11))?;
+    let mut o = gpu.attach_options(driver, PollMode::Blocking, imp(12));
+    o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+    // The VMM grants guest memory; the server thread drives the link.
+    o.dma_memory = 0;
+    o.service_interval = None;
+    let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+    let path = dir.join("gpu0.sock");
+    let mut server = bridge_host::vfio_user::VfioUserServer::bind(&path, remote, wait)
+        .map_err(|e| format!("--vfio-user: {e}"))?;
+    eprintln!(
+        "dxpu loopback: serving the remote simgpu on {} (QEMU: -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'); SIGINT or SIGTERM stops",
+        path.display(),
+        path.display()
+    );
+    server.serve(&stop).map_err(|e| format!("vfio-user: {e}"))?;
+    let c = server.counters();
+    eprintln!(
+        "dxpu loopback: stopped after {} client(s), {} commands ({} errors), {} interrupts delivered",
+        c.clients.load(Ordering::Relaxed),
+        c.commands.load(Ordering::Relaxed),
+        c.errors.load(Ordering::Relaxed),
+        c.interrupts.load(Ordering::Relaxed)
+    );
+    let stats = server.device().stats();
+    eprintln!("dxpu loopback: TLPs host→box {:?}, box→host {:?}", stats.tlps_sent, stats.tlps_received);
+    server.into_device().detach();
+    drop(gpu);
+    Ok(())
+}
+
 pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     if let Err(e) = crate::daemon::init_logging(&args.log_level) {
         eprintln!("dxpu loopback: {e}");
         return ExitCode::FAILURE;
+    }
+    if let Some(dir) = args.vfio_user.clone() {
+        return match serve_vfio_user(&args, &dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu loopback: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let start = Instant::now();
     let quiet = args.json;

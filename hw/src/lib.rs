@@ -35,6 +35,7 @@ pub mod simgpu;
 pub mod simgpu_device;
 pub mod suite;
 pub mod vfio;
+pub mod vfio_function;
 pub mod workload;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};

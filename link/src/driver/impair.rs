@@ -189,6 +189,11 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         self.inner.recv(f)
     }
 
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        // Delayed datagrams leave on a timer, not on a descriptor.
+        if self.imp.is_none() { self.inner.poll_fd() } else { None }
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let next = self.held.peek().map(|Reverse((t, ..))| t.saturating_duration_since(Instant::now()));
         let t = match (timeout, next) {

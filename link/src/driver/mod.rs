@@ -104,6 +104,12 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.name(),
         }
     }
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self {
+            AnyUdp::Uring(u) => u.poll_fd(),
+            AnyUdp::Portable(p) => p.poll_fd(),
+        }
+    }
 }
 
 /// A datagram socket as a session runner uses it.
@@ -134,6 +140,12 @@ pub trait Datagrams {
     fn local_addr(&self) -> io::Result<SocketAddr>;
     /// Which driver this is, for logs and reports.
     fn name(&self) -> &'static str;
+    /// A descriptor that polls readable whenever [`Datagrams::recv`] has something, for a
+    /// caller that waits on it beside descriptors of its own. `None` where there is none
+    /// (io_uring: its completions arrive as task work, not on a descriptor).
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// A generator seeded from the OS (`/dev/urandom`), for session IDs, nonces and epochs. If

@@ -352,6 +352,10 @@ impl Datagrams for PortableUdp {
         }
     }
 
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.socket.as_raw_fd())
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let mut pfd = libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let ts = timeout.map(|t| libc::timespec {

@@ -170,6 +170,11 @@ impl<D: Datagrams> SessionRunner<D> {
         Ok(sent)
     }
 
+    /// How long until the session's next timer (replay, acknowledgement, keepalive).
+    pub fn next_timer(&self) -> Option<Duration> {
+        self.session.poll_timeout().map(|t| self.clock.until(t))
+    }
+
     /// Waits for work the way the mode says (call after an idle `poll`).
     pub fn wait(&mut self) -> io::Result<()> {
         let timer = self.session.poll_timeout().map(|t| self.clock.until(t));

@@ -1,0 +1,1006 @@
+//! A vfio-user server: a remote device served to a VMM (QEMU's `vfio-user-pci`) over a UNIX
+//! socket, so that a VM sees the GPU in another box as an ordinary PCI device.
+//!
+//! The protocol is QEMU's `docs/interop/vfio-user.rst` (version 0.1), written here rather
+//! than taken from the rust-vmm `vfio-user` crate: that crate's server serves one connection
+//! for its lifetime and cannot send DMA_READ / DMA_WRITE to the client, and this server must
+//! serve client after client and reach guest memory that was not shared as a file
+//! (docs/vfio-user.md). [`proto`] parses and builds messages without I/O; this module owns
+//! the socket, the file descriptors and the device.
+//!
+//! What each message becomes:
+//! - REGION_READ / REGION_WRITE of the config region → CfgRd / CfgWr (with byte enables)
+//!   through [`RemoteDevice`], BAR registers virtualized there; of a BAR → MRd / MWr at the
+//!   BAR's address on the box. No region is offered for mmap: every access reaches the
+//!   device. A read that fails returns all-ones and is logged.
+//! - DMA_MAP with a file descriptor → the client's memory mapped here and granted to the
+//!   device as a DMA window (readable / writable as the flags say); without one → a window
+//!   whose reads and writes become DMA_READ / DMA_WRITE messages to the client. DMA_UNMAP
+//!   revokes it before the reply; device DMA to it afterwards gets Unsupported Request.
+//! - SET_IRQS for MSI-X → one eventfd per vector; the device's MSI-X table (which the VMM
+//!   emulates for the guest) is programmed here so that each vector's message reaches the
+//!   host endpoint, which signals the vector's eventfd. MASK / UNMASK set the vector's mask
+//!   bit in the device, so a masked vector is held pending by the device itself.
+//! - DEVICE_RESET → Bus Master Enable off, then a function-level reset of the remote device.
+//! - Client gone → its windows and eventfds are dropped, the device is quiesced and reset,
+//!   and the next client is served.
+//!
+//! One thread serves one device: it waits on the client socket and the link socket
+//! together, so commands, device DMA and interrupts are handled as they arrive.
+
+pub mod proto;
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+
+use crate::{ClientMemory, MSI_BASE, RemoteDevice};
+use proto::{Caps, Header, Request, cmd, errno, irq, region};
+
+/// Largest `count` of a region or DMA transfer this server accepts (and announces).
+pub const MAX_DATA_XFER: u32 = 1 << 20;
+/// File descriptors accepted in one message (and announced; QEMU refuses a server that
+/// announces more than 16).
+pub const MAX_MSG_FDS: u32 = 16;
+/// DMA windows a client may have mapped at once (and announced).
+pub const MAX_DMA_MAPS: u32 = 65535;
+/// Largest message accepted: a REGION_WRITE of [`MAX_DATA_XFER`] bytes.
+pub const MAX_MESSAGE: u32 = proto::HEADER_LEN as u32 + 16 + MAX_DATA_XFER;
+/// Size of the config region (PCI Express extended config space).
+pub const CONFIG_SIZE: u64 = 4096;
+/// How long a client may take to send the rest of a message it started, or to answer a
+/// DMA_READ / DMA_WRITE, before it is treated as gone.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the server has done, for tests and reports.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Clients served (connections accepted).
+    pub clients: AtomicU64,
+    /// Connections refused because a client was being served.
+    pub refused: AtomicU64,
+    /// Commands handled.
+    pub commands: AtomicU64,
+    /// Commands answered with an error.
+    pub errors: AtomicU64,
+    /// DMA_READ / DMA_WRITE messages sent to the client.
+    pub client_dma: AtomicU64,
+    /// MSI-X messages delivered to an eventfd.
+    pub interrupts: AtomicU64,
+    /// MSI-X messages for a vector without an eventfd.
+    pub unrouted: AtomicU64,
+    /// Device resets (DEVICE_RESET and client departures).
+    pub resets: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Where the device's MSI-X table lives.
+#[derive(Clone, Copy, Debug)]
+struct MsixLayout {
+    vectors: u32,
+    bar: usize,
+    offset: u64,
+}
+
+/// Interrupt routes: the eventfds the client gave, by vector.
+#[derive(Default)]
+struct Routes {
+    msix: Vec<Option<File>>,
+    masked: Vec<bool>,
+    counters: Arc<Counters>,
+}
+
+impl Routes {
+    fn fire(&mut self, vector: u32) {
+        match self.msix.get_mut(vector as usize) {
+            Some(Some(fd)) => {
+                // An eventfd takes an 8-byte count; it only fails if the count would
+                // overflow, which a pending signal already covers.
+                let _ = fd.write(&1u64.to_ne_bytes());
+                bump(&self.counters.interrupts);
+            }
+            _ => bump(&self.counters.unrouted),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One message as received: header, payload, descriptors.
+struct Message {
+    header: Header,
+    payload: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+/// The connection to the current client, shared with the DMA windows it did not map.
+struct Channel {
+    stream: UnixStream,
+    /// Commands that arrived while this side waited for a reply of the client's.
+    deferred: VecDeque<Message>,
+    next_id: u16,
+    /// The client's limit for DMA_READ / DMA_WRITE counts.
+    peer_max_xfer: u32,
+    gone: bool,
+}
+
+/// Why reading a message failed.
+enum RecvError {
+    /// The client closed the connection (between messages).
+    Closed,
+    /// The message cannot be used; the connection cannot go on (framing lost).
+    Fatal(String),
+    /// The message was too large: answered, its payload skipped.
+    TooLarge(Header),
+}
+
+impl Channel {
+    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// Reads exactly `buf.len()` bytes, collecting descriptors that come with them.
+    fn read_exact_fds(&mut self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+        let mut got = 0;
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS as usize))];
+        while got < buf.len() {
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [IoSliceMut::new(&mut buf[got..])];
+            let r = match rustix::net::recvmsg(&self.stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
+            {
+                Ok(r) => r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(it) = m {
+                    fds.extend(it);
+                }
+            }
+            if r.flags.contains(ReturnFlags::CTRUNC) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("more than {MAX_MSG_FDS} file descriptors in one message"),
+                ));
+            }
+            if r.bytes == 0 {
+                return Ok(got);
+            }
+            got += r.bytes;
+        }
+        Ok(got)
+    }
+
+    /// Reads one whole message.
+    fn recv(&mut self) -> Result<Message, RecvError> {
+        let mut fds = Vec::new();
+        let mut h = [0u8; proto::HEADER_LEN];
+        match self.read_exact_fds(&mut h, &mut fds) {
+            Ok(0) => return Err(RecvError::Closed),
+            Ok(n) if n < h.len() => {
+                return Err(RecvError::Fatal(format!("connection closed {n} bytes into a header")));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(RecvError::Closed),
+            Err(e) => return Err(RecvError::Fatal(format!("reading a header: {e}"))),
+        }
+        let header = Header::parse(&h);
+        if (header.size as usize) < proto::HEADER_LEN {
+            return Err(RecvError::Fatal(format!(
+                "message {} ({}) claims {} bytes, less than its header",
+                header.id,
+                cmd::name(header.command),
+                header.size
+            )));
+        }
+        let body = header.size as usize - proto::HEADER_LEN;
+        if header.size > MAX_MESSAGE {
+            // Skip the payload to keep the framing, as it arrives.
+            let mut left = body;
+            let mut sink = vec![0u8; 64 << 10];
+            while left > 0 {
+                let n = left.min(sink.len());
+                match self.read_exact_fds(&mut sink[..n], &mut fds) {
+                    Ok(k) if k == n => left -= n,
+                    _ => {
+                        return Err(RecvError::Fatal(format!(
+                            "message of {} bytes (over {MAX_MESSAGE}) not sent in full",
+                            header.size
+                        )));
+                    }
+                }
+            }
+            return Err(RecvError::TooLarge(header));
+        }
+        let mut payload = vec![0u8; body];
+        match self.read_exact_fds(&mut payload, &mut fds) {
+            Ok(n) if n == body => Ok(Message { header, payload, fds }),
+            Ok(n) => Err(RecvError::Fatal(format!(
+                "connection closed {n} of {body} bytes into the payload of {}",
+                cmd::name(header.command)
+            ))),
+            Err(e) => {
+                Err(RecvError::Fatal(format!("reading the payload of {}: {e}", cmd::name(header.command))))
+            }
+        }
+    }
+
+    /// Sends a command of this side's and waits for its reply; commands that arrive
+    /// meanwhile are kept, in order, for the server loop.
+    fn call(&mut self, command: u16, payload: &[u8]) -> io::Result<Vec<u8>> {
+        if self.gone {
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "the client is gone"));
+        }
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = self.next_id;
+        let msg = proto::message(id, command, proto::flags::COMMAND, 0, payload);
+        if let Err(e) = self.send(&msg) {
+            self.gone = true;
+            return Err(e);
+        }
+        loop {
+            match self.recv() {
+                Ok(m) if m.header.is_reply() && m.header.id == id && m.header.command == command => {
+                    if m.header.flags & proto::flags::ERROR != 0 {
+                        return Err(io::Error::other(format!(
+                            "the client answered {} with error {}",
+                            cmd::name(command),
+                            m.header.error
+                        )));
+                    }
+                    return Ok(m.payload);
+                }
+                Ok(m) if m.header.is_command() => self.deferred.push_back(m),
+                Ok(m) => log::warn!(
+                    "vfio-user: unexpected reply {} to {}; dropped",
+                    m.header.id,
+                    cmd::name(m.header.command)
+                ),
+                Err(RecvError::TooLarge(h)) => {
+                    let _ = self.send(&proto::error_reply(&h, errno::E2BIG));
+                }
+                Err(RecvError::Closed) => {
+                    self.gone = true;
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client closed the connection",
+                    ));
+                }
+                Err(RecvError::Fatal(why)) => {
+                    self.gone = true;
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+                }
+            }
+        }
+    }
+}
+
+/// Client memory without a file descriptor, reached with DMA_READ / DMA_WRITE.
+struct ClientDma {
+    chan: Arc<Mutex<Channel>>,
+    counters: Arc<Counters>,
+}
+
+impl ClientMemory for ClientDma {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> io::Result<()> {
+        let mut c = lock(&self.chan);
+        let chunk = c.peer_max_xfer.clamp(4, MAX_DATA_XFER) as usize;
+        let mut done = 0;
+        while done < out.len() {
+            let n = chunk.min(out.len() - done);
+            let at = addr + done as u64;
+            bump(&self.counters.client_dma);
+            let reply = c.call(cmd::DMA_READ, &proto::dma_read(at, n as u64))?;
+            let data = proto::dma_read_data(&reply, at, n)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            out[done..done + n].copy_from_slice(data);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> io::Result<()> {
+        let mut c = lock(&self.chan);
+        let chunk = c.peer_max_xfer.clamp(4, MAX_DATA_XFER) as usize;
+        for (i, piece) in data.chunks(chunk).enumerate() {
+            bump(&self.counters.client_dma);
+            c.call(cmd::DMA_WRITE, &proto::dma_write(addr + (i * chunk) as u64, piece))?;
+        }
+        Ok(())
+    }
+}
+
+/// How the server waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Sleep in `poll` on the client socket and the link together.
+    Blocking,
+    /// Never sleep: poll both without a timeout (a core spins).
+    Busy,
+}
+
+/// A vfio-user server for one remote device.
+pub struct VfioUserServer {
+    listener: UnixListener,
+    path: PathBuf,
+    device: RemoteDevice,
+    wait: Wait,
+    routes: Arc<Mutex<Routes>>,
+    msix: Option<MsixLayout>,
+    pcie_cap: Option<u16>,
+    counters: Arc<Counters>,
+    logged_failures: u64,
+}
+
+/// Walks the capability list of `d` for capability `id`.
+fn find_capability(d: &RemoteDevice, id: u8) -> Option<u16> {
+    let mut b = [0u8; 4];
+    d.config_read_bytes(0x34, &mut b[..1]);
+    let mut at = (b[0] & 0xfc) as u16;
+    for _ in 0..48 {
+        if at == 0 {
+            return None;
+        }
+        d.config_read_bytes(at, &mut b[..2]);
+        if b[0] == id {
+            return Some(at);
+        }
+        at = (b[1] & 0xfc) as u16;
+    }
+    None
+}
+
+/// Maps `len` bytes of the client's file at `offset`: shared and writable if the device may
+/// write it, otherwise a private read-only view (which this process never writes).
+#[allow(unsafe_code)]
+fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Result<memmap2::MmapMut> {
+    let file = File::from(fd);
+    let mut o = memmap2::MmapOptions::new();
+    o.offset(offset).len(len);
+    if write {
+        // SAFETY: the mapping is guest memory shared with the VMM by design; the guest and
+        // the VMM may change it at any time, so this process only ever copies bytes in and
+        // out of it (no references into it outlive a copy), which stays sound whatever
+        // they do concurrently.
+        unsafe { o.map_mut(&file) }
+    } else {
+        // SAFETY: as above; the private mapping is never written here.
+        unsafe { o.map_copy(&file) }
+    }
+}
+
+impl VfioUserServer {
+    /// Serves `device` on a UNIX socket at `path` (an old socket file there is replaced).
+    pub fn bind(path: &Path, device: RemoteDevice, wait: Wait) -> io::Result<VfioUserServer> {
+        if path.exists() {
+            std::fs::remove_file(path).map_err(|e| {
+                io::Error::new(e.kind(), format!("removing the old socket {}: {e}", path.display()))
+            })?;
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+        listener.set_nonblocking(true)?;
+        if wait == Wait::Blocking && device.link_fd().is_none() {
+            log::warn!(
+                "vfio-user {}: the link driver has no descriptor to wait on; waking every millisecond \
+                 (the portable driver, or busy polling, avoids this)",
+                path.display()
+            );
+        }
+        let msix = find_capability(&device, 0x11).map(|cap| {
+            let mut b = [0u8; 8];
+            device.config_read_bytes(cap + 2, &mut b[..6]);
+            let control = u16::from_le_bytes([b[0], b[1]]);
+            let table = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            MsixLayout {
+                vectors: (control & 0x7ff) as u32 + 1,
+                bar: (table & 7) as usize,
+                offset: (table & !7) as u64,
+            }
+        });
+        let pcie_cap = find_capability(&device, 0x10);
+        let counters = Arc::new(Counters::default());
+        let n = msix.map_or(0, |m| m.vectors as usize);
+        let routes = Arc::new(Mutex::new(Routes {
+            msix: (0..n).map(|_| None).collect(),
+            masked: vec![false; n],
+            counters: counters.clone(),
+        }));
+        let sink_routes = routes.clone();
+        device.set_interrupt_sink(Some(Box::new(move |v| lock(&sink_routes).fire(v))));
+        log::info!("vfio-user: serving {} on {} ({} MSI-X vectors)", device.box_id(), path.display(), n);
+        Ok(VfioUserServer {
+            listener,
+            path: path.to_path_buf(),
+            device,
+            wait,
+            routes,
+            msix,
+            pcie_cap,
+            counters,
+            logged_failures: 0,
+        })
+    }
+
+    /// The counters, shared: they stay readable while [`VfioUserServer::serve`] runs.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The device served.
+    pub fn device(&self) -> &RemoteDevice {
+        &self.device
+    }
+
+    /// Gives the device back (the socket file is removed).
+    pub fn into_device(self) -> RemoteDevice {
+        let _ = std::fs::remove_file(&self.path);
+        self.device.set_interrupt_sink(None);
+        self.device
+    }
+
+    /// Serves clients, one at a time, until `stop` is set.
+    pub fn serve(&mut self, stop: &AtomicBool) -> io::Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    bump(&self.counters.clients);
+                    log::info!("vfio-user {}: client connected", self.path.display());
+                    self.serve_client(stream, stop);
+                    self.client_gone();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.wait_for(None, Duration::from_millis(50));
+                    self.device.service();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the client, the link or a new connection has something, or `cap` passes.
+    /// Returns whether the client socket is readable.
+    fn wait_for(&self, client: Option<BorrowedFd<'_>>, cap: Duration) -> bool {
+        let link = self.device.link_fd();
+        let timeout = match self.wait {
+            Wait::Busy => Duration::ZERO,
+            Wait::Blocking if link.is_none() => cap.min(Duration::from_millis(1)),
+            Wait::Blocking => self.device.next_timer().map_or(cap, |t| t.min(cap)),
+        };
+        let link = link.map(|fd| {
+            // The descriptor belongs to the device's socket, which outlives this call.
+            #[allow(unsafe_code)]
+            // SAFETY: `fd` is the device's open socket, alive for the whole call since
+            // `self.device` is borrowed for it.
+            unsafe {
+                BorrowedFd::borrow_raw(fd)
+            }
+        });
+        let mut fds = Vec::with_capacity(3);
+        if let Some(c) = client {
+            fds.push(PollFd::from_borrowed_fd(c, PollFlags::IN));
+        }
+        fds.push(PollFd::new(&self.listener, PollFlags::IN));
+        if let Some(l) = link {
+            fds.push(PollFd::from_borrowed_fd(l, PollFlags::IN));
+        }
+        let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+        let _ = rustix::event::poll(&mut fds, Some(&ts));
+        client.is_some() && !fds[0].revents().is_empty()
+    }
+
+    fn serve_client(&mut self, stream: UnixStream, stop: &AtomicBool) {
+        if let Err(e) =
+            stream.set_nonblocking(false).and_then(|()| stream.set_read_timeout(Some(CLIENT_TIMEOUT)))
+        {
+            log::error!("vfio-user {}: client socket: {e}", self.path.display());
+            return;
+        }
+        let chan = Arc::new(Mutex::new(Channel {
+            stream,
+            deferred: VecDeque::new(),
+            next_id: 0,
+            peer_max_xfer: 1 << 20,
+            gone: false,
+        }));
+        let mut session = ClientState { version: false, chan: chan.clone() };
+        let client_fd = match lock(&chan).stream.try_clone() {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("vfio-user {}: client socket: {e}", self.path.display());
+                return;
+            }
+        };
+        while !stop.load(Ordering::Relaxed) {
+            // Commands that arrived while this side waited on the client come first.
+            let deferred = lock(&chan).deferred.pop_front();
+            let msg = match deferred {
+                Some(m) => Some(m),
+                None => {
+                    let readable = self.wait_for(Some(client_fd.as_fd()), Duration::from_millis(10));
+                    self.refuse_others();
+                    if readable {
+                        let r = lock(&chan).recv();
+                        match r {
+                            Ok(m) => Some(m),
+                            Err(RecvError::Closed) => {
+                                log::info!("vfio-user {}: client disconnected", self.path.display());
+                                return;
+                            }
+                            Err(RecvError::TooLarge(h)) => {
+                                log::warn!(
+                                    "vfio-user {}: {} of {} bytes is over the {MAX_MESSAGE}-byte limit",
+                                    self.path.display(),
+                                    cmd::name(h.command),
+                                    h.size
+                                );
+                                bump(&self.counters.errors);
+                                if lock(&chan).send(&proto::error_reply(&h, errno::E2BIG)).is_err() {
+                                    return;
+                                }
+                                None
+                            }
+                            Err(RecvError::Fatal(why)) => {
+                                log::warn!(
+                                    "vfio-user {}: closing the connection: {why}",
+                                    self.path.display()
+                                );
+                                return;
+                            }
+                        }
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(m) = msg {
+                let reply = self.handle(&mut session, m);
+                if let Some(r) = reply
+                    && let Err(e) = lock(&chan).send(&r)
+                {
+                    log::info!("vfio-user {}: client gone while replying: {e}", self.path.display());
+                    return;
+                }
+                if lock(&chan).gone {
+                    log::info!("vfio-user {}: client gone", self.path.display());
+                    return;
+                }
+            }
+            // Device DMA, MSI-X, link timers.
+            self.device.service();
+        }
+    }
+
+    /// Connections that arrive while a client is served are closed at once.
+    fn refuse_others(&self) {
+        while let Ok((s, _)) = self.listener.accept() {
+            bump(&self.counters.refused);
+            log::warn!("vfio-user {}: refused a second client: one is being served", self.path.display());
+            drop(s);
+        }
+    }
+
+    /// What is left of a client that went away: its memory and eventfds are dropped, and
+    /// the device is quiesced and reset for the next one.
+    fn client_gone(&mut self) {
+        self.device.unmap_all_windows();
+        {
+            let mut r = lock(&self.routes);
+            r.msix.iter_mut().for_each(|f| *f = None);
+            r.masked.iter_mut().for_each(|m| *m = false);
+        }
+        self.reset_device();
+    }
+
+    /// Bus Master Enable off (no more DMA), then a function-level reset, then the 100 ms
+    /// the spec asks before the function is used again (PCIe 6.0 §6.6.2).
+    fn reset_device(&mut self) {
+        bump(&self.counters.resets);
+        let mut c = [0u8; 2];
+        self.device.config_read_bytes(0x04, &mut c);
+        let command = u16::from_le_bytes(c) & !(1 << 2);
+        self.device.config_write_bytes(0x04, &command.to_le_bytes());
+        let Some(cap) = self.pcie_cap else {
+            log::warn!("vfio-user {}: the device has no PCI Express capability: no FLR", self.path.display());
+            return;
+        };
+        let mut b = [0u8; 4];
+        self.device.config_read_bytes(cap + 4, &mut b);
+        if u32::from_le_bytes(b) & (1 << 28) == 0 {
+            log::warn!("vfio-user {}: the device cannot do a function-level reset", self.path.display());
+            return;
+        }
+        let mut ctl = [0u8; 2];
+        self.device.config_read_bytes(cap + 8, &mut ctl);
+        let ctl = u16::from_le_bytes(ctl) | 1 << 15;
+        self.device.config_write_bytes(cap + 8, &ctl.to_le_bytes());
+        let until = std::time::Instant::now() + Duration::from_millis(100);
+        while std::time::Instant::now() < until {
+            self.device.service();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        log::info!("vfio-user {}: device reset (FLR)", self.path.display());
+    }
+
+    /// Writes MSI-X table entry `v` of the device: the host endpoint's interrupt window, the
+    /// vector as data, masked or not.
+    fn program_vector(&self, v: u32, masked: bool) {
+        let Some(m) = self.msix else { return };
+        let addr = MSI_BASE;
+        let mut e = [0u8; 16];
+        e[0..4].copy_from_slice(&(addr as u32).to_le_bytes());
+        e[4..8].copy_from_slice(&((addr >> 32) as u32).to_le_bytes());
+        e[8..12].copy_from_slice(&v.to_le_bytes());
+        e[12..16].copy_from_slice(&(masked as u32).to_le_bytes());
+        self.device.bar_write(m.bar, m.offset + 16 * v as u64, &e);
+    }
+
+    fn handle(&mut self, s: &mut ClientState, m: Message) -> Option<Vec<u8>> {
+        let h = m.header;
+        bump(&self.counters.commands);
+        let answer = |r: Result<Vec<u8>, u32>, counters: &Counters| -> Option<Vec<u8>> {
+            match r {
+                Ok(p) => (!h.no_reply()).then(|| proto::reply(&h, &p)),
+                Err(e) => {
+                    bump(&counters.errors);
+                    Some(proto::error_reply(&h, e))
+                }
+            }
+        };
+        if !h.is_command() {
+            log::warn!("vfio-user {}: reply {} to nothing asked; dropped", self.path.display(), h.id);
+            return None;
+        }
+        let req = match proto::parse_request(h.command, &m.payload, MAX_DATA_XFER) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("vfio-user {}: {e}", self.path.display());
+                return answer(Err(errno::EINVAL), &self.counters);
+            }
+        };
+        let expects_fds = matches!(req, Request::DmaMap { .. } | Request::SetIrqs { .. });
+        if !m.fds.is_empty() && !expects_fds {
+            log::warn!(
+                "vfio-user {}: {} came with file descriptors",
+                self.path.display(),
+                cmd::name(h.command)
+            );
+            return answer(Err(errno::EINVAL), &self.counters);
+        }
+        if !s.version && !matches!(req, Request::Version { .. }) {
+            log::warn!("vfio-user {}: {} before VERSION", self.path.display(), cmd::name(h.command));
+            return answer(Err(errno::EINVAL), &self.counters);
+        }
+        let r = match req {
+            Request::Version { major, minor, caps } => {
+                if major != 0 {
+                    log::warn!(
+                        "vfio-user {}: client speaks version {major}.{minor}; this server 0.1",
+                        self.path.display()
+                    );
+                    Err(errno::ENOTSUP)
+                } else {
+                    s.version = true;
+                    lock(&s.chan).peer_max_xfer = caps.max_data_xfer_size;
+                    let ours = Caps {
+                        max_msg_fds: MAX_MSG_FDS,
+                        max_data_xfer_size: MAX_DATA_XFER,
+                        max_dma_maps: MAX_DMA_MAPS,
+                        pgsizes: 4096,
+                        write_multiple: true,
+                    };
+                    let mut p = Vec::new();
+                    p.extend_from_slice(&0u16.to_le_bytes());
+                    p.extend_from_slice(&minor.min(1).to_le_bytes());
+                    p.extend_from_slice(&ours.to_json());
+                    Ok(p)
+                }
+            }
+            Request::DmaMap { flags, offset, address, size } => {
+                self.dma_map(s, flags, offset, address, size, m.fds)
+            }
+            Request::DmaUnmap { address, size, flags, .. } => {
+                // The mapping itself, or (as VFIO's type1 IOMMU does, and QEMU relies on
+                // when a vIOMMU address space goes away) every mapping inside the range;
+                // VFIO_DMA_UNMAP_FLAG_ALL (2): all of them.
+                let removed = if flags & 2 != 0 {
+                    self.device.unmap_range(0, u64::MAX)
+                } else if self.device.unmap_window(address, usize::try_from(size).ok()) {
+                    1
+                } else {
+                    self.device.unmap_range(address, size)
+                };
+                if removed > 0 {
+                    Ok(m.payload[..24].to_vec())
+                } else {
+                    log::debug!(
+                        "vfio-user {}: DMA_UNMAP of {address:#x}+{size:#x}: not mapped",
+                        self.path.display()
+                    );
+                    Err(errno::ENOENT)
+                }
+            }
+            Request::DeviceGetInfo { argsz } => {
+                if argsz < 16 {
+                    Err(errno::EINVAL)
+                } else {
+                    Ok(proto::device_info(
+                        proto::DEVICE_FLAGS_RESET | proto::DEVICE_FLAGS_PCI,
+                        region::COUNT,
+                        irq::COUNT,
+                    ))
+                }
+            }
+            Request::RegionInfo { argsz, index } => self.region_info(argsz, index),
+            Request::IrqInfo { argsz, index } => self.irq_info(argsz, index),
+            Request::SetIrqs { flags, index, start, count, data } => {
+                self.set_irqs(flags, index, start, count, data, m.fds)
+            }
+            Request::RegionRead { offset, region, count } => {
+                let mut buf = vec![0u8; count as usize];
+                self.region_access(region, offset, Access::Read(&mut buf))
+                    .map(|()| proto::region_read_reply(offset, region, &buf))
+            }
+            Request::RegionWrite { offset, region, data } => self
+                .region_access(region, offset, Access::Write(data))
+                .map(|()| proto::region_write_reply(offset, region, data.len() as u32)),
+            Request::RegionWriteMulti { writes } => {
+                let mut done = 0u64;
+                let mut r = Ok(());
+                for w in &writes {
+                    r = self.region_access(w.region, w.offset, Access::Write(&w.data[..w.count as usize]));
+                    if r.is_err() {
+                        break;
+                    }
+                    done += 1;
+                }
+                r.map(|()| done.to_le_bytes().to_vec())
+            }
+            Request::DeviceReset => {
+                self.reset_device();
+                let r = lock(&self.routes);
+                for (v, (fd, masked)) in r.msix.iter().zip(&r.masked).enumerate() {
+                    if fd.is_some() {
+                        self.program_vector(v as u32, *masked);
+                    }
+                }
+                Ok(Vec::new())
+            }
+            Request::Unsupported { command } => {
+                log::debug!(
+                    "vfio-user {}: {} ({command}) not implemented",
+                    self.path.display(),
+                    cmd::name(command)
+                );
+                Err(if command == cmd::DEVICE_FEATURE { errno::ENOTSUP } else { errno::ENOSYS })
+            }
+        };
+        answer(r, &self.counters)
+    }
+
+    fn dma_map(
+        &mut self,
+        s: &ClientState,
+        flags: u32,
+        offset: u64,
+        address: u64,
+        size: u64,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<Vec<u8>, u32> {
+        let (read, write) = (flags & proto::DMA_READABLE != 0, flags & proto::DMA_WRITEABLE != 0);
+        let page = 4096;
+        let bad = size == 0
+            || !address.is_multiple_of(page)
+            || !size.is_multiple_of(page)
+            || !offset.is_multiple_of(page)
+            || address.checked_add(size).is_none()
+            || flags & !(proto::DMA_READABLE | proto::DMA_WRITEABLE) != 0
+            || fds.len() > 1;
+        if bad {
+            log::warn!(
+                "vfio-user {}: DMA_MAP {address:#x}+{size:#x} (offset {offset:#x}, flags {flags:#x}, {} fds) refused",
+                self.path.display(),
+                fds.len()
+            );
+            return Err(errno::EINVAL);
+        }
+        let Ok(len) = usize::try_from(size) else { return Err(errno::EINVAL) };
+        let added = match fds.pop() {
+            Some(fd) => match map_client_file(fd, offset, len, write) {
+                Ok(mem) => self.device.map_window(address, mem, read, write),
+                Err(e) => {
+                    log::warn!(
+                        "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: cannot map the client's file at {offset:#x}: {e}",
+                        self.path.display()
+                    );
+                    return Err(e.raw_os_error().map_or(errno::EFAULT, |n| n as u32));
+                }
+            },
+            None => {
+                let io = ClientDma { chan: s.chan.clone(), counters: self.counters.clone() };
+                self.device.map_client_window(address, len, Box::new(io), read, write)
+            }
+        };
+        match added {
+            Ok(()) => Ok(Vec::new()),
+            Err(why) => {
+                log::warn!("vfio-user {}: DMA_MAP: {why}", self.path.display());
+                Err(errno::EEXIST)
+            }
+        }
+    }
+
+    fn region_info(&self, argsz: u32, index: u32) -> Result<Vec<u8>, u32> {
+        if argsz < 32 || index >= region::COUNT {
+            return Err(errno::EINVAL);
+        }
+        let rw = region::FLAG_READ | region::FLAG_WRITE;
+        let offset = (index as u64) << 40;
+        let (flags, size) = match index {
+            region::CONFIG => (rw, CONFIG_SIZE),
+            i if i < region::ROM => {
+                let b = self.device.bars()[i as usize];
+                if b.memory && b.size != 0 { (rw, b.size) } else { (0, 0) }
+            }
+            _ => (0, 0),
+        };
+        Ok(proto::region_info(index, flags, size, offset))
+    }
+
+    fn irq_info(&self, argsz: u32, index: u32) -> Result<Vec<u8>, u32> {
+        if argsz < 16 || index >= irq::COUNT {
+            return Err(errno::EINVAL);
+        }
+        let (flags, count) = match index {
+            irq::MSIX => (irq::INFO_EVENTFD | irq::INFO_MASKABLE, self.msix.map_or(0, |m| m.vectors)),
+            _ => (irq::INFO_EVENTFD, 0),
+        };
+        Ok(proto::irq_info(index, flags, count))
+    }
+
+    fn set_irqs(
+        &mut self,
+        flags: u32,
+        index: u32,
+        start: u32,
+        count: u32,
+        data: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> Result<Vec<u8>, u32> {
+        let data_kind = flags & (irq::DATA_NONE | irq::DATA_BOOL | irq::DATA_EVENTFD);
+        let action = flags & (irq::ACTION_MASK | irq::ACTION_UNMASK | irq::ACTION_TRIGGER);
+        if data_kind.count_ones() != 1 || action.count_ones() != 1 || flags & !0x3f != 0 {
+            return Err(errno::EINVAL);
+        }
+        if data_kind != irq::DATA_EVENTFD && !fds.is_empty() {
+            return Err(errno::EINVAL);
+        }
+        let vectors = if index == irq::MSIX { self.msix.map_or(0, |m| m.vectors) } else { 0 };
+        if index >= irq::COUNT {
+            return Err(errno::EINVAL);
+        }
+        // count 0 with DATA_NONE and TRIGGER: everything of this index off.
+        if count == 0 && data_kind == irq::DATA_NONE && action == irq::ACTION_TRIGGER {
+            let mut r = lock(&self.routes);
+            if index == irq::MSIX {
+                for v in 0..vectors {
+                    if r.msix[v as usize].take().is_some() {
+                        self.program_vector(v, true);
+                    }
+                }
+                r.masked.iter_mut().for_each(|m| *m = false);
+            }
+            return Ok(Vec::new());
+        }
+        let end = start.checked_add(count).ok_or(errno::EINVAL)?;
+        if end > vectors || count == 0 {
+            return Err(errno::EINVAL);
+        }
+        let chosen = |i: u32| data_kind != irq::DATA_BOOL || data[i as usize] != 0;
+        let mut r = lock(&self.routes);
+        match (data_kind, action) {
+            (irq::DATA_EVENTFD, irq::ACTION_TRIGGER) => {
+                if fds.is_empty() {
+                    for v in start..end {
+                        r.msix[v as usize] = None;
+                        self.program_vector(v, true);
+                    }
+                } else if fds.len() == count as usize {
+                    for (v, fd) in (start..end).zip(fds) {
+                        r.msix[v as usize] = Some(File::from(fd));
+                        self.program_vector(v, r.masked[v as usize]);
+                    }
+                } else {
+                    return Err(errno::EINVAL);
+                }
+            }
+            (irq::DATA_EVENTFD, _) => return Err(errno::ENOTSUP),
+            (_, irq::ACTION_MASK | irq::ACTION_UNMASK) => {
+                let mask = action == irq::ACTION_MASK;
+                for v in (start..end).filter(|&i| chosen(i - start)) {
+                    r.masked[v as usize] = mask;
+                    if r.msix[v as usize].is_some() {
+                        self.program_vector(v, mask);
+                    }
+                }
+            }
+            _ => {
+                for v in (start..end).filter(|&i| chosen(i - start)) {
+                    r.fire(v);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn region_access(&mut self, index: u32, offset: u64, access: Access<'_>) -> Result<(), u32> {
+        let len = match &access {
+            Access::Read(b) => b.len(),
+            Access::Write(b) => b.len(),
+        } as u64;
+        if index == region::CONFIG {
+            if offset.checked_add(len).is_none_or(|e| e > CONFIG_SIZE) {
+                return Err(errno::EINVAL);
+            }
+            match access {
+                Access::Read(b) => self.device.config_read_bytes(offset as u16, b),
+                Access::Write(b) => self.device.config_write_bytes(offset as u16, b),
+            }
+        } else if index < region::ROM {
+            let ok = match access {
+                Access::Read(b) => self.device.bar_read(index as usize, offset, b),
+                Access::Write(b) => self.device.bar_write(index as usize, offset, b),
+            };
+            if !ok {
+                return Err(errno::EINVAL);
+            }
+        } else {
+            return Err(errno::EINVAL);
+        }
+        if let Some(why) = self.device.removed() {
+            self.logged_failures += 1;
+            let n = self.logged_failures;
+            if n <= 4 || n.is_power_of_two() {
+                log::warn!(
+                    "vfio-user {}: access to region {index} at {offset:#x} failed (reads return all-ones): device removed: {why} ({n} so far)",
+                    self.path.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A read fills, a write sends.
+enum Access<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// Per-connection state.
+struct ClientState {
+    version: bool,
+    chan: Arc<Mutex<Channel>>,
+}
