@@ -1020,7 +1020,8 @@ impl Inner {
         let mut done = 0;
         while done < n {
             let at = addr + done as u64;
-            let piece = if at.is_multiple_of(8) && n - done >= 8 { 8 } else { (4 - (at % 4) as usize).min(n - done) };
+            let piece =
+                if at.is_multiple_of(8) && n - done >= 8 { 8 } else { (4 - (at % 4) as usize).min(n - done) };
             let lane = (at % 4) as usize;
             let (first_be, last_be, length_dw) =
                 if piece == 8 { (0xf, 0xf, 2) } else { ((((1u16 << piece) - 1) << lane) as u8, 0, 1) };

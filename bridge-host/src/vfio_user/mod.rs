@@ -342,6 +342,7 @@ pub struct VfioUserServer {
     wait: Wait,
     routes: Arc<Mutex<Routes>>,
     msix: Option<MsixLayout>,
+    msix_cap: Option<u16>,
     pcie_cap: Option<u16>,
     counters: Arc<Counters>,
     logged_failures: u64,
@@ -402,7 +403,8 @@ impl VfioUserServer {
                 path.display()
             );
         }
-        let msix = find_capability(&device, 0x11).map(|cap| {
+        let msix_cap = find_capability(&device, 0x11);
+        let msix = msix_cap.map(|cap| {
             let mut b = [0u8; 8];
             device.config_read_bytes(cap + 2, &mut b[..6]);
             let control = u16::from_le_bytes([b[0], b[1]]);
@@ -431,6 +433,7 @@ impl VfioUserServer {
             wait,
             routes,
             msix,
+            msix_cap,
             pcie_cap,
             counters,
             logged_failures: 0,
@@ -657,6 +660,16 @@ impl VfioUserServer {
         self.device.bar_write(m.bar, m.offset + 16 * v as u64, &e);
     }
 
+    /// Programs every vector that has an eventfd (after the device may have lost its table).
+    fn program_routed(&self) {
+        let r = lock(&self.routes);
+        for (v, (fd, masked)) in r.msix.iter().zip(&r.masked).enumerate() {
+            if fd.is_some() {
+                self.program_vector(v as u32, *masked);
+            }
+        }
+    }
+
     fn handle(&mut self, s: &mut ClientState, m: Message) -> Option<Vec<u8>> {
         let h = m.header;
         bump(&self.counters.commands);
@@ -780,12 +793,7 @@ impl VfioUserServer {
             }
             Request::DeviceReset => {
                 self.reset_device();
-                let r = lock(&self.routes);
-                for (v, (fd, masked)) in r.msix.iter().zip(&r.masked).enumerate() {
-                    if fd.is_some() {
-                        self.program_vector(v as u32, *masked);
-                    }
-                }
+                self.program_routed();
                 Ok(Vec::new())
             }
             Request::Unsupported { command } => {
@@ -966,7 +974,17 @@ impl VfioUserServer {
             }
             match access {
                 Access::Read(b) => self.device.config_read_bytes(offset as u16, b),
-                Access::Write(b) => self.device.config_write_bytes(offset as u16, b),
+                Access::Write(b) => {
+                    self.device.config_write_bytes(offset as u16, b);
+                    // The table only takes writes while Memory Space is enabled, and a reset
+                    // clears it: program it again whenever Command or MSI-X Message Control
+                    // is written.
+                    let touches = |at: u64, n: u64| offset < at + n && at < offset + len;
+                    let control = self.msix_cap.is_some_and(|c| touches(c as u64 + 2, 2));
+                    if touches(0x04, 2) || control {
+                        self.program_routed();
+                    }
+                }
             }
         } else if index < region::ROM {
             let ok = match access {
