@@ -97,6 +97,7 @@ struct AttachSection {
     dma_memory_mib: Option<usize>,
     bdf: Option<String>,
     service_interval_ms: Option<u64>,
+    vfio_user_socket: Option<PathBuf>,
 }
 
 /// The whole file of `dxpu host`.
@@ -337,7 +338,19 @@ impl GpuFile {
 
 impl HostFile {
     /// One set of attach options per `[[attach]]`; `server` overrides every server address.
+    #[cfg(test)]
     pub(crate) fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {
+        Ok(self.attachments(server)?.into_iter().map(|(o, _)| o).collect())
+    }
+
+    /// Each `[[attach]]`'s options with the vfio-user socket it is served on, if any. A
+    /// device served to a VMM has no DMA arena (the VMM grants guest memory), no service
+    /// thread (the server's thread drives the link) and, unless the file says otherwise,
+    /// the portable link driver (its socket is what the server waits on).
+    pub(crate) fn attachments(
+        &self,
+        server: Option<&str>,
+    ) -> Result<Vec<(AttachOptions, Option<PathBuf>)>, String> {
         if self.attach.is_empty() {
             return Err("attach: at least one [[attach]] with server, device and key is needed".into());
         }
@@ -383,7 +396,21 @@ impl HostFile {
                     bad(&format!("{at}.bdf"), format!("\"{b}\""), "not a BDF like \"00:01.0\"")
                 })?;
             }
-            out.push(o);
+            if let Some(p) = &a.vfio_user_socket {
+                if p.as_os_str().is_empty() || p.is_dir() {
+                    return Err(bad(
+                        &format!("{at}.vfio_user_socket"),
+                        p.display(),
+                        "must be a socket file path",
+                    ));
+                }
+                o.dma_memory = 0;
+                o.service_interval = None;
+                if self.link.driver.is_none() {
+                    o.driver = link::driver::DriverKind::Portable;
+                }
+            }
+            out.push((o, a.vfio_user_socket.clone()));
         }
         Ok(out)
     }
@@ -472,6 +499,15 @@ mod tests {
         assert_eq!(o[0].completion_timeout, Duration::from_millis(20));
         assert_eq!(o[0].device_id, tlp::Bdf::new(0, 5, 0));
         let o = f.options(Some("127.0.0.1:1")).unwrap();
+        let served = toml::from_str::<HostFile>(&format!(
+            "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\nvfio_user_socket = \"/run/dxpu/gpu0.sock\""
+        ))
+        .unwrap()
+        .attachments(None)
+        .unwrap();
+        assert_eq!(served[0].1.as_deref(), Some(Path::new("/run/dxpu/gpu0.sock")));
+        assert_eq!(served[0].0.dma_memory, 0, "a VMM grants guest memory: no arena");
+        assert_eq!(served[0].0.driver, link::driver::DriverKind::Portable);
         assert_eq!(o[0].server, "127.0.0.1:1".parse().unwrap());
         let f: HostFile = toml::from_str(&format!(
             "[[attach]]\nserver = \"x\"\ndevice = \"g\"\nkey = \"{KEY}\"\ncompletion_timeout_ms = 0"

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bridge_gpu::GpuEndpoint;
 use bridge_host::RemoteDevice;
+use bridge_host::vfio_user::{VfioUserServer, Wait};
 use clap::Args;
 use hw::driver::{PciFunction, SimGpuDriver};
 
@@ -142,7 +143,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
     if let Some(p) = args.poll {
         file.link.poll = Some(p);
     }
-    let all = match file.options(args.server.as_deref()) {
+    let all = match file.attachments(args.server.as_deref()) {
         Ok(o) => o,
         Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
     };
@@ -151,16 +152,48 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         Err(e) => return fail("host", e),
     };
     let mut devices = Vec::new();
-    for o in all {
+    let mut servers = Vec::new();
+    for (o, socket) in all {
         let (name, id) = (o.device.clone(), o.device_id);
+        let wait = match o.poll {
+            link::driver::PollMode::Busy { .. } => Wait::Busy,
+            link::driver::PollMode::Blocking => Wait::Blocking,
+        };
         match RemoteDevice::attach(o) {
             Ok(mut d) => {
                 let ids = d.config_read(0);
                 log::info!("{name} at {id}: vendor {:#06x} device {:#06x}", ids & 0xffff, ids >> 16);
-                devices.push((name, d));
+                match socket {
+                    // Served to a VMM by its own thread until the stop flag is set.
+                    Some(path) => {
+                        let mut server = match VfioUserServer::bind(&path, d, wait) {
+                            Ok(s) => s,
+                            Err(e) => return fail("host", format!("{name}: vfio-user: {e}")),
+                        };
+                        let stop = stop.clone();
+                        let t = std::thread::Builder::new().name(format!("dxpu-vfio-user-{name}")).spawn(
+                            move || {
+                                if let Err(e) = server.serve(&stop) {
+                                    log::error!("vfio-user {}: {e}", server.path().display());
+                                }
+                                server.into_device()
+                            },
+                        );
+                        match t {
+                            Ok(t) => servers.push((name, t)),
+                            Err(e) => {
+                                return fail("host", format!("{name}: starting the vfio-user thread: {e}"));
+                            }
+                        }
+                    }
+                    None => devices.push((name, d)),
+                }
             }
             Err(e) => return fail("host", e),
         }
+    }
+    if args.workload && !servers.is_empty() {
+        log::warn!("--workload runs on the devices not served over vfio-user only");
     }
     let mut ok = true;
     if args.workload {
@@ -184,7 +217,11 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
             drv.into_pci().detach();
         }
     } else {
-        log::info!("{} device(s) attached; SIGINT or SIGTERM detaches and exits", devices.len());
+        log::info!(
+            "{} device(s) attached, {} served over vfio-user; SIGINT or SIGTERM detaches and exits",
+            devices.len() + servers.len(),
+            servers.len()
+        );
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             for (name, d) in &devices {
@@ -197,6 +234,13 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         }
         for (_, d) in devices {
             d.detach();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for (name, t) in servers {
+        match t.join() {
+            Ok(d) => d.detach(),
+            Err(_) => log::error!("{name}: the vfio-user thread panicked"),
         }
     }
     log::info!("stopped");
