@@ -17,7 +17,6 @@ use hw::SimGpu;
 use hw::direct::DirectAttach;
 use hw::driver::SimGpuDriver;
 use hw::simgpu::SimGpuParams;
-use hw::simgpu_device::reg;
 use hw::workload::{self, WorkloadReport, WorkloadSize};
 use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
@@ -65,6 +64,17 @@ pub(crate) struct LoopbackArgs {
 }
 
 impl LoopbackArgs {
+    /// The impairment the options ask for, seeded.
+    fn impairment(&self, seed: u64) -> Impairment {
+        Impairment {
+            loss: self.loss,
+            delay: Duration::from_micros(self.delay_us),
+            jitter: Duration::from_micros(self.jitter_us),
+            seed,
+            ..Impairment::default()
+        }
+    }
+
     /// What `dxpu loopback` runs with no options.
     pub(crate) fn defaults() -> LoopbackArgs {
         LoopbackArgs {
@@ -81,13 +91,6 @@ impl LoopbackArgs {
             log_level: "warn".into(),
         }
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
 fn us(d: Duration) -> f64 {
@@ -196,24 +199,7 @@ impl Drop for LocalBox {
     }
 }
 
-/// Times `n` MMIO reads (after a warm-up): p50 and p99.
-pub(crate) fn mmio_rtt<P: hw::driver::PciFunction>(
-    d: &mut SimGpuDriver<P>,
-    n: usize,
-) -> (Duration, Duration) {
-    for _ in 0..n / 10 {
-        d.read_reg(reg::ID);
-    }
-    let mut v: Vec<Duration> = (0..n.max(1))
-        .map(|_| {
-            let t = Instant::now();
-            d.read_reg(reg::ID);
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    (percentile(&v, 0.5), percentile(&v, 0.99))
-}
+pub(crate) use hw::workload::mmio_read_rtt as mmio_rtt;
 
 pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {
@@ -224,13 +210,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     }
     let driver = config::driver_kind("--driver", &args.driver)?;
     let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
-    let imp = |seed| Impairment {
-        loss: args.loss,
-        delay: Duration::from_micros(args.delay_us),
-        jitter: Duration::from_micros(args.jitter_us),
-        seed,
-        ..Impairment::default()
-    };
+    let imp = |seed| args.impairment(seed);
     let gpu = LocalBox::start(driver, poll, imp(11))?;
     progress("attaching gpu0 through the host endpoint");
     let mut o = gpu.attach_options(driver, poll, imp(12));
@@ -277,13 +257,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
         PollMode::Busy { .. } => bridge_host::vfio_user::Wait::Busy,
         PollMode::Blocking => bridge_host::vfio_user::Wait::Blocking,
     };
-    let imp = |seed| Impairment {
-        loss: args.loss,
-        delay: Duration::from_micros(args.delay_us),
-        jitter: Duration::from_micros(args.jitter_us),
-        seed,
-        ..Impairment::default()
-    };
+    let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
     let gpu = LocalBox::start(driver, PollMode::Blocking, imp(11))?;

@@ -8,11 +8,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hw::driver::SimGpuDriver;
 use hw::simgpu::{DEVICE_ID, VENDOR_ID};
-use hw::simgpu_device::reg;
 use hw::vfio_function::VfioFunction;
 use hw::workload::{self, WorkloadSize};
 
@@ -76,18 +75,7 @@ fn run(a: &Args) -> Result<(), String> {
     let f = VfioFunction::open(&path, a.dma_mib << 20).map_err(|e| e.to_string())?;
     let mut d = SimGpuDriver::open(f).map_err(|e| format!("opening the simgpu: {e}"))?;
     println!("dxpu-guest: opened; VRAM {} MiB", d.vram_size() >> 20);
-    for _ in 0..a.rtt_samples / 10 {
-        d.read_reg(reg::ID);
-    }
-    let mut v: Vec<Duration> = (0..a.rtt_samples.max(1))
-        .map(|_| {
-            let t = Instant::now();
-            d.read_reg(reg::ID);
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    let (p50, p99) = (v[v.len() / 2], v[(v.len() - 1) * 99 / 100]);
+    let (p50, p99) = workload::mmio_read_rtt(&mut d, a.rtt_samples);
     println!("dxpu-guest: register read round trip p50 {:.1} us, p99 {:.1} us", us(p50), us(p99));
     let size = WorkloadSize::scaled(a.scale);
     let r = workload::run(&mut d, size, &mut |s| println!("dxpu-guest: {s}"))

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
-use crate::simgpu_device::op;
+use crate::simgpu_device::{op, reg};
 use crate::suite::{f32_bytes, pattern, read_f32s};
 
 /// How much work.
@@ -214,4 +214,21 @@ pub fn human(d: Duration) -> String {
     } else {
         format!("{:.1} µs", s * 1e6)
     }
+}
+
+/// Times `n` reads of the ID register (after a warm-up of `n / 10`): p50 and p99.
+pub fn mmio_read_rtt<P: PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> (Duration, Duration) {
+    for _ in 0..n / 10 {
+        d.read_reg(reg::ID);
+    }
+    let mut v: Vec<Duration> = (0..n.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            d.read_reg(reg::ID);
+            t.elapsed()
+        })
+        .collect();
+    v.sort();
+    let at = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+    (at(0.5), at(0.99))
 }

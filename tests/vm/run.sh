@@ -93,7 +93,7 @@ chroot "$root" /bin/sh -c "cd $inner/initramfs && find . | busybox cpio -o -H ne
 # --- the host side: box + simgpu + host endpoint serving vfio-user
 mount --bind /dev "$root/dev"
 mount -t proc proc "$root/proc"
-"$repo/target/release/dxpu" loopback --vfio-user "$work" --poll blocking --log-level "${DXPU_VM_LOG_LEVEL:-info}" \
+"$repo/target/release/dxpu" loopback --vfio-user "$work" --poll "${DXPU_VM_POLL:-blocking}" --log-level "${DXPU_VM_LOG_LEVEL:-info}" \
     >"$out/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do
