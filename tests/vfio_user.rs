@@ -629,3 +629,92 @@ fn a_client_gone_mid_dma_leaves_a_reset_device_for_the_next() {
     assert!(served.counters.refused.load(Ordering::Relaxed) >= 1);
     assert_eq!(served.counters.clients.load(Ordering::Relaxed), 2);
 }
+
+impl Client {
+    /// Drains the eventfd of `vector`; true if it had been signalled.
+    fn signalled(&mut self, vector: usize) -> bool {
+        let mut b = [0u8; 8];
+        self.eventfds[vector].read(&mut b).is_ok()
+    }
+}
+
+#[test]
+fn a_masked_vector_is_held_pending_by_the_device_and_delivered_on_unmask() {
+    let _g = serial();
+    let served = serve();
+    let c = Client::open(&served.path, true, 4 << 20);
+    let mut d = SimGpuDriver::open(c).unwrap();
+    let v = 5u64;
+    let raise = |d: &mut SimGpuDriver<Client>| {
+        d.launch(hw::simgpu_device::op::INTERRUPT, [v, 0, 0, 0, 0], hw::driver::WaitMode::Poll).unwrap()
+    };
+    // Unmasked: the interrupt reaches the vector's eventfd.
+    raise(&mut d);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut seen = false;
+    while !seen && Instant::now() < deadline {
+        d.pci().pump(Duration::from_millis(1));
+        seen = d.pci().signalled(v as usize);
+    }
+    assert!(seen, "vector {v} reached its eventfd");
+    // Masked: the device holds it (its Pending Bit), nothing is signalled.
+    d.pci().set_irqs(irq::DATA_NONE | irq::ACTION_MASK, irq::MSIX, v as u32, 1, &[], &[]).unwrap();
+    raise(&mut d);
+    std::thread::sleep(Duration::from_millis(100));
+    d.pci().pump(Duration::ZERO);
+    assert!(!d.pci().signalled(v as usize), "a masked vector must not be delivered");
+    let pba = d.pci().region_read(0, 0x9000, 8);
+    assert_ne!(u64::from_le_bytes(pba.try_into().unwrap()) & (1 << v), 0, "pending in the device's PBA");
+    // Unmasked: the pending message goes out.
+    d.pci().set_irqs(irq::DATA_BOOL | irq::ACTION_UNMASK, irq::MSIX, v as u32, 1, &[1], &[]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut seen = false;
+    while !seen && Instant::now() < deadline {
+        d.pci().pump(Duration::from_millis(1));
+        seen = d.pci().signalled(v as usize);
+    }
+    assert!(seen, "the pending vector was delivered on unmask");
+}
+
+#[test]
+fn dma_to_a_window_unmapped_in_flight_fails_cleanly() {
+    let _g = serial();
+    let served = serve();
+    // Guest memory reached by messages, so the server is inside a DMA_READ when the
+    // client takes the window away.
+    let c = Client::open(&served.path, false, 4 << 20);
+    let mut d = SimGpuDriver::open(c).unwrap();
+    let src = d.pci().dma_alloc(1 << 20).unwrap();
+    d.submit(hw::driver::Command {
+        opcode: hw::simgpu_device::op::COPY_H2V,
+        args: [src.bus, 0, 1 << 20, 0, 0],
+    })
+    .unwrap();
+    let c = d.pci();
+    // Answer the first DMA_READ only after unmapping: the server takes the unmap in order
+    // behind the read it is serving, and the device's later reads find no window.
+    let first = c.read_message().expect("a DMA_READ");
+    assert_eq!(first.header.command, cmd::DMA_READ);
+    c.next_id = c.next_id.wrapping_add(1);
+    let id = c.next_id;
+    let mut p = 24u32.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p.extend_from_slice(&IOVA.to_le_bytes());
+    p.extend_from_slice(&(4u64 << 20).to_le_bytes());
+    send_with_fds(&c.s, &proto::message(id, cmd::DMA_UNMAP, flags::COMMAND, 0, &p), &[]);
+    c.serve_dma(&first);
+    let r = c.wait_reply(id);
+    assert_eq!(r.header.flags & flags::ERROR, 0, "the unmap succeeds");
+    // The copy fails on the device (DMA error), the session and the device go on.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut error = 0;
+    while error == 0 && Instant::now() < deadline {
+        c.pump(Duration::from_millis(1));
+        error = u64::from_le_bytes(c.region_read(0, hw::simgpu_device::reg::ERROR, 8).try_into().unwrap());
+    }
+    assert_eq!(error, hw::simgpu_device::err::DMA, "the device reports the DMA it could not do");
+    assert_eq!(c.region_read(region::CONFIG, 0, 2), [0x34, 0x12]);
+    drop(d);
+    let dev = served.finish();
+    assert!(dev.stats().dma_read_refused > 0, "{:?}", dev.stats());
+}
