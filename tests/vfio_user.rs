@@ -718,3 +718,52 @@ fn dma_to_a_window_unmapped_in_flight_fails_cleanly() {
     let dev = served.finish();
     assert!(dev.stats().dma_read_refused > 0, "{:?}", dev.stats());
 }
+
+#[test]
+fn reads_of_a_vanished_device_return_all_ones() {
+    let _g = serial();
+    let mut served = serve();
+    let mut c = Client::open(&served.path, true, 1 << 20);
+    assert_eq!(c.region_read(region::CONFIG, 0, 2), [0x34, 0x12]);
+    served.gpu.take().unwrap().kill();
+    // The box is gone: the read waits out the completion timeout, then reads all-ones as a
+    // read of a surprise-removed PCIe device does; later reads fail at once.
+    assert_eq!(c.region_read(0, hw::simgpu_device::reg::ID, 8), [0xff; 8]);
+    let t = Instant::now();
+    assert_eq!(c.region_read(region::CONFIG, 0, 4), [0xff; 4]);
+    assert!(t.elapsed() < Duration::from_millis(100), "no second timeout");
+    c.region_write(0, hw::simgpu_device::reg::ID, &[0; 8]);
+    let dev = served.finish();
+    assert!(dev.removed().is_some());
+}
+
+#[test]
+fn a_read_only_window_takes_no_device_writes() {
+    let _g = serial();
+    let served = serve();
+    let mut c = Client::open(&served.path, true, 1 << 20);
+    // A second region of guest memory the device may only read.
+    let (f, mut ro) = memfd(64 << 10);
+    ro[..4].copy_from_slice(&[1, 2, 3, 4]);
+    let ro_iova = IOVA + (16 << 20);
+    c.dma_map(Some(unsafe_borrow(f.as_fd())), ro_iova, 64 << 10, proto::DMA_READABLE).unwrap();
+    let mut d = SimGpuDriver::open(c).unwrap();
+    // The device reads it (host → VRAM) ...
+    d.submit(hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [ro_iova, 0, 4096, 0, 0] })
+        .unwrap();
+    d.sync(hw::driver::WaitMode::Poll).unwrap();
+    let mut back = [0u8; 4];
+    d.memcpy_from_device(0, &mut back).unwrap();
+    assert_eq!(back, [1, 2, 3, 4]);
+    // ... but cannot write it (VRAM → host lands nowhere, the device reports a DMA error).
+    ro[..4].fill(9);
+    let _ = d.submit(hw::driver::Command {
+        opcode: hw::simgpu_device::op::COPY_V2H,
+        args: [0, ro_iova, 4096, 0, 0],
+    });
+    let _ = d.sync(hw::driver::WaitMode::Poll);
+    assert_eq!(&ro[..4], &[9; 4], "guest memory mapped read-only is untouched");
+    drop(d);
+    let dev = served.finish();
+    assert!(dev.stats().dma_write_dropped > 0, "{:?}", dev.stats());
+}

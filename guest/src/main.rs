@@ -90,6 +90,7 @@ fn run(a: &Args) -> Result<(), String> {
         gbps(r.h2d),
         gbps(r.d2h)
     );
+    println!("dxpu-guest: {} MSI-X interrupts received", d.pci().interrupts());
     println!(
         "dxpu-guest: {{\"verified\":true,\"mmio_read_rtt_us\":{{\"p50\":{:.1},\"p99\":{:.1}}},\"dma_h2d_gbps\":{:.4},\"dma_d2h_gbps\":{:.4},\"seconds\":{:.3}}}",
         us(p50),

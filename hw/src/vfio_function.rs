@@ -38,6 +38,8 @@ pub struct VfioFunction {
     eventfds: Option<MsixEventfds>,
     /// Interrupts seen but not yet waited for, by vector.
     pending: Vec<u64>,
+    /// Interrupt signals seen since open.
+    received: u64,
 }
 
 fn bar_addresses(dev: &pci_driver::backends::vfio::VfioPciDevice) -> io::Result<[(u64, u64); 6]> {
@@ -120,6 +122,7 @@ impl VfioFunction {
             next_alloc: 0,
             eventfds,
             pending: vec![0; vectors],
+            received: 0,
         })
     }
 
@@ -134,8 +137,14 @@ impl VfioFunction {
         if let Some(fds) = &self.eventfds {
             for v in fds.fired() {
                 self.pending[v as usize] += 1;
+                self.received += 1;
             }
         }
+    }
+
+    /// MSI-X signals seen on the eventfds since open (however many a signal stood for).
+    pub fn interrupts(&self) -> u64 {
+        self.received
     }
 }
 

@@ -134,6 +134,7 @@ check "lspci shows PCI Express" "Capabilities: \[[0-9a-f]+\] Express"
 check "lspci shows MSI-X" "MSI-X: Enable"
 check "the guest's vfio-pci has the device" "dxpu-vm: driver vfio-pci"
 check "the workload ran verified in the guest" "dxpu-guest: workload verified"
+check "MSI-X interrupts reached the guest driver" "dxpu-guest: [1-9][0-9]* MSI-X interrupts received"
 check "dxpu-guest passed" "dxpu-guest: PASS"
 if [[ $server_rc -ne 0 ]]; then echo "FAIL: the server exited $server_rc"; fail=1; else echo "ok:   the server stopped cleanly"; fi
 if [[ $fail -ne 0 ]]; then
