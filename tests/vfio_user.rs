@@ -725,6 +725,16 @@ fn reads_of_a_vanished_device_return_all_ones() {
     let mut served = serve();
     let mut c = Client::open(&served.path, true, 1 << 20);
     assert_eq!(c.region_read(region::CONFIG, 0, 2), [0x34, 0x12]);
+    // The error notifier, as QEMU registers it (it stops the VM when signalled).
+    let err = rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+    )
+    .unwrap();
+    c.set_irqs(irq::DATA_EVENTFD | irq::ACTION_TRIGGER, irq::ERR, 0, 1, &[], &[err.as_fd()]).unwrap();
+    let mut err = File::from(err);
+    let mut b = [0u8; 8];
+    assert!(err.read(&mut b).is_err(), "not signalled while the device is there");
     served.gpu.take().unwrap().kill();
     // The box is gone: the read waits out the completion timeout, then reads all-ones as a
     // read of a surprise-removed PCIe device does; later reads fail at once.
@@ -733,6 +743,7 @@ fn reads_of_a_vanished_device_return_all_ones() {
     assert_eq!(c.region_read(region::CONFIG, 0, 4), [0xff; 4]);
     assert!(t.elapsed() < Duration::from_millis(100), "no second timeout");
     c.region_write(0, hw::simgpu_device::reg::ID, &[0; 8]);
+    assert!(err.read(&mut b).is_ok(), "the error notifier was signalled on removal");
     let dev = served.finish();
     assert!(dev.removed().is_some());
 }

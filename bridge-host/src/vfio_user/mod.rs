@@ -100,6 +100,11 @@ struct MsixLayout {
 struct Routes {
     msix: Vec<Option<File>>,
     masked: Vec<bool>,
+    /// The error notifier (VFIO_PCI_ERR_IRQ_INDEX): signalled when the device is
+    /// surprise-removed, as vfio-pci signals it on an uncorrectable error.
+    err: Option<File>,
+    /// The current client has been told of the removal.
+    err_signalled: bool,
     counters: Arc<Counters>,
 }
 
@@ -421,6 +426,8 @@ impl VfioUserServer {
         let routes = Arc::new(Mutex::new(Routes {
             msix: (0..n).map(|_| None).collect(),
             masked: vec![false; n],
+            err: None,
+            err_signalled: false,
             counters: counters.clone(),
         }));
         let sink_routes = routes.clone();
@@ -593,6 +600,7 @@ impl VfioUserServer {
             }
             // Device DMA, MSI-X, link timers.
             self.device.service();
+            self.report_removal();
         }
     }
 
@@ -613,6 +621,8 @@ impl VfioUserServer {
             let mut r = lock(&self.routes);
             r.msix.iter_mut().for_each(|f| *f = None);
             r.masked.iter_mut().for_each(|m| *m = false);
+            r.err = None;
+            r.err_signalled = false;
         }
         self.reset_device();
     }
@@ -883,6 +893,7 @@ impl VfioUserServer {
         }
         let (flags, count) = match index {
             irq::MSIX => (irq::INFO_EVENTFD | irq::INFO_MASKABLE, self.msix.map_or(0, |m| m.vectors)),
+            irq::ERR => (irq::INFO_EVENTFD, self.pcie_cap.is_some() as u32),
             _ => (irq::INFO_EVENTFD, 0),
         };
         Ok(proto::irq_info(index, flags, count))
@@ -908,6 +919,9 @@ impl VfioUserServer {
         let vectors = if index == irq::MSIX { self.msix.map_or(0, |m| m.vectors) } else { 0 };
         if index >= irq::COUNT {
             return Err(errno::EINVAL);
+        }
+        if index == irq::ERR && self.pcie_cap.is_some() {
+            return self.set_err_irq(data_kind, action, start, count, fds);
         }
         // count 0 with DATA_NONE and TRIGGER: everything of this index off.
         if count == 0 && data_kind == irq::DATA_NONE && action == irq::ACTION_TRIGGER {
@@ -961,6 +975,49 @@ impl VfioUserServer {
             }
         }
         Ok(Vec::new())
+    }
+
+    /// SET_IRQS for the error notifier: one eventfd, triggered by the server (or the client).
+    fn set_err_irq(
+        &mut self,
+        data_kind: u32,
+        action: u32,
+        start: u32,
+        count: u32,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<Vec<u8>, u32> {
+        let mut r = lock(&self.routes);
+        match (data_kind, action, start, count) {
+            (irq::DATA_NONE, irq::ACTION_TRIGGER, 0, 0) => r.err = None,
+            (irq::DATA_EVENTFD, irq::ACTION_TRIGGER, 0, 1) if fds.len() <= 1 => {
+                r.err = fds.pop().map(File::from);
+                r.err_signalled = false;
+            }
+            (irq::DATA_NONE | irq::DATA_BOOL, irq::ACTION_TRIGGER, 0, 1) => {
+                if let Some(f) = r.err.as_mut() {
+                    let _ = f.write(&1u64.to_ne_bytes());
+                }
+            }
+            _ => return Err(errno::EINVAL),
+        }
+        Ok(Vec::new())
+    }
+
+    /// Tells the client, once, through its error notifier that the device is gone.
+    fn report_removal(&self) {
+        let Some(why) = self.device.removed() else { return };
+        let mut r = lock(&self.routes);
+        if r.err_signalled {
+            return;
+        }
+        r.err_signalled = true;
+        if let Some(f) = r.err.as_mut() {
+            let _ = f.write(&1u64.to_ne_bytes());
+            log::error!(
+                "vfio-user {}: device removed ({why}); error notifier signalled",
+                self.path.display()
+            );
+        }
     }
 
     fn region_access(&mut self, index: u32, offset: u64, access: Access<'_>) -> Result<(), u32> {
