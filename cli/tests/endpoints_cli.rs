@@ -194,3 +194,49 @@ fn loopback_json_report_has_its_keys() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--scale"));
 }
+
+#[test]
+fn host_serves_a_device_over_vfio_user_and_stops_on_sigterm() {
+    use bridge_host::vfio_user::proto::{self, Header, cmd, flags, region};
+    use std::io::Write;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("vfio-user");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let sock = dir.join("gpu0.sock");
+    let text = format!("{}vfio_user_socket = \"{}\"\n", host_toml(port, KEY_A), sock.display());
+    let host_cfg = write(&dir, "host.toml", &text);
+    let mut host = dxpu().args(["host", "--config"]).arg(&host_cfg).stderr(Stdio::piped()).spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).expect("the vfio-user socket accepts");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut call = |id: u16, command: u16, payload: &[u8]| {
+        s.write_all(&proto::message(id, command, flags::COMMAND, 0, payload)).unwrap();
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).unwrap();
+        let h = Header::parse(&h);
+        let mut p = vec![0u8; h.size as usize - 16];
+        s.read_exact(&mut p).unwrap();
+        assert_eq!((h.id, h.flags & flags::ERROR), (id, 0), "{} failed", cmd::name(command));
+        p
+    };
+    call(1, cmd::VERSION, &[0, 0, 1, 0]);
+    let mut p = 0u64.to_le_bytes().to_vec();
+    p.extend_from_slice(&region::CONFIG.to_le_bytes());
+    p.extend_from_slice(&4u32.to_le_bytes());
+    let r = call(2, cmd::REGION_READ, &p);
+    assert_eq!(&r[16..], &[0x34, 0x12, 0xa0, 0xd9], "the simgpu's IDs through the bridge");
+    drop(s);
+    sigterm(&host);
+    let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("served over vfio-user"), "{err}");
+    assert!(err.contains("detached"), "{err}");
+    sigterm(&gpu);
+    let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
