@@ -83,9 +83,15 @@ impl Drop for Served {
 }
 
 fn memfd(len: usize) -> (File, memmap2::MmapMut) {
-    let fd = rustix::fs::memfd_create("guest-memory", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let fd = rustix::fs::memfd_create(
+        "guest-memory",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
     let f = File::from(fd);
     f.set_len(len as u64).unwrap();
+    // As QEMU's memfd backend does: the size is fixed from here on.
+    rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW).unwrap();
     // SAFETY: a memfd this test created; the server maps it too and both only copy bytes.
     let m = unsafe { memmap2::MmapMut::map_mut(&f) }.unwrap();
     (f, m)
@@ -538,6 +544,9 @@ fn bad_messages_get_errors_and_the_session_goes_on() {
     assert_eq!(c.err(cmd::REGION_READ, &p, &[efd.as_fd()]), errno::EINVAL);
     // DMA maps: a descriptor that cannot be mapped, misaligned, overlapping, two fds.
     assert!(c.dma_map(Some(efd.as_fd()), IOVA, 4096, 3).is_err(), "an eventfd is not memory");
+    // A file shorter than the range: mapping it would raise SIGBUS on the device's DMA.
+    let (short, _ms) = memfd(4096);
+    assert_eq!(c.dma_map(Some(short.as_fd()), IOVA, 8192, 3), Err(errno::EINVAL));
     assert_eq!(c.dma_map(None, IOVA + 1, 4096, 3), Err(errno::EINVAL));
     assert_eq!(c.dma_map(None, IOVA, 0, 3), Err(errno::EINVAL));
     c.dma_map(None, IOVA, 8192, 3).unwrap();

@@ -608,6 +608,11 @@ impl RemoteDevice {
         inside.len()
     }
 
+    /// Granted DMA windows (the arena included).
+    pub fn window_count(&self) -> usize {
+        lock(&self.inner).windows.len()
+    }
+
     /// Revokes every window but the DMA arena.
     pub fn unmap_all_windows(&self) {
         let mut g = lock(&self.inner);

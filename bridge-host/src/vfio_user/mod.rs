@@ -373,8 +373,30 @@ fn find_capability(d: &RemoteDevice, id: u8) -> Option<u16> {
 
 /// Maps `len` bytes of the client's file at `offset`: shared and writable if the device may
 /// write it, otherwise a private read-only view (which this process never writes).
+///
+/// Touching a mapping beyond the end of its file raises SIGBUS, so the file must be a
+/// regular file (a memfd, a hugetlbfs or tmpfs file) that covers the whole range. A file the
+/// client can still shrink afterwards (not sealed with F_SEAL_SHRINK, as QEMU's memfd
+/// backend seals by default) is accepted with a warning: shrinking it under a live mapping
+/// would crash this process.
 #[allow(unsafe_code)]
 fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Result<memmap2::MmapMut> {
+    let st = rustix::fs::fstat(&fd)?;
+    let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+    let end = offset.checked_add(len as u64);
+    if !regular || end.is_none_or(|e| e > st.st_size as u64) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "not a regular file covering {offset:#x}+{len:#x} (type {:?}, {} bytes)",
+                rustix::fs::FileType::from_raw_mode(st.st_mode),
+                st.st_size
+            ),
+        ));
+    }
+    if !rustix::fs::fcntl_get_seals(&fd).is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK)) {
+        log::warn!("vfio-user: client memory at file offset {offset:#x} is not sealed against shrinking");
+    }
     let file = File::from(fd);
     let mut o = memmap2::MmapOptions::new();
     o.offset(offset).len(len);
@@ -845,6 +867,10 @@ impl VfioUserServer {
             return Err(errno::EINVAL);
         }
         let Ok(len) = usize::try_from(size) else { return Err(errno::EINVAL) };
+        if self.device.window_count() >= MAX_DMA_MAPS as usize {
+            log::warn!("vfio-user {}: DMA_MAP: {MAX_DMA_MAPS} windows already mapped", self.path.display());
+            return Err(errno::ENOSPC);
+        }
         let added = match fds.pop() {
             Some(fd) => match map_client_file(fd, offset, len, write) {
                 Ok(mem) => self.device.map_window(address, mem, read, write),
@@ -853,7 +879,7 @@ impl VfioUserServer {
                         "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: cannot map the client's file at {offset:#x}: {e}",
                         self.path.display()
                     );
-                    return Err(e.raw_os_error().map_or(errno::EFAULT, |n| n as u32));
+                    return Err(e.raw_os_error().map_or(errno::EINVAL, |n| n as u32));
                 }
             },
             None => {
