@@ -61,6 +61,8 @@ use link::{DownReason, Event, PresharedKey, SendError, Session};
 use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
 
+/// Bytes of a PCI Express function's config space.
+const CONFIG_SPACE: usize = 4096;
 /// Where MSI-X writes land (the x86 interrupt window, 1 MiB).
 pub const MSI_BASE: u64 = 0xfee0_0000;
 /// Bus address of the DMA arena.
@@ -654,6 +656,12 @@ impl RemoteDevice {
         let mut g = self.enter();
         let mut at = offset as usize;
         let end = offset as usize + out.len();
+        // Past the 4 KiB of config space nothing answers.
+        if end > CONFIG_SPACE {
+            let inside = CONFIG_SPACE.saturating_sub(at).min(out.len());
+            out[inside..].fill(0xff);
+        }
+        let end = end.min(CONFIG_SPACE);
         while at < end {
             let dw = g.config_read((at & !3) as u16).to_le_bytes();
             let stop = ((at & !3) + 4).min(end);
@@ -670,7 +678,7 @@ impl RemoteDevice {
     pub fn config_write_bytes(&self, offset: u16, data: &[u8]) {
         let mut g = self.enter();
         let mut at = offset as usize;
-        let end = offset as usize + data.len();
+        let end = (offset as usize + data.len()).min(CONFIG_SPACE);
         while at < end {
             let base = at & !3;
             let stop = (base + 4).min(end);
@@ -1202,7 +1210,7 @@ fn posted_write(
 }
 
 /// A memory access: bytes to fill, or bytes to write.
-enum Access<'a> {
+pub(crate) enum Access<'a> {
     Read(&'a mut [u8]),
     Write(&'a [u8]),
 }

@@ -44,7 +44,7 @@ use std::time::Duration;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
-use crate::{ClientMemory, MSI_BASE, RemoteDevice};
+use crate::{Access, ClientMemory, MSI_BASE, RemoteDevice};
 use proto::{Caps, Header, Request, cmd, errno, irq, region};
 
 /// Largest `count` of a region or DMA transfer this server accepts (and announces).
@@ -694,11 +694,23 @@ impl VfioUserServer {
 
     /// Programs every vector that has an eventfd (after the device may have lost its table).
     fn program_routed(&self) {
-        let r = lock(&self.routes);
-        for (v, (fd, masked)) in r.msix.iter().zip(&r.masked).enumerate() {
-            if fd.is_some() {
-                self.program_vector(v as u32, *masked);
-            }
+        let routed: Vec<(u32, bool)> = {
+            let r = lock(&self.routes);
+            r.msix
+                .iter()
+                .zip(&r.masked)
+                .enumerate()
+                .filter(|(_, (fd, _))| fd.is_some())
+                .map(|(v, (_, m))| (v as u32, *m))
+                .collect()
+        };
+        self.program_vectors(&routed);
+    }
+
+    /// Writes table entries, with the routes' lock not held (see `set_irqs`).
+    fn program_vectors(&self, entries: &[(u32, bool)]) {
+        for &(v, masked) in entries {
+            self.program_vector(v, masked);
         }
     }
 
@@ -949,17 +961,22 @@ impl VfioUserServer {
         if index == irq::ERR && self.pcie_cap.is_some() {
             return self.set_err_irq(data_kind, action, start, count, fds);
         }
+        // Lock order: the device's state, then the routes (the interrupt sink runs inside
+        // the device and takes the routes). So the routes are changed under their lock and
+        // the device's table written after it is released.
+        let mut program: Vec<(u32, bool)> = Vec::new();
         // count 0 with DATA_NONE and TRIGGER: everything of this index off.
         if count == 0 && data_kind == irq::DATA_NONE && action == irq::ACTION_TRIGGER {
-            let mut r = lock(&self.routes);
             if index == irq::MSIX {
+                let mut r = lock(&self.routes);
                 for v in 0..vectors {
                     if r.msix[v as usize].take().is_some() {
-                        self.program_vector(v, true);
+                        program.push((v, true));
                     }
                 }
                 r.masked.iter_mut().for_each(|m| *m = false);
             }
+            self.program_vectors(&program);
             return Ok(Vec::new());
         }
         let end = start.checked_add(count).ok_or(errno::EINVAL)?;
@@ -967,39 +984,42 @@ impl VfioUserServer {
             return Err(errno::EINVAL);
         }
         let chosen = |i: u32| data_kind != irq::DATA_BOOL || data[i as usize] != 0;
-        let mut r = lock(&self.routes);
-        match (data_kind, action) {
-            (irq::DATA_EVENTFD, irq::ACTION_TRIGGER) => {
-                if fds.is_empty() {
-                    for v in start..end {
-                        r.msix[v as usize] = None;
-                        self.program_vector(v, true);
-                    }
-                } else if fds.len() == count as usize {
-                    for (v, fd) in (start..end).zip(fds) {
-                        r.msix[v as usize] = Some(File::from(fd));
-                        self.program_vector(v, r.masked[v as usize]);
-                    }
-                } else {
-                    return Err(errno::EINVAL);
-                }
-            }
-            (irq::DATA_EVENTFD, _) => return Err(errno::ENOTSUP),
-            (_, irq::ACTION_MASK | irq::ACTION_UNMASK) => {
-                let mask = action == irq::ACTION_MASK;
-                for v in (start..end).filter(|&i| chosen(i - start)) {
-                    r.masked[v as usize] = mask;
-                    if r.msix[v as usize].is_some() {
-                        self.program_vector(v, mask);
+        {
+            let mut r = lock(&self.routes);
+            match (data_kind, action) {
+                (irq::DATA_EVENTFD, irq::ACTION_TRIGGER) => {
+                    if fds.is_empty() {
+                        for v in start..end {
+                            r.msix[v as usize] = None;
+                            program.push((v, true));
+                        }
+                    } else if fds.len() == count as usize {
+                        for (v, fd) in (start..end).zip(fds) {
+                            r.msix[v as usize] = Some(File::from(fd));
+                            program.push((v, r.masked[v as usize]));
+                        }
+                    } else {
+                        return Err(errno::EINVAL);
                     }
                 }
-            }
-            _ => {
-                for v in (start..end).filter(|&i| chosen(i - start)) {
-                    r.fire(v);
+                (irq::DATA_EVENTFD, _) => return Err(errno::ENOTSUP),
+                (_, irq::ACTION_MASK | irq::ACTION_UNMASK) => {
+                    let mask = action == irq::ACTION_MASK;
+                    for v in (start..end).filter(|&i| chosen(i - start)) {
+                        r.masked[v as usize] = mask;
+                        if r.msix[v as usize].is_some() {
+                            program.push((v, mask));
+                        }
+                    }
+                }
+                _ => {
+                    for v in (start..end).filter(|&i| chosen(i - start)) {
+                        r.fire(v);
+                    }
                 }
             }
         }
+        self.program_vectors(&program);
         Ok(Vec::new())
     }
 
@@ -1092,12 +1112,6 @@ impl VfioUserServer {
         }
         Ok(())
     }
-}
-
-/// A read fills, a write sends.
-enum Access<'a> {
-    Read(&'a mut [u8]),
-    Write(&'a [u8]),
 }
 
 /// Per-connection state.
