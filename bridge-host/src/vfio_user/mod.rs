@@ -58,8 +58,8 @@ pub const MAX_DMA_MAPS: u32 = 65535;
 pub const MAX_MESSAGE: u32 = proto::HEADER_LEN as u32 + 16 + MAX_DATA_XFER;
 /// Size of the config region (PCI Express extended config space).
 pub const CONFIG_SIZE: u64 = 4096;
-/// How long a client may take to send the rest of a message it started, or to answer a
-/// DMA_READ / DMA_WRITE, before it is treated as gone.
+/// How long a client may take to send the rest of a message it started, to answer a
+/// DMA_READ / DMA_WRITE, or to take a reply, before it is treated as gone.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the server has done, for tests and reports.
@@ -544,9 +544,13 @@ impl VfioUserServer {
     }
 
     fn serve_client(&mut self, stream: UnixStream, stop: &AtomicBool) {
-        if let Err(e) =
-            stream.set_nonblocking(false).and_then(|()| stream.set_read_timeout(Some(CLIENT_TIMEOUT)))
-        {
+        // A client that stops reading (or stops mid-message) is gone after CLIENT_TIMEOUT,
+        // rather than holding this thread, and the device, forever.
+        let timeouts = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_read_timeout(Some(CLIENT_TIMEOUT)))
+            .and_then(|()| stream.set_write_timeout(Some(CLIENT_TIMEOUT)));
+        if let Err(e) = timeouts {
             log::error!("vfio-user {}: client socket: {e}", self.path.display());
             return;
         }
