@@ -28,6 +28,7 @@
 //! One thread serves one device: it waits on the client socket and the link socket
 //! together, so commands, device DMA and interrupts are handled as they arrive.
 
+pub mod client;
 pub mod proto;
 
 use std::collections::VecDeque;
