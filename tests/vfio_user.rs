@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bridge_host::RemoteDevice;
 use bridge_host::vfio_user::client::{GuestMemory, VfioUserClient, dma_unmap_payload, sealed_memfd};
 use bridge_host::vfio_user::proto::{self, Header, cmd, errno, flags, irq, region};
-use bridge_host::vfio_user::{Counters, VfioUserServer, Wait};
+use bridge_host::vfio_user::{Counters, VfioUserServer};
 use dxpu_tests::{GpuBox, gpu_options, host_options, key_a, serial};
 use hw::driver::{PciFunction, SimGpuDriver};
 use hw::workload::{self, WorkloadSize};
@@ -54,7 +54,7 @@ fn serve() -> Served {
         std::env::temp_dir().join(format!("dxpu-vfio-user-{}-{:?}", std::process::id(), Instant::now()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("gpu0.sock");
-    let mut server = VfioUserServer::bind(&path, dev, Wait::Blocking).expect("bind");
+    let mut server = VfioUserServer::bind(&path, dev, link::driver::PollMode::Blocking).expect("bind");
     let counters = server.counters();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();

@@ -119,21 +119,6 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         bare,
         "1.00"
     );
-    fn copy<P: hw::driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Result<(f64, f64), String> {
-        let mb = bytes as f64 / 1e6;
-        let data = hw::suite::pattern(bytes, 3);
-        let t = Instant::now();
-        d.memcpy_to_device(0, &data).map_err(|e| e.to_string())?;
-        let h2d = mb / t.elapsed().as_secs_f64();
-        let mut back = vec![0u8; bytes];
-        let t = Instant::now();
-        d.memcpy_from_device(0, &mut back).map_err(|e| e.to_string())?;
-        let d2h = mb / t.elapsed().as_secs_f64();
-        if back != data {
-            return Err("DMA copy came back different".into());
-        }
-        Ok((h2d, d2h))
-    }
     {
         let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
         let mut d = SimGpuDriver::open(hw::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
@@ -174,4 +159,24 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0
     );
     Ok(())
+}
+
+/// Copies `bytes` host→VRAM and back through `d`, checks them, and returns MB/s each way.
+pub(crate) fn copy<P: hw::driver::PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    bytes: usize,
+) -> Result<(f64, f64), String> {
+    let mb = bytes as f64 / 1e6;
+    let data = hw::suite::pattern(bytes, 3);
+    let t = Instant::now();
+    d.memcpy_to_device(0, &data).map_err(|e| e.to_string())?;
+    let h2d = mb / t.elapsed().as_secs_f64();
+    let mut back = vec![0u8; bytes];
+    let t = Instant::now();
+    d.memcpy_from_device(0, &mut back).map_err(|e| e.to_string())?;
+    let d2h = mb / t.elapsed().as_secs_f64();
+    if back != data {
+        return Err("DMA copy came back different".into());
+    }
+    Ok((h2d, d2h))
 }

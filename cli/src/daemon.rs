@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bridge_gpu::GpuEndpoint;
 use bridge_host::RemoteDevice;
-use bridge_host::vfio_user::{VfioUserServer, Wait};
+use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
 use hw::driver::{PciFunction, SimGpuDriver};
 
@@ -155,10 +155,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
     let mut servers = Vec::new();
     for (o, socket) in all {
         let (name, id) = (o.device.clone(), o.device_id);
-        let wait = match o.poll {
-            link::driver::PollMode::Busy { .. } => Wait::Busy,
-            link::driver::PollMode::Blocking => Wait::Blocking,
-        };
+        let wait = o.poll;
         match RemoteDevice::attach(o) {
             Ok(mut d) => {
                 let ids = d.config_read(0);

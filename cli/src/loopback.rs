@@ -253,22 +253,18 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     // gives it a descriptor to wait on (docs/vfio-user.md).
     let driver = if driver == DriverKind::Auto { DriverKind::Portable } else { driver };
     let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
-    let wait = match poll {
-        PollMode::Busy { .. } => bridge_host::vfio_user::Wait::Busy,
-        PollMode::Blocking => bridge_host::vfio_user::Wait::Blocking,
-    };
     let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
-    let gpu = LocalBox::start(driver, PollMode::Blocking, imp(11))?;
-    let mut o = gpu.attach_options(driver, PollMode::Blocking, imp(12));
+    let gpu = LocalBox::start(driver, poll, imp(11))?;
+    let mut o = gpu.attach_options(driver, poll, imp(12));
     o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
     // The VMM grants guest memory; the server thread drives the link.
     o.dma_memory = 0;
     o.service_interval = None;
     let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
     let path = dir.join("gpu0.sock");
-    let mut server = bridge_host::vfio_user::VfioUserServer::bind(&path, remote, wait)
+    let mut server = bridge_host::vfio_user::VfioUserServer::bind(&path, remote, poll)
         .map_err(|e| format!("--vfio-user: {e}"))?;
     eprintln!(
         "dxpu loopback: serving the remote simgpu on {} (QEMU: -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'); SIGINT or SIGTERM stops",

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_bridge;
+mod bench_vfio_user;
 mod config;
 mod daemon;
 mod loopback;
@@ -52,6 +53,9 @@ enum BenchCommand {
     /// Both endpoints over UDP loopback: MMIO round trip against the bare ping-pong floor,
     /// DMA throughput against bare sockets, the demo workload bridged against direct.
     Bridge(bench_bridge::BridgeBench),
+    /// The vfio-user server without a VMM: register reads and DMA through it against the
+    /// bridged device, guest memory shared as a file or reached by messages.
+    VfioUser(bench_vfio_user::VfioUserBench),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +73,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench simgpu: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Bench(BenchCommand::VfioUser(args)) => match bench_vfio_user::run_vfio_user(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench vfio-user: {e}");
                 ExitCode::FAILURE
             }
         },

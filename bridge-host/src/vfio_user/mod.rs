@@ -46,6 +46,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
 use crate::{Access, ClientMemory, MSI_BASE, RemoteDevice};
+use link::driver::PollMode;
 use proto::{Caps, Header, Request, cmd, errno, irq, region};
 
 /// Largest `count` of a region or DMA transfer this server accepts (and announces).
@@ -331,21 +332,16 @@ impl ClientMemory for ClientDma {
     }
 }
 
-/// How the server waits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// Sleep in `poll` on the client socket and the link together.
-    Blocking,
-    /// Never sleep: poll both without a timeout (a core spins).
-    Busy,
-}
-
 /// A vfio-user server for one remote device.
 pub struct VfioUserServer {
     listener: UnixListener,
     path: PathBuf,
     device: RemoteDevice,
-    wait: Wait,
+    /// Blocking: sleep in `poll` on the client socket and the link together. Busy: poll
+    /// both without sleeping for `spin` after the last thing that happened, then sleep.
+    wait: PollMode,
+    /// Since when nothing has happened (busy mode's spin budget).
+    idle_since: Option<std::time::Instant>,
     routes: Arc<Mutex<Routes>>,
     msix: Option<MsixLayout>,
     msix_cap: Option<u16>,
@@ -415,7 +411,7 @@ fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Res
 
 impl VfioUserServer {
     /// Serves `device` on a UNIX socket at `path` (an old socket file there is replaced).
-    pub fn bind(path: &Path, device: RemoteDevice, wait: Wait) -> io::Result<VfioUserServer> {
+    pub fn bind(path: &Path, device: RemoteDevice, wait: PollMode) -> io::Result<VfioUserServer> {
         if path.exists() {
             std::fs::remove_file(path).map_err(|e| {
                 io::Error::new(e.kind(), format!("removing the old socket {}: {e}", path.display()))
@@ -424,7 +420,7 @@ impl VfioUserServer {
         let listener = UnixListener::bind(path)
             .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
         listener.set_nonblocking(true)?;
-        if wait == Wait::Blocking && device.link_fd().is_none() {
+        if device.link_fd().is_none() {
             log::warn!(
                 "vfio-user {}: the link driver has no descriptor to wait on; waking every millisecond \
                  (the portable driver, or busy polling, avoids this)",
@@ -461,6 +457,7 @@ impl VfioUserServer {
             path: path.to_path_buf(),
             device,
             wait,
+            idle_since: None,
             routes,
             msix,
             msix_cap,
@@ -515,12 +512,20 @@ impl VfioUserServer {
 
     /// Waits until the client, the link or a new connection has something, or `cap` passes.
     /// Returns whether the client socket is readable.
-    fn wait_for(&self, client: Option<BorrowedFd<'_>>, cap: Duration) -> bool {
+    fn wait_for(&mut self, client: Option<BorrowedFd<'_>>, cap: Duration) -> bool {
         let link = self.device.link_fd();
-        let timeout = match self.wait {
-            Wait::Busy => Duration::ZERO,
-            Wait::Blocking if link.is_none() => cap.min(Duration::from_millis(1)),
-            Wait::Blocking => self.device.next_timer().map_or(cap, |t| t.min(cap)),
+        let spinning = match self.wait {
+            PollMode::Busy { spin } => {
+                self.idle_since.get_or_insert_with(std::time::Instant::now).elapsed() < spin
+            }
+            PollMode::Blocking => false,
+        };
+        let timeout = if spinning {
+            Duration::ZERO
+        } else if link.is_none() {
+            cap.min(Duration::from_millis(1))
+        } else {
+            self.device.next_timer().map_or(cap, |t| t.min(cap))
         };
         let link = link.map(|fd| {
             // The descriptor belongs to the device's socket, which outlives this call.
@@ -613,6 +618,7 @@ impl VfioUserServer {
                 }
             };
             if let Some(m) = msg {
+                self.idle_since = None;
                 let reply = self.handle(&mut session, m);
                 if let Some(r) = reply
                     && let Err(e) = lock(&chan).send(&r)
@@ -626,7 +632,9 @@ impl VfioUserServer {
                 }
             }
             // Device DMA, MSI-X, link timers.
-            self.device.service();
+            if self.device.service() {
+                self.idle_since = None;
+            }
             self.report_removal();
         }
     }

@@ -1,0 +1,154 @@
+//! `dxpu bench vfio-user`: what the vfio-user server adds, measured without a VMM, side by
+//! side in one run. A client that behaves as QEMU's `vfio-user-pci` does
+//! (`bridge_host::vfio_user::client`) drives the simgpu through the server; the same driver
+//! drives a `RemoteDevice` directly. Both over UDP loopback with the portable driver, in
+//! busy-poll and blocking mode:
+//!
+//! (a) register read round trip: REGION_READ through the server against the bridged read;
+//! (b) DMA: copies host↔VRAM through guest memory shared as a file, and through guest
+//!     memory the server reaches with DMA_READ / DMA_WRITE messages, against the bridges.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bridge_host::RemoteDevice;
+use bridge_host::vfio_user::VfioUserServer;
+use bridge_host::vfio_user::client::{GuestMemory, VfioUserClient};
+use clap::Args;
+use hw::driver::SimGpuDriver;
+use link::driver::{DriverKind, Impairment, PollMode};
+
+use crate::bench::us;
+use crate::bench_bridge::copy;
+use crate::loopback::{LocalBox, mmio_rtt};
+
+/// Options of `dxpu bench vfio-user`.
+#[derive(Args, Debug)]
+pub(crate) struct VfioUserBench {
+    /// Register reads timed per case (after 10 % warm-up).
+    #[arg(long, default_value_t = 5000)]
+    iterations: usize,
+    /// Bytes per DMA copy (guest memory shared as a file).
+    #[arg(long, default_value_t = 16 << 20)]
+    copy_bytes: usize,
+    /// Bytes per DMA copy through DMA_READ / DMA_WRITE messages.
+    #[arg(long, default_value_t = 1 << 20)]
+    message_copy_bytes: usize,
+}
+
+const IOVA: u64 = 0x4000_0000;
+
+/// A server for a remote simgpu on its own thread, stopped on drop.
+struct Served {
+    path: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Served {
+    fn start(gpu: &LocalBox, poll: PollMode) -> Result<Served, String> {
+        let mut o = gpu.attach_options(DriverKind::Portable, poll, Impairment::default());
+        o.dma_memory = 0;
+        o.service_interval = None;
+        let dev = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+        let path = std::env::temp_dir().join(format!("dxpu-bench-vfio-user-{}.sock", std::process::id()));
+        let mut server = VfioUserServer::bind(&path, dev, poll).map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dxpu-vfio-user".into())
+            .spawn(move || {
+                if let Err(e) = server.serve(&s) {
+                    eprintln!("vfio-user server: {e}");
+                }
+                server.into_device().detach();
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Served { path, stop, thread: Some(thread) })
+    }
+
+    fn client(&self, shared: bool, len: usize) -> Result<SimGpuDriver<VfioUserClient>, String> {
+        let c = VfioUserClient::open(&self.path, GuestMemory { shared, iova: IOVA, len })
+            .map_err(|e| e.to_string())?;
+        SimGpuDriver::open(c).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
+    let n = args.iterations.max(100);
+    let spin = Duration::from_millis(2);
+    println!("dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, portable driver");
+    println!();
+    println!(
+        "{:<56} {:>8} {:>8} {:>10}",
+        format!("(a) register read round trip, {n} reads"),
+        "p50 µs",
+        "p99 µs",
+        "/ bridged"
+    );
+    let mut rates = Vec::new();
+    for busy in [true, false] {
+        let mode = if busy { "busy-poll" } else { "blocking" };
+        let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
+        let gpu = LocalBox::start(DriverKind::Portable, poll, Impairment::default())?;
+        let remote =
+            RemoteDevice::attach(gpu.attach_options(DriverKind::Portable, poll, Impairment::default()))
+                .map_err(|e| e.to_string())?;
+        let mut d = SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
+        let (b50, b99) = mmio_rtt(&mut d, n);
+        println!(
+            "{:<56} {:>8.1} {:>8.1} {:>10}",
+            format!("bridged (RemoteDevice), {mode}"),
+            us(b50),
+            us(b99),
+            "1.00"
+        );
+        let bridged = if busy { Some(copy(&mut d, args.copy_bytes)?) } else { None };
+        d.into_pci().detach();
+
+        let served = Served::start(&gpu, poll)?;
+        let mut v = served.client(true, args.copy_bytes + (1 << 20))?;
+        let (p50, p99) = mmio_rtt(&mut v, n);
+        println!(
+            "{:<56} {:>8.1} {:>8.1} {:>10.2}",
+            format!("  through the vfio-user server (REGION_READ), {mode}"),
+            us(p50),
+            us(p99),
+            us(p50) / us(b50)
+        );
+        if let Some(b) = bridged {
+            let shared = copy(&mut v, args.copy_bytes)?;
+            drop(v);
+            let mut m = served.client(false, args.message_copy_bytes + (1 << 20))?;
+            let messages = copy(&mut m, args.message_copy_bytes)?;
+            rates.push((mode, b, shared, messages));
+        }
+    }
+    println!();
+    println!(
+        "{:<56} {:>10} {:>10}",
+        format!(
+            "(b) DMA, {:.0} MB per copy ({:.0} MB by messages)",
+            args.copy_bytes as f64 / 1e6,
+            args.message_copy_bytes as f64 / 1e6
+        ),
+        "h→d MB/s",
+        "d→h MB/s"
+    );
+    for (mode, b, s, m) in rates {
+        println!("{:<56} {:>10.0} {:>10.0}", format!("bridged (RemoteDevice), {mode}"), b.0, b.1);
+        println!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory shared as a file", s.0, s.1);
+        println!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory by DMA_READ/DMA_WRITE", m.0, m.1);
+    }
+    Ok(())
+}
