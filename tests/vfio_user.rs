@@ -99,6 +99,28 @@ fn err(c: &mut Client, command: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> 
     r.error().unwrap_or_else(|| panic!("{} should fail", cmd::name(command)))
 }
 
+/// A driver on guest memory reached by messages, with a 1 MiB host→VRAM copy started.
+fn copy_in_flight(path: &std::path::Path) -> SimGpuDriver<Client> {
+    let mut d = SimGpuDriver::open(open(path, false, 4 << 20)).unwrap();
+    let src = d.pci().dma_alloc(1 << 20).unwrap();
+    let copy =
+        hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [src.bus, 0, 1 << 20, 0, 0] };
+    d.submit(copy).unwrap();
+    d
+}
+
+/// Whether `vector`'s eventfd fires within 2 s.
+fn wait_signalled(c: &mut Client, vector: usize) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        c.pump(Duration::from_millis(1)).unwrap();
+        if c.signalled(vector) {
+            return true;
+        }
+    }
+    false
+}
+
 fn run_workload(c: Client) -> (Client, workload::WorkloadReport) {
     let mut d = SimGpuDriver::open(c).expect("the simgpu driver opens the device through vfio-user");
     let r = workload::run(&mut d, WorkloadSize::scaled(1), &mut |_| {}).expect("workload verified");
@@ -272,15 +294,7 @@ fn a_client_gone_mid_dma_leaves_a_reset_device_for_the_next() {
     {
         // Guest memory reached only by messages; the client starts a copy and vanishes
         // without answering the server's DMA_READs.
-        let c = open(&served.path, false, 4 << 20);
-        let mut d = SimGpuDriver::open(c).unwrap();
-        let src = d.pci().dma_alloc(1 << 20).unwrap();
-        d.submit(hw::driver::Command {
-            opcode: hw::simgpu_device::op::COPY_H2V,
-            args: [src.bus, 0, 1 << 20, 0, 0],
-        })
-        .unwrap();
-        let c = d.into_pci();
+        let c = copy_in_flight(&served.path).into_pci();
         let _ = c.stream().shutdown(std::net::Shutdown::Both);
     }
     // A second client at the same time is refused while the first is served; then the
@@ -312,12 +326,7 @@ fn a_masked_vector_is_held_pending_by_the_device_and_delivered_on_unmask() {
     };
     // Unmasked: the interrupt reaches the vector's eventfd.
     raise(&mut d);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut seen = false;
-    while !seen && Instant::now() < deadline {
-        d.pci().pump(Duration::from_millis(1)).unwrap();
-        seen = d.pci().signalled(v as usize);
-    }
+    let seen = wait_signalled(d.pci(), v as usize);
     assert!(seen, "vector {v} reached its eventfd");
     // Masked: the device holds it (its Pending Bit), nothing is signalled.
     d.pci().set_irqs(irq::DATA_NONE | irq::ACTION_MASK, irq::MSIX, v as u32, 1, &[], &[]).unwrap();
@@ -329,12 +338,7 @@ fn a_masked_vector_is_held_pending_by_the_device_and_delivered_on_unmask() {
     assert_ne!(u64::from_le_bytes(pba.try_into().unwrap()) & (1 << v), 0, "pending in the device's PBA");
     // Unmasked: the pending message goes out.
     d.pci().set_irqs(irq::DATA_BOOL | irq::ACTION_UNMASK, irq::MSIX, v as u32, 1, &[1], &[]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut seen = false;
-    while !seen && Instant::now() < deadline {
-        d.pci().pump(Duration::from_millis(1)).unwrap();
-        seen = d.pci().signalled(v as usize);
-    }
+    let seen = wait_signalled(d.pci(), v as usize);
     assert!(seen, "the pending vector was delivered on unmask");
 }
 
@@ -344,14 +348,7 @@ fn dma_to_a_window_unmapped_in_flight_fails_cleanly() {
     let served = serve();
     // Guest memory reached by messages, so the server is inside a DMA_READ when the
     // client takes the window away.
-    let c = open(&served.path, false, 4 << 20);
-    let mut d = SimGpuDriver::open(c).unwrap();
-    let src = d.pci().dma_alloc(1 << 20).unwrap();
-    d.submit(hw::driver::Command {
-        opcode: hw::simgpu_device::op::COPY_H2V,
-        args: [src.bus, 0, 1 << 20, 0, 0],
-    })
-    .unwrap();
+    let mut d = copy_in_flight(&served.path);
     let c = d.pci();
     // Answer the first DMA_READ only after unmapping: the server takes the unmap in order
     // behind the read it is serving, and the device's later reads find no window.
