@@ -109,7 +109,9 @@ pub struct SimGpuDriver<P: PciFunction> {
     staging: Option<DmaBuf>,
 }
 
-fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
+/// Walks the capability list for capability `id` (PCI 0x01 Power Management, 0x10 PCI
+/// Express, 0x11 MSI-X, …); its config offset.
+pub fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
     let mut at = (pci.config_read(0x34) & 0xfc) as u16;
     for _ in 0..48 {
         if at == 0 {
@@ -122,6 +124,36 @@ fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
         at = ((h >> 8) & 0xfc) as u16;
     }
     None
+}
+
+/// Where a function's MSI-X table lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MsixTableInfo {
+    /// The BAR that holds it.
+    pub bar: usize,
+    /// Its offset in that BAR.
+    pub offset: u64,
+    /// Its entries (vectors).
+    pub vectors: u32,
+}
+
+impl MsixTableInfo {
+    /// Bytes the table spans (16 per entry).
+    pub fn bytes(&self) -> u64 {
+        self.vectors as u64 * 16
+    }
+}
+
+/// The function's MSI-X table, from its MSI-X capability (PCI 3.0 §6.8.2).
+pub fn msix_table<P: PciFunction>(pci: &mut P) -> Option<MsixTableInfo> {
+    let cap = find_capability(pci, 0x11)?;
+    let control = pci.config_read(cap) >> 16;
+    let table = pci.config_read(cap + 4);
+    Some(MsixTableInfo {
+        bar: (table & 7) as usize,
+        offset: (table & !7) as u64,
+        vectors: (control & 0x7ff) + 1,
+    })
 }
 
 /// Sizes a 64-bit memory BAR by probing; returns (address, size).

@@ -31,8 +31,8 @@ pub struct VfioFunction {
     bars: [(u64, u64); 6],
     /// BARs mapped into this process (accesses are single loads and stores of their size).
     mapped: Vec<Option<pci_driver::regions::MappedOwningPciRegion>>,
-    /// The MSI-X table (BAR, offset, bytes): the kernel's, never written here.
-    msix_table: Option<(usize, u64, u64)>,
+    /// The MSI-X table: the kernel's, never written here.
+    msix_table: Option<crate::driver::MsixTableInfo>,
     arena: memmap2::MmapMut,
     next_alloc: usize,
     eventfds: Option<MsixEventfds>,
@@ -61,24 +61,6 @@ fn bar_addresses(dev: &pci_driver::backends::vfio::VfioPciDevice) -> io::Result<
         i += if is64 { 2 } else { 1 };
     }
     Ok(out)
-}
-
-fn find_msix_table(dev: &pci_driver::backends::vfio::VfioPciDevice) -> io::Result<Option<(usize, u64, u64)>> {
-    let cfg = dev.config();
-    let mut at = cfg.read_u8(0x34)? as u64 & 0xfc;
-    for _ in 0..48 {
-        if at == 0 {
-            break;
-        }
-        let h = cfg.read_le_u32(at)?;
-        if h & 0xff == 0x11 {
-            let n = ((h >> 16) & 0x7ff) as u64 + 1;
-            let t = cfg.read_le_u32(at + 4)?;
-            return Ok(Some(((t & 7) as usize, (t & !7) as u64, n * 16)));
-        }
-        at = ((h >> 8) & 0xfc) as u64;
-    }
-    Ok(None)
 }
 
 impl VfioFunction {
@@ -112,18 +94,19 @@ impl VfioFunction {
                 if r.is_mappable() { r.map(.., Permissions::ReadWrite).ok() } else { None }
             })
             .collect();
-        let msix_table = find_msix_table(&dev)?;
-        Ok(VfioFunction {
+        let mut f = VfioFunction {
             dev,
             bars,
             mapped,
-            msix_table,
+            msix_table: None,
             arena,
             next_alloc: 0,
             eventfds,
             pending: vec![0; vectors],
             received: 0,
-        })
+        };
+        f.msix_table = crate::driver::msix_table(&mut f);
+        Ok(f)
     }
 
     /// The BAR and offset a bus address (as the BAR registers said at open) falls in.
@@ -190,10 +173,10 @@ impl PciFunction for VfioFunction {
         let len = if len == 8 { 8 } else { 4 };
         let Some((bar, off)) = self.decode(addr, len) else { return };
         // The kernel owns the MSI-X table: the driver's entries would overwrite its own.
-        if let Some((tbar, start, size)) = self.msix_table
-            && bar == tbar
-            && off + len as u64 > start
-            && off < start + size
+        if let Some(t) = self.msix_table
+            && bar == t.bar
+            && off + len as u64 > t.offset
+            && off < t.offset + t.bytes()
         {
             return;
         }

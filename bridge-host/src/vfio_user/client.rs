@@ -139,8 +139,9 @@ impl VfioUserClient {
         c.file = file;
         mapped.map_err(|e| invalid(format!("DMA_MAP of the guest memory: errno {e}")))?;
         // MSI-X: where the table lies (the client emulates it), and one eventfd per vector.
-        if let Some((bar, offset, n)) = c.msix_layout()? {
-            c.msix_table = (c.bars[bar].0 + offset, n as u64 * 16);
+        if let Some(t) = hw::driver::msix_table(&mut c) {
+            let n = t.vectors;
+            c.msix_table = (c.bars.get(t.bar).map_or(0, |b| b.0) + t.offset, t.bytes());
             let fds: Vec<File> = (0..n)
                 .map(|_| {
                     rustix::event::eventfd(
@@ -157,25 +158,6 @@ impl VfioUserClient {
             c.pending = vec![0; n as usize];
         }
         Ok(c)
-    }
-
-    /// The MSI-X capability's table: BAR, offset and vectors.
-    fn msix_layout(&mut self) -> io::Result<Option<(usize, u64, u32)>> {
-        let mut at = self.region_read(region::CONFIG, 0x34, 1)?[0] as u64 & 0xfc;
-        for _ in 0..48 {
-            if at == 0 {
-                break;
-            }
-            let h = u32::from_le_bytes(self.region_read(region::CONFIG, at, 4)?.try_into().unwrap_or([0; 4]));
-            if h & 0xff == 0x11 {
-                let t = u32::from_le_bytes(
-                    self.region_read(region::CONFIG, at + 4, 4)?.try_into().unwrap_or([0; 4]),
-                );
-                return Ok(Some(((t & 7) as usize, (t & !7) as u64, ((h >> 16) & 0x7ff) + 1)));
-            }
-            at = ((h >> 8) & 0xfc) as u64;
-        }
-        Ok(None)
     }
 
     /// The socket (for tests that misbehave on purpose).

@@ -46,6 +46,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
 use crate::{Access, ClientMemory, MSI_BASE, RemoteDevice};
+use hw::driver::{MsixTableInfo, find_capability, msix_table};
 use link::driver::PollMode;
 use proto::{Caps, Header, Request, cmd, errno, irq, region};
 
@@ -87,14 +88,6 @@ pub struct Counters {
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Where the device's MSI-X table lives.
-#[derive(Clone, Copy, Debug)]
-struct MsixLayout {
-    vectors: u32,
-    bar: usize,
-    offset: u64,
 }
 
 /// Interrupt routes: the eventfds the client gave, by vector.
@@ -343,29 +336,11 @@ pub struct VfioUserServer {
     /// Since when nothing has happened (busy mode's spin budget).
     idle_since: Option<std::time::Instant>,
     routes: Arc<Mutex<Routes>>,
-    msix: Option<MsixLayout>,
+    msix: Option<MsixTableInfo>,
     msix_cap: Option<u16>,
     pcie_cap: Option<u16>,
     counters: Arc<Counters>,
     logged_failures: u64,
-}
-
-/// Walks the capability list of `d` for capability `id`.
-fn find_capability(d: &RemoteDevice, id: u8) -> Option<u16> {
-    let mut b = [0u8; 4];
-    d.config_read_bytes(0x34, &mut b[..1]);
-    let mut at = (b[0] & 0xfc) as u16;
-    for _ in 0..48 {
-        if at == 0 {
-            return None;
-        }
-        d.config_read_bytes(at, &mut b[..2]);
-        if b[0] == id {
-            return Some(at);
-        }
-        at = (b[1] & 0xfc) as u16;
-    }
-    None
 }
 
 /// Maps `len` bytes of the client's file at `offset`: shared and writable if the device may
@@ -427,19 +402,10 @@ impl VfioUserServer {
                 path.display()
             );
         }
-        let msix_cap = find_capability(&device, 0x11);
-        let msix = msix_cap.map(|cap| {
-            let mut b = [0u8; 8];
-            device.config_read_bytes(cap + 2, &mut b[..6]);
-            let control = u16::from_le_bytes([b[0], b[1]]);
-            let table = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            MsixLayout {
-                vectors: (control & 0x7ff) as u32 + 1,
-                bar: (table & 7) as usize,
-                offset: (table & !7) as u64,
-            }
-        });
-        let pcie_cap = find_capability(&device, 0x10);
+        let mut device = device;
+        let msix_cap = find_capability(&mut device, 0x11);
+        let msix = msix_table(&mut device);
+        let pcie_cap = find_capability(&mut device, 0x10);
         let counters = Arc::new(Counters::default());
         let n = msix.map_or(0, |m| m.vectors as usize);
         let routes = Arc::new(Mutex::new(Routes {
@@ -797,7 +763,9 @@ impl VfioUserServer {
                 // VFIO_DMA_UNMAP_FLAG_ALL (2): all of them.
                 let removed = if flags & 2 != 0 {
                     self.device.unmap_range(0, u64::MAX)
-                } else if self.device.unmap_window(address, usize::try_from(size).ok()) {
+                } else if let Ok(len) = usize::try_from(size)
+                    && self.device.unmap_window(address, Some(len))
+                {
                     1
                 } else {
                     self.device.unmap_range(address, size)
