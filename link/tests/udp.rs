@@ -188,6 +188,26 @@ fn loopback_lossy_reordering_duplicating_io_uring() {
     }
 }
 
+/// Busy-poll with a budget far shorter than the gaps that 200 µs of jitter leaves: each
+/// runner keeps switching between spinning and sleeping (for io_uring: between single-shot
+/// receives and the multishot one), with datagrams arriving across every switch.
+#[test]
+fn busy_poll_switching_to_sleep_and_back_io_uring() {
+    if uring_available() {
+        let o = run(
+            DriverKind::IoUring,
+            PollMode::Busy { spin: Duration::from_micros(50) },
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            None,
+            None,
+            lossy(29),
+            2000,
+        );
+        check(&o, 2000);
+    }
+}
+
 /// Two namespaces joined by veth; removed on drop.
 struct Netns {
     a: String,

@@ -204,6 +204,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         self.release_due()
     }
 
+    fn spin(&mut self) {
+        self.inner.spin();
+    }
+
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }

@@ -47,7 +47,7 @@ impl AnyUdp {
             DriverKind::Auto => match UringUdp::bind(addr) {
                 Ok(u) => {
                     log(
-                        "link driver: io_uring (multishot RecvMsg into a provided buffer ring, batched SendMsg)",
+                        "link driver: io_uring (multishot RecvMsg into a provided buffer ring when sleeping, single-shot MSG_DONTWAIT RecvMsg when spinning, batched Send)",
                     );
                     Ok(AnyUdp::Uring(Box::new(u)))
                 }
@@ -110,6 +110,12 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.poll_fd(),
         }
     }
+    fn spin(&mut self) {
+        match self {
+            AnyUdp::Uring(u) => u.spin(),
+            AnyUdp::Portable(p) => p.spin(),
+        }
+    }
 }
 
 /// A datagram socket as a session runner uses it.
@@ -136,6 +142,11 @@ pub trait Datagrams {
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
     /// Sleeps in the kernel until a datagram is ready or `timeout` passes.
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Says that the caller polls [`Datagrams::recv`] in a loop from now on, without
+    /// sleeping in [`Datagrams::wait`], so the driver may receive the way that suits
+    /// spinning (io_uring: single-shot receives completed inline instead of a multishot one
+    /// completed through task work). A driver starts out spinning; `wait` ends it.
+    fn spin(&mut self) {}
     /// The bound address.
     fn local_addr(&self) -> io::Result<SocketAddr>;
     /// Which driver this is, for logs and reports.

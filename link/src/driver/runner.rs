@@ -82,7 +82,12 @@ impl Idle {
         }
         self.since = None;
         let cap = Duration::from_millis(100);
-        sock.wait(Some(next_timer.unwrap_or(cap).min(cap)))
+        sock.wait(Some(next_timer.unwrap_or(cap).min(cap)))?;
+        if let PollMode::Busy { .. } = self.mode {
+            // Woken: spinning again until the budget runs out.
+            sock.spin();
+        }
+        Ok(())
     }
 }
 

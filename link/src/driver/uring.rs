@@ -1,9 +1,21 @@
-//! The io_uring driver: one multishot RecvMsg into a ring of provided buffers receives every
-//! datagram; sends are SendMsg operations batched into one submission. Each in-flight send
-//! owns its slot (bytes, iovec, address, msghdr) until its completion arrives; each received
-//! buffer goes back to the ring once its datagram was handed on. In busy-poll mode the
-//! runner reads completions from shared memory and enters the kernel only to submit; in
-//! blocking mode it sleeps in `io_uring_enter` until a completion or the next timer.
+//! The io_uring driver. Sends are Send operations with a destination address (sendto),
+//! batched into one submission; each in-flight send owns its slot (bytes, address) until its
+//! completion arrives. The socket is a registered (fixed) file.
+//!
+//! Receiving has two modes, because the two ways of waiting want different things:
+//! - Sleeping (`wait`): one multishot RecvMsg into a ring of provided buffers receives every
+//!   datagram; each buffer goes back to the ring once its datagram was handed on. A datagram
+//!   completes the receive through task work in this thread, which is what lets it sleep in
+//!   `io_uring_enter` until a completion or the next timer.
+//! - Spinning (`recv` without `wait`, or after [`Datagrams::spin`]): each poll submits one
+//!   RecvMsg with `MSG_DONTWAIT`, which the kernel runs inline in the `io_uring_enter` that
+//!   submits it (together with any queued sends) and completes at once, with a datagram or
+//!   `EAGAIN`. No task work, no poll wake-up: on this VM the multishot path cost 9.6 µs per
+//!   bare ping-pong against 6.7 µs for plain sockets, because every datagram went through a
+//!   wake-up, a flag, an enter and task work before its completion was visible.
+//!
+//! The driver switches to sleeping when `wait` is called, and back to spinning (cancelling
+//! the multishot receive, whose last completions are still delivered in order) when told.
 #![allow(unsafe_code)]
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -28,12 +40,23 @@ const TX_SLOTS: usize = 64;
 /// Buffer group of the receive ring.
 const BGID: u16 = 7;
 const RECV_TAG: u64 = u64::MAX;
+/// The single-shot `MSG_DONTWAIT` receive of the spinning mode.
+const POLL_TAG: u64 = u64::MAX - 1;
+/// Cancellation of the multishot receive.
+const CANCEL_TAG: u64 = u64::MAX - 2;
+/// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
+const SOCKET: types::Fixed = types::Fixed(0);
 
-struct SendSlot {
+struct PollRecv {
     bytes: Vec<u8>,
     addr: libc::sockaddr_storage,
     iov: libc::iovec,
     msg: libc::msghdr,
+}
+
+struct SendSlot {
+    bytes: Vec<u8>,
+    addr: libc::sockaddr_storage,
 }
 
 /// A UDP socket driven through io_uring.
@@ -48,7 +71,16 @@ pub struct UringUdp {
     rx_tail: u16,
     /// The template the kernel reads for each multishot completion (name length).
     rx_msg: Box<libc::msghdr>,
+    /// The multishot receive is in the kernel (from arming to its last completion).
     recv_armed: bool,
+    /// A cancellation of the multishot receive was submitted.
+    cancel_sent: bool,
+    /// Receive through the multishot (sleeping) rather than single-shot polls (spinning).
+    sleeping: bool,
+    /// The spinning mode's receive: one datagram buffer, its address, iovec and msghdr, owned
+    /// by the single-shot receive while `poll_in_flight`.
+    poll: Box<PollRecv>,
+    poll_in_flight: bool,
     /// Slots never move: the kernel holds pointers into them while a send is in flight.
     slots: Box<[SendSlot]>,
     free: Vec<usize>,
@@ -92,9 +124,6 @@ impl UringUdp {
                 bytes: Vec::new(),
                 // SAFETY: plain old data, zero is valid.
                 addr: unsafe { std::mem::zeroed() },
-                iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
-                // SAFETY: plain old data, zero is valid.
-                msg: unsafe { std::mem::zeroed() },
             })
             .collect();
         let mut u = UringUdp {
@@ -107,12 +136,26 @@ impl UringUdp {
             rx_tail: 0,
             rx_msg,
             recv_armed: false,
+            cancel_sent: false,
+            sleeping: false,
+            poll: Box::new(PollRecv {
+                bytes: vec![0u8; 65536],
+                // SAFETY: plain old data, zero is valid.
+                addr: unsafe { std::mem::zeroed() },
+                iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
+                // SAFETY: plain old data, zero is valid.
+                msg: unsafe { std::mem::zeroed() },
+            }),
+            poll_in_flight: false,
             slots,
             free: (0..TX_SLOTS).rev().collect(),
             unsubmitted: 0,
             truncated: 0,
             send_errors: 0,
         };
+        // The socket as a fixed file: each operation skips a file-table lookup and its
+        // reference count.
+        u.ring.submitter().register_files(&[u.socket.as_raw_fd()])?;
         // SAFETY: the ring memory is page-aligned, holds RX_BUFFERS entries, and lives (not
         // moving) until drop, which unregisters it first.
         unsafe {
@@ -122,17 +165,16 @@ impl UringUdp {
             u.provide(bid);
         }
         u.publish_tail();
-        u.arm_recv()?;
-        // Submit now: a busy-polling runner that has nothing to send never enters the kernel.
-        u.ring.submit()?;
-        u.unsubmitted = 0;
         Ok(u)
     }
 
     /// Whether io_uring works on this kernel: sets up a ring and a buffer ring on a scratch
     /// socket. The error says why not.
     pub fn probe() -> io::Result<()> {
-        UringUdp::bind(SocketAddr::from(([127, 0, 0, 1], 0))).map(|_| ())
+        let mut u = UringUdp::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        u.arm_recv()?;
+        u.ring.submit()?;
+        Ok(())
     }
 
     /// Sends that failed (counted, not retried: the link layer replays).
@@ -166,9 +208,7 @@ impl UringUdp {
     }
 
     fn arm_recv(&mut self) -> io::Result<()> {
-        let op = opcode::RecvMsgMulti::new(types::Fd(self.socket.as_raw_fd()), &*self.rx_msg, BGID)
-            .build()
-            .user_data(RECV_TAG);
+        let op = opcode::RecvMsgMulti::new(SOCKET, &*self.rx_msg, BGID).build().user_data(RECV_TAG);
         self.push(op)?;
         self.recv_armed = true;
         Ok(())
@@ -187,69 +227,118 @@ impl UringUdp {
         }
     }
 
-    /// Reads the completion queue: send slots come back, datagrams go to `f`.
+    /// Queues the spinning mode's single-shot receive: `MSG_DONTWAIT` makes the kernel
+    /// complete it inline, with a datagram or `EAGAIN`, instead of arming a poll.
+    fn push_poll_recv(&mut self) -> io::Result<()> {
+        let p = &mut *self.poll;
+        p.iov = libc::iovec { iov_base: p.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: p.bytes.len() };
+        p.msg.msg_name = &mut p.addr as *mut _ as *mut libc::c_void;
+        p.msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        p.msg.msg_iov = &mut p.iov;
+        p.msg.msg_iovlen = 1;
+        p.msg.msg_flags = 0;
+        let op = opcode::RecvMsg::new(SOCKET, &mut p.msg)
+            .flags(libc::MSG_DONTWAIT as u32)
+            .build()
+            .user_data(POLL_TAG);
+        self.push(op)?;
+        self.poll_in_flight = true;
+        Ok(())
+    }
+
+    /// Reads the completion queue: send slots come back, datagrams go to `f`. Spinning, it
+    /// first submits one single-shot receive (with whatever sends are queued).
     fn reap(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
-        if self.taskrun_flag && self.ring.completion().is_empty() && self.ring.submission().taskrun() {
+        if !self.sleeping && !self.recv_armed && !self.poll_in_flight {
+            self.push_poll_recv()?;
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        } else if self.taskrun_flag && self.ring.completion().is_empty() && self.ring.submission().taskrun() {
             // Completion work is pending in the kernel: one enter runs it.
             self.ring.submit()?;
             self.unsubmitted = 0;
         }
         let mut received = 0;
         let mut returned = false;
-        let mut rearm = false;
         let mut error = None;
-        let cqes: Vec<(u64, i32, u32)> =
-            self.ring.completion().map(|c| (c.user_data(), c.result(), c.flags())).collect();
-        for (user_data, result, flags) in cqes {
-            if user_data != RECV_TAG {
-                if result < 0 {
-                    // The network's loss: the link layer replays what mattered.
-                    self.send_errors += 1;
-                }
-                self.free.push(user_data as usize);
-                continue;
-            }
-            if !cqueue::more(flags) {
-                rearm = true;
-            }
-            if result < 0 {
-                // ENOBUFS: every buffer was in use; re-arming after returning them fixes it.
-                if -result != libc::ENOBUFS {
-                    error = Some(io::Error::from_raw_os_error(-result));
-                }
-                continue;
-            }
-            let Some(bid) = cqueue::buffer_select(flags) else { continue };
-            let start = bid as usize * RX_BUF_SIZE;
-            let buf = &self.rx_bufs[start..start + (result as usize).min(RX_BUF_SIZE)];
-            if let Ok(out) = RecvMsgOut::parse(buf, &self.rx_msg) {
-                if out.is_payload_truncated() {
-                    self.truncated += 1;
-                } else {
-                    let mut ss: libc::sockaddr_storage =
-                        // SAFETY: plain old data, zero is valid.
-                        unsafe { std::mem::zeroed() };
-                    let name = out.name_data();
-                    let n = name.len().min(std::mem::size_of::<libc::sockaddr_storage>());
-                    // SAFETY: copying at most sizeof(sockaddr_storage) bytes into it.
-                    unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n) };
-                    if let Some(from) = addr_of(&ss) {
-                        f(from, out.payload_data());
-                        received += 1;
+        loop {
+            let Some(c) = self.ring.completion().next() else { break };
+            let (user_data, result, flags) = (c.user_data(), c.result(), c.flags());
+            match user_data {
+                POLL_TAG => {
+                    self.poll_in_flight = false;
+                    if result > 0 {
+                        if self.poll.msg.msg_flags & libc::MSG_TRUNC != 0 {
+                            self.truncated += 1;
+                        } else if let Some(from) = addr_of(&self.poll.addr) {
+                            f(from, &self.poll.bytes[..result as usize]);
+                            received += 1;
+                        }
+                    } else if result < 0 && -result != libc::EAGAIN {
+                        error = Some(io::Error::from_raw_os_error(-result));
                     }
                 }
+                CANCEL_TAG => {}
+                RECV_TAG => {
+                    if !cqueue::more(flags) {
+                        self.recv_armed = false;
+                        self.cancel_sent = false;
+                    }
+                    if result < 0 {
+                        // ENOBUFS: every buffer was in use; re-arming after returning them
+                        // fixes it. ECANCELED: switched to spinning.
+                        if -result != libc::ENOBUFS && -result != libc::ECANCELED {
+                            error = Some(io::Error::from_raw_os_error(-result));
+                        }
+                        continue;
+                    }
+                    let Some(bid) = cqueue::buffer_select(flags) else { continue };
+                    let start = bid as usize * RX_BUF_SIZE;
+                    let buf = &self.rx_bufs[start..start + (result as usize).min(RX_BUF_SIZE)];
+                    if let Ok(out) = RecvMsgOut::parse(buf, &self.rx_msg) {
+                        if out.is_payload_truncated() {
+                            self.truncated += 1;
+                        } else {
+                            let mut ss: libc::sockaddr_storage =
+                                // SAFETY: plain old data, zero is valid.
+                                unsafe { std::mem::zeroed() };
+                            let name = out.name_data();
+                            let n = name.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+                            // SAFETY: copying at most sizeof(sockaddr_storage) bytes into it.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n)
+                            };
+                            if let Some(from) = addr_of(&ss) {
+                                f(from, out.payload_data());
+                                received += 1;
+                            }
+                        }
+                    }
+                    self.provide(bid);
+                    returned = true;
+                }
+                slot => {
+                    if result < 0 {
+                        // The network's loss: the link layer replays what mattered.
+                        self.send_errors += 1;
+                    }
+                    self.free.push(slot as usize);
+                }
             }
-            self.provide(bid);
-            returned = true;
         }
         if returned {
             self.publish_tail();
         }
-        if rearm {
-            self.recv_armed = false;
-        }
-        if !self.recv_armed {
+        if self.sleeping && !self.recv_armed {
             self.arm_recv()?;
+            self.ring.submit()?;
+            self.unsubmitted = 0;
+        } else if !self.sleeping && self.recv_armed && !self.cancel_sent {
+            // Back to spinning: the multishot receive ends; what it still completes comes
+            // first, then the single-shot receives take over.
+            let op = opcode::AsyncCancel::new(RECV_TAG).build().user_data(CANCEL_TAG);
+            self.push(op)?;
+            self.cancel_sent = true;
             self.ring.submit()?;
             self.unsubmitted = 0;
         }
@@ -287,13 +376,12 @@ impl Datagrams for UringUdp {
         }
         let (ss, len) = sockaddr_of(&to);
         slot.addr = ss;
-        slot.iov = libc::iovec { iov_base: slot.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: n };
-        slot.msg.msg_name = &mut slot.addr as *mut _ as *mut libc::c_void;
-        slot.msg.msg_namelen = len;
-        slot.msg.msg_iov = &mut slot.iov;
-        slot.msg.msg_iovlen = 1;
-        let op =
-            opcode::SendMsg::new(types::Fd(self.socket.as_raw_fd()), &slot.msg).build().user_data(i as u64);
+        // Send with a destination (sendto): no msghdr or iovec for the kernel to copy in.
+        let op = opcode::Send::new(SOCKET, slot.bytes.as_ptr(), n as u32)
+            .dest_addr(&slot.addr as *const _ as *const libc::sockaddr)
+            .dest_addr_len(len)
+            .build()
+            .user_data(i as u64);
         self.push(op)?;
         Ok(n)
     }
@@ -311,6 +399,12 @@ impl Datagrams for UringUdp {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // Sleeping needs the multishot receive (a single-shot one is never left in flight:
+        // it completes in the enter that submits it).
+        self.sleeping = true;
+        if !self.recv_armed {
+            self.arm_recv()?;
+        }
         if self.ring.completion().is_empty() {
             let r = match timeout {
                 Some(t) => {
@@ -327,8 +421,14 @@ impl Datagrams for UringUdp {
             {
                 return Err(e);
             }
+        } else {
+            self.flush()?;
         }
         Ok(())
+    }
+
+    fn spin(&mut self) {
+        self.sleeping = false;
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -388,5 +488,40 @@ mod tests {
             a.recv(&mut ignore).unwrap();
         }
         assert_eq!(got, (0..200).collect::<Vec<u8>>());
+    }
+
+    /// Datagrams sent while the receiver goes from spinning (single-shot receives) to
+    /// sleeping (the multishot receive) and back arrive once each and in order.
+    #[test]
+    fn switching_between_spinning_and_sleeping_loses_and_reorders_nothing() {
+        let Ok(mut a) = UringUdp::bind("127.0.0.1:0".parse().unwrap()) else {
+            eprintln!("skipping: io_uring unavailable here");
+            return;
+        };
+        let mut b = UringUdp::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = b.local_addr().unwrap();
+        let mut got = Vec::new();
+        let mut next = 0u16;
+        for round in 0..40 {
+            // A burst, then the receiver changes mode with part of it still in the socket.
+            for _ in 0..10 {
+                a.send_to(to, &next.to_le_bytes()).unwrap();
+                next += 1;
+            }
+            a.flush().unwrap();
+            b.recv(&mut |_, d| got.push(u16::from_le_bytes([d[0], d[1]]))).unwrap();
+            if round % 2 == 0 {
+                b.wait(Some(Duration::from_millis(1))).unwrap();
+                assert!(b.sleeping);
+            } else {
+                b.spin();
+            }
+            b.recv(&mut |_, d| got.push(u16::from_le_bytes([d[0], d[1]]))).unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while got.len() < next as usize && std::time::Instant::now() < deadline {
+            b.recv(&mut |_, d| got.push(u16::from_le_bytes([d[0], d[1]]))).unwrap();
+        }
+        assert_eq!(got, (0..next).collect::<Vec<u16>>());
     }
 }
