@@ -40,8 +40,10 @@ const TX_SLOTS: usize = 64;
 /// Buffer group of the receive ring.
 const BGID: u16 = 7;
 const RECV_TAG: u64 = u64::MAX;
-/// The single-shot `MSG_DONTWAIT` receive of the spinning mode.
-const POLL_TAG: u64 = u64::MAX - 1;
+/// The single-shot `MSG_DONTWAIT` receives of the spinning mode: `POLL_TAG + i` for buffer i.
+const POLL_TAG: u64 = 1 << 32;
+/// Single-shot receives submitted together at most (while datagrams keep coming).
+const POLL_BATCH: usize = 8;
 /// Cancellation of the multishot receive.
 const CANCEL_TAG: u64 = u64::MAX - 2;
 /// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
@@ -77,10 +79,13 @@ pub struct UringUdp {
     cancel_sent: bool,
     /// Receive through the multishot (sleeping) rather than single-shot polls (spinning).
     sleeping: bool,
-    /// The spinning mode's receive: one datagram buffer, its address, iovec and msghdr, owned
-    /// by the single-shot receive while `poll_in_flight`.
-    poll: Box<PollRecv>,
-    poll_in_flight: bool,
+    /// The spinning mode's receives: datagram buffers with their address, iovec and msghdr,
+    /// each owned by its single-shot receive while in flight.
+    polls: Box<[PollRecv]>,
+    polls_in_flight: usize,
+    /// How many single-shot receives the next poll submits: one after a poll that found
+    /// nothing, up to `POLL_BATCH` while every one of them finds a datagram.
+    poll_batch: usize,
     /// Slots never move: the kernel holds pointers into them while a send is in flight.
     slots: Box<[SendSlot]>,
     free: Vec<usize>,
@@ -138,15 +143,18 @@ impl UringUdp {
             recv_armed: false,
             cancel_sent: false,
             sleeping: false,
-            poll: Box::new(PollRecv {
-                bytes: vec![0u8; 65536],
-                // SAFETY: plain old data, zero is valid.
-                addr: unsafe { std::mem::zeroed() },
-                iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
-                // SAFETY: plain old data, zero is valid.
-                msg: unsafe { std::mem::zeroed() },
-            }),
-            poll_in_flight: false,
+            polls: (0..POLL_BATCH)
+                .map(|_| PollRecv {
+                    bytes: vec![0u8; 65536],
+                    // SAFETY: plain old data, zero is valid.
+                    addr: unsafe { std::mem::zeroed() },
+                    iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
+                    // SAFETY: plain old data, zero is valid.
+                    msg: unsafe { std::mem::zeroed() },
+                })
+                .collect(),
+            polls_in_flight: 0,
+            poll_batch: 1,
             slots,
             free: (0..TX_SLOTS).rev().collect(),
             unsubmitted: 0,
@@ -227,10 +235,11 @@ impl UringUdp {
         }
     }
 
-    /// Queues the spinning mode's single-shot receive: `MSG_DONTWAIT` makes the kernel
-    /// complete it inline, with a datagram or `EAGAIN`, instead of arming a poll.
-    fn push_poll_recv(&mut self) -> io::Result<()> {
-        let p = &mut *self.poll;
+    /// Queues the spinning mode's single-shot receive into buffer `i`: `MSG_DONTWAIT` makes
+    /// the kernel complete it inline, with a datagram or `EAGAIN`, instead of arming a poll.
+    /// Several submitted together complete in order, each with the next datagram.
+    fn push_poll_recv(&mut self, i: usize) -> io::Result<()> {
+        let p = &mut self.polls[i];
         p.iov = libc::iovec { iov_base: p.bytes.as_mut_ptr() as *mut libc::c_void, iov_len: p.bytes.len() };
         p.msg.msg_name = &mut p.addr as *mut _ as *mut libc::c_void;
         p.msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -240,17 +249,20 @@ impl UringUdp {
         let op = opcode::RecvMsg::new(SOCKET, &mut p.msg)
             .flags(libc::MSG_DONTWAIT as u32)
             .build()
-            .user_data(POLL_TAG);
+            .user_data(POLL_TAG + i as u64);
         self.push(op)?;
-        self.poll_in_flight = true;
+        self.polls_in_flight += 1;
         Ok(())
     }
 
     /// Reads the completion queue: send slots come back, datagrams go to `f`. Spinning, it
-    /// first submits one single-shot receive (with whatever sends are queued).
+    /// first submits the single-shot receives (with whatever sends are queued).
     fn reap(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
-        if !self.sleeping && !self.recv_armed && !self.poll_in_flight {
-            self.push_poll_recv()?;
+        let polled = !self.sleeping && !self.recv_armed && self.polls_in_flight == 0;
+        if polled {
+            for i in 0..self.poll_batch {
+                self.push_poll_recv(i)?;
+            }
             self.ring.submit()?;
             self.unsubmitted = 0;
         } else if self.taskrun_flag && self.ring.completion().is_empty() && self.ring.submission().taskrun() {
@@ -259,19 +271,22 @@ impl UringUdp {
             self.unsubmitted = 0;
         }
         let mut received = 0;
+        let mut polls_filled = 0;
         let mut returned = false;
         let mut error = None;
         loop {
             let Some(c) = self.ring.completion().next() else { break };
             let (user_data, result, flags) = (c.user_data(), c.result(), c.flags());
             match user_data {
-                POLL_TAG => {
-                    self.poll_in_flight = false;
+                t if (POLL_TAG..POLL_TAG + POLL_BATCH as u64).contains(&t) => {
+                    self.polls_in_flight -= 1;
+                    let p = &self.polls[(t - POLL_TAG) as usize];
                     if result > 0 {
-                        if self.poll.msg.msg_flags & libc::MSG_TRUNC != 0 {
+                        polls_filled += 1;
+                        if p.msg.msg_flags & libc::MSG_TRUNC != 0 {
                             self.truncated += 1;
-                        } else if let Some(from) = addr_of(&self.poll.addr) {
-                            f(from, &self.poll.bytes[..result as usize]);
+                        } else if let Some(from) = addr_of(&p.addr) {
+                            f(from, &p.bytes[..result as usize]);
                             received += 1;
                         }
                     } else if result < 0 && -result != libc::EAGAIN {
@@ -328,6 +343,13 @@ impl UringUdp {
         }
         if returned {
             self.publish_tail();
+        }
+        if polled {
+            self.poll_batch = if polls_filled == self.poll_batch {
+                (self.poll_batch * 2).min(POLL_BATCH)
+            } else {
+                polls_filled.max(1)
+            };
         }
         if self.sleeping && !self.recv_armed {
             self.arm_recv()?;
