@@ -376,15 +376,13 @@ impl<'a> TlpRepr<'a> {
                 Body::Message { msg, data: kind.has_data().then_some(payload) }
             }
         };
-        if let (Some(found), true) = (packet.digest(), cfg.check_ecrc) {
-            let all = packet.as_bytes();
-            let computed = ecrc(&all[..packet.header_offset()], h, payload);
-            if computed != found {
-                return Err(Error::EcrcMismatch { found, computed });
-            }
-        }
+        let prefixes = if packet.header_offset() == 0 && !packet.td() {
+            Prefixes::EMPTY
+        } else {
+            prefixes_and_ecrc(packet, cfg)?
+        };
         Ok(TlpRepr {
-            prefixes: packet.prefixes(),
+            prefixes,
             tc: packet.tc(),
             attr: packet.attr(),
             th: packet.th(),
@@ -815,6 +813,21 @@ impl Common {
     fn th(self) -> bool {
         self.0 & (1 << 16) != 0
     }
+}
+
+/// The parts of a parse that ordinary traffic skips: decoding prefixes and verifying the
+/// ECRC. Out of line so that the common path keeps its registers.
+#[cold]
+#[inline(never)]
+fn prefixes_and_ecrc(packet: &TlpPacket<&[u8]>, cfg: &ParseConfig) -> Result<Prefixes, Error> {
+    if let (Some(found), true) = (packet.digest(), cfg.check_ecrc) {
+        let all = packet.as_bytes();
+        let computed = ecrc(&all[..packet.header_offset()], packet.header_bytes(), packet.payload());
+        if computed != found {
+            return Err(Error::EcrcMismatch { found, computed });
+        }
+    }
+    Ok(packet.prefixes())
 }
 
 fn check_max_payload(bytes: usize, max_payload: usize) -> Result<(), Error> {
