@@ -1,7 +1,9 @@
 //! `dxpu bench link`: the transport's figures, measured side by side in one run so that
 //! their ratios mean something on a shared, noisy machine.
 //!
-//! (a) the floor: a bare UDP ping-pong with plain sockets, busy-polling and blocking;
+//! (a) the floor: a bare UDP ping-pong with plain sockets, busy-polling and blocking, the
+//!     client's socket connected to the server's as a session client's is (and, for
+//!     reference, not connected);
 //! (b) a one-TLP request/response (MRd → CplD) through two sessions, for each driver and
 //!     mode, run to completion by the requesting thread;
 //! (c) streaming 256-byte posted writes through a session (the receiver takes them in
@@ -58,13 +60,18 @@ pub(crate) fn us(d: Duration) -> f64 {
     d.as_nanos() as f64 / 1000.0
 }
 
-/// (a) Bare UDP ping-pong with 64-byte datagrams.
-pub(crate) fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
+/// (a) Bare UDP ping-pong with 64-byte datagrams. With `connected`, the client's socket is
+/// connected to the server, as a session's client socket is (the server's serves any peer,
+/// as a session server's does): the floor with the same socket set-up as the sessions.
+pub(crate) fn bare_pingpong(busy: bool, connected: bool, n: usize) -> std::io::Result<Rtt> {
     let server = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let client = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let (sa, ca) = (server.local_addr()?, client.local_addr()?);
     server.set_nonblocking(busy)?;
     client.set_nonblocking(busy)?;
+    if connected {
+        client.connect(sa)?;
+    }
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut buf = [0u8; 2048];
@@ -87,7 +94,11 @@ pub(crate) fn bare_pingpong(busy: bool, n: usize) -> std::io::Result<Rtt> {
     let mut rtts = Vec::with_capacity(n);
     for i in 0..total {
         let t0 = Instant::now();
-        client.send_to(&msg, sa)?;
+        if connected {
+            client.send(&msg)?;
+        } else {
+            client.send_to(&msg, sa)?;
+        }
         loop {
             match client.recv_from(&mut buf) {
                 Ok(_) => break,
@@ -111,6 +122,8 @@ pub(crate) fn driver_pingpong(driver: DriverKind, busy: bool, n: usize) -> std::
     let mut server = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
     let mut client = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
     let sa = server.local_addr()?;
+    // Connected, as a session's client socket is.
+    client.connect(sa)?;
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut echoed = 0;
@@ -359,7 +372,8 @@ fn session_stream(driver: DriverKind, n: usize, size: usize) -> std::io::Result<
     Ok(Stream { seconds, datagrams })
 }
 
-/// (c) The same datagrams (count and size) through bare sockets with sendmmsg/recvmmsg.
+/// (c) The same datagrams (count and size) through bare sockets with sendmmsg/recvmmsg, the
+/// sender's socket connected (as a session client's is).
 pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
     let mut rx = PortableUdp::bind(SocketAddr::from(LOCAL))?;
     let to = rx.local_addr()?;
@@ -378,6 +392,7 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
         Ok(())
     });
     let mut tx = PortableUdp::bind(SocketAddr::from(LOCAL))?;
+    tx.connect(to)?;
     let payload = vec![0x5au8; size];
     let t0 = Instant::now();
     for _ in 0..datagrams {
@@ -430,7 +445,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         "{:<44} {:>10} {:>10} {:>12}",
         "round trip (64 B / one MRd→CplD)", "p50 µs", "p99 µs", "p50 / floor"
     );
-    let floors = [(true, bare_pingpong(true, n)?), (false, bare_pingpong(false, n)?)];
+    let floors = [(true, bare_pingpong(true, true, n)?), (false, bare_pingpong(false, true, n)?)];
     for (busy, f) in &floors {
         let mode = if *busy { "busy-poll" } else { "blocking" };
         println!(
@@ -439,6 +454,15 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             us(f.p50),
             us(f.p99),
             "1.00"
+        );
+        // For reference: what not connecting the client's socket costs.
+        let unconnected = bare_pingpong(*busy, false, n)?;
+        println!(
+            "{:<44} {:>10.1} {:>10.1} {:>12.2}",
+            "  the same, client socket not connected",
+            us(unconnected.p50),
+            us(unconnected.p99),
+            us(unconnected.p50) / us(f.p50)
         );
     }
     for driver in [DriverKind::Portable, DriverKind::IoUring] {

@@ -64,7 +64,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     );
     let io = |e: std::io::Error| e.to_string();
     for busy in [true, false] {
-        let floor = bare_pingpong(busy, n).map_err(io)?;
+        let floor = bare_pingpong(busy, true, n).map_err(io)?;
         let mode = if busy { "busy-poll" } else { "blocking" };
         println!(
             "{:<48} {:>8.1} {:>8.1} {:>11}",

@@ -208,6 +208,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         self.inner.spin();
     }
 
+    fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
+        self.inner.connect(peer)
+    }
+
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }

@@ -36,6 +36,8 @@ pub struct PortableUdp {
     rx: Vec<u8>,
     /// The last receive found more than one datagram: batch the next.
     rx_busy: bool,
+    /// The peer the socket is connected to: datagrams for it go without an address.
+    connected: Option<SocketAddr>,
 }
 
 pub(super) fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -161,6 +163,7 @@ impl PortableUdp {
             out: Vec::new(),
             rx,
             rx_busy: false,
+            connected: None,
         })
     }
 }
@@ -192,18 +195,25 @@ impl Datagrams for PortableUdp {
 
     fn flush(&mut self) -> io::Result<()> {
         if let [(to, start, end)] = self.out[..] {
-            // One datagram: plain sendto, the kernel's shortest path.
+            // One datagram: plain sendto, the kernel's shortest path (without an address to
+            // the connected peer, whose route the socket keeps).
             let (ss, len) = sockaddr_of(&to);
+            let (name, len) = if self.connected == Some(to) {
+                (std::ptr::null(), 0)
+            } else {
+                (&ss as *const _ as *const libc::sockaddr, len)
+            };
             let bytes = &self.out_bytes[start..end];
             loop {
-                // SAFETY: `bytes` and `ss` are valid for the lengths given during the call.
+                // SAFETY: `bytes` and `ss` are valid for the lengths given during the call
+                // (a null address with length 0 means the connected peer).
                 let r = unsafe {
                     libc::sendto(
                         self.socket.as_raw_fd(),
                         bytes.as_ptr() as *const libc::c_void,
                         bytes.len(),
                         0,
-                        &ss as *const _ as *const libc::sockaddr,
+                        name,
                         len,
                     )
                 };
@@ -236,11 +246,13 @@ impl Datagrams for PortableUdp {
                 iov_len: e - s,
             }));
             self.tx_msgs.clear();
-            for i in 0..batch.len() {
+            for (i, (to, ..)) in batch.iter().enumerate() {
                 // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_name = &mut self.tx_addrs[i].0 as *mut _ as *mut libc::c_void;
-                m.msg_hdr.msg_namelen = self.tx_addrs[i].1;
+                if self.connected != Some(*to) {
+                    m.msg_hdr.msg_name = &mut self.tx_addrs[i].0 as *mut _ as *mut libc::c_void;
+                    m.msg_hdr.msg_namelen = self.tx_addrs[i].1;
+                }
                 m.msg_hdr.msg_iov = &mut self.tx_iovs[i];
                 m.msg_hdr.msg_iovlen = 1;
                 self.tx_msgs.push(m);
@@ -371,6 +383,12 @@ impl Datagrams for PortableUdp {
                 return Err(e);
             }
         }
+        Ok(())
+    }
+
+    fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
+        self.socket.connect(peer)?;
+        self.connected = Some(peer);
         Ok(())
     }
 

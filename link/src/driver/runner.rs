@@ -121,14 +121,17 @@ pub struct SessionRunner<D> {
 }
 
 impl<D: Datagrams> SessionRunner<D> {
-    /// A runner for `session` talking to `peer`.
+    /// A runner for `session` talking to `peer`, and only to it: the socket is connected to
+    /// `peer` (see [`Datagrams::connect`]) where the system allows; where it does not, the
+    /// socket stays unconnected and works the same, a route lookup per send slower.
     pub fn new(
-        sock: D,
+        mut sock: D,
         peer: SocketAddr,
         session: Session,
         clock: Clock,
         mode: PollMode,
     ) -> SessionRunner<D> {
+        let _ = sock.connect(peer);
         SessionRunner { sock, peer, session, clock, idle: Idle::new(mode) }
     }
 

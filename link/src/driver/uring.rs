@@ -86,6 +86,9 @@ pub struct UringUdp {
     /// How many single-shot receives the next poll submits: one after a poll that found
     /// nothing, up to `POLL_BATCH` while every one of them finds a datagram.
     poll_batch: usize,
+    /// The peer the socket is connected to: sends to it go without an address, and the
+    /// spinning receives are plain Recv (no msghdr for the kernel to copy in).
+    connected: Option<SocketAddr>,
     /// Slots never move: the kernel holds pointers into them while a send is in flight.
     slots: Box<[SendSlot]>,
     free: Vec<usize>,
@@ -155,6 +158,7 @@ impl UringUdp {
                 .collect(),
             polls_in_flight: 0,
             poll_batch: 1,
+            connected: None,
             slots,
             free: (0..TX_SLOTS).rev().collect(),
             unsubmitted: 0,
@@ -246,10 +250,14 @@ impl UringUdp {
         p.msg.msg_iov = &mut p.iov;
         p.msg.msg_iovlen = 1;
         p.msg.msg_flags = 0;
-        let op = opcode::RecvMsg::new(SOCKET, &mut p.msg)
-            .flags(libc::MSG_DONTWAIT as u32)
-            .build()
-            .user_data(POLL_TAG + i as u64);
+        let op = if self.connected.is_some() {
+            opcode::Recv::new(SOCKET, p.bytes.as_mut_ptr(), p.bytes.len() as u32)
+                .flags(libc::MSG_DONTWAIT)
+                .build()
+        } else {
+            opcode::RecvMsg::new(SOCKET, &mut p.msg).flags(libc::MSG_DONTWAIT as u32).build()
+        }
+        .user_data(POLL_TAG + i as u64);
         self.push(op)?;
         self.polls_in_flight += 1;
         Ok(())
@@ -285,7 +293,7 @@ impl UringUdp {
                         polls_filled += 1;
                         if p.msg.msg_flags & libc::MSG_TRUNC != 0 {
                             self.truncated += 1;
-                        } else if let Some(from) = addr_of(&p.addr) {
+                        } else if let Some(from) = self.connected.or_else(|| addr_of(&p.addr)) {
                             f(from, &p.bytes[..result as usize]);
                             received += 1;
                         }
@@ -396,14 +404,17 @@ impl Datagrams for UringUdp {
             self.free.push(i);
             return Ok(0);
         }
-        let (ss, len) = sockaddr_of(&to);
-        slot.addr = ss;
-        // Send with a destination (sendto): no msghdr or iovec for the kernel to copy in.
-        let op = opcode::Send::new(SOCKET, slot.bytes.as_ptr(), n as u32)
-            .dest_addr(&slot.addr as *const _ as *const libc::sockaddr)
-            .dest_addr_len(len)
-            .build()
-            .user_data(i as u64);
+        // Send with a destination (sendto): no msghdr or iovec for the kernel to copy in; to
+        // the connected peer without one, the socket keeping its route.
+        let op = opcode::Send::new(SOCKET, slot.bytes.as_ptr(), n as u32);
+        let op = if self.connected == Some(to) {
+            op
+        } else {
+            let (ss, len) = sockaddr_of(&to);
+            slot.addr = ss;
+            op.dest_addr(&slot.addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
+        };
+        let op = op.build().user_data(i as u64);
         self.push(op)?;
         Ok(n)
     }
@@ -451,6 +462,12 @@ impl Datagrams for UringUdp {
 
     fn spin(&mut self) {
         self.sleeping = false;
+    }
+
+    fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
+        self.socket.connect(peer)?;
+        self.connected = Some(peer);
+        Ok(())
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
