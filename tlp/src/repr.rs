@@ -270,6 +270,7 @@ impl<'a> TlpRepr<'a> {
 
     /// Parses a checked packet and enforces the spec's rules (and `cfg`). Each rule is
     /// checked on the decoded fields before the value is assembled.
+    #[inline]
     pub fn parse(packet: &TlpPacket<&'a [u8]>, cfg: &ParseConfig) -> Result<TlpRepr<'a>, Error> {
         let kind = packet.kind();
         let h = packet.header_bytes();
