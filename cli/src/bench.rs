@@ -8,7 +8,9 @@
 //!     mode, run to completion by the requesting thread;
 //! (c) streaming 256-byte posted writes through a session (the receiver takes them in
 //!     place), against the same datagrams through bare sockets;
-//! (d) the cost of the per-frame MAC.
+//! (d) the cost of the per-frame MAC;
+//! (e) the sessions' own CPU time, in memory (no sockets): per round trip, and per streamed
+//!     frame on each side.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -417,6 +419,96 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
     Ok((seconds, received.load(Ordering::Relaxed)))
 }
 
+/// A client session and a server endpoint joined in memory, handshake done.
+fn joined_in_memory() -> Option<(Session, Endpoint<u32>, link::Time)> {
+    let cfg = bench_config();
+    let mut t = link::Time::from_nanos(1);
+    let mut c = Session::client(cfg.clone(), t, 1, Rng::from_u64(1));
+    let mut ep: Endpoint<u32> = Endpoint::new(cfg, 2, Rng::from_u64(2), 4);
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..10 {
+        while let Some(n) = c.poll_transmit(t, &mut buf) {
+            ep.handle_datagram(t, 7, &buf[..n]);
+        }
+        for (_, _, s) in ep.sessions() {
+            while let Some(n) = s.poll_transmit(t, &mut buf) {
+                c.handle_datagram(t, &buf[..n]);
+            }
+        }
+        t = link::Time::from_nanos(t.as_nanos() + 1000);
+    }
+    c.is_up().then_some((c, ep, t))
+}
+
+/// (e) The sessions' CPU time without sockets: nanoseconds per MRd → CplD round trip (both
+/// sides), and per streamed frame of 256-byte writes for the sender (queueing the TLPs, then
+/// building, tagging and checksumming the frame) and for the receiver (checking it and taking
+/// its TLPs).
+fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
+    let (mut c, mut ep, mut t) = joined_in_memory()?;
+    let mut buf = vec![0u8; 65536];
+    let read = read_request(1);
+    let cpl = completion_for(&read)?;
+    let n = 100_000;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        t = link::Time::from_nanos(t.as_nanos() + 100);
+        c.send_tlp(&read).ok()?;
+        while let Some(len) = c.poll_transmit(t, &mut buf) {
+            ep.handle_datagram(t, 7, &buf[..len]);
+        }
+        for (_, _, s) in ep.sessions() {
+            while let Some(r) = s.recv_tlp() {
+                s.recycle(r);
+                s.send_tlp(&cpl).ok()?;
+            }
+            while let Some(len) = s.poll_transmit(t, &mut buf) {
+                c.handle_datagram(t, &buf[..len]);
+            }
+        }
+        let got = c.recv_tlp()?;
+        c.recycle(got);
+    }
+    let rtt = t0.elapsed().as_nanos() as f64 / n as f64;
+    let w = write_tlp(size);
+    let mut frames: Vec<Vec<u8>> = (0..256).map(|_| vec![0u8; 65536]).collect();
+    let mut lens = [0usize; 256];
+    let (mut tx, mut rx, mut sent) = (Duration::ZERO, Duration::ZERO, 0u64);
+    while sent < 100_000 {
+        t = link::Time::from_nanos(t.as_nanos() + 100);
+        let t0 = Instant::now();
+        while c.send_tlp(&w).is_ok() {}
+        let mut k = 0;
+        while k < frames.len() {
+            let Some(len) = c.poll_transmit(t, &mut frames[k]) else { break };
+            lens[k] = len;
+            k += 1;
+        }
+        let t1 = Instant::now();
+        for (f, len) in frames.iter().zip(lens).take(k) {
+            ep.handle_datagram_with(
+                t,
+                7,
+                &f[..len],
+                Some(&mut |_, tlp: &[u8]| !std::hint::black_box(tlp).is_empty()),
+            );
+        }
+        rx += t1.elapsed();
+        tx += t1 - t0;
+        // Acknowledgements and credits back to the sender (not timed).
+        for (_, _, s) in ep.sessions() {
+            while let Some(len) = s.poll_transmit(t, &mut buf) {
+                c.handle_datagram(t, &buf[..len]);
+            }
+        }
+        if k == 0 {
+            return None;
+        }
+        sent += k as u64;
+    }
+    Some((rtt, tx.as_nanos() as f64 / sent as f64, rx.as_nanos() as f64 / sent as f64))
+}
+
 /// (d) Nanoseconds per frame tag.
 fn mac_cost(len: usize) -> f64 {
     let (k, _) =
@@ -532,6 +624,13 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         mac_cost(64),
         mac_cost(1472)
     );
+    match session_cpu(size) {
+        Some((rtt, tx, rx)) => println!(
+            "session CPU, in memory: {rtt:.0} ns per round trip (both sides); per streamed frame \
+             {tx:.0} ns sending, {rx:.0} ns receiving"
+        ),
+        None => println!("session CPU, in memory: the sessions did not come up"),
+    }
     Ok(())
 }
 
