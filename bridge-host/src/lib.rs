@@ -707,8 +707,10 @@ impl RemoteDevice {
     }
 
     /// A descriptor that becomes readable when the link has something to receive, for a
-    /// caller that waits on it beside its own (`None` for the io_uring driver, whose
-    /// completions are not signalled on a descriptor).
+    /// caller that waits on it beside its own. `None` when there is none now: the io_uring
+    /// driver has one only while it spins (after a wait in the kernel, its multishot
+    /// receive's completions are signalled on no descriptor until it spins again). Ask
+    /// before each wait.
     pub fn link_fd(&self) -> Option<std::os::fd::RawFd> {
         use link::driver::Datagrams;
         lock(&self.inner).runner.sock.poll_fd()

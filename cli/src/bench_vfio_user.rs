@@ -35,6 +35,9 @@ pub(crate) struct VfioUserBench {
     /// Bytes per DMA copy through DMA_READ / DMA_WRITE messages.
     #[arg(long, default_value_t = 1 << 20)]
     message_copy_bytes: usize,
+    /// UDP driver of both endpoints: portable or io_uring.
+    #[arg(long, default_value = "portable")]
+    driver: String,
 }
 
 const IOVA: u64 = 0x4000_0000;
@@ -47,8 +50,8 @@ struct Served {
 }
 
 impl Served {
-    fn start(gpu: &LocalBox, poll: PollMode) -> Result<Served, String> {
-        let mut o = gpu.attach_options(DriverKind::Portable, poll, Impairment::default());
+    fn start(gpu: &LocalBox, driver: DriverKind, poll: PollMode) -> Result<Served, String> {
+        let mut o = gpu.attach_options(driver, poll, Impairment::default());
         o.dma_memory = 0;
         o.service_interval = None;
         let dev = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
@@ -87,7 +90,14 @@ impl Drop for Served {
 pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
     let n = args.iterations.max(100);
     let spin = Duration::from_millis(2);
-    println!("dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, portable driver");
+    let driver = match crate::config::driver_kind("--driver", &args.driver)? {
+        DriverKind::Auto => DriverKind::Portable,
+        d => d,
+    };
+    println!(
+        "dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, {} driver",
+        if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
+    );
     println!();
     println!(
         "{:<56} {:>8} {:>8} {:>10}",
@@ -100,10 +110,9 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
     for busy in [true, false] {
         let mode = if busy { "busy-poll" } else { "blocking" };
         let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
-        let gpu = LocalBox::start(DriverKind::Portable, poll, Impairment::default())?;
-        let remote =
-            RemoteDevice::attach(gpu.attach_options(DriverKind::Portable, poll, Impairment::default()))
-                .map_err(|e| e.to_string())?;
+        let gpu = LocalBox::start(driver, poll, Impairment::default())?;
+        let remote = RemoteDevice::attach(gpu.attach_options(driver, poll, Impairment::default()))
+            .map_err(|e| e.to_string())?;
         let mut d = SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
         let (b50, b99) = mmio_rtt(&mut d, n);
         println!(
@@ -116,7 +125,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         let bridged = if busy { Some(copy(&mut d, args.copy_bytes)?) } else { None };
         d.into_pci().detach();
 
-        let served = Served::start(&gpu, poll)?;
+        let served = Served::start(&gpu, driver, poll)?;
         let mut v = served.client(true, args.copy_bytes + (1 << 20))?;
         let (p50, p99) = mmio_rtt(&mut v, n);
         println!(

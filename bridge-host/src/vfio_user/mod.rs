@@ -341,6 +341,8 @@ pub struct VfioUserServer {
     pcie_cap: Option<u16>,
     counters: Arc<Counters>,
     logged_failures: u64,
+    /// Said once that the link had no descriptor to sleep on.
+    said_no_link_fd: bool,
 }
 
 /// Maps `len` bytes of the client's file at `offset`: shared and writable if the device may
@@ -395,13 +397,6 @@ impl VfioUserServer {
         let listener = UnixListener::bind(path)
             .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
         listener.set_nonblocking(true)?;
-        if device.link_fd().is_none() {
-            log::warn!(
-                "vfio-user {}: the link driver has no descriptor to wait on; waking every millisecond \
-                 (the portable driver, or busy polling, avoids this)",
-                path.display()
-            );
-        }
         let mut device = device;
         let msix_cap = find_capability(&mut device, 0x11);
         let msix = msix_table(&mut device);
@@ -424,6 +419,7 @@ impl VfioUserServer {
             device,
             wait,
             idle_since: None,
+            said_no_link_fd: false,
             routes,
             msix,
             msix_cap,
@@ -489,6 +485,14 @@ impl VfioUserServer {
         let timeout = if spinning {
             Duration::ZERO
         } else if link.is_none() {
+            if !self.said_no_link_fd {
+                self.said_no_link_fd = true;
+                log::info!(
+                    "vfio-user {}: the link driver has no descriptor to sleep on (io_uring after \
+                     sleeping in its multishot receive); waking every millisecond while it has none",
+                    self.path.display()
+                );
+            }
             cap.min(Duration::from_millis(1))
         } else {
             self.device.next_timer().map_or(cap, |t| t.min(cap))

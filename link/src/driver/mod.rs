@@ -166,8 +166,9 @@ pub trait Datagrams {
     /// Which driver this is, for logs and reports.
     fn name(&self) -> &'static str;
     /// A descriptor that polls readable whenever [`Datagrams::recv`] has something, for a
-    /// caller that waits on it beside descriptors of its own. `None` where there is none
-    /// (io_uring: its completions arrive as task work, not on a descriptor).
+    /// caller that waits on it beside descriptors of its own. `None` where there is none now
+    /// (io_uring after [`Datagrams::wait`]: its multishot receive's completions arrive as task
+    /// work, not on a descriptor); ask again before each wait.
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

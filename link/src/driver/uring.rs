@@ -464,6 +464,14 @@ impl Datagrams for UringUdp {
         self.sleeping = false;
     }
 
+    /// The socket while spinning with no multishot receive armed: datagrams then stay in the
+    /// socket until a single-shot receive takes them, so it polls readable exactly when
+    /// `recv` has something. `None` while the multishot receive is armed (it takes datagrams
+    /// through task work, which no descriptor signals) until `spin` and a `recv` end it.
+    fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
+        (!self.sleeping && !self.recv_armed).then(|| self.socket.as_raw_fd())
+    }
+
     fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
         self.socket.connect(peer)?;
         self.connected = Some(peer);
@@ -552,6 +560,7 @@ mod tests {
             if round % 2 == 0 {
                 b.wait(Some(Duration::from_millis(1))).unwrap();
                 assert!(b.sleeping);
+                assert_eq!(b.poll_fd(), None, "the multishot receive takes datagrams unseen");
             } else {
                 b.spin();
             }
@@ -562,5 +571,12 @@ mod tests {
             b.recv(&mut |_, d| got.push(u16::from_le_bytes([d[0], d[1]]))).unwrap();
         }
         assert_eq!(got, (0..next).collect::<Vec<u16>>());
+        // Spinning again with the multishot receive gone: the socket is the descriptor.
+        b.spin();
+        let end = std::time::Instant::now() + Duration::from_secs(1);
+        while b.poll_fd().is_none() && std::time::Instant::now() < end {
+            b.recv(&mut |_, _| {}).unwrap();
+        }
+        assert_eq!(b.poll_fd(), Some(b.socket.as_raw_fd()));
     }
 }
