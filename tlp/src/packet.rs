@@ -218,6 +218,10 @@ impl<T: AsRef<[u8]>> TlpPacket<T> {
 }
 
 impl<'a> TlpPacket<&'a [u8]> {
+    /// All bytes of the TLP, borrowed for the buffer's lifetime.
+    pub fn as_bytes_ref(&self) -> &'a [u8] {
+        self.buffer
+    }
     /// The payload, borrowed for the buffer's lifetime.
     pub fn payload_ref(&self) -> &'a [u8] {
         let b: &'a [u8] = self.buffer;

@@ -272,9 +272,32 @@ impl<'a> TlpRepr<'a> {
     /// checked on the decoded fields before the value is assembled.
     #[inline]
     pub fn parse(packet: &TlpPacket<&'a [u8]>, cfg: &ParseConfig) -> Result<TlpRepr<'a>, Error> {
+        // Most TLPs carry no prefix and no digest: with both known the header and payload
+        // sit at constant offsets, and the compiler drops the arithmetic and its checks.
+        if packet.header_offset() == 0 && !packet.td() {
+            Self::parse_at(packet, cfg, 0, false)
+        } else {
+            Self::parse_at(packet, cfg, packet.header_offset(), packet.td())
+        }
+    }
+
+    /// [`TlpRepr::parse`] with the prefix length `off` and the digest flag `td` as the
+    /// packet has them.
+    #[inline(always)]
+    fn parse_at(
+        packet: &TlpPacket<&'a [u8]>,
+        cfg: &ParseConfig,
+        off: usize,
+        td: bool,
+    ) -> Result<TlpRepr<'a>, Error> {
         let kind = packet.kind();
-        let h = packet.header_bytes();
-        let payload = packet.payload_ref();
+        let all: &'a [u8] = packet.as_bytes_ref();
+        let hlen = if kind.is_4dw() { 16 } else { 12 };
+        let (Some(h), Some(payload)) =
+            (all.get(off..off + hlen), all.get(off + hlen..all.len() - if td { 4 } else { 0 }))
+        else {
+            return Err(Error::Truncated { needed: off + hlen, actual: all.len() });
+        };
         let dw0 = packet.dw0();
         let dw1 = read_u32(h, 4);
         let dw2 = read_u32(h, 8);
@@ -377,17 +400,13 @@ impl<'a> TlpRepr<'a> {
                 Body::Message { msg, data: kind.has_data().then_some(payload) }
             }
         };
-        let prefixes = if packet.header_offset() == 0 && !packet.td() {
-            Prefixes::EMPTY
-        } else {
-            prefixes_and_ecrc(packet, cfg)?
-        };
+        let prefixes = if off == 0 && !td { Prefixes::EMPTY } else { prefixes_and_ecrc(packet, cfg)? };
         Ok(TlpRepr {
             prefixes,
             tc: packet.tc(),
             attr: packet.attr(),
             th: packet.th(),
-            td: packet.td(),
+            td,
             ep: packet.ep(),
             at: packet.at(),
             body,
