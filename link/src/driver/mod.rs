@@ -209,8 +209,9 @@ mod tests {
         got
     }
 
-    /// A connected socket sends to its peer without an address, one datagram or a batch,
-    /// says its peer as the source of what it receives, and hears no one else.
+    /// A connected socket sends to its peer without an address, one datagram or a batch (a
+    /// datagram for another address among them still reaches it), says its peer as the source
+    /// of what it receives, and hears no one else.
     fn connected_socket_talks_to_its_peer_alone(kind: DriverKind) {
         let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let mut a = AnyUdp::bind(local, kind, &mut |_| {}).unwrap();
@@ -220,10 +221,17 @@ mod tests {
         a.connect(ba).unwrap();
         a.send_to(ba, b"one").unwrap();
         a.flush().unwrap();
+        // A batch with one datagram for someone else in the middle: it keeps its address.
+        let mut other = AnyUdp::bind(local, DriverKind::Portable, &mut |_| {}).unwrap();
+        let oa = other.local_addr().unwrap();
         for i in 0..5u8 {
             a.send_to(ba, &[i; 40]).unwrap();
+            if i == 2 {
+                a.send_to(oa, b"elsewhere").unwrap();
+            }
         }
         a.flush().unwrap();
+        assert_eq!(collect(&mut other, 1), vec![(aa, b"elsewhere".to_vec())], "{kind:?}");
         let got = collect(&mut b, 6);
         assert_eq!(got.len(), 6, "{kind:?}");
         assert!(got.iter().all(|(from, _)| *from == aa));

@@ -238,20 +238,25 @@ impl Datagrams for PortableUdp {
         let mut done = 0;
         while done < self.out.len() {
             let batch = &self.out[done..(done + BATCH).min(self.out.len())];
+            // Addresses only for datagrams not bound for the connected peer.
+            let connected = self.connected;
             self.tx_addrs.clear();
-            self.tx_addrs.extend(batch.iter().map(|(a, ..)| sockaddr_of(a)));
+            self.tx_addrs
+                .extend(batch.iter().filter(|(a, ..)| connected != Some(*a)).map(|(a, ..)| sockaddr_of(a)));
             self.tx_iovs.clear();
             self.tx_iovs.extend(batch.iter().map(|&(_, s, e)| libc::iovec {
                 iov_base: self.out_bytes[s..e].as_ptr() as *mut libc::c_void,
                 iov_len: e - s,
             }));
             self.tx_msgs.clear();
+            let mut addr = 0;
             for (i, (to, ..)) in batch.iter().enumerate() {
                 // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                if self.connected != Some(*to) {
-                    m.msg_hdr.msg_name = &mut self.tx_addrs[i].0 as *mut _ as *mut libc::c_void;
-                    m.msg_hdr.msg_namelen = self.tx_addrs[i].1;
+                if connected != Some(*to) {
+                    m.msg_hdr.msg_name = &mut self.tx_addrs[addr].0 as *mut _ as *mut libc::c_void;
+                    m.msg_hdr.msg_namelen = self.tx_addrs[addr].1;
+                    addr += 1;
                 }
                 m.msg_hdr.msg_iov = &mut self.tx_iovs[i];
                 m.msg_hdr.msg_iovlen = 1;
