@@ -102,6 +102,13 @@ fn check(o: &Outcome, n: usize) {
     assert_eq!(o.sapp.reads_seen as usize, n - writes as usize);
 }
 
+/// The workload over UDP loopback, checked.
+fn loopback(driver: DriverKind, mode: PollMode, imp: Impairment, n: usize) -> Outcome {
+    let o = run(driver, mode, "127.0.0.1:0", "127.0.0.1:0", None, None, imp, n);
+    check(&o, n);
+    o
+}
+
 fn lossy(seed: u64) -> Impairment {
     Impairment {
         loss: 0.05,
@@ -124,87 +131,27 @@ fn uring_available() -> bool {
 
 #[test]
 fn loopback_clean_portable() {
-    let o = run(
-        DriverKind::Portable,
-        PollMode::Blocking,
-        "127.0.0.1:0",
-        "127.0.0.1:0",
-        None,
-        None,
-        Impairment::default(),
-        3000,
-    );
-    check(&o, 3000);
+    loopback(DriverKind::Portable, PollMode::Blocking, Impairment::default(), 3000);
 }
 
 #[test]
 fn loopback_lossy_reordering_duplicating_portable() {
-    let o = run(
-        DriverKind::Portable,
-        PollMode::Blocking,
-        "127.0.0.1:0",
-        "127.0.0.1:0",
-        None,
-        None,
-        lossy(21),
-        2000,
-    );
-    check(&o, 2000);
+    let o = loopback(DriverKind::Portable, PollMode::Blocking, lossy(21), 2000);
     assert!(o.retransmits > 0, "5 % loss should have caused replays");
 }
 
 #[test]
 fn loopback_clean_io_uring() {
     if uring_available() {
-        let o = run(
-            DriverKind::IoUring,
-            PollMode::Blocking,
-            "127.0.0.1:0",
-            "127.0.0.1:0",
-            None,
-            None,
-            Impairment::default(),
-            3000,
-        );
-        check(&o, 3000);
+        loopback(DriverKind::IoUring, PollMode::Blocking, Impairment::default(), 3000);
     }
 }
 
 #[test]
 fn loopback_lossy_reordering_duplicating_io_uring() {
     if uring_available() {
-        let o = run(
-            DriverKind::IoUring,
-            PollMode::Blocking,
-            "127.0.0.1:0",
-            "127.0.0.1:0",
-            None,
-            None,
-            lossy(23),
-            2000,
-        );
-        check(&o, 2000);
+        let o = loopback(DriverKind::IoUring, PollMode::Blocking, lossy(23), 2000);
         assert!(o.retransmits > 0, "5 % loss should have caused replays");
-    }
-}
-
-/// Busy-poll with a budget far shorter than the gaps that 200 µs of jitter leaves: each
-/// runner keeps switching between spinning and sleeping (for io_uring: between single-shot
-/// receives and the multishot one), with datagrams arriving across every switch.
-#[test]
-fn busy_poll_switching_to_sleep_and_back_io_uring() {
-    if uring_available() {
-        let o = run(
-            DriverKind::IoUring,
-            PollMode::Busy { spin: Duration::from_micros(50) },
-            "127.0.0.1:0",
-            "127.0.0.1:0",
-            None,
-            None,
-            lossy(29),
-            2000,
-        );
-        check(&o, 2000);
     }
 }
 
@@ -295,15 +242,15 @@ fn across_network_namespaces_lossy_io_uring() {
     }
 }
 
-/// Busy-polling (spinning 200 µs after activity, then sleeping) on both sides: the run-to-
-/// completion path the benchmark uses, including io_uring's completion-flag path.
+/// Busy-polling on both sides, the run-to-completion path the benchmark uses, with a spin
+/// budget (50 µs) far shorter than the gaps 200 µs of jitter leaves: each runner keeps going
+/// from spinning to sleeping and back (io_uring: from single-shot receives to the multishot
+/// one and back), with datagrams arriving across every switch.
 #[test]
 fn loopback_busy_poll_both_drivers() {
-    let busy = PollMode::Busy { spin: Duration::from_micros(200) };
-    let o = run(DriverKind::Portable, busy, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(41), 1500);
-    check(&o, 1500);
+    let busy = PollMode::Busy { spin: Duration::from_micros(50) };
+    loopback(DriverKind::Portable, busy, lossy(41), 1500);
     if uring_available() {
-        let o = run(DriverKind::IoUring, busy, "127.0.0.1:0", "127.0.0.1:0", None, None, lossy(43), 1500);
-        check(&o, 1500);
+        loopback(DriverKind::IoUring, busy, lossy(43), 1500);
     }
 }
