@@ -294,7 +294,7 @@ impl<'a> TlpRepr<'a> {
         let all: &'a [u8] = packet.as_bytes_ref();
         let hlen = if kind.is_4dw() { 16 } else { 12 };
         let (Some(h), Some(payload)) =
-            (all.get(off..off + hlen), all.get(off + hlen..all.len() - if td { 4 } else { 0 }))
+            (all.get(off..off + hlen), all.get(off + hlen..all.len().saturating_sub(if td { 4 } else { 0 })))
         else {
             return Err(Error::Truncated { needed: off + hlen, actual: all.len() });
         };
