@@ -230,7 +230,7 @@ impl<'a> TlpPacket<&'a [u8]> {
 }
 
 /// The Length field of DW0: 1..=1024 DW, with 0 encoding 1024.
-const fn length_of(dw0: u32) -> u16 {
+pub(crate) const fn length_of(dw0: u32) -> u16 {
     match dw0 & 0x3ff {
         0 => 1024,
         n => n as u16,
