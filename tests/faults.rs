@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
-use dxpu_tests::{GpuBox, Netns, enter_netns, gpu_options, host_options, key_a, key_b, serial};
+use dxpu_tests::{GpuBox, Netns, gpu_options, host_options, key_a, key_b, serial};
 use hw::driver::SimGpuDriver;
 use hw::workload::{WorkloadSize, run};
 use link::driver::Impairment;
@@ -24,7 +24,7 @@ fn workload_ok(remote: RemoteDevice) -> RemoteDevice {
 #[test]
 fn endpoints_in_separate_network_namespaces() {
     let _g = serial();
-    let ns = match Netns::create("n", 1) {
+    let ns = match Netns::create("brn", [10, 78, 1]) {
         Ok(ns) => ns,
         Err(e) => {
             eprintln!("skipping: network namespaces unavailable here ({e})");
@@ -34,7 +34,7 @@ fn endpoints_in_separate_network_namespaces() {
     let gpu = GpuBox::start_in(gpu_options("10.78.1.1:0".parse().unwrap()), Some(ns.a.clone()));
     let (b, addr) = (ns.b.clone(), gpu.addr);
     std::thread::spawn(move || {
-        enter_netns(&b);
+        netns::enter(&b).unwrap();
         let remote = RemoteDevice::attach(host_options(addr, key_a())).unwrap();
         let remote = workload_ok(remote);
         assert!(remote.stats().link.frames_received > 100);
@@ -51,7 +51,9 @@ fn lossy_reordering_network_across_namespaces_still_gives_correct_results() {
     let lossy =
         |seed| Impairment { loss: 0.02, jitter: Duration::from_micros(200), seed, ..Impairment::default() };
     // Across two namespaces where the machine allows it, else on loopback.
-    let ns = Netns::create("l", 2).map_err(|e| eprintln!("namespaces unavailable ({e}): on loopback")).ok();
+    let ns = Netns::create("brl", [10, 78, 2])
+        .map_err(|e| eprintln!("namespaces unavailable ({e}): on loopback"))
+        .ok();
     let (listen, host_ns, gpu_ns) = match &ns {
         Some(ns) => ("10.78.2.1:0", Some(ns.b.clone()), Some(ns.a.clone())),
         None => ("127.0.0.1:0", None, None),
@@ -62,7 +64,7 @@ fn lossy_reordering_network_across_namespaces_still_gives_correct_results() {
     let addr = gpu.addr;
     let s = std::thread::spawn(move || {
         if let Some(ns) = host_ns {
-            enter_netns(&ns);
+            netns::enter(&ns).unwrap();
         }
         let mut h = host_options(addr, key_a());
         h.impairment = lossy(8);

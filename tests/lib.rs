@@ -76,7 +76,7 @@ impl GpuBox {
         let (s, k) = (stop.clone(), kill.clone());
         let thread = std::thread::spawn(move || {
             if let Some(ns) = ns {
-                enter_netns(&ns);
+                netns::enter(&ns).unwrap();
             }
             let mut ep = GpuEndpoint::new(opts).expect("GPU-box endpoint starts");
             tx.send(ep.local_addr().unwrap()).unwrap();
@@ -117,59 +117,7 @@ impl Drop for GpuBox {
     }
 }
 
-/// Two network namespaces joined by a veth pair: `a` has 10.78.<n>.1, `b` 10.78.<n>.2.
-pub struct Netns {
-    pub a: String,
-    pub b: String,
-}
-
-impl Netns {
-    pub fn create(tag: &str, n: u8) -> Result<Netns, String> {
-        use std::process::Command;
-        let a = format!("dxpu-br{tag}-a");
-        let b = format!("dxpu-br{tag}-b");
-        let sh = |args: &str| -> Result<(), String> {
-            let out =
-                Command::new("ip").args(args.split_whitespace()).output().map_err(|e| format!("ip: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("ip {args}: {}", String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        };
-        let _ = sh(&format!("netns del {a}"));
-        let _ = sh(&format!("netns del {b}"));
-        sh(&format!("netns add {a}"))?;
-        let ns = Netns { a: a.clone(), b: b.clone() };
-        sh(&format!("netns add {b}"))?;
-        let (va, vb) = (format!("vbr{tag}a"), format!("vbr{tag}b"));
-        sh(&format!("link add {va} netns {a} type veth peer name {vb} netns {b}"))?;
-        sh(&format!("-n {a} addr add 10.78.{n}.1/24 dev {va}"))?;
-        sh(&format!("-n {b} addr add 10.78.{n}.2/24 dev {vb}"))?;
-        for (ns, v) in [(&a, &va), (&b, &vb)] {
-            sh(&format!("-n {ns} link set {v} up"))?;
-            sh(&format!("-n {ns} link set lo up"))?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        use std::process::Command;
-        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
-        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
-    }
-}
-
-/// Moves the calling thread into a named network namespace.
-pub fn enter_netns(name: &str) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(format!("/var/run/netns/{name}")).unwrap();
-    // SAFETY: setns on a valid namespace fd affects only the calling thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns {name}: {}", std::io::Error::last_os_error());
-}
+pub use netns::Netns;
 
 pub fn host_options(server: SocketAddr, key: PresharedKey) -> AttachOptions {
     let mut o = AttachOptions::new(server, "gpu0", key.clone());

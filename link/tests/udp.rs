@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -16,6 +15,7 @@ use link::driver::{
     AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner, SessionRunner,
 };
 use link::{Endpoint, Rng, Session};
+use netns::Netns;
 
 struct Outcome {
     capp: ClientApp,
@@ -44,7 +44,7 @@ fn run(
     let stop2 = stop.clone();
     let server = std::thread::spawn(move || {
         if let Some(ns) = ns {
-            enter_netns(&ns);
+            netns::enter(&ns).unwrap();
         }
         let sock = Impaired::new(
             AnyUdp::bind(server_bind, driver, &mut |m| eprintln!("server {m}")).unwrap(),
@@ -67,7 +67,7 @@ fn run(
     });
     let server_addr = addr_rx.recv().unwrap();
     if let Some(ns) = client_ns {
-        enter_netns(ns);
+        netns::enter(ns).unwrap();
     }
     let sock = Impaired::new(
         AnyUdp::bind(client_bind.parse().unwrap(), driver, &mut |m| eprintln!("client {m}")).unwrap(),
@@ -155,60 +155,8 @@ fn loopback_lossy_reordering_duplicating_io_uring() {
     }
 }
 
-/// Two namespaces joined by veth; removed on drop.
-struct Netns {
-    a: String,
-    b: String,
-}
-
-impl Netns {
-    fn create(tag: &str) -> Result<Netns, String> {
-        let a = format!("dxpu-{tag}-a");
-        let b = format!("dxpu-{tag}-b");
-        let sh = |args: &str| -> Result<(), String> {
-            let out =
-                Command::new("ip").args(args.split_whitespace()).output().map_err(|e| format!("ip: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("ip {args}: {}", String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        };
-        let _ = sh(&format!("netns del {a}"));
-        let _ = sh(&format!("netns del {b}"));
-        sh(&format!("netns add {a}"))?;
-        let ns = Netns { a: a.clone(), b: b.clone() };
-        sh(&format!("netns add {b}"))?;
-        let (va, vb) = (format!("v{tag}a"), format!("v{tag}b"));
-        sh(&format!("link add {va} netns {a} type veth peer name {vb} netns {b}"))?;
-        sh(&format!("-n {a} addr add 10.77.0.1/24 dev {va}"))?;
-        sh(&format!("-n {b} addr add 10.77.0.2/24 dev {vb}"))?;
-        sh(&format!("-n {a} link set {va} up"))?;
-        sh(&format!("-n {b} link set {vb} up"))?;
-        sh(&format!("-n {a} link set lo up"))?;
-        sh(&format!("-n {b} link set lo up"))?;
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
-        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
-    }
-}
-
-/// Moves the calling thread into a named network namespace.
-fn enter_netns(name: &str) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(format!("/var/run/netns/{name}")).unwrap();
-    // SAFETY: setns on a valid namespace fd affects only the calling thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns {name}: {}", std::io::Error::last_os_error());
-}
-
 fn netns_workload(tag: &str, driver: DriverKind, imp: Impairment, n: usize) {
-    let ns = match Netns::create(tag) {
+    let ns = match Netns::create(tag, [10, 77, 0]) {
         Ok(ns) => ns,
         Err(e) => {
             eprintln!("skipping: network namespaces unavailable here ({e})");
