@@ -336,7 +336,7 @@ impl<'a> TlpRepr<'a> {
         // Kept apart, the general path's dispatch over every kind and error no longer
         // spills these paths' registers (`cargo bench -p dxpu-tlp --bench codec`: a third
         // of the time of a header).
-        if packet.header_offset() != 0 || packet.dw0() & DW0_TD != 0 {
+        if packet.header_offset() != 0 || packet.td() {
             return Self::parse_general(packet, cfg);
         }
         match packet.kind() {
@@ -371,7 +371,7 @@ impl<'a> TlpRepr<'a> {
         } else {
             (Address::Bits32(dw2 & !3), (dw2 & 3) as u8)
         };
-        let ph = if dw0 & DW0_TH != 0 { ph } else { 0 };
+        let ph = if packet.th() { ph } else { 0 };
         // new_checked matched a payload to the Length field.
         let length_dw = length_of(dw0);
         let req = Request::decode(dw0, dw1);
@@ -383,7 +383,7 @@ impl<'a> TlpRepr<'a> {
         } else {
             Body::MemRead { req, address, ph, length_dw, locked: false }
         };
-        Ok(TlpRepr::from_dw0(dw0, body))
+        Ok(TlpRepr::from_packet(packet, body))
     }
 
     /// [`TlpRepr::parse`]'s path for Cpl and CplD (`DATA`), no prefix, no digest.
@@ -404,23 +404,24 @@ impl<'a> TlpRepr<'a> {
             return Self::parse_general(packet, cfg);
         }
         let data = if DATA { Some(data) } else { None };
-        Ok(TlpRepr::from_dw0(dw0, Body::Completion { cpl, locked: false, data }))
+        Ok(TlpRepr::from_packet(packet, Body::Completion { cpl, locked: false, data }))
     }
 
-    /// A TLP with no prefix or digest, the DW0 fields of `dw0` and `body`.
+    /// The TLP of `packet` (which has no prefix or digest) with `body`.
     #[inline(always)]
-    fn from_dw0(dw0: u32, body: Body<'a>) -> TlpRepr<'a> {
+    fn from_packet(packet: &TlpPacket<&'a [u8]>, body: Body<'a>) -> TlpRepr<'a> {
         TlpRepr {
             prefixes: Prefixes::EMPTY,
-            tc: ((dw0 >> 20) & 7) as u8,
-            attr: Attr::from_bits((((dw0 >> 12) & 3) | ((dw0 >> 18) & 1) << 2) as u8),
-            th: dw0 & DW0_TH != 0,
+            tc: packet.tc(),
+            attr: packet.attr(),
+            th: packet.th(),
             td: false,
-            ep: dw0 & (1 << 14) != 0,
-            at: AddressType::from_bits(((dw0 >> 10) & 3) as u8),
+            ep: packet.ep(),
+            at: packet.at(),
             body,
         }
     }
+
     /// [`TlpRepr::parse`] for every TLP: each kind, prefixes, the ECRC, and the error of
     /// each broken rule.
     #[inline(never)]
@@ -1019,6 +1020,7 @@ impl<'a> TlpRepr<'a> {
         }
         Ok(len)
     }
+
     /// [`TlpRepr::emit`] for every TLP: each kind, prefixes, the ECRC, and the error of
     /// each broken rule.
     #[inline(never)]
@@ -1088,10 +1090,6 @@ struct Encoded<'a> {
     data: &'a [u8],
 }
 
-/// DW0's TD bit: a TLP digest (ECRC) follows.
-const DW0_TD: u32 = 1 << 15;
-/// DW0's TH bit: processing hints are present.
-const DW0_TH: u32 = 1 << 16;
 /// First DW BE values whose enabled bytes run to the end of the DW (1111b, 1110b, 1100b,
 /// 1000b), as a bit set indexed by the four-bit field.
 const CONTIGUOUS_FIRST_BE: u32 = 1 << 0b1111 | 1 << 0b1110 | 1 << 0b1100 | 1 << 0b1000;
