@@ -2,6 +2,7 @@
 //! namespaces, a lossy reordering network, the box killed mid-workload, the host killed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
@@ -31,7 +32,7 @@ fn endpoints_in_separate_network_namespaces() {
             return;
         }
     };
-    let gpu = GpuBox::start_in(gpu_options("10.78.1.1:0".parse().unwrap()), Some(ns.a.clone()));
+    let gpu = GpuBox::start_in(gpu_options(SocketAddr::from((ns.addr_a(), 0))), Some(ns.a.clone()));
     let (b, addr) = (ns.b.clone(), gpu.addr);
     std::thread::spawn(move || {
         netns::enter(&b).unwrap();
@@ -55,10 +56,10 @@ fn lossy_reordering_network_across_namespaces_still_gives_correct_results() {
         .map_err(|e| eprintln!("namespaces unavailable ({e}): on loopback"))
         .ok();
     let (listen, host_ns, gpu_ns) = match &ns {
-        Some(ns) => ("10.78.2.1:0", Some(ns.b.clone()), Some(ns.a.clone())),
-        None => ("127.0.0.1:0", None, None),
+        Some(ns) => (SocketAddr::from((ns.addr_a(), 0)), Some(ns.b.clone()), Some(ns.a.clone())),
+        None => (SocketAddr::from(([127, 0, 0, 1], 0)), None, None),
     };
-    let mut g = gpu_options(listen.parse().unwrap());
+    let mut g = gpu_options(listen);
     g.impairment = lossy(7);
     let gpu = GpuBox::start_in(g, gpu_ns);
     let addr = gpu.addr;

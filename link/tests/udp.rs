@@ -165,8 +165,9 @@ fn netns_workload(tag: &str, driver: DriverKind, imp: Impairment, n: usize) {
     };
     // The client runs in a thread of its own so that this test thread keeps its namespace.
     let (a, b) = (ns.a.clone(), ns.b.clone());
+    let (server, client) = (format!("{}:0", ns.addr_a()), format!("{}:0", ns.addr_b()));
     let o = std::thread::spawn(move || {
-        run(driver, PollMode::Blocking, "10.77.0.1:0", "10.77.0.2:0", Some(&a), Some(&b), imp, n)
+        run(driver, PollMode::Blocking, &server, &client, Some(&a), Some(&b), imp, n)
     })
     .join()
     .unwrap();
