@@ -168,8 +168,8 @@ impl Upstream for ToHost<'_> {
             self.out.queue.push_back(emit(tlp));
             return;
         }
-        // Emitted straight into the session's queue: the payload is copied once here.
-        match self.s.send_tlp_with(tlp.buffer_len(), &mut |b| tlp.emit(b).unwrap_or(0)) {
+        // Emitted straight into the buffer its frame is sent from: the payload's one copy.
+        match self.s.send_repr(tlp) {
             Ok(()) => {}
             Err(SendError::QueueFull { .. }) => self.out.queue.push_back(emit(tlp)),
             Err(SendError::TooLarge { len, mtu }) => {

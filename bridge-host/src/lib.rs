@@ -851,8 +851,8 @@ impl Inner {
         self.sent[kind_index(t)] += 1;
         let deadline = Instant::now() + self.timeout;
         loop {
-            // Emitted straight into the session's buffer, again on each try.
-            match self.runner.session.send_tlp_with(t.buffer_len(), &mut |b| t.emit(b).unwrap_or(0)) {
+            // Emitted straight into the buffer its frame is sent from, again on each try.
+            match self.runner.session.send_repr(t) {
                 Ok(()) => return true,
                 Err(SendError::QueueFull { .. }) => {
                     if Instant::now() >= deadline {
@@ -1125,8 +1125,7 @@ fn queue_or_hold(
     c: &TlpRepr<'_>,
 ) {
     sent[kind_index(c)] += 1;
-    let queued =
-        held.is_empty() && session.send_tlp_with(c.buffer_len(), &mut |b| c.emit(b).unwrap_or(0)).is_ok();
+    let queued = held.is_empty() && session.send_repr(c).is_ok();
     if !queued {
         let mut b = vec![0u8; c.buffer_len()];
         let n = c.emit(&mut b).unwrap_or(0);

@@ -24,5 +24,7 @@ pub use config::{Config, CreditGrant};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use error::{ConfigError, FrameError, SendError};
 pub use seq::SeqNum;
-pub use session::{DownReason, Event, InPlace, InPlaceFrom, Memory, Role, Session, Stats};
+pub use session::{
+    DownReason, Event, InPlace, InPlaceFrom, Memory, Role, SealedFrame, Session, Stats, Transmit,
+};
 pub use time::Time;

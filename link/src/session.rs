@@ -19,7 +19,9 @@
 
 use std::collections::VecDeque;
 
-use tlp::{FcClass, TlpPacket};
+use std::ops::Range;
+
+use tlp::{FcClass, TlpPacket, TlpRepr};
 
 use crate::auth::{FrameKey, Rng};
 use crate::config::Config;
@@ -27,7 +29,8 @@ use crate::error::SendError;
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
-    FC_LEN, FcLimits, Frame, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN, TlpRecords, write_frame,
+    BODY_AT, FC_LEN, FcLimits, Frame, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN, TlpRecords,
+    seal_in_place, write_frame,
 };
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
@@ -178,19 +181,52 @@ fn tlp_cost(bytes: &[u8]) -> Result<(usize, u32, u32), tlp::Error> {
     Ok((class_index(p.kind().fc_class()), 1, p.payload().len().div_ceil(16) as u32))
 }
 
-struct Queued {
+/// TLPs that leave together in one DATA frame, written where that frame is sent from:
+/// `buf` has room for the frame's header and FC block (`BODY_AT` bytes), then the TLP
+/// records; sealing the frame puts the header before them and the trailer after, so a TLP
+/// is copied once, into this buffer, on its way to the socket (and kept here for replay).
+struct Chunk {
+    /// Send order of the first TLP.
     order: u64,
-    bytes: Vec<u8>,
-    data_credits: u32,
+    buf: Vec<u8>,
+    /// TLPs per class.
+    tlps: [u32; 3],
+    /// Header and data credits of its TLPs (a stalled chunk holds one class).
+    headers: u32,
+    data: u32,
 }
 
+/// A DATA frame in the replay buffer.
 struct Sent {
     seq: SeqNum,
-    /// The frame's TLPs, kept for replay: the queued buffers themselves, moved here
-    /// rather than copied; the frame is written from them.
-    tlps: Vec<Vec<u8>>,
+    /// The chunk's buffer: body at `BODY_AT`, sealed in place for each (re)transmission.
+    buf: Vec<u8>,
     /// Length of the DATA body (TLP records).
     len: usize,
+}
+
+/// A DATA frame sealed in place in the session's replay buffer, ready to send: its bytes
+/// are [`Session::sealed`]'s, valid until the session next changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedFrame {
+    seq: SeqNum,
+    start: usize,
+    end: usize,
+}
+
+/// What [`Session::poll_transmit_in_place`] produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transmit {
+    /// A control frame of this many bytes, written into the caller's buffer.
+    Written(usize),
+    /// A DATA frame, sealed where its TLPs were written: send [`Session::sealed`]'s bytes.
+    Sealed(SealedFrame),
+}
+
+/// Where a TLP comes from when it is queued.
+enum Source<'a, 'b> {
+    Bytes(&'a [u8]),
+    Repr(&'a TlpRepr<'b>),
 }
 
 const INIT_BODY: usize = 4 + 16 + 2 + 2 + 8;
@@ -224,11 +260,21 @@ pub struct Session {
     // Transmit side.
     next_seq: SeqNum,
     unacked: VecDeque<Sent>,
-    /// Emptied TLP lists of acknowledged frames, for reuse.
-    frame_pool: Vec<Vec<Vec<u8>>>,
+    /// Buffers of acknowledged frames, for reuse.
+    frame_bufs: Vec<Vec<u8>>,
     replay_due: VecDeque<SeqNum>,
     replay_backoff: u32,
-    queues: [VecDeque<Queued>; 3],
+    /// Chunks whose TLPs had credits when queued (already charged), in PCIe order, waiting
+    /// for the window; the last one takes more TLPs until it is full or sent.
+    ready: VecDeque<Chunk>,
+    /// Per class, chunks of TLPs held back: no credits when queued, or queued behind a
+    /// held-back TLP they may not pass. Charged when they go.
+    stalled: [VecDeque<Chunk>; 3],
+    /// TLPs queued per class (ready and stalled).
+    queued: [usize; 3],
+    /// The credits the peer granted at first (its first FC block): a held-back chunk asks
+    /// for at most a quarter of them, so that it can go as soon as some come back.
+    peer_grant: [u32; 6],
     next_order: u64,
     consumed: [u32; 6],
     limit: [u32; 6],
@@ -295,10 +341,13 @@ impl Session {
             rx_pn_any: false,
             next_seq: SeqNum(0),
             unacked: VecDeque::new(),
-            frame_pool: Vec::new(),
+            frame_bufs: Vec::new(),
             replay_due: VecDeque::new(),
             replay_backoff: 0,
-            queues: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            ready: VecDeque::new(),
+            stalled: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            queued: [0; 3],
+            peer_grant: [0; 6],
             next_order: 0,
             consumed: [0; 6],
             limit: [0; 6],
@@ -408,8 +457,13 @@ impl Session {
     /// What the session holds in memory now.
     pub fn memory(&self) -> Memory {
         Memory {
-            queued_bytes: self.queues.iter().flatten().map(|q| q.bytes.len()).sum(),
-            queued_tlps: self.queues.iter().map(VecDeque::len).sum(),
+            queued_bytes: self
+                .ready
+                .iter()
+                .chain(self.stalled.iter().flatten())
+                .map(|c| c.buf.len() - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
+                .sum(),
+            queued_tlps: self.queued.iter().sum(),
             unacked_frames: self.unacked.len(),
             unacked_bytes: self.unacked.iter().map(|s| s.len).sum(),
             out_of_order_frames: self.out_of_order.iter().filter(|f| f.is_some()).count(),
@@ -451,68 +505,119 @@ impl Session {
     }
     /// Nothing is queued or waiting for acknowledgement.
     pub fn is_idle(&self) -> bool {
-        self.unacked.is_empty() && self.queues.iter().all(VecDeque::is_empty)
+        self.unacked.is_empty() && self.queued.iter().all(|q| *q == 0)
     }
 
     // ----- application commands ---------------------------------------------------------
 
     /// Queues one TLP. It goes out, in PCIe order, as soon as credits and the window allow.
+    /// Its bytes are copied once, into the buffer its frame is sent from.
     pub fn send_tlp(&mut self, bytes: &[u8]) -> Result<(), SendError> {
         if self.state != State::Up {
             return Err(SendError::NotConnected);
         }
-        let mut buf = self.pool.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(bytes);
-        self.enqueue(buf)
+        let (class, _, data) = tlp_cost(bytes).map_err(SendError::InvalidTlp)?;
+        self.enqueue(class, data, bytes.len(), Source::Bytes(bytes))
     }
 
-    /// Queues one TLP that `write` emits straight into the session's buffer (`len` bytes at
-    /// most; it returns the length written): [`Session::send_tlp`] without the copy from
-    /// the caller's buffer.
-    pub fn send_tlp_with(
-        &mut self,
-        len: usize,
-        write: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> Result<(), SendError> {
+    /// Queues the TLP `tlp` describes, emitted straight into the buffer its frame is sent
+    /// from: a payload it carries (a completion's data read from host memory, say) is copied
+    /// once between its source and the socket.
+    pub fn send_repr(&mut self, tlp: &TlpRepr<'_>) -> Result<(), SendError> {
         if self.state != State::Up {
             return Err(SendError::NotConnected);
         }
-        let mut buf = self.pool.pop().unwrap_or_default();
-        buf.resize(len, 0);
-        let n = write(&mut buf).min(len);
-        buf.truncate(n);
-        self.enqueue(buf)
+        let class = class_index(tlp.fc_class());
+        let data = tlp.credits().data as u32;
+        self.enqueue(class, data, tlp.buffer_len(), Source::Repr(tlp))
     }
 
-    /// Checks a TLP and queues its buffer in its flow-control class.
-    fn enqueue(&mut self, buf: Vec<u8>) -> Result<(), SendError> {
-        let checked = match tlp_cost(&buf) {
-            Err(e) => Err(SendError::InvalidTlp(e)),
-            Ok(_) if 2 + buf.len() > self.mtu - HEADER_LEN - FC_LEN - TRAILER_LEN => {
-                Err(SendError::TooLarge { len: buf.len(), mtu: self.mtu })
-            }
-            Ok((class, _, _)) if self.queues[class].len() >= self.cfg.max_queued => {
-                let c = [FcClass::Posted, FcClass::NonPosted, FcClass::Completion][class];
-                Err(SendError::QueueFull { class: c, limit: self.cfg.max_queued })
-            }
-            Ok((class, _, data)) => Ok((class, data)),
-        };
-        match checked {
-            Ok((class, data)) => {
-                self.queues[class].push_back(Queued {
-                    order: self.next_order,
-                    bytes: buf,
-                    data_credits: data,
-                });
-                self.next_order += 1;
+    /// Room for TLP records in one DATA frame.
+    fn room(&self) -> usize {
+        self.mtu - HEADER_LEN - FC_LEN - TRAILER_LEN
+    }
+
+    /// Whether the peer's credits cover `headers` and `data` more of `class` now.
+    fn has_credits(&self, class: usize, headers: u32, data: u32) -> bool {
+        let h = self.limit[2 * class].wrapping_sub(self.consumed[2 * class]) as i32;
+        let d = self.limit[2 * class + 1].wrapping_sub(self.consumed[2 * class + 1]) as i32;
+        h >= headers as i32 && d >= data as i32
+    }
+
+    fn charge(&mut self, class: usize, headers: u32, data: u32) {
+        self.consumed[2 * class] = self.consumed[2 * class].wrapping_add(headers);
+        self.consumed[2 * class + 1] = self.consumed[2 * class + 1].wrapping_add(data);
+    }
+
+    /// Writes a TLP of `class` (`data` data credits, `len` bytes at most) into the chunk it
+    /// will be sent in. It joins the ready chunks if it may go now — its class has the
+    /// credits and nothing held back comes before it that it may not pass (PCIe 6.0 §2.4.1:
+    /// posted requests may pass non-posted requests and completions; nothing passes an
+    /// earlier posted request; a class keeps its own order) — and is charged at once; else
+    /// it is held back in its class.
+    fn enqueue(&mut self, class: usize, data: u32, len: usize, src: Source<'_, '_>) -> Result<(), SendError> {
+        let room = self.room();
+        if 2 + len > room {
+            return Err(SendError::TooLarge { len, mtu: self.mtu });
+        }
+        if self.queued[class] >= self.cfg.max_queued {
+            let c = [FcClass::Posted, FcClass::NonPosted, FcClass::Completion][class];
+            return Err(SendError::QueueFull { class: c, limit: self.cfg.max_queued });
+        }
+        let now =
+            self.stalled[0].is_empty() && self.stalled[class].is_empty() && self.has_credits(class, 1, data);
+        // A held-back chunk asks for at most a quarter of the grant (one TLP at least).
+        let (cap_h, cap_d) =
+            ((self.peer_grant[2 * class] / 4).max(1), (self.peer_grant[2 * class + 1] / 4).max(data));
+        let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
+        let joins = queue.back().is_some_and(|c| {
+            c.buf.len() + 2 + len <= BODY_AT + room && (now || (c.headers < cap_h && c.data + data <= cap_d))
+        });
+        if !joins {
+            let mut buf = self.frame_bufs.pop().unwrap_or_default();
+            buf.clear();
+            buf.resize(BODY_AT, 0);
+            queue.push_back(Chunk { order: self.next_order, buf, tlps: [0; 3], headers: 0, data: 0 });
+        }
+        let Some(chunk) = queue.back_mut() else { return Err(SendError::NotConnected) };
+        let at = chunk.buf.len();
+        let written = match src {
+            Source::Bytes(b) => {
+                chunk.buf.extend_from_slice(&(b.len() as u16).to_be_bytes());
+                chunk.buf.extend_from_slice(b);
                 Ok(())
             }
-            Err(e) => {
-                self.recycle(buf);
-                Err(e)
+            Source::Repr(t) => {
+                chunk.buf.resize(at + 2 + len, 0);
+                match t.emit(&mut chunk.buf[at + 2..]) {
+                    Ok(n) if n > 0 => {
+                        chunk.buf[at..at + 2].copy_from_slice(&(n as u16).to_be_bytes());
+                        chunk.buf.truncate(at + 2 + n);
+                        Ok(())
+                    }
+                    Ok(_) => Err(tlp::Error::Truncated { needed: 4, actual: 0 }),
+                    Err(e) => Err(e),
+                }
             }
+        };
+        if let Err(e) = written {
+            chunk.buf.truncate(at);
+            if at == BODY_AT
+                && let Some(c) = queue.pop_back()
+            {
+                self.recycle_frame(c.buf);
+            }
+            return Err(SendError::InvalidTlp(e));
         }
+        chunk.tlps[class] += 1;
+        chunk.headers += 1;
+        chunk.data += data;
+        if now {
+            self.charge(class, 1, data);
+        }
+        self.queued[class] += 1;
+        self.next_order += 1;
+        Ok(())
     }
 
     /// The next TLP the peer sent, in order. Reading it returns its credits to the peer.
@@ -528,6 +633,12 @@ impl Session {
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.pool.len() < 4 * self.window as usize {
             self.pool.push(buf);
+        }
+    }
+
+    fn recycle_frame(&mut self, buf: Vec<u8>) {
+        if self.frame_bufs.len() < 2 * self.window as usize {
+            self.frame_bufs.push(buf);
         }
     }
 
@@ -553,54 +664,85 @@ impl Session {
     }
 
     /// Writes the next datagram to send into `buf` (at least the MTU) and returns its
-    /// length, or `None` when there is nothing to send now.
+    /// length, or `None` when there is nothing to send now. A DATA frame is copied into
+    /// `buf` from where it was sealed; [`Session::poll_transmit_in_place`] saves that copy.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
-        let n = self.transmit(now, buf)?;
+        match self.poll_transmit_in_place(now, buf)? {
+            Transmit::Written(n) => Some(n),
+            Transmit::Sealed(f) => {
+                let bytes = self.sealed(&f);
+                let n = bytes.len().min(buf.len());
+                buf[..n].copy_from_slice(&bytes[..n]);
+                Some(n)
+            }
+        }
+    }
+
+    /// The next datagram to send, or `None` when there is nothing to send now: a control
+    /// frame is written into `buf` (at least the MTU); a DATA frame is sealed in place in
+    /// the replay buffer, where its TLPs were written, and its bytes are [`Session::sealed`]'s
+    /// — hand them to the socket before the session next changes.
+    pub fn poll_transmit_in_place(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let t = self.transmit(now, buf)?;
         self.stats.frames_sent += 1;
         self.last_tx = now;
         if self.state == State::Up {
             self.set_timer(Timer::Keepalive, now + self.cfg.keepalive_interval);
         }
-        Some(n)
+        Some(t)
     }
 
-    fn transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+    /// The bytes of a DATA frame [`Session::poll_transmit_in_place`] sealed (empty if it was
+    /// acknowledged since).
+    pub fn sealed(&self, f: &SealedFrame) -> &[u8] {
+        let first = self.unacked.front().map_or(f.seq, |s| s.seq);
+        let i = f.seq.distance_from(first);
+        match self.unacked.get(i as usize) {
+            Some(s) if i >= 0 && s.seq == f.seq => s.buf.get(f.start..f.end).unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+
+    fn transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let written = |n: Option<usize>| n.map(Transmit::Written);
         let buf_len = buf.len().min(self.mtu);
         let buf = &mut buf[..buf_len];
         if self.close_due {
             self.close_due = false;
-            return self.control_frame(FrameType::Close, buf);
+            return written(self.control_frame(FrameType::Close, buf));
         }
         match self.state {
             State::Down(_) => return None,
             State::ClientInit | State::ClientResponse | State::ServerChallenge if self.handshake_due => {
                 self.handshake_due = false;
-                return self.handshake_frame(buf);
+                return written(self.handshake_frame(buf));
             }
             State::ClientInit | State::ClientResponse | State::ServerChallenge => return None,
             State::Up => {}
         }
         if self.established_due {
             self.established_due = false;
-            return self.control_frame(FrameType::Established, buf);
+            return written(self.control_frame(FrameType::Established, buf));
         }
         // Replays first: they hold up everything behind them at the receiver.
         while let Some(seq) = self.replay_due.pop_front() {
             if let Some(i) = self.unacked.iter().position(|s| s.seq == seq) {
                 self.stats.retransmits += 1;
-                let n = self.data_frame(buf, i);
+                let f = self.data_frame(i);
                 self.arm_replay(now);
-                return n;
+                return f.map(Transmit::Sealed);
             }
         }
-        if (self.unacked.len() as u32) < self.window && self.has_sendable() {
-            let n = self.new_data_frame(buf);
+        if (self.unacked.len() as u32) < self.window
+            && let Some(from) = self.next_chunk()
+        {
+            let f = self.new_data_frame(from);
             self.arm_replay(now);
-            return n;
+            return f.map(Transmit::Sealed);
         }
         if self.keepalive_due {
             self.keepalive_due = false;
-            return self.control_frame(FrameType::Keepalive, buf);
+            return written(self.control_frame(FrameType::Keepalive, buf));
         }
         // Credits freed since the last advertisement go out at once when a quarter of any
         // grant has come back (a sender may be waiting for it); smaller returns wait for the
@@ -617,7 +759,7 @@ impl Session {
         let ack_ready = self.ack_due && (self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now));
         if self.nak_due || ack_ready || fc_due {
             self.stats.acks_sent += 1;
-            return self.control_frame(FrameType::Ack, buf);
+            return written(self.control_frame(FrameType::Ack, buf));
         }
         None
     }
@@ -709,6 +851,10 @@ impl Session {
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
         if let Some(fc) = frame.fc() {
             let new = array_of(fc);
+            if self.peer_grant == [0; 6] {
+                // Limits start at zero: the first ones are the grant.
+                self.peer_grant = new;
+            }
             for (l, n) in self.limit.iter_mut().zip(new) {
                 // Limits only grow; an older frame's smaller limit is ignored.
                 if n.wrapping_sub(*l) as i32 > 0 {
@@ -939,80 +1085,61 @@ impl Session {
         }
     }
 
-    /// Sends (again) the DATA frame at `index` of the replay buffer.
-    fn data_frame(&mut self, buf: &mut [u8], index: usize) -> Option<usize> {
+    /// Seals (again) the DATA frame at `index` of the replay buffer, in place.
+    fn data_frame(&mut self, index: usize) -> Option<SealedFrame> {
         let fc = self.fc_for(false);
         let seq = self.unacked[index].seq;
         let h = self.header(FrameType::Data, seq);
-        let mac = self.mac();
-        let sent = &self.unacked[index];
-        let write_records = |b: &mut [u8]| {
-            let mut at = 0;
-            for t in &sent.tlps {
-                b[at..at + 2].copy_from_slice(&(t.len() as u16).to_be_bytes());
-                b[at + 2..at + 2 + t.len()].copy_from_slice(t);
-                at += 2 + t.len();
-            }
-        };
-        let n = write_frame(buf, &h, fc.as_ref(), sent.len, write_records, mac).ok()?;
+        let key = if self.cfg.authenticate_frames { self.tx_key.as_ref() } else { None };
+        let mac = |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes));
+        let sent = &mut self.unacked[index];
+        sent.buf.resize(BODY_AT + sent.len + TRAILER_LEN, 0);
+        let Range { start, end } = seal_in_place(&mut sent.buf, &h, fc.as_ref(), sent.len, mac).ok()?;
         self.after_ack_sent(h.nak);
-        Some(n)
+        Some(SealedFrame { seq, start, end })
     }
 
-    /// Whether some queued TLP may go now (credits and ordering).
-    fn has_sendable(&self) -> bool {
-        self.next_sendable().is_some()
-    }
-
-    /// The class whose head TLP goes next: the oldest head that has credits and does not
-    /// pass an earlier posted request (PCIe 6.0 §2.4.1: posted requests may pass
-    /// non-posted requests and completions; nothing passes an earlier posted request).
-    fn next_sendable(&self) -> Option<usize> {
-        let posted_head = self.queues[0].front().map(|q| q.order);
-        let mut best: Option<(u64, usize)> = None;
-        for (class, q) in self.queues.iter().enumerate() {
+    /// Where the next DATA frame comes from — `None` inside: the oldest ready chunk;
+    /// `Some(class)`: that class's oldest held-back chunk — whichever holds the earliest TLP
+    /// among those that may go now: a held-back chunk needs its credits and must not pass
+    /// an earlier held-back posted chunk. (A ready chunk never holds a TLP that may not pass
+    /// what is held back: see `enqueue`.)
+    fn next_chunk(&self) -> Option<Option<usize>> {
+        let mut best = self.ready.front().map(|c| (c.order, None));
+        let posted_head = self.stalled[0].front().map(|c| c.order);
+        for (class, q) in self.stalled.iter().enumerate() {
             let Some(head) = q.front() else { continue };
             if class != 0 && posted_head.is_some_and(|p| p < head.order) {
                 continue;
             }
-            let h_ok = self.limit[2 * class].wrapping_sub(self.consumed[2 * class]) as i32 >= 1;
-            let d_ok = self.limit[2 * class + 1].wrapping_sub(self.consumed[2 * class + 1]) as i32
-                >= head.data_credits as i32;
-            if h_ok && d_ok && best.is_none_or(|(o, _)| head.order < o) {
-                best = Some((head.order, class));
+            if self.has_credits(class, head.headers, head.data) && best.is_none_or(|(o, _)| head.order < o) {
+                best = Some((head.order, Some(class)));
             }
         }
-        best.map(|(_, c)| c)
+        best.map(|(_, from)| from)
     }
 
-    /// Packs as many sendable TLPs as fit into a new DATA frame and sends it.
-    fn new_data_frame(&mut self, buf: &mut [u8]) -> Option<usize> {
-        let room = self.mtu.min(buf.len()) - HEADER_LEN - FC_LEN - TRAILER_LEN;
-        let mut frame = self.frame_pool.pop().unwrap_or_default();
-        let mut len = 0;
-        while let Some(class) = self.next_sendable() {
-            let tlp_len = self.queues[class].front().map_or(0, |q| q.bytes.len());
-            if len + 2 + tlp_len > room {
-                break;
+    /// Takes the chunk `next_chunk` chose into the replay buffer as a new DATA frame and
+    /// seals it.
+    fn new_data_frame(&mut self, from: Option<usize>) -> Option<SealedFrame> {
+        let chunk = match from {
+            None => self.ready.pop_front()?,
+            Some(class) => {
+                let c = self.stalled[class].pop_front()?;
+                self.charge(class, c.headers, c.data);
+                c
             }
-            let Some(q) = self.queues[class].pop_front() else { break };
-            len += 2 + q.bytes.len();
-            self.consumed[2 * class] = self.consumed[2 * class].wrapping_add(1);
-            self.consumed[2 * class + 1] = self.consumed[2 * class + 1].wrapping_add(q.data_credits);
-            frame.push(q.bytes);
+        };
+        for (q, n) in self.queued.iter_mut().zip(chunk.tlps) {
+            *q -= n as usize;
         }
-        let tlps = frame.len() as u64;
-        if tlps == 0 {
-            self.frame_pool.push(frame);
-            return None;
-        }
-        self.stats.tlps_sent += tlps;
+        self.stats.tlps_sent += chunk.headers as u64;
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
         self.next_seq = seq.next();
-        self.unacked.push_back(Sent { seq, tlps: frame, len });
-        let i = self.unacked.len() - 1;
-        self.data_frame(buf, i)
+        let len = chunk.buf.len() - BODY_AT;
+        self.unacked.push_back(Sent { seq, buf: chunk.buf, len });
+        self.data_frame(self.unacked.len() - 1)
     }
 
     fn arm_replay(&mut self, now: Time) {
@@ -1043,13 +1170,8 @@ impl Session {
     fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
         let mut progressed = false;
         while self.unacked.front().is_some_and(|s| s.seq < ack) {
-            if let Some(mut s) = self.unacked.pop_front() {
-                for t in s.tlps.drain(..) {
-                    self.recycle(t);
-                }
-                if self.frame_pool.len() < self.window as usize {
-                    self.frame_pool.push(s.tlps);
-                }
+            if let Some(s) = self.unacked.pop_front() {
+                self.recycle_frame(s.buf);
             }
             progressed = true;
         }
@@ -1179,5 +1301,135 @@ impl std::fmt::Debug for Session {
             .field("next_seq", &self.next_seq)
             .field("rx_next", &self.rx_next)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tlp::{Address, Bdf, Body, Request, Tag};
+
+    /// A client and a server session joined in memory, handshake done.
+    fn pair() -> (Session, Session) {
+        let psk = crate::PresharedKey::new(b"dxpu unit test key, 32 bytes....").unwrap();
+        let cfg = Config::new(psk);
+        let t = Time::from_nanos(1);
+        let mut c = Session::client(cfg.clone(), t, 1, Rng::from_u64(1));
+        let mut buf = vec![0u8; 2048];
+        let n = c.poll_transmit(t, &mut buf).unwrap();
+        let mut s =
+            Session::accept(cfg, t, 2, Rng::from_u64(2), &Frame::new_checked(&buf[..n]).unwrap()).unwrap();
+        for _ in 0..4 {
+            while let Some(n) = s.poll_transmit(t, &mut buf) {
+                c.handle_datagram(t, &buf[..n]);
+            }
+            while let Some(n) = c.poll_transmit(t, &mut buf) {
+                s.handle_datagram(t, &buf[..n]);
+            }
+        }
+        assert!(c.is_up() && s.is_up());
+        (c, s)
+    }
+
+    fn write(payload: &[u8]) -> TlpRepr<'_> {
+        TlpRepr::new(Body::MemWrite {
+            req: Request {
+                requester: Bdf::new(0, 1, 0),
+                tag: Tag::default(),
+                first_be: 0xf,
+                last_be: if payload.len() > 4 { 0xf } else { 0 },
+            },
+            address: Address::Bits64(0x1_0000_0000),
+            ph: 0,
+            data: payload,
+        })
+    }
+
+    /// A TLP is written once, into the buffer its DATA frame is then sent from: the sealed
+    /// frame lies in the very buffer `send_repr` emitted into, and replays come from it too.
+    #[test]
+    fn a_tlp_is_sent_from_where_it_was_written() {
+        let (mut c, mut s) = pair();
+        let payload: Vec<u8> = (0..256u16).map(|i| i as u8).collect();
+        c.send_repr(&write(&payload)).unwrap();
+        c.send_repr(&write(&payload[..64])).unwrap();
+        let written = c.ready.back().map(|ch| ch.buf.as_ptr() as usize).unwrap();
+        assert_eq!(c.ready.len(), 1, "two TLPs queued together share a frame");
+        let t = Time::from_nanos(2);
+        let mut control = vec![0u8; 2048];
+        let Some(Transmit::Sealed(f)) = c.poll_transmit_in_place(t, &mut control) else {
+            panic!("no DATA frame")
+        };
+        let frame = c.sealed(&f).to_vec();
+        let at = c.sealed(&f).as_ptr() as usize;
+        assert!(at >= written && at < written + BODY_AT, "frame not sealed in the TLPs' buffer");
+        let parsed = Frame::new_checked(&frame).unwrap();
+        let recs: Vec<&[u8]> = TlpRecords::new(parsed.body()).map(Result::unwrap).collect();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(&recs[0][recs[0].len() - 256..], &payload[..]);
+        // The replay timer fires: the same buffer is sealed again (a new packet number).
+        let later = Time::from_nanos(50_000_000);
+        c.handle_timeout(later);
+        let Some(Transmit::Sealed(r)) = c.poll_transmit_in_place(later, &mut control) else {
+            panic!("no replay")
+        };
+        let replay_at = c.sealed(&r).as_ptr() as usize;
+        assert!(replay_at >= written && replay_at < written + BODY_AT);
+        let replay = c.sealed(&r).to_vec();
+        assert_eq!(Frame::new_checked(&replay).unwrap().body(), parsed.body());
+        // Both copies deliver once; the acknowledgement empties the replay buffer.
+        s.handle_datagram(later, &frame);
+        s.handle_datagram(later, &replay);
+        assert_eq!(s.memory().delivered_tlps, 2);
+        let acked = Time::from_nanos(51_000_000);
+        s.handle_timeout(acked);
+        while let Some(n) = s.poll_transmit(acked, &mut control) {
+            c.handle_datagram(acked, &control[..n]);
+        }
+        assert_eq!(c.memory().unacked_frames, 0);
+        assert!(c.sealed(&r).is_empty(), "an acknowledged frame has no bytes to send");
+    }
+
+    /// A TLP without credits is held back in its class and goes, in its own frame, when
+    /// credits come; the posted writes queued behind a held-back read pass it.
+    #[test]
+    fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
+        let (mut c, mut s) = pair();
+        let nph = c.peer_grant[2];
+        let read = TlpRepr::new(Body::MemRead {
+            req: Request { requester: Bdf::new(0, 1, 0), tag: Tag::default(), first_be: 0xf, last_be: 0 },
+            address: Address::Bits32(0x1000),
+            ph: 0,
+            length_dw: 1,
+            locked: false,
+        });
+        for _ in 0..nph + 2 {
+            c.send_repr(&read).unwrap();
+        }
+        c.send_repr(&write(&[1, 2, 3, 4])).unwrap();
+        assert_eq!(c.stalled[1].iter().map(|ch| ch.headers).sum::<u32>(), 2);
+        assert_eq!(c.queued, [1, nph as usize + 2, 0]);
+        let t = Time::from_nanos(2);
+        let mut buf = vec![0u8; 2048];
+        while let Some(n) = c.poll_transmit(t, &mut buf) {
+            s.handle_datagram(t, &buf[..n]);
+        }
+        // Everything the credits allow arrived (the write passed the two held-back reads).
+        assert_eq!(s.memory().delivered_tlps, nph as usize + 1);
+        assert_eq!(c.memory().queued_tlps, 2);
+        // The server drains: credits come back, the held-back reads go.
+        while let Some(b) = s.recv_tlp() {
+            s.recycle(b);
+        }
+        for _ in 0..3 {
+            while let Some(n) = s.poll_transmit(t, &mut buf) {
+                c.handle_datagram(t, &buf[..n]);
+            }
+            while let Some(n) = c.poll_transmit(t, &mut buf) {
+                s.handle_datagram(t, &buf[..n]);
+            }
+        }
+        assert_eq!(s.memory().delivered_tlps, 2);
+        assert!(c.is_idle() || c.memory().queued_tlps == 0);
     }
 }

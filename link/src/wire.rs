@@ -252,6 +252,41 @@ pub fn write_frame(
         return Err(FrameError::TooLarge { len, max: buf.len().min(u16::MAX as usize) });
     }
     let b = &mut buf[..len];
+    put_header(b, header, fc, body_len);
+    let body_at = HEADER_LEN + fc_len;
+    body(&mut b[body_at..body_at + body_len]);
+    put_trailer(b, mac);
+    Ok(len)
+}
+
+/// Where a DATA body starts in a buffer that [`seal_in_place`] turns into a frame: room for
+/// the header and an FC block before it.
+pub const BODY_AT: usize = HEADER_LEN + FC_LEN;
+
+/// Makes a frame of the body already in `buf[BODY_AT..BODY_AT + body_len]` without moving
+/// it: the header (and FC block, if any) go just before it, the tag and CRC just after
+/// (`buf` must have room for them). Returns where the frame lies in `buf`. This is how a
+/// DATA frame is sent (and replayed) from the buffer its TLPs were written into.
+pub fn seal_in_place(
+    buf: &mut [u8],
+    header: &Header,
+    fc: Option<&FcLimits>,
+    body_len: usize,
+    mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN],
+) -> Result<std::ops::Range<usize>, FrameError> {
+    let start = if fc.is_some() { 0 } else { FC_LEN };
+    let end = BODY_AT + body_len + TRAILER_LEN;
+    if buf.len() < end || body_len > u16::MAX as usize {
+        return Err(FrameError::TooLarge { len: end - start, max: buf.len().saturating_sub(start) });
+    }
+    let b = &mut buf[start..end];
+    put_header(b, header, fc, body_len);
+    put_trailer(b, mac);
+    Ok(start..end)
+}
+
+/// The header and FC block at the start of `b`.
+fn put_header(b: &mut [u8], header: &Header, fc: Option<&FcLimits>, body_len: usize) {
     b[0..2].copy_from_slice(&MAGIC.to_be_bytes());
     b[2] = VERSION;
     b[3] = header.ty.byte();
@@ -268,14 +303,16 @@ pub fn write_frame(
             b[HEADER_LEN + 4 * i..HEADER_LEN + 4 * i + 4].copy_from_slice(&v.to_be_bytes());
         }
     }
-    let body_at = HEADER_LEN + fc_len;
-    body(&mut b[body_at..body_at + body_len]);
+}
+
+/// The tag over everything before it and the CRC, in the last `TRAILER_LEN` bytes of `b`.
+fn put_trailer(b: &mut [u8], mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN]) {
+    let len = b.len();
     let tag_at = len - TRAILER_LEN;
     let tag = mac(&b[..tag_at]);
     b[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);
     let crc = crc32c(&b[..len - 4]);
     b[len - 4..].copy_from_slice(&crc.to_be_bytes());
-    Ok(len)
 }
 
 /// Iterates over the TLP records of a DATA body: `u16 length` then that many bytes, each.
@@ -395,6 +432,33 @@ mod tests {
         }
         for n in 0..b.len() {
             assert!(Frame::new_checked(&b[..n]).is_err());
+        }
+    }
+
+    /// A frame sealed around its body in place is the frame `write_frame` writes, with and
+    /// without an FC block, and a buffer without room for the trailer is refused.
+    #[test]
+    fn sealing_in_place_writes_the_same_frame() {
+        let h = Header { ty: FrameType::Data, session: 7, epoch: 9, pn: 42, seq: 5, ack: 3, nak: false };
+        let fc = FcLimits { posted: (1, 2), non_posted: (3, 4), completion: (5, 6) };
+        let body: Vec<u8> = (0..300u16).map(|i| i as u8).collect();
+        for fc in [None, Some(&fc)] {
+            let mut want = vec![0u8; 1024];
+            let n = write_frame(
+                &mut want,
+                &h,
+                fc,
+                body.len(),
+                |b| b.copy_from_slice(&body),
+                |a| [a.len() as u8; TAG_LEN],
+            )
+            .unwrap();
+            let mut buf = vec![0xee; BODY_AT + body.len() + TRAILER_LEN];
+            buf[BODY_AT..BODY_AT + body.len()].copy_from_slice(&body);
+            let r = seal_in_place(&mut buf, &h, fc, body.len(), |a| [a.len() as u8; TAG_LEN]).unwrap();
+            assert_eq!(&buf[r], &want[..n]);
+            let mut short = vec![0u8; BODY_AT + body.len() + TRAILER_LEN - 1];
+            assert!(seal_in_place(&mut short, &h, fc, body.len(), |_| [0; TAG_LEN]).is_err());
         }
     }
 

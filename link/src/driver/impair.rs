@@ -184,6 +184,17 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         self.release_due()
     }
 
+    fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        if self.imp.is_none() {
+            return self.inner.send_borrowed(to, frames);
+        }
+        // Frames the layer may hold or alter get copies of their own.
+        for f in frames {
+            self.send_to(to, f)?;
+        }
+        self.flush()
+    }
+
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         self.release_due()?;
         self.inner.recv(f)

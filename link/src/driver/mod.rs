@@ -80,6 +80,12 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.flush(),
         }
     }
+    fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        match self {
+            AnyUdp::Uring(u) => u.send_borrowed(to, frames),
+            AnyUdp::Portable(p) => p.send_borrowed(to, frames),
+        }
+    }
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         match self {
             AnyUdp::Uring(u) => u.recv(f),
@@ -144,6 +150,16 @@ pub trait Datagrams {
     ) -> io::Result<usize>;
     /// Sends everything queued, in as few system calls as the driver can.
     fn flush(&mut self) -> io::Result<()>;
+    /// Sends everything queued, then `frames` to `to`, read where they lie (a session's
+    /// replay buffer, [`crate::Session::sealed`]): the kernel's copy into the socket is
+    /// the only one. Returns once the kernel has read them all, so the borrow ends here.
+    /// (This default copies each into the send queue; the drivers here do not.)
+    fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        for f in frames {
+            self.send_to(to, f)?;
+        }
+        self.flush()
+    }
     /// Receives every datagram that is ready, without blocking; `f` sees each.
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
     /// Sleeps in the kernel until a datagram is ready or `timeout` passes.

@@ -168,6 +168,126 @@ impl PortableUdp {
     }
 }
 
+impl PortableUdp {
+    /// The `i`th datagram of a send: the queued ones first, then `frames` (for `to`).
+    fn outgoing<'a>(&'a self, i: usize, to: SocketAddr, frames: &[&'a [u8]]) -> (SocketAddr, &'a [u8]) {
+        match self.out.get(i) {
+            Some(&(dest, start, end)) => (dest, &self.out_bytes[start..end]),
+            None => (to, frames[i - self.out.len()]),
+        }
+    }
+
+    /// Sends the queued datagrams, then `frames` to `to`, in order, in as few system calls
+    /// as the batch size allows: one datagram by `sendto`, more by `sendmmsg`. The kernel has
+    /// read every byte when this returns.
+    fn send_all(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        let total = self.out.len() + frames.len();
+        let result = if total == 1 { self.send_one(to, frames) } else { self.send_many(total, to, frames) };
+        self.out.clear();
+        self.out_len = 0;
+        result
+    }
+
+    fn send_one(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        // One datagram: plain sendto, the kernel's shortest path (without an address to the
+        // connected peer, whose route the socket keeps).
+        let (dest, bytes) = self.outgoing(0, to, frames);
+        let (ss, len) = sockaddr_of(&dest);
+        let (name, len) = if self.connected == Some(dest) {
+            (std::ptr::null(), 0)
+        } else {
+            (&ss as *const _ as *const libc::sockaddr, len)
+        };
+        loop {
+            // SAFETY: `bytes` and `ss` are valid for the lengths given during the call (a
+            // null address with length 0 means the connected peer).
+            let r = unsafe {
+                libc::sendto(
+                    self.socket.as_raw_fd(),
+                    bytes.as_ptr() as *const libc::c_void,
+                    bytes.len(),
+                    0,
+                    name,
+                    len,
+                )
+            };
+            if r >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
+                // A datagram to an unreachable port is the network's loss, not ours.
+                io::ErrorKind::ConnectionRefused => return Ok(()),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn send_many(&mut self, total: usize, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        let mut done = 0;
+        while done < total {
+            let batch = done..(done + BATCH).min(total);
+            // Addresses only for datagrams not bound for the connected peer.
+            let connected = self.connected;
+            let mut addrs = std::mem::take(&mut self.tx_addrs);
+            let mut iovs = std::mem::take(&mut self.tx_iovs);
+            addrs.clear();
+            iovs.clear();
+            for i in batch.clone() {
+                let (dest, bytes) = self.outgoing(i, to, frames);
+                if connected != Some(dest) {
+                    addrs.push(sockaddr_of(&dest));
+                }
+                iovs.push(libc::iovec {
+                    iov_base: bytes.as_ptr() as *mut libc::c_void,
+                    iov_len: bytes.len(),
+                });
+            }
+            self.tx_msgs.clear();
+            let mut addr = 0;
+            for (k, i) in batch.enumerate() {
+                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                if connected != Some(self.outgoing(i, to, frames).0) {
+                    m.msg_hdr.msg_name = &mut addrs[addr].0 as *mut _ as *mut libc::c_void;
+                    m.msg_hdr.msg_namelen = addrs[addr].1;
+                    addr += 1;
+                }
+                m.msg_hdr.msg_iov = &mut iovs[k];
+                m.msg_hdr.msg_iovlen = 1;
+                self.tx_msgs.push(m);
+            }
+            // SAFETY: every pointer in `tx_msgs` refers to `addrs`, `iovs`, `out_bytes` or
+            // `frames`, alive and unmoved until the call returns; the count matches.
+            let n = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    self.tx_msgs.as_mut_ptr(),
+                    self.tx_msgs.len() as u32,
+                    0,
+                )
+            };
+            self.tx_addrs = addrs;
+            self.tx_iovs = iovs;
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
+                    // A datagram to an unreachable port is the network's loss, not ours.
+                    io::ErrorKind::ConnectionRefused => {
+                        done += 1;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
 // SAFETY: the raw pointers in the headers refer to heap memory this value owns exclusively.
 unsafe impl Send for PortableUdp {}
 
@@ -194,107 +314,12 @@ impl Datagrams for PortableUdp {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        if let [(to, start, end)] = self.out[..] {
-            // One datagram: plain sendto, the kernel's shortest path (without an address to
-            // the connected peer, whose route the socket keeps).
-            let (ss, len) = sockaddr_of(&to);
-            let (name, len) = if self.connected == Some(to) {
-                (std::ptr::null(), 0)
-            } else {
-                (&ss as *const _ as *const libc::sockaddr, len)
-            };
-            let bytes = &self.out_bytes[start..end];
-            loop {
-                // SAFETY: `bytes` and `ss` are valid for the lengths given during the call
-                // (a null address with length 0 means the connected peer).
-                let r = unsafe {
-                    libc::sendto(
-                        self.socket.as_raw_fd(),
-                        bytes.as_ptr() as *const libc::c_void,
-                        bytes.len(),
-                        0,
-                        name,
-                        len,
-                    )
-                };
-                if r >= 0 {
-                    break;
-                }
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::ConnectionRefused => break,
-                    _ => {
-                        self.out.clear();
-                        self.out_len = 0;
-                        return Err(e);
-                    }
-                }
-            }
-            self.out.clear();
-            self.out_len = 0;
-            return Ok(());
-        }
-        let mut done = 0;
-        while done < self.out.len() {
-            let batch = &self.out[done..(done + BATCH).min(self.out.len())];
-            // Addresses only for datagrams not bound for the connected peer.
-            let connected = self.connected;
-            self.tx_addrs.clear();
-            self.tx_addrs
-                .extend(batch.iter().filter(|(a, ..)| connected != Some(*a)).map(|(a, ..)| sockaddr_of(a)));
-            self.tx_iovs.clear();
-            self.tx_iovs.extend(batch.iter().map(|&(_, s, e)| libc::iovec {
-                iov_base: self.out_bytes[s..e].as_ptr() as *mut libc::c_void,
-                iov_len: e - s,
-            }));
-            self.tx_msgs.clear();
-            let mut addr = 0;
-            for (i, (to, ..)) in batch.iter().enumerate() {
-                // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                if connected != Some(*to) {
-                    m.msg_hdr.msg_name = &mut self.tx_addrs[addr].0 as *mut _ as *mut libc::c_void;
-                    m.msg_hdr.msg_namelen = self.tx_addrs[addr].1;
-                    addr += 1;
-                }
-                m.msg_hdr.msg_iov = &mut self.tx_iovs[i];
-                m.msg_hdr.msg_iovlen = 1;
-                self.tx_msgs.push(m);
-            }
-            // SAFETY: every pointer in `tx_msgs` refers to `tx_addrs`, `tx_iovs` or
-            // `out_bytes`, alive and unmoved until the call returns; the count matches.
-            let n = unsafe {
-                libc::sendmmsg(
-                    self.socket.as_raw_fd(),
-                    self.tx_msgs.as_mut_ptr(),
-                    self.tx_msgs.len() as u32,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
-                    // A datagram to an unreachable port is the network's loss, not ours.
-                    io::ErrorKind::ConnectionRefused => {
-                        done += 1;
-                        continue;
-                    }
-                    _ => {
-                        self.out.clear();
-                        self.out_len = 0;
-                        return Err(e);
-                    }
-                }
-            }
-            done += n as usize;
-        }
-        self.out.clear();
-        self.out_len = 0;
-        Ok(())
+        // No borrowed frames: their destination is never read.
+        self.send_all(SocketAddr::from(([0, 0, 0, 0], 0)), &[])
     }
-
+    fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        self.send_all(to, frames)
+    }
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         if !self.rx_busy {
             // Idle: probe for one datagram with plain recvfrom, the kernel's shortest path.

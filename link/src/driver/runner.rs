@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::Datagrams;
 use crate::endpoint::Endpoint;
-use crate::session::{InPlace, InPlaceFrom, Session};
+use crate::session::{InPlace, InPlaceFrom, SealedFrame, Session, Transmit};
 use crate::time::Time;
 
 /// A monotonic clock for a session: `Time` is nanoseconds since its origin.
@@ -91,20 +91,64 @@ impl Idle {
     }
 }
 
-/// Queues every frame `session` has now for `to`, each written straight into the driver's
-/// send queue; returns how many (the caller flushes).
+/// DATA frames handed to the driver together at most.
+const SEALED_BATCH: usize = 32;
+
+/// Sends every frame `session` has now for `to`: DATA frames straight from the session's
+/// replay buffer, where their TLPs were written ([`Datagrams::send_borrowed`]), in batches;
+/// control frames through `control` into the driver's send queue (the caller flushes).
+/// Returns how many.
 fn transmit_session<D: Datagrams>(
     sock: &mut D,
     to: SocketAddr,
     session: &mut Session,
     now: Time,
+    control: &mut Vec<u8>,
 ) -> io::Result<usize> {
     let mut sent = 0;
-    let max = session.mtu();
-    while sock.send_with(to, max, &mut |b| session.poll_transmit(now, b).unwrap_or(0))? > 0 {
+    let mut batch = [None::<SealedFrame>; SEALED_BATCH];
+    let mut n = 0;
+    if control.len() < session.mtu() {
+        control.resize(session.mtu(), 0);
+    }
+    loop {
+        match session.poll_transmit_in_place(now, control) {
+            Some(Transmit::Sealed(f)) => {
+                batch[n] = Some(f);
+                n += 1;
+                if n == SEALED_BATCH {
+                    send_sealed(sock, to, session, &batch[..n])?;
+                    n = 0;
+                }
+            }
+            Some(Transmit::Written(len)) => {
+                // In the order the session made them.
+                if n > 0 {
+                    send_sealed(sock, to, session, &batch[..n])?;
+                    n = 0;
+                }
+                sock.send_to(to, &control[..len])?;
+            }
+            None => break,
+        }
         sent += 1;
     }
+    if n > 0 {
+        send_sealed(sock, to, session, &batch[..n])?;
+    }
     Ok(sent)
+}
+
+/// Hands sealed DATA frames to the driver where they lie.
+fn send_sealed<D: Datagrams>(
+    sock: &mut D,
+    to: SocketAddr,
+    session: &Session,
+    batch: &[Option<SealedFrame>],
+) -> io::Result<()> {
+    let frames: [&[u8]; SEALED_BATCH] =
+        std::array::from_fn(|i| batch.get(i).copied().flatten().map_or(&[][..], |f| session.sealed(&f)));
+    sock.send_borrowed(to, &frames[..batch.len()])
 }
 
 /// Drives one client session over a driver.
@@ -118,6 +162,8 @@ pub struct SessionRunner<D> {
     /// The clock.
     pub clock: Clock,
     idle: Idle,
+    /// Where control frames are written before they are queued.
+    control: Vec<u8>,
 }
 
 impl<D: Datagrams> SessionRunner<D> {
@@ -132,7 +178,7 @@ impl<D: Datagrams> SessionRunner<D> {
         mode: PollMode,
     ) -> SessionRunner<D> {
         let _ = sock.connect(peer);
-        SessionRunner { sock, peer, session, clock, idle: Idle::new(mode) }
+        SessionRunner { sock, peer, session, clock, idle: Idle::new(mode), control: Vec::new() }
     }
 
     /// One pass: receive what is ready, run timers, send what the session has. Returns
@@ -171,7 +217,7 @@ impl<D: Datagrams> SessionRunner<D> {
     }
 
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
-        let sent = transmit_session(&mut self.sock, self.peer, &mut self.session, now)?;
+        let sent = transmit_session(&mut self.sock, self.peer, &mut self.session, now, &mut self.control)?;
         if sent > 0 {
             self.sock.flush()?;
         }
@@ -220,12 +266,14 @@ pub struct ServerRunner<D> {
     /// The clock.
     pub clock: Clock,
     idle: Idle,
+    /// Where control frames are written before they are queued.
+    control: Vec<u8>,
 }
 
 impl<D: Datagrams> ServerRunner<D> {
     /// A runner for `endpoint`.
     pub fn new(sock: D, endpoint: Endpoint<SocketAddr>, clock: Clock, mode: PollMode) -> ServerRunner<D> {
-        ServerRunner { sock, endpoint, clock, idle: Idle::new(mode) }
+        ServerRunner { sock, endpoint, clock, idle: Idle::new(mode), control: Vec::new() }
     }
 
     /// One pass over the socket and every session.
@@ -262,7 +310,7 @@ impl<D: Datagrams> ServerRunner<D> {
     fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
         for (_, addr, s) in self.endpoint.sessions() {
-            sent += transmit_session(&mut self.sock, addr, s, now)?;
+            sent += transmit_session(&mut self.sock, addr, s, now, &mut self.control)?;
         }
         if sent > 0 {
             self.sock.flush()?;

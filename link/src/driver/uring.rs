@@ -46,6 +46,8 @@ const POLL_TAG: u64 = 1 << 32;
 const POLL_BATCH: usize = 8;
 /// Cancellation of the multishot receive.
 const CANCEL_TAG: u64 = u64::MAX - 2;
+/// Sends of borrowed frames (`send_borrowed`), waited for before it returns.
+const BORROWED_TAG: u64 = u64::MAX - 3;
 /// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
 const SOCKET: types::Fixed = types::Fixed(0);
 
@@ -92,6 +94,12 @@ pub struct UringUdp {
     /// Slots never move: the kernel holds pointers into them while a send is in flight.
     slots: Box<[SendSlot]>,
     free: Vec<usize>,
+    /// Sends of borrowed frames not yet completed (only inside `send_borrowed`).
+    borrowed_in_flight: usize,
+    /// The destination of borrowed frames, for the kernel to read while they are in flight.
+    borrowed_addr: libc::sockaddr_storage,
+    /// Completions read while waiting for sends, left for `reap`: (user data, result, flags).
+    deferred: std::collections::VecDeque<(u64, i32, u32)>,
     unsubmitted: usize,
     truncated: u64,
     send_errors: u64,
@@ -161,6 +169,10 @@ impl UringUdp {
             connected: None,
             slots,
             free: (0..TX_SLOTS).rev().collect(),
+            borrowed_in_flight: 0,
+            // SAFETY: plain old data, zero is valid.
+            borrowed_addr: unsafe { std::mem::zeroed() },
+            deferred: std::collections::VecDeque::new(),
             unsubmitted: 0,
             truncated: 0,
             send_errors: 0,
@@ -239,6 +251,50 @@ impl UringUdp {
         }
     }
 
+    /// A send completed: its slot is free again (or one fewer borrowed frame is in flight).
+    fn send_done(&mut self, user_data: u64, result: i32) {
+        if result < 0 {
+            // The network's loss: the link layer replays what mattered.
+            self.send_errors += 1;
+        }
+        if user_data == BORROWED_TAG {
+            self.borrowed_in_flight -= 1;
+        } else {
+            self.free.push(user_data as usize);
+        }
+    }
+
+    /// Reads the completion queue for sends: their slots come back; every other completion
+    /// (a received datagram, say) waits in `deferred` for `reap`, nothing lost.
+    fn collect_sends(&mut self) {
+        loop {
+            let Some(c) = self.ring.completion().next() else { break };
+            let (t, result, flags) = (c.user_data(), c.result(), c.flags());
+            if t == BORROWED_TAG || t < TX_SLOTS as u64 {
+                self.send_done(t, result);
+            } else {
+                self.deferred.push_back((t, result, flags));
+            }
+        }
+    }
+
+    /// Submits what is queued and waits for one completion, through interruptions and a
+    /// full completion queue (whose entries `collect_sends` moves aside).
+    fn submit_and_wait_one(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {
+                    self.unsubmitted = 0;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => {
+                    self.collect_sends();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Queues the spinning mode's single-shot receive into buffer `i`: `MSG_DONTWAIT` makes
     /// the kernel complete it inline, with a datagram or `EAGAIN`, instead of arming a poll.
     /// Several submitted together complete in order, each with the next datagram.
@@ -283,8 +339,11 @@ impl UringUdp {
         let mut returned = false;
         let mut error = None;
         loop {
-            let Some(c) = self.ring.completion().next() else { break };
-            let (user_data, result, flags) = (c.user_data(), c.result(), c.flags());
+            // Completions read while waiting for sends come first: they are older.
+            let next = self.deferred.pop_front();
+            let next = next
+                .or_else(|| self.ring.completion().next().map(|c| (c.user_data(), c.result(), c.flags())));
+            let Some((user_data, result, flags)) = next else { break };
             match user_data {
                 t if (POLL_TAG..POLL_TAG + POLL_BATCH as u64).contains(&t) => {
                     self.polls_in_flight -= 1;
@@ -302,6 +361,7 @@ impl UringUdp {
                     }
                 }
                 CANCEL_TAG => {}
+                BORROWED_TAG => self.send_done(BORROWED_TAG, result),
                 RECV_TAG => {
                     if !cqueue::more(flags) {
                         self.recv_armed = false;
@@ -340,13 +400,7 @@ impl UringUdp {
                     self.provide(bid);
                     returned = true;
                 }
-                slot => {
-                    if result < 0 {
-                        // The network's loss: the link layer replays what mattered.
-                        self.send_errors += 1;
-                    }
-                    self.free.push(slot as usize);
-                }
+                slot => self.send_done(slot, result),
             }
         }
         if returned {
@@ -388,10 +442,8 @@ impl Datagrams for UringUdp {
     ) -> io::Result<usize> {
         while self.free.is_empty() {
             // Every slot is in flight: submit and wait for one to come back.
-            self.ring.submit_and_wait(1)?;
-            self.unsubmitted = 0;
-            let mut ignore = |_: SocketAddr, _: &[u8]| {};
-            self.reap(&mut ignore)?;
+            self.submit_and_wait_one()?;
+            self.collect_sends();
         }
         let Some(i) = self.free.pop() else { return Ok(0) };
         let slot = &mut self.slots[i];
@@ -426,6 +478,45 @@ impl Datagrams for UringUdp {
         }
         Ok(())
     }
+    /// One Send per frame, pointing into the caller's memory, submitted with whatever is
+    /// queued; then it waits for their completions, so that the kernel has read every frame
+    /// when the borrow ends. A UDP send the socket has room for completes inline, in the
+    /// enter that submits it: the wait costs no system call of its own then.
+    fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        let connected = self.connected == Some(to);
+        let len = if connected {
+            0
+        } else {
+            let (ss, len) = sockaddr_of(&to);
+            self.borrowed_addr = ss;
+            len
+        };
+        for f in frames {
+            let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
+            let op = if connected {
+                op
+            } else {
+                op.dest_addr(&self.borrowed_addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
+            };
+            // SAFETY (for `push`): `f` and `borrowed_addr` stay valid and unchanged until
+            // the completion, which this function waits for before returning.
+            self.push(op.build().user_data(BORROWED_TAG))?;
+            self.borrowed_in_flight += 1;
+        }
+        self.flush()?;
+        self.collect_sends();
+        while self.borrowed_in_flight > 0 {
+            // The socket's buffer was full: the kernel sends when there is room.
+            if let Err(e) = self.submit_and_wait_one() {
+                // A ring that cannot be entered is broken for good; the frames' sends are
+                // abandoned with it (the kernel no longer processes them).
+                self.borrowed_in_flight = 0;
+                return Err(e);
+            }
+            self.collect_sends();
+        }
+        Ok(())
+    }
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         self.reap(f)
@@ -438,7 +529,7 @@ impl Datagrams for UringUdp {
         if !self.recv_armed {
             self.arm_recv()?;
         }
-        if self.ring.completion().is_empty() {
+        if self.deferred.is_empty() && self.ring.completion().is_empty() {
             let r = match timeout {
                 Some(t) => {
                     let ts = Timespec::from(t);
