@@ -313,6 +313,10 @@ struct Inner {
     interrupts: HashMap<u32, u64>,
     /// Completions the session could not queue yet (its completion queue was full), in order.
     held: VecDeque<Vec<u8>>,
+    /// The device's memory reads taken from the receive buffer during a poll, answered right
+    /// after it (their buffers are reused: `reads_taken` of them are live).
+    reads: Vec<Vec<u8>>,
+    reads_taken: usize,
     /// Where MSI-X messages go as they arrive, if a caller asked.
     interrupt_sink: Option<Box<dyn FnMut(u32) + Send>>,
     /// Whether the DMA arena exists.
@@ -489,6 +493,8 @@ impl RemoteDevice {
             next_tag: 0,
             interrupts: HashMap::new(),
             held: VecDeque::new(),
+            reads: Vec::new(),
+            reads_taken: 0,
             interrupt_sink: None,
             arena: opts.dma_memory > 0,
             removed: None,
@@ -778,8 +784,11 @@ impl Inner {
     fn pump(&mut self) -> bool {
         // Posted writes (DMA into host memory, MSI-X) and completions of this side's reads
         // are taken where they lie in the receive buffer: a payload is copied once, into host
-        // memory (or the waiting read's result). Requests the device needs answered go
-        // through the session's queue; the kind is read from the header before parsing.
+        // memory (or the waiting read's result). The device's memory reads (a header, no
+        // payload) are taken too and answered right after the poll, so that the writes
+        // behind them in a frame are still taken in place: a posted write may pass a read
+        // (PCIe 6.0 §2.4.1). Other requests go through the session's queue, in order. The
+        // kind is read from the header before parsing.
         let Inner {
             runner,
             windows,
@@ -791,18 +800,26 @@ impl Inner {
             name,
             device_id,
             pending,
+            reads,
+            reads_taken,
             ..
         } = self;
         let who = (name.as_str(), *device_id);
         let mut in_place = |bytes: &[u8]| {
-            let taken = TlpPacket::new_checked(bytes).is_ok_and(|p| {
-                matches!(
-                    p.kind(),
-                    Kind::MWr32 | Kind::MWr64 | Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk
-                )
-            });
-            if !taken {
-                return false;
+            let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
+            match kind {
+                Kind::MWr32 | Kind::MWr64 | Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk => {}
+                Kind::MRd32 | Kind::MRd64 => {
+                    if *reads_taken == reads.len() {
+                        reads.push(Vec::new());
+                    }
+                    let r = &mut reads[*reads_taken];
+                    r.clear();
+                    r.extend_from_slice(bytes);
+                    *reads_taken += 1;
+                    return true;
+                }
+                _ => return false,
             }
             let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             received[kind_index(&t)] += 1;
@@ -833,6 +850,12 @@ impl Inner {
                 break;
             }
             self.held.pop_front();
+        }
+        for i in 0..std::mem::take(&mut self.reads_taken) {
+            active = true;
+            let b = std::mem::take(&mut self.reads[i]);
+            self.handle(&b);
+            self.reads[i] = b;
         }
         while let Some(b) = self.runner.session.recv_tlp() {
             active = true;
