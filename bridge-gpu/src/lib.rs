@@ -447,20 +447,27 @@ impl GpuEndpoint {
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
         let GpuEndpoint { runner, exports, hosts, sessions, stats } = self;
-        // Completions for the devices' DMA reads are taken where they lie in the receive
-        // buffer: their payload is copied once, into the device.
+        // Completions for the devices' DMA reads and the host's posted writes (into BARs)
+        // are taken where they lie in the receive buffer: their payload is copied once, into
+        // the device. What the device sends meanwhile waits in its outbox (the session is
+        // busy with the datagram). Other requests go through `handle_tlp`.
         let mut in_place = |sid: u32, bytes: &[u8]| {
             let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
-            // The kind from the header first: requests are parsed once, in `handle_tlp`.
-            let completion = TlpPacket::new_checked(bytes)
-                .is_ok_and(|p| matches!(p.kind(), Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk));
-            if !completion {
+            // The kind from the header first: other requests are parsed once, in `handle_tlp`.
+            let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
+            let completion = matches!(kind, Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk);
+            if !completion && !matches!(kind, Kind::MWr32 | Kind::MWr64) {
                 return false;
             }
             let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             let e = &mut exports[d];
             let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
-            device_completion(&t, e.dev.as_mut(), &mut up);
+            if completion {
+                device_completion(&t, e.dev.as_mut(), &mut up);
+            } else {
+                up.stats.host_requests += 1;
+                e.dev.request(&t, &mut up);
+            }
             true
         };
         let mut active = runner.poll_with(Some(&mut in_place))?;
