@@ -89,7 +89,17 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             _ => {
-                let _ = client.send_tlp(&data[..data.len().min(b as usize)]);
+                let bytes = &data[..data.len().min(b as usize)];
+                // Whatever parses as a TLP is also queued from its parsed form (emitted
+                // straight into the frame's buffer).
+                match tlp::TlpRepr::parse_bytes(bytes, &tlp::ParseConfig::default()) {
+                    Ok(t) if b & 1 == 1 => {
+                        let _ = client.send_repr(&t);
+                    }
+                    _ => {
+                        let _ = client.send_tlp(bytes);
+                    }
+                }
                 if b == 0xff {
                     client.close(now);
                 }

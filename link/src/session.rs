@@ -609,6 +609,12 @@ impl Session {
             }
             return Err(SendError::InvalidTlp(e));
         }
+        // What the receiver will charge, from the bytes, is what was decided from `src`.
+        debug_assert_eq!(
+            tlp_cost(&chunk.buf[at + 2..]).map(|(c, _, d)| (c, d)).ok(),
+            Some((class, data)),
+            "credit cost of a queued TLP"
+        );
         chunk.tlps[class] += 1;
         chunk.headers += 1;
         chunk.data += data;

@@ -262,6 +262,48 @@ mod tests {
         assert_eq!(got, (0..3u8).map(|i| (ba, vec![i; 8])).collect::<Vec<_>>(), "{kind:?}");
     }
 
+    /// Frames sent where they lie follow the datagrams queued before them, in order, one
+    /// datagram each, to a connected peer or not; the caller may change them at once.
+    fn borrowed_frames_follow_the_queued_ones(kind: DriverKind) {
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut a = AnyUdp::bind(local, kind, &mut |_| {}).unwrap();
+        let mut b = AnyUdp::bind(local, kind, &mut |_| {}).unwrap();
+        let ba = b.local_addr().unwrap();
+        for connected in [false, true] {
+            if connected {
+                a.connect(ba).unwrap();
+            }
+            let mut frames: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 100 + i as usize]).collect();
+            a.send_to(ba, b"queued first").unwrap();
+            let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+            a.send_borrowed(ba, &refs).unwrap();
+            // The kernel has read them: overwriting changes nothing that was sent.
+            for f in &mut frames {
+                f.fill(0xee);
+            }
+            let got = collect(&mut b, 41);
+            assert_eq!(got.len(), 41, "{kind:?}, connected {connected}");
+            assert_eq!(got[0].1, b"queued first");
+            for (i, (_, bytes)) in got[1..].iter().enumerate() {
+                assert_eq!(bytes, &vec![i as u8; 100 + i], "{kind:?}, connected {connected}");
+            }
+        }
+    }
+
+    #[test]
+    fn borrowed_frames_follow_the_queued_ones_portable() {
+        borrowed_frames_follow_the_queued_ones(DriverKind::Portable);
+    }
+
+    #[test]
+    fn borrowed_frames_follow_the_queued_ones_io_uring() {
+        if let Err(e) = UringUdp::probe() {
+            eprintln!("skipping: io_uring unavailable here ({e})");
+            return;
+        }
+        borrowed_frames_follow_the_queued_ones(DriverKind::IoUring);
+    }
+
     #[test]
     fn connected_portable_socket_talks_to_its_peer_alone() {
         connected_socket_talks_to_its_peer_alone(DriverKind::Portable);
