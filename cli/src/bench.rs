@@ -21,7 +21,7 @@ use clap::Args;
 use link::driver::{
     AnyUdp, Clock, Datagrams, DriverKind, PollMode, PortableUdp, ServerRunner, SessionRunner,
 };
-use link::{Config, Endpoint, PresharedKey, Rng, Session};
+use link::{Config, Endpoint, PresharedKey, Rng, Session, Transmit};
 use tlp::{Address, Bdf, Body, Completion, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
 /// Options of `dxpu bench link`.
@@ -442,8 +442,8 @@ fn joined_in_memory() -> Option<(Session, Endpoint<u32>, link::Time)> {
 
 /// (e) The sessions' CPU time without sockets: nanoseconds per MRd → CplD round trip (both
 /// sides), and per streamed frame of 256-byte writes for the sender (queueing the TLPs, then
-/// building, tagging and checksumming the frame) and for the receiver (checking it and taking
-/// its TLPs).
+/// sealing, tagging and checksumming the frame where its TLPs lie) and for the receiver
+/// (checking it and taking its TLPs).
 fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
     let (mut c, mut ep, mut t) = joined_in_memory()?;
     let mut buf = vec![0u8; 65536];
@@ -471,25 +471,29 @@ fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
     }
     let rtt = t0.elapsed().as_nanos() as f64 / n as f64;
     let w = write_tlp(size);
-    let mut frames: Vec<Vec<u8>> = (0..256).map(|_| vec![0u8; 65536]).collect();
-    let mut lens = [0usize; 256];
+    // DATA frames are sealed where their TLPs were written and read there by the receiver,
+    // as the runners send them (no copy); a control frame would go into `control`.
+    let mut control = vec![0u8; 65536];
+    let mut sealed = Vec::with_capacity(256);
     let (mut tx, mut rx, mut sent) = (Duration::ZERO, Duration::ZERO, 0u64);
     while sent < 100_000 {
         t = link::Time::from_nanos(t.as_nanos() + 100);
         let t0 = Instant::now();
         while c.send_tlp(&w).is_ok() {}
-        let mut k = 0;
-        while k < frames.len() {
-            let Some(len) = c.poll_transmit(t, &mut frames[k]) else { break };
-            lens[k] = len;
-            k += 1;
+        sealed.clear();
+        while sealed.len() < 256 {
+            match c.poll_transmit_in_place(t, &mut control) {
+                Some(Transmit::Sealed(f)) => sealed.push(f),
+                Some(Transmit::Written(_)) => {}
+                None => break,
+            }
         }
         let t1 = Instant::now();
-        for (f, len) in frames.iter().zip(lens).take(k) {
+        for f in &sealed {
             ep.handle_datagram_with(
                 t,
                 7,
-                &f[..len],
+                c.sealed(f),
                 Some(&mut |_, tlp: &[u8]| !std::hint::black_box(tlp).is_empty()),
             );
         }
@@ -501,10 +505,10 @@ fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
                 c.handle_datagram(t, &buf[..len]);
             }
         }
-        if k == 0 {
+        if sealed.is_empty() {
             return None;
         }
-        sent += k as u64;
+        sent += sealed.len() as u64;
     }
     Some((rtt, tx.as_nanos() as f64 / sent as f64, rx.as_nanos() as f64 / sent as f64))
 }

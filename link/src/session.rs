@@ -2,8 +2,10 @@
 //!
 //! Its public methods come in four kinds:
 //! - **inputs**: [`Session::handle_datagram`], [`Session::handle_timeout`];
-//! - **outputs**: [`Session::poll_transmit`], [`Session::poll_timeout`], [`Session::poll_event`];
-//! - **application commands**: [`Session::send_tlp`], [`Session::recv_tlp`], [`Session::close`];
+//! - **outputs**: [`Session::poll_transmit`] (or [`Session::poll_transmit_in_place`], which
+//!   leaves a DATA frame where it was sealed), [`Session::poll_timeout`], [`Session::poll_event`];
+//! - **application commands**: [`Session::send_tlp`] / [`Session::send_repr`],
+//!   [`Session::recv_tlp`], [`Session::close`];
 //! - **inspection**: [`Session::stats`], [`Session::memory`], [`Session::is_up`], ….
 //!
 //! Reliability follows PCIe's data link layer: every DATA frame has a sequence number, the
