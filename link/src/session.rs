@@ -578,6 +578,8 @@ impl Session {
         if !joins {
             let mut buf = self.frame_bufs.pop().unwrap_or_default();
             buf.clear();
+            // Room for a whole frame at once: appending TLPs and sealing never move it.
+            buf.reserve(self.mtu);
             buf.resize(BODY_AT, 0);
             queue.push_back(Chunk { order: self.next_order, buf, tlps: [0; 3], headers: 0, data: 0 });
         }
@@ -671,9 +673,11 @@ impl Session {
         self.timers.iter().flatten().min().copied()
     }
 
-    /// Writes the next datagram to send into `buf` (at least the MTU) and returns its
-    /// length, or `None` when there is nothing to send now. A DATA frame is copied into
-    /// `buf` from where it was sealed; [`Session::poll_transmit_in_place`] saves that copy.
+    /// Writes the next datagram to send into `buf` (at least the MTU: a DATA frame longer
+    /// than `buf` is cut short, and the peer drops it as malformed until a replay) and
+    /// returns its length, or `None` when there is nothing to send now. A DATA frame is
+    /// copied into `buf` from where it was sealed; [`Session::poll_transmit_in_place`]
+    /// saves that copy.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
         match self.poll_transmit_in_place(now, buf)? {
             Transmit::Written(n) => Some(n),
