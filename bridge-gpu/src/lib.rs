@@ -252,6 +252,10 @@ pub struct GpuEndpoint {
     hosts: HashMap<[u8; 8], String>,
     sessions: HashMap<u32, SessionInfo>,
     stats: GpuStats,
+    /// The hosts' memory reads taken from the receive buffer during a poll, with their
+    /// session, answered right after it (buffers reused: `reads_taken` of them are live).
+    reads: Vec<(u32, Vec<u8>)>,
+    reads_taken: usize,
 }
 
 /// Sends one config request to `dev` and returns the completion's data (all-ones if none).
@@ -424,7 +428,15 @@ impl GpuEndpoint {
         }
         let sock = Impaired::new(sock, opts.impairment);
         let runner = ServerRunner::new(sock, endpoint, Clock::new(), opts.poll);
-        Ok(GpuEndpoint { runner, exports, hosts, sessions: HashMap::new(), stats: GpuStats::default() })
+        Ok(GpuEndpoint {
+            runner,
+            exports,
+            hosts,
+            sessions: HashMap::new(),
+            stats: GpuStats::default(),
+            reads: Vec::new(),
+            reads_taken: 0,
+        })
     }
 
     /// The address the endpoint listens on.
@@ -446,19 +458,36 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats } = self;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads, reads_taken } = self;
         // Completions for the devices' DMA reads and the host's posted writes (into BARs)
         // are taken where they lie in the receive buffer: their payload is copied once, into
         // the device. What the device sends meanwhile waits in its outbox (the session is
-        // busy with the datagram). Other requests go through `handle_tlp`.
+        // busy with the datagram). The host's memory reads (a header, no payload) are taken
+        // too and answered right after the poll, so that writes behind them in a frame are
+        // still taken in place (a posted write may pass a read, PCIe 6.0 §2.4.1). Other
+        // requests go through `handle_tlp`, in order.
         let mut in_place = |sid: u32, bytes: &[u8]| {
-            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
+            if sessions.get(&sid).and_then(|i| i.device).is_none() {
+                return false;
+            }
             // The kind from the header first: other requests are parsed once, in `handle_tlp`.
             let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
+            if matches!(kind, Kind::MRd32 | Kind::MRd64) {
+                if *reads_taken == reads.len() {
+                    reads.push((sid, Vec::new()));
+                }
+                let (s, r) = &mut reads[*reads_taken];
+                *s = sid;
+                r.clear();
+                r.extend_from_slice(bytes);
+                *reads_taken += 1;
+                return true;
+            }
             let completion = matches!(kind, Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk);
             if !completion && !matches!(kind, Kind::MWr32 | Kind::MWr64) {
                 return false;
             }
+            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
             let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             let e = &mut exports[d];
             let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
@@ -471,6 +500,12 @@ impl GpuEndpoint {
             true
         };
         let mut active = runner.poll_with(Some(&mut in_place))?;
+        for (sid, bytes) in reads.iter().take(std::mem::take(reads_taken)) {
+            active = true;
+            if let Some(s) = runner.endpoint.session(*sid) {
+                handle_tlp(*sid, s, bytes, exports, sessions, stats);
+            }
+        }
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;
