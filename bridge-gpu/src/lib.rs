@@ -467,9 +467,7 @@ impl GpuEndpoint {
         // still taken in place (a posted write may pass a read, PCIe 6.0 §2.4.1). Other
         // requests go through `handle_tlp`, in order.
         let mut in_place = |sid: u32, bytes: &[u8]| {
-            if sessions.get(&sid).and_then(|i| i.device).is_none() {
-                return false;
-            }
+            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
             // The kind from the header first: other requests are parsed once, in `handle_tlp`.
             let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
             if matches!(kind, Kind::MRd32 | Kind::MRd64) {
@@ -487,7 +485,6 @@ impl GpuEndpoint {
             if !completion && !matches!(kind, Kind::MWr32 | Kind::MWr64) {
                 return false;
             }
-            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
             let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
             let e = &mut exports[d];
             let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
