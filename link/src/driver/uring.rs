@@ -258,7 +258,8 @@ impl UringUdp {
             self.send_errors += 1;
         }
         if user_data == BORROWED_TAG {
-            self.borrowed_in_flight -= 1;
+            // Saturating: after a failed wait the count was given up (see `send_borrowed`).
+            self.borrowed_in_flight = self.borrowed_in_flight.saturating_sub(1);
         } else {
             self.free.push(user_data as usize);
         }
