@@ -529,6 +529,10 @@ impl GpuEndpoint {
                 s.recycle(t);
             }
         }
+        // Answers to the hosts go out before the devices are polled.
+        if active {
+            runner.transmit()?;
+        }
         for e in exports.iter_mut() {
             let Some((sid, _)) = e.owner else { continue };
             let Some(s) = runner.endpoint.session(sid) else { continue };
