@@ -284,7 +284,6 @@ pub struct BarView {
 
 #[derive(Clone, Copy, Debug)]
 struct Pending {
-    deadline: Instant,
     status: Option<CplStatus>,
     data: [u8; 8],
     received: usize,
@@ -872,13 +871,15 @@ impl Inner {
     /// session's queue for its class is full.
     fn send(&mut self, t: &TlpRepr<'_>) -> bool {
         self.sent[kind_index(t)] += 1;
-        let deadline = Instant::now() + self.timeout;
+        // The clock is read only if the queue is full (not on the way of every request).
+        let mut deadline = None;
         loop {
             // Emitted straight into the buffer its frame is sent from, again on each try.
             match self.runner.session.send_repr(t) {
                 Ok(()) => return true,
                 Err(SendError::QueueFull { .. }) => {
-                    if Instant::now() >= deadline {
+                    let timeout = self.timeout;
+                    if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + timeout) {
                         self.remove(format!("the link took no {} for {:?}", t.kind().name(), self.timeout));
                         return false;
                     }
@@ -917,6 +918,9 @@ impl Inner {
         if let Err(e) = self.runner.transmit() {
             log::error!("{}: socket: {e}", self.name);
         }
+        // The completion timeout runs from here, the request on its way: the clock is read
+        // after the send, not before it.
+        let deadline = Instant::now() + self.timeout;
         loop {
             let slot = tag.value() as usize;
             match self.pending[slot] {
@@ -925,7 +929,7 @@ impl Inner {
                     self.pending[slot] = None;
                     return Some((p.status?, p.data, p.received));
                 }
-                Some(p) if Instant::now() >= p.deadline => {
+                Some(_) if Instant::now() >= deadline => {
                     self.stats.completion_timeouts += 1;
                     let why = format!("no completion for tag {tag} within {:?}", self.timeout);
                     self.remove(why);
@@ -947,9 +951,7 @@ impl Inner {
             self.stats.failed_requests += 1;
             return None;
         }
-        let deadline = Instant::now() + self.timeout;
-        self.pending[tag.value() as usize] =
-            Some(Pending { deadline, status: None, data: [0; 8], received: 0 });
+        self.pending[tag.value() as usize] = Some(Pending { status: None, data: [0; 8], received: 0 });
         if !self.send(t) {
             self.pending[tag.value() as usize] = None;
             self.stats.failed_requests += 1;
