@@ -100,6 +100,9 @@ pub struct UringUdp {
     borrowed_addr: libc::sockaddr_storage,
     /// Completions read while waiting for sends, left for `reap`: (user data, result, flags).
     deferred: std::collections::VecDeque<(u64, i32, u32)>,
+    /// The ring failed while Sends of borrowed frames may still sit in its submission queue,
+    /// pointing at memory that is no longer theirs: nothing may enter it again.
+    broken: bool,
     unsubmitted: usize,
     truncated: u64,
     send_errors: u64,
@@ -173,6 +176,7 @@ impl UringUdp {
             // SAFETY: plain old data, zero is valid.
             borrowed_addr: unsafe { std::mem::zeroed() },
             deferred: std::collections::VecDeque::new(),
+            broken: false,
             unsubmitted: 0,
             truncated: 0,
             send_errors: 0,
@@ -279,8 +283,9 @@ impl UringUdp {
         }
     }
 
-    /// Submits what is queued and waits for one completion, through interruptions and a
-    /// full completion queue (whose entries `collect_sends` moves aside).
+    /// Submits what is queued and waits for one completion, through interruptions, a full
+    /// completion queue (whose entries `collect_sends` moves aside) and a momentary lack of
+    /// kernel memory.
     fn submit_and_wait_one(&mut self) -> io::Result<()> {
         loop {
             match self.ring.submit_and_wait(1) {
@@ -288,12 +293,25 @@ impl UringUdp {
                     self.unsubmitted = 0;
                     return Ok(());
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted || e.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) =>
+                {
                     self.collect_sends();
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Refuses to enter a ring that `send_borrowed` had to give up on.
+    fn usable(&self) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other(
+                "io_uring driver unusable: its ring failed while sending borrowed frames",
+            ));
+        }
+        Ok(())
     }
 
     /// Queues the spinning mode's single-shot receive into buffer `i`: `MSG_DONTWAIT` makes
@@ -441,6 +459,7 @@ impl Datagrams for UringUdp {
         max: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> io::Result<usize> {
+        self.usable()?;
         while self.free.is_empty() {
             // Every slot is in flight: submit and wait for one to come back.
             self.submit_and_wait_one()?;
@@ -473,6 +492,7 @@ impl Datagrams for UringUdp {
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        self.usable()?;
         if self.unsubmitted > 0 {
             self.ring.submit()?;
             self.unsubmitted = 0;
@@ -484,6 +504,7 @@ impl Datagrams for UringUdp {
     /// when the borrow ends. A UDP send the socket has room for completes inline, in the
     /// enter that submits it: the wait costs no system call of its own then.
     fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+        self.usable()?;
         let connected = self.connected == Some(to);
         let len = if connected {
             0
@@ -492,6 +513,7 @@ impl Datagrams for UringUdp {
             self.borrowed_addr = ss;
             len
         };
+        let mut result = Ok(());
         for f in frames {
             let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
             let op = if connected {
@@ -500,30 +522,45 @@ impl Datagrams for UringUdp {
                 op.dest_addr(&self.borrowed_addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
             };
             // SAFETY (for `push`): `f` and `borrowed_addr` stay valid and unchanged until
-            // the completion, which this function waits for before returning.
-            self.push(op.build().user_data(BORROWED_TAG))?;
+            // the completion, which this function waits for before returning — also when
+            // it fails (below).
+            if let Err(e) = self.push(op.build().user_data(BORROWED_TAG)) {
+                result = Err(e);
+                break;
+            }
             self.borrowed_in_flight += 1;
         }
-        self.flush()?;
+        if self.unsubmitted > 0 {
+            match self.ring.submit() {
+                Ok(_) => self.unsubmitted = 0,
+                // Left in the submission queue; the wait below submits again.
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
         self.collect_sends();
+        // Every Send pushed must complete before the borrow ends. A UDP send usually has: it
+        // ran inline in the submit. Otherwise the socket's buffer was full, and the kernel
+        // sends when there is room.
         while self.borrowed_in_flight > 0 {
-            // The socket's buffer was full: the kernel sends when there is room.
             if let Err(e) = self.submit_and_wait_one() {
-                // A ring that cannot be entered is broken for good; the frames' sends are
-                // abandoned with it (the kernel no longer processes them).
+                // The ring cannot be entered: Sends may still sit in it pointing at the
+                // caller's memory. It must never be entered again.
                 self.borrowed_in_flight = 0;
+                self.broken = true;
                 return Err(e);
             }
             self.collect_sends();
         }
-        Ok(())
+        result
     }
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        self.usable()?;
         self.reap(f)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.usable()?;
         // Sleeping needs the multishot receive (a single-shot one is never left in flight:
         // it completes in the enter that submits it).
         self.sleeping = true;
@@ -648,19 +685,25 @@ mod tests {
         }
         a.flush().unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        // Its sends' enter runs the receive's completions; they wait for `recv`. So do
-        // those of a send that finds every slot in flight.
+        // The enter of its borrowed sends runs the receive's completions: they wait for
+        // `recv`.
         b.send_borrowed(aa, &[b"one", b"two"]).unwrap();
+        for i in 5..10u8 {
+            a.send_to(ba, &[i; 8]).unwrap();
+        }
+        a.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // So do those that the wait of a send finding every slot in flight runs.
         for _ in 0..TX_SLOTS + 1 {
             b.send_to(aa, b"slot").unwrap();
         }
         b.flush().unwrap();
         let mut got = Vec::new();
         let end = std::time::Instant::now() + Duration::from_secs(1);
-        while got.len() < 5 && std::time::Instant::now() < end {
+        while got.len() < 10 && std::time::Instant::now() < end {
             b.recv(&mut |_, d| got.push(d.to_vec())).unwrap();
         }
-        assert_eq!(got, (0..5u8).map(|i| vec![i; 8]).collect::<Vec<_>>());
+        assert_eq!(got, (0..10u8).map(|i| vec![i; 8]).collect::<Vec<_>>());
     }
 
     /// Datagrams sent while the receiver goes from spinning (single-shot receives) to
