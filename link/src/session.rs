@@ -190,11 +190,14 @@ fn tlp_cost(bytes: &[u8]) -> Result<(usize, u32, u32), tlp::Error> {
 struct Chunk {
     /// Send order of the first TLP.
     order: u64,
+    /// A whole frame's room (the MTU), zeroed once when first allocated and reused after:
+    /// a TLP is written over what was there, with no clearing first.
     buf: Vec<u8>,
-    /// TLPs per class.
+    /// Where the records end (`BODY_AT` when empty).
+    end: usize,
+    /// TLPs per class: its header credits (a held-back chunk holds one class).
     tlps: [u32; 3],
-    /// Header and data credits of its TLPs (a stalled chunk holds one class).
-    headers: u32,
+    /// Data credits of its TLPs.
     data: u32,
 }
 
@@ -209,7 +212,7 @@ struct Sent {
 
 /// A DATA frame sealed in place in the session's replay buffer, ready to send: its bytes
 /// are [`Session::sealed`]'s, valid until the session next changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SealedFrame {
     seq: SeqNum,
     start: usize,
@@ -463,7 +466,7 @@ impl Session {
                 .ready
                 .iter()
                 .chain(self.stalled.iter().flatten())
-                .map(|c| c.buf.len() - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
+                .map(|c| c.end - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
                 .sum(),
             queued_tlps: self.queued.iter().sum(),
             unacked_frames: self.unacked.len(),
@@ -573,54 +576,50 @@ impl Session {
             ((self.peer_grant[2 * class] / 4).max(1), (self.peer_grant[2 * class + 1] / 4).max(data));
         let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
         let joins = queue.back().is_some_and(|c| {
-            c.buf.len() + 2 + len <= BODY_AT + room && (now || (c.headers < cap_h && c.data + data <= cap_d))
+            c.end + 2 + len <= BODY_AT + room && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d))
         });
         if !joins {
             let mut buf = self.frame_bufs.pop().unwrap_or_default();
-            buf.clear();
-            // Room for a whole frame at once: appending TLPs and sealing never move it.
-            buf.reserve(self.mtu);
-            buf.resize(BODY_AT, 0);
-            queue.push_back(Chunk { order: self.next_order, buf, tlps: [0; 3], headers: 0, data: 0 });
+            if buf.len() < self.mtu {
+                // Room for a whole frame at once: appending TLPs and sealing never move it.
+                buf.resize(self.mtu, 0);
+            }
+            queue.push_back(Chunk { order: self.next_order, buf, end: BODY_AT, tlps: [0; 3], data: 0 });
         }
         let Some(chunk) = queue.back_mut() else { return Err(SendError::NotConnected) };
-        let at = chunk.buf.len();
+        let at = chunk.end;
+        let tlp = &mut chunk.buf[at + 2..at + 2 + len];
         let written = match src {
             Source::Bytes(b) => {
-                chunk.buf.extend_from_slice(&(b.len() as u16).to_be_bytes());
-                chunk.buf.extend_from_slice(b);
-                Ok(())
+                tlp.copy_from_slice(b);
+                Ok(len)
             }
-            Source::Repr(t) => {
-                chunk.buf.resize(at + 2 + len, 0);
-                match t.emit(&mut chunk.buf[at + 2..]) {
-                    Ok(n) if n > 0 => {
-                        chunk.buf[at..at + 2].copy_from_slice(&(n as u16).to_be_bytes());
-                        chunk.buf.truncate(at + 2 + n);
-                        Ok(())
-                    }
-                    Ok(_) => Err(tlp::Error::Truncated { needed: 4, actual: 0 }),
-                    Err(e) => Err(e),
-                }
-            }
+            Source::Repr(t) => match t.emit(tlp) {
+                Ok(0) => Err(tlp::Error::Truncated { needed: 4, actual: 0 }),
+                r => r,
+            },
         };
-        if let Err(e) = written {
-            chunk.buf.truncate(at);
-            if at == BODY_AT
-                && let Some(c) = queue.pop_back()
-            {
-                self.recycle_frame(c.buf);
+        match written {
+            Ok(n) => {
+                chunk.buf[at..at + 2].copy_from_slice(&(n as u16).to_be_bytes());
+                chunk.end = at + 2 + n;
             }
-            return Err(SendError::InvalidTlp(e));
+            Err(e) => {
+                if at == BODY_AT
+                    && let Some(c) = queue.pop_back()
+                {
+                    self.recycle_frame(c.buf);
+                }
+                return Err(SendError::InvalidTlp(e));
+            }
         }
         // What the receiver will charge, from the bytes, is what was decided from `src`.
         debug_assert_eq!(
-            tlp_cost(&chunk.buf[at + 2..]).map(|(c, _, d)| (c, d)).ok(),
+            tlp_cost(&chunk.buf[at + 2..chunk.end]).map(|(c, _, d)| (c, d)).ok(),
             Some((class, data)),
             "credit cost of a queued TLP"
         );
         chunk.tlps[class] += 1;
-        chunk.headers += 1;
         chunk.data += data;
         if now {
             self.charge(class, 1, data);
@@ -707,12 +706,14 @@ impl Session {
     /// The bytes of a DATA frame [`Session::poll_transmit_in_place`] sealed (empty if it was
     /// acknowledged since).
     pub fn sealed(&self, f: &SealedFrame) -> &[u8] {
+        // The replay buffer holds consecutive sequence numbers from its front.
         let first = self.unacked.front().map_or(f.seq, |s| s.seq);
-        let i = f.seq.distance_from(first);
-        match self.unacked.get(i as usize) {
-            Some(s) if i >= 0 && s.seq == f.seq => s.buf.get(f.start..f.end).unwrap_or(&[]),
-            _ => &[],
-        }
+        usize::try_from(f.seq.distance_from(first))
+            .ok()
+            .and_then(|i| self.unacked.get(i))
+            .filter(|s| s.seq == f.seq)
+            .and_then(|s| s.buf.get(f.start..f.end))
+            .unwrap_or(&[])
     }
 
     fn transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
@@ -1105,7 +1106,9 @@ impl Session {
         let key = if self.cfg.authenticate_frames { self.tx_key.as_ref() } else { None };
         let mac = |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes));
         let sent = &mut self.unacked[index];
-        sent.buf.resize(BODY_AT + sent.len + TRAILER_LEN, 0);
+        if sent.buf.len() < BODY_AT + sent.len + TRAILER_LEN {
+            sent.buf.resize(BODY_AT + sent.len + TRAILER_LEN, 0);
+        }
         let Range { start, end } = seal_in_place(&mut sent.buf, &h, fc.as_ref(), sent.len, mac).ok()?;
         self.after_ack_sent(h.nak);
         Some(SealedFrame { seq, start, end })
@@ -1124,7 +1127,9 @@ impl Session {
             if class != 0 && posted_head.is_some_and(|p| p < head.order) {
                 continue;
             }
-            if self.has_credits(class, head.headers, head.data) && best.is_none_or(|(o, _)| head.order < o) {
+            if self.has_credits(class, head.tlps[class], head.data)
+                && best.is_none_or(|(o, _)| head.order < o)
+            {
                 best = Some((head.order, Some(class)));
             }
         }
@@ -1138,18 +1143,18 @@ impl Session {
             None => self.ready.pop_front()?,
             Some(class) => {
                 let c = self.stalled[class].pop_front()?;
-                self.charge(class, c.headers, c.data);
+                self.charge(class, c.tlps[class], c.data);
                 c
             }
         };
         for (q, n) in self.queued.iter_mut().zip(chunk.tlps) {
             *q -= n as usize;
         }
-        self.stats.tlps_sent += chunk.headers as u64;
+        self.stats.tlps_sent += chunk.tlps.iter().sum::<u32>() as u64;
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
         self.next_seq = seq.next();
-        let len = chunk.buf.len() - BODY_AT;
+        let len = chunk.end - BODY_AT;
         self.unacked.push_back(Sent { seq, buf: chunk.buf, len });
         self.data_frame(self.unacked.len() - 1)
     }
@@ -1419,7 +1424,7 @@ mod tests {
             c.send_repr(&read).unwrap();
         }
         c.send_repr(&write(&[1, 2, 3, 4])).unwrap();
-        assert_eq!(c.stalled[1].iter().map(|ch| ch.headers).sum::<u32>(), 2);
+        assert_eq!(c.stalled[1].iter().map(|ch| ch.tlps[1]).sum::<u32>(), 2);
         assert_eq!(c.queued, [1, nph as usize + 2, 0]);
         let t = Time::from_nanos(2);
         let mut buf = vec![0u8; 2048];
