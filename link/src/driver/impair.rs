@@ -189,10 +189,7 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
             return self.inner.send_borrowed(to, frames);
         }
         // Frames the layer may hold or alter get copies of their own.
-        for f in frames {
-            self.send_to(to, f)?;
-        }
-        self.flush()
+        super::send_copies(self, to, frames)
     }
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {

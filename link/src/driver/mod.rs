@@ -155,10 +155,7 @@ pub trait Datagrams {
     /// the only one. Returns once the kernel has read them all, so the borrow ends here.
     /// (This default copies each into the send queue; the drivers here do not.)
     fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
-        for f in frames {
-            self.send_to(to, f)?;
-        }
-        self.flush()
+        send_copies(self, to, frames)
     }
     /// Receives every datagram that is ready, without blocking; `f` sees each.
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
@@ -188,6 +185,15 @@ pub trait Datagrams {
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+}
+
+/// Sends `frames` to `to` through the send queue, each copied there, then flushes: the
+/// [`Datagrams::send_borrowed`] of a driver that must keep its own copy.
+fn send_copies<D: Datagrams + ?Sized>(d: &mut D, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+    for f in frames {
+        d.send_to(to, f)?;
+    }
+    d.flush()
 }
 
 /// A generator seeded from the OS (`/dev/urandom`), for session IDs, nonces and epochs. If

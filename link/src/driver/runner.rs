@@ -106,7 +106,7 @@ fn transmit_session<D: Datagrams>(
     control: &mut Vec<u8>,
 ) -> io::Result<usize> {
     let mut sent = 0;
-    let mut batch = [None::<SealedFrame>; SEALED_BATCH];
+    let mut batch = [SealedFrame::default(); SEALED_BATCH];
     let mut n = 0;
     if control.len() < session.mtu() {
         control.resize(session.mtu(), 0);
@@ -114,7 +114,7 @@ fn transmit_session<D: Datagrams>(
     loop {
         match session.poll_transmit_in_place(now, control) {
             Some(Transmit::Sealed(f)) => {
-                batch[n] = Some(f);
+                batch[n] = f;
                 n += 1;
                 if n == SEALED_BATCH {
                     send_sealed(sock, to, session, &batch[..n])?;
@@ -144,10 +144,10 @@ fn send_sealed<D: Datagrams>(
     sock: &mut D,
     to: SocketAddr,
     session: &Session,
-    batch: &[Option<SealedFrame>],
+    batch: &[SealedFrame],
 ) -> io::Result<()> {
     let frames: [&[u8]; SEALED_BATCH] =
-        std::array::from_fn(|i| batch.get(i).copied().flatten().map_or(&[][..], |f| session.sealed(&f)));
+        std::array::from_fn(|i| batch.get(i).map_or(&[][..], |f| session.sealed(f)));
     sock.send_borrowed(to, &frames[..batch.len()])
 }
 
