@@ -22,7 +22,7 @@ use hw::simgpu::SimGpuParams;
 use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::attach::{BarInfo, Control, ControlError};
 use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
-use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
+use link::{DownReason, Endpoint, Event, Kept, PresharedKey, SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr, rules};
 
 /// The requester ID the box's own configuration requests use (its root port).
@@ -253,9 +253,8 @@ pub struct GpuEndpoint {
     sessions: HashMap<u32, SessionInfo>,
     stats: GpuStats,
     /// The hosts' memory reads taken from the receive buffer during a poll, with their
-    /// session, answered right after it (buffers reused: `reads_taken` of them are live).
-    reads: Vec<(u32, Vec<u8>)>,
-    reads_taken: usize,
+    /// session, answered right after it.
+    reads: Kept<u32>,
 }
 
 /// Sends one config request to `dev` and returns the completion's data (all-ones if none).
@@ -434,8 +433,7 @@ impl GpuEndpoint {
             hosts,
             sessions: HashMap::new(),
             stats: GpuStats::default(),
-            reads: Vec::new(),
-            reads_taken: 0,
+            reads: Kept::new(),
         })
     }
 
@@ -458,7 +456,7 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads, reads_taken } = self;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads } = self;
         // Completions for the devices' DMA reads and the host's posted writes (into BARs)
         // are taken where they lie in the receive buffer: their payload is copied once, into
         // the device. What the device sends meanwhile waits in its outbox (the session is
@@ -471,14 +469,7 @@ impl GpuEndpoint {
             // The kind from the header first: other requests are parsed once, in `handle_tlp`.
             let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
             if matches!(kind, Kind::MRd32 | Kind::MRd64) {
-                if *reads_taken == reads.len() {
-                    reads.push((sid, Vec::new()));
-                }
-                let (s, r) = &mut reads[*reads_taken];
-                *s = sid;
-                r.clear();
-                r.extend_from_slice(bytes);
-                *reads_taken += 1;
+                reads.keep(sid, bytes);
                 return true;
             }
             let completion = matches!(kind, Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk);
@@ -497,12 +488,13 @@ impl GpuEndpoint {
             true
         };
         let mut active = runner.poll_with(Some(&mut in_place))?;
-        for (sid, bytes) in reads.iter().take(std::mem::take(reads_taken)) {
+        for (sid, bytes) in reads.iter() {
             active = true;
-            if let Some(s) = runner.endpoint.session(*sid) {
-                handle_tlp(*sid, s, bytes, exports, sessions, stats);
+            if let Some(s) = runner.endpoint.session(sid) {
+                handle_tlp(sid, s, bytes, exports, sessions, stats);
             }
         }
+        reads.clear();
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 use hw::driver::{DmaBuf, PciFunction};
 use link::attach::{BarInfo, Control};
 use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
-use link::{DownReason, Event, PresharedKey, SendError, Session};
+use link::{DownReason, Event, Kept, PresharedKey, SendError, Session};
 use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
 
@@ -313,9 +313,8 @@ struct Inner {
     /// Completions the session could not queue yet (its completion queue was full), in order.
     held: VecDeque<Vec<u8>>,
     /// The device's memory reads taken from the receive buffer during a poll, answered right
-    /// after it (their buffers are reused: `reads_taken` of them are live).
-    reads: Vec<Vec<u8>>,
-    reads_taken: usize,
+    /// after it.
+    reads: Kept<()>,
     /// Where MSI-X messages go as they arrive, if a caller asked.
     interrupt_sink: Option<Box<dyn FnMut(u32) + Send>>,
     /// Whether the DMA arena exists.
@@ -492,8 +491,7 @@ impl RemoteDevice {
             next_tag: 0,
             interrupts: HashMap::new(),
             held: VecDeque::new(),
-            reads: Vec::new(),
-            reads_taken: 0,
+            reads: Kept::new(),
             interrupt_sink: None,
             arena: opts.dma_memory > 0,
             removed: None,
@@ -800,7 +798,6 @@ impl Inner {
             device_id,
             pending,
             reads,
-            reads_taken,
             ..
         } = self;
         let who = (name.as_str(), *device_id);
@@ -809,13 +806,7 @@ impl Inner {
             match kind {
                 Kind::MWr32 | Kind::MWr64 | Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk => {}
                 Kind::MRd32 | Kind::MRd64 => {
-                    if *reads_taken == reads.len() {
-                        reads.push(Vec::new());
-                    }
-                    let r = &mut reads[*reads_taken];
-                    r.clear();
-                    r.extend_from_slice(bytes);
-                    *reads_taken += 1;
+                    reads.keep((), bytes);
                     return true;
                 }
                 _ => return false,
@@ -850,11 +841,15 @@ impl Inner {
             }
             self.held.pop_front();
         }
-        for i in 0..std::mem::take(&mut self.reads_taken) {
+        if !self.reads.is_empty() {
             active = true;
-            let b = std::mem::take(&mut self.reads[i]);
-            self.handle(&b);
-            self.reads[i] = b;
+            // Out of `self` while they are answered (answering needs all of it).
+            let reads = std::mem::take(&mut self.reads);
+            for (_, b) in reads.iter() {
+                self.handle(b);
+            }
+            self.reads = reads;
+            self.reads.clear();
         }
         while let Some(b) = self.runner.session.recv_tlp() {
             active = true;

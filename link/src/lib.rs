@@ -14,6 +14,7 @@ mod config;
 pub mod driver;
 mod endpoint;
 mod error;
+mod kept;
 mod seq;
 mod session;
 mod time;
@@ -23,6 +24,7 @@ pub use auth::{PresharedKey, Rng};
 pub use config::{Config, CreditGrant};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use error::{ConfigError, FrameError, SendError};
+pub use kept::Kept;
 pub use seq::SeqNum;
 pub use session::{
     DownReason, Event, InPlace, InPlaceFrom, Memory, Role, SealedFrame, Session, Stats, Transmit,
