@@ -228,15 +228,20 @@ impl Outbox {
     }
 
     /// Moves queued TLPs into the session while it takes them.
-    fn flush(&mut self, s: &mut Session) {
+    /// Queues what waits here in the session, in order, while it takes them; returns
+    /// whether it took any.
+    fn flush(&mut self, s: &mut Session) -> bool {
+        let mut took = false;
         while let Some(b) = self.queue.front() {
             match s.send_tlp(b) {
                 Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
                     self.queue.pop_front();
+                    took = true;
                 }
                 Err(_) => break,
             }
         }
+        took
     }
 }
 
@@ -487,7 +492,8 @@ impl GpuEndpoint {
             }
             true
         };
-        let mut active = runner.poll_with(Some(&mut in_place))?;
+        let now = runner.clock.now();
+        let mut active = runner.receive_at(now, Some(&mut in_place))? > 0;
         for (sid, bytes) in reads.iter() {
             active = true;
             if let Some(s) = runner.endpoint.session(sid) {
@@ -521,14 +527,16 @@ impl GpuEndpoint {
                 s.recycle(t);
             }
         }
-        // Answers to the hosts go out before the devices are polled.
-        if active {
-            runner.transmit()?;
+        // Answers to the hosts (and acknowledgements due) go out before the devices are
+        // polled, in one pass over the sessions.
+        if runner.transmit_at(now)? > 0 {
+            active = true;
         }
+        let mut devices_worked = false;
         for e in exports.iter_mut() {
             let Some((sid, _)) = e.owner else { continue };
             let Some(s) = runner.endpoint.session(sid) else { continue };
-            e.out.flush(s);
+            devices_worked |= e.out.flush(s);
             // Let the device work while its upstream has room; bounded per pass so that
             // one busy device does not starve the socket.
             for _ in 0..64 {
@@ -539,11 +547,13 @@ impl GpuEndpoint {
                 if !e.dev.poll(&mut up) {
                     break;
                 }
-                active = true;
+                devices_worked = true;
             }
         }
-        if runner.transmit()? > 0 {
+        // What the devices sent, at a fresh time: a device step may have been long.
+        if devices_worked {
             active = true;
+            runner.transmit()?;
         }
         runner.endpoint.reap();
         Ok(active)

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 use hw::driver::{DmaBuf, PciFunction};
 use link::attach::{BarInfo, Control};
 use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
-use link::{DownReason, Event, Kept, PresharedKey, SendError, Session};
+use link::{DownReason, Event, Kept, PresharedKey, SendError, Session, Time};
 use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
 
@@ -779,6 +779,12 @@ impl Inner {
 
     /// One pass over the link: receive, run timers, serve what arrived, send.
     fn pump(&mut self) -> bool {
+        let now = self.runner.clock.now();
+        self.pump_at(now)
+    }
+
+    /// [`Inner::pump`] at `now`, a time the caller read just before.
+    fn pump_at(&mut self, now: Time) -> bool {
         // Posted writes (DMA into host memory, MSI-X) and completions of this side's reads
         // are taken where they lie in the receive buffer: a payload is copied once, into host
         // memory (or the waiting read's result). The device's memory reads (a header, no
@@ -822,9 +828,9 @@ impl Inner {
             }
             true
         };
-        let polled = runner.poll_with(Some(&mut in_place));
+        let polled = runner.receive_at(now, Some(&mut in_place));
         let mut active = match polled {
-            Ok(a) => a,
+            Ok(n) => n > 0,
             Err(e) => {
                 log::error!("{}: socket: {e}", self.name);
                 false
@@ -856,8 +862,10 @@ impl Inner {
             self.handle(&b);
             self.runner.session.recycle(b);
         }
-        if active && let Err(e) = self.runner.transmit() {
-            log::error!("{}: socket: {e}", self.name);
+        // One send for the answers and whatever the timers made due.
+        match self.runner.transmit_at(now) {
+            Ok(n) => active |= n > 0,
+            Err(e) => log::error!("{}: socket: {e}", self.name),
         }
         active
     }
@@ -910,29 +918,29 @@ impl Inner {
     }
 
     fn wait_for(&mut self, tag: Tag) -> Option<(CplStatus, [u8; 8], usize)> {
-        if let Err(e) = self.runner.transmit() {
+        // The completion timeout runs from the send: one clock reading serves both.
+        let sent_at = self.runner.clock.now();
+        if let Err(e) = self.runner.transmit_at(sent_at) {
             log::error!("{}: socket: {e}", self.name);
         }
-        // The completion timeout runs from here, the request on its way: the clock is read
-        // after the send, not before it.
-        let deadline = Instant::now() + self.timeout;
+        let deadline = sent_at + self.timeout;
         loop {
             let slot = tag.value() as usize;
-            match self.pending[slot] {
+            let now = match self.pending[slot] {
                 None => return None,
                 Some(p) if p.status.is_some() => {
                     self.pending[slot] = None;
                     return Some((p.status?, p.data, p.received));
                 }
-                Some(_) if Instant::now() >= deadline => {
-                    self.stats.completion_timeouts += 1;
-                    let why = format!("no completion for tag {tag} within {:?}", self.timeout);
-                    self.remove(why);
-                    return None;
-                }
-                Some(_) => {}
+                Some(_) => self.runner.clock.now(),
+            };
+            if now >= deadline {
+                self.stats.completion_timeouts += 1;
+                let why = format!("no completion for tag {tag} within {:?}", self.timeout);
+                self.remove(why);
+                return None;
             }
-            if !self.pump() {
+            if !self.pump_at(now) {
                 if self.removed.is_some() {
                     return None;
                 }

@@ -192,11 +192,10 @@ impl PortableUdp {
         // One datagram: plain sendto, the kernel's shortest path (without an address to the
         // connected peer, whose route the socket keeps).
         let (dest, bytes) = self.outgoing(0, to, frames);
-        let (ss, len) = sockaddr_of(&dest);
-        let (name, len) = if self.connected == Some(dest) {
-            (std::ptr::null(), 0)
-        } else {
-            (&ss as *const _ as *const libc::sockaddr, len)
+        let addr = (self.connected != Some(dest)).then(|| sockaddr_of(&dest));
+        let (name, len) = match &addr {
+            Some((ss, len)) => (ss as *const _ as *const libc::sockaddr, *len),
+            None => (std::ptr::null(), 0),
         };
         loop {
             // SAFETY: `bytes` and `ss` are valid for the lengths given during the call (a

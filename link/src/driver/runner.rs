@@ -56,7 +56,9 @@ pub enum PollMode {
 #[derive(Clone, Copy, Debug)]
 struct Idle {
     mode: PollMode,
+    /// Waits since the last activity.
     polls: u64,
+    /// When the first of them looked at the clock: the spin budget runs from there.
     since: Option<Instant>,
 }
 
@@ -65,14 +67,23 @@ impl Idle {
         Idle { mode, polls: 0, since: None }
     }
 
-    fn record(&mut self, active: bool) {
-        self.polls = if active { 0 } else { self.polls + 1 };
+    /// Something was received or sent: the spin budget starts again.
+    fn active(&mut self) {
+        self.polls = 0;
+        self.since = None;
     }
 
-    fn wait<D: Datagrams>(&mut self, sock: &mut D, next_timer: Option<Duration>) -> io::Result<()> {
+    /// `next_timer` is asked only if the wait sleeps: a spinning wait reads no clock but
+    /// every 64th time.
+    fn wait<D: Datagrams>(
+        &mut self,
+        sock: &mut D,
+        next_timer: impl FnOnce() -> Option<Duration>,
+    ) -> io::Result<()> {
         if let PollMode::Busy { spin } = self.mode {
+            self.polls += 1;
             // Spinning: look at the clock only every 64 idle polls.
-            if !self.polls.is_multiple_of(64) {
+            if self.polls % 64 != 1 {
                 std::hint::spin_loop();
                 return Ok(());
             }
@@ -82,7 +93,7 @@ impl Idle {
         }
         self.since = None;
         let cap = Duration::from_millis(100);
-        sock.wait(Some(next_timer.unwrap_or(cap).min(cap)))?;
+        sock.wait(Some(next_timer().unwrap_or(cap).min(cap)))?;
         if let PollMode::Busy { .. } = self.mode {
             // Woken: spinning again until the budget runs out.
             sock.spin();
@@ -146,8 +157,10 @@ fn send_sealed<D: Datagrams>(
     session: &Session,
     batch: &[SealedFrame],
 ) -> io::Result<()> {
-    let frames: [&[u8]; SEALED_BATCH] =
-        std::array::from_fn(|i| batch.get(i).map_or(&[][..], |f| session.sealed(f)));
+    let mut frames: [&[u8]; SEALED_BATCH] = [&[]; SEALED_BATCH];
+    for (slot, f) in frames.iter_mut().zip(batch) {
+        *slot = session.sealed(f);
+    }
     sock.send_borrowed(to, &frames[..batch.len()])
 }
 
@@ -189,8 +202,17 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// [`SessionRunner::poll`], offering in-order TLPs to `sink` in place in the receive
     /// buffer first (see [`Session::handle_datagram_with`]).
-    pub fn poll_with(&mut self, mut sink: Option<InPlace<'_>>) -> io::Result<bool> {
+    pub fn poll_with(&mut self, sink: Option<InPlace<'_>>) -> io::Result<bool> {
         let now = self.clock.now();
+        let received = self.receive_at(now, sink)?;
+        let sent = self.transmit_at(now)?;
+        Ok(received + sent > 0)
+    }
+
+    /// The first half of [`SessionRunner::poll_with`]: receives what is ready and runs the
+    /// timers, at `now`. Returns the datagrams received. A caller that answers what it
+    /// receives sends once, after answering, with [`SessionRunner::transmit_at`].
+    pub fn receive_at(&mut self, now: Time, mut sink: Option<InPlace<'_>>) -> io::Result<usize> {
         let peer = self.peer;
         let session = &mut self.session;
         let received = self.sock.recv(&mut |from, bytes| {
@@ -203,10 +225,10 @@ impl<D: Datagrams> SessionRunner<D> {
             }
         })?;
         self.session.handle_timeout(now);
-        let sent = self.transmit_at(now)?;
-        let active = received + sent > 0;
-        self.idle.record(active);
-        Ok(active)
+        if received > 0 {
+            self.idle.active();
+        }
+        Ok(received)
     }
 
     /// Sends what the session has now (no receive): call right after queueing a TLP so that
@@ -216,10 +238,12 @@ impl<D: Datagrams> SessionRunner<D> {
         self.transmit_at(now)
     }
 
-    fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
+    /// [`SessionRunner::transmit`] at `now`, a time the caller read just before.
+    pub fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let sent = transmit_session(&mut self.sock, self.peer, &mut self.session, now, &mut self.control)?;
         if sent > 0 {
             self.sock.flush()?;
+            self.idle.active();
         }
         Ok(sent)
     }
@@ -231,8 +255,8 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// Waits for work the way the mode says (call after an idle `poll`).
     pub fn wait(&mut self) -> io::Result<()> {
-        let timer = self.session.poll_timeout().map(|t| self.clock.until(t));
-        self.idle.wait(&mut self.sock, timer)
+        let (session, clock) = (&self.session, self.clock);
+        self.idle.wait(&mut self.sock, || session.poll_timeout().map(|t| clock.until(t)))
     }
 
     /// Polls until `done` says so or `limit` passes; returns whether `done` was reached.
@@ -283,8 +307,17 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// [`ServerRunner::poll`], offering in-order TLPs to `sink` (with their session's ID)
     /// in place in the receive buffer first (see [`Session::handle_datagram_with`]).
-    pub fn poll_with(&mut self, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<bool> {
+    pub fn poll_with(&mut self, sink: Option<InPlaceFrom<'_>>) -> io::Result<bool> {
         let now = self.clock.now();
+        let received = self.receive_at(now, sink)?;
+        let sent = self.transmit_at(now)?;
+        Ok(received + sent > 0)
+    }
+
+    /// The first half of [`ServerRunner::poll_with`]: receives what is ready and runs every
+    /// session's timers, at `now`. Returns the datagrams received (see
+    /// [`SessionRunner::receive_at`]).
+    pub fn receive_at(&mut self, now: Time, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
         let endpoint = &mut self.endpoint;
         let received = self.sock.recv(&mut |from, bytes| {
             endpoint.handle_datagram_with(
@@ -295,10 +328,10 @@ impl<D: Datagrams> ServerRunner<D> {
             );
         })?;
         self.endpoint.handle_timeout(now);
-        let sent = self.transmit_at(now)?;
-        let active = received + sent > 0;
-        self.idle.record(active);
-        Ok(active)
+        if received > 0 {
+            self.idle.active();
+        }
+        Ok(received)
     }
 
     /// Sends what every session has now (no receive). Returns the datagrams sent.
@@ -307,20 +340,22 @@ impl<D: Datagrams> ServerRunner<D> {
         self.transmit_at(now)
     }
 
-    fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
+    /// [`ServerRunner::transmit`] at `now`, a time the caller read just before.
+    pub fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
         for (_, addr, s) in self.endpoint.sessions() {
             sent += transmit_session(&mut self.sock, addr, s, now, &mut self.control)?;
         }
         if sent > 0 {
             self.sock.flush()?;
+            self.idle.active();
         }
         Ok(sent)
     }
 
     /// Waits for work the way the mode says.
     pub fn wait(&mut self) -> io::Result<()> {
-        let timer = self.endpoint.poll_timeout().map(|t| self.clock.until(t));
-        self.idle.wait(&mut self.sock, timer)
+        let (endpoint, clock) = (&self.endpoint, self.clock);
+        self.idle.wait(&mut self.sock, || endpoint.poll_timeout().map(|t| clock.until(t)))
     }
 }
