@@ -92,6 +92,8 @@ pub struct Command {
 }
 
 const RING_ENTRIES: u64 = 64;
+/// How often a fence wait asks the device whether it stopped on an error.
+const ERROR_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 /// Vector the driver uses for command completion.
 pub const DONE_VECTOR: u16 = 0;
 
@@ -103,6 +105,10 @@ pub struct SimGpuDriver<P: PciFunction> {
     vram_size: u64,
     ring: DmaBuf,
     tail: u64,
+    /// RING_HEAD as last read: the device has fetched at least this far, so the ring has
+    /// room up to it without asking again (a register read is a network round trip on a
+    /// remote device).
+    head: u64,
     fence: DmaBuf,
     next_fence: u64,
     timeout: Duration,
@@ -214,6 +220,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             vram_size,
             ring,
             tail: 0,
+            head: 0,
             fence,
             next_fence: 0,
             timeout: Duration::from_secs(5),
@@ -252,9 +259,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
 
     /// Queues one command and rings the doorbell.
     pub fn submit(&mut self, c: Command) -> Result<(), DriverError> {
-        // The ring is full when the next tail would reach the head: wait for the device.
+        // The ring is full when the next tail would reach the head: only then ask the device
+        // how far it has fetched, and wait for it.
         let start = std::time::Instant::now();
-        while (self.tail + 1) % RING_ENTRIES == self.read_reg(reg::RING_HEAD) {
+        while (self.tail + 1) % RING_ENTRIES == self.head {
+            self.head = self.read_reg(reg::RING_HEAD) % RING_ENTRIES;
+            if (self.tail + 1) % RING_ENTRIES != self.head {
+                break;
+            }
             if start.elapsed() > self.timeout {
                 return Err(DriverError::Unusable("command ring full and not draining"));
             }
@@ -284,6 +296,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             }
         }
         let start = std::time::Instant::now();
+        let mut next_error_check = start;
         loop {
             let mut f = [0u8; 8];
             let fence = self.fence;
@@ -291,8 +304,15 @@ impl<P: PciFunction> SimGpuDriver<P> {
             if u64::from_le_bytes(f) >= value {
                 break;
             }
-            if self.read_reg(reg::ERROR) != 0 && self.read_reg(reg::STATUS) & 1 == 0 {
-                break;
+            // A device that stopped on an error never writes the fence. Asked now and then,
+            // not on every look at the fence word (host memory, where the device's write
+            // lands): on a remote device each register read is a network round trip.
+            let now = std::time::Instant::now();
+            if now >= next_error_check {
+                if self.read_reg(reg::ERROR) != 0 && self.read_reg(reg::STATUS) & 1 == 0 {
+                    break;
+                }
+                next_error_check = now + ERROR_CHECK_INTERVAL;
             }
             if start.elapsed() > self.timeout {
                 return Err(DriverError::Timeout { value, timeout: self.timeout });
