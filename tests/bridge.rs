@@ -168,3 +168,29 @@ fn max_payload_size_is_lowered_to_what_a_link_frame_carries() {
         stats.exports[0].1
     );
 }
+
+/// A long copy to the host goes out in steps the link paces, so a register read made while
+/// it runs — the driver's fence wait asks for ERROR at once — is answered behind at most a
+/// step and the session's queue, not behind the whole copy: with a completion timeout far
+/// shorter than the copy, nothing times out.
+#[test]
+fn a_register_read_during_a_long_copy_to_the_host_is_answered_in_time() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let mut o = host_options(gpu.addr, key_a());
+    o.completion_timeout = std::time::Duration::from_millis(50);
+    o.dma_memory = 160 << 20;
+    let remote = RemoteDevice::attach(o).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    let n = 64 << 20;
+    let data = hw::suite::pattern(n, 5);
+    d.memcpy_to_device(0, &data).unwrap();
+    let mut back = vec![0u8; n];
+    let t = std::time::Instant::now();
+    let r = d.memcpy_from_device(0, &mut back);
+    eprintln!("64 MiB to the host in {:?}", t.elapsed());
+    assert!(d.pci().removed().is_none(), "removed: {:?}", d.pci().removed());
+    assert_eq!(d.pci().stats().completion_timeouts, 0);
+    r.unwrap();
+    assert!(back == data, "the copy came back different");
+}

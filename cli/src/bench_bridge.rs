@@ -136,7 +136,10 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         let poll = PollMode::Busy { spin };
         let gpu = LocalBox::start(driver, poll, Impairment::default())?;
         let mut d = open(&gpu, driver, poll)?;
-        let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
+        let (h2d, d2h) = copy(&mut d, args.copy_bytes).map_err(|e| match d.pci().removed() {
+            Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+            None => e,
+        })?;
         println!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
             format!("through the bridges, {}, busy-poll", name(driver)),

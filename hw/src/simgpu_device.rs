@@ -90,6 +90,11 @@ pub const MAX_READS_IN_FLIGHT: usize = 32;
 const PAGE: u64 = 4096;
 /// Largest buffer a command makes the device hold at once.
 const CHUNK: u64 = 1 << 20;
+/// Bytes a VRAM→host copy writes per `poll`: what a platform must take from the device
+/// before it polls it again (a bridge polls a device only when its upstream took what the
+/// device sent), so a long copy runs only this far ahead of the link, and a completion the
+/// device owes waits behind no more than this.
+const COPY_OUT_STEP: u64 = 64 << 10;
 
 /// Sparse VRAM: pages exist once written; reads of untouched memory return zeros.
 #[derive(Clone, Default)]
@@ -171,6 +176,12 @@ enum Cp {
         end_host: u64,
         vram_at_next: u64,
     },
+    /// A VRAM→host copy: `next_vram` .. `end_vram` still to write, from `host_at_next` on.
+    CopyOut {
+        next_vram: u64,
+        end_vram: u64,
+        host_at_next: u64,
+    },
 }
 
 /// The simulated GPU.
@@ -187,6 +198,8 @@ pub struct SimGpu {
     pub stray_completions: u64,
     /// The most DMA reads the device had in flight at once.
     pub max_reads_in_flight: usize,
+    /// A VRAM→host copy's step, read from VRAM (kept to be reused).
+    copy_out: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -217,6 +230,7 @@ impl SimGpu {
             failed: false,
             stray_completions: 0,
             max_reads_in_flight: 0,
+            copy_out: Vec::new(),
         }
     }
 
@@ -343,12 +357,22 @@ impl SimGpu {
         let mps =
             TransferSize::from_bytes(self.function.config().max_payload()).unwrap_or(TransferSize::B128);
         let mut done = 0usize;
+        // Room for a whole-DW payload of the largest Max_Payload_Size and its alignment.
+        let mut padded = [0u8; 4096 + 8];
         for (a, n) in rules::split(addr, data.len() as u64, mps) {
             let span = DwSpan::for_bytes(a, n);
-            // The payload is whole DWs; bytes outside the byte enables are zero.
-            let mut payload = vec![0u8; span.length_dw as usize * 4];
+            let bytes = &data[done..done + n as usize];
             let lead = (a - span.address) as usize;
-            payload[lead..lead + n as usize].copy_from_slice(&data[done..done + n as usize]);
+            let len = span.length_dw as usize * 4;
+            // The payload is whole DWs; bytes outside the byte enables are zero. A DW-aligned
+            // piece is its own payload; another goes through `padded`.
+            let payload = if lead == 0 && len == bytes.len() {
+                bytes
+            } else {
+                padded[..len].fill(0);
+                padded[lead..lead + bytes.len()].copy_from_slice(bytes);
+                &padded[..len]
+            };
             up.send(&TlpRepr::new(Body::MemWrite {
                 req: Request {
                     requester: self.function.id(),
@@ -358,7 +382,7 @@ impl SimGpu {
                 },
                 address: Address::new(span.address),
                 ph: 0,
-                data: &payload,
+                data: payload,
             }));
             done += n as usize;
         }
@@ -383,16 +407,9 @@ impl SimGpu {
                 return false;
             }
             op::COPY_V2H if c > 0 && self.vram.in_bounds(a, c) => {
-                // In bounded chunks: a command cannot make the device hold more than CHUNK.
-                let mut buf = vec![0u8; c.min(CHUNK) as usize];
-                let mut done = 0;
-                while done < c {
-                    let n = (c - done).min(CHUNK) as usize;
-                    self.vram.read(a + done, &mut buf[..n]);
-                    self.dma_write(b + done, &buf[..n], up);
-                    done += n as u64;
-                }
-                true
+                // In steps, one per poll (see COPY_OUT_STEP).
+                self.cp = Cp::CopyOut { next_vram: a, end_vram: a + c, host_at_next: b };
+                return false;
             }
             op::COPY_V2V if c > 0 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) => {
                 let mut buf = vec![0u8; c.min(CHUNK) as usize];
@@ -691,6 +708,21 @@ impl Device for SimGpu {
                 }
                 self.cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
                 issued
+            }
+            Cp::CopyOut { next_vram, end_vram, host_at_next } => {
+                let n = (end_vram - next_vram).min(COPY_OUT_STEP) as usize;
+                let mut buf = std::mem::take(&mut self.copy_out);
+                buf.resize(n, 0);
+                self.vram.read(next_vram, &mut buf);
+                self.dma_write(host_at_next, &buf, up);
+                self.copy_out = buf;
+                let next_vram = next_vram + n as u64;
+                if next_vram >= end_vram {
+                    self.finish_command();
+                } else {
+                    self.cp = Cp::CopyOut { next_vram, end_vram, host_at_next: host_at_next + n as u64 };
+                }
+                true
             }
         }
     }

@@ -179,3 +179,90 @@ fn reset_with_dma_in_flight_drops_it() {
     assert_eq!(dev.vram_resident(), 0, "nothing landed in VRAM");
     assert!(up.0.is_empty());
 }
+
+/// A copy to the host goes out a step per poll — at most 64 KiB of writes — so a platform
+/// that polls the device only once its upstream took what the device sent (as the GPU-box
+/// endpoint does) bounds what waits there, and a register read between two steps is
+/// answered behind one step, not behind the whole copy. The test plays the platform: it
+/// feeds the device's command fetch and counts what each poll sends.
+#[test]
+fn a_copy_to_the_host_goes_out_a_step_per_poll() {
+    use hw::driver::PciFunction;
+    use tlp::rules::{self, Rcb, TransferSize};
+    use tlp::{Address, Body, ParseConfig, Request, Tag, TlpRepr};
+    let len = 1usize << 20;
+    let mut d = open();
+    d.memcpy_to_device(0, &pattern(len, 9)).unwrap();
+    let dst = d.pci().dma_alloc(len).unwrap();
+    let (ring, tail) = (d.read_reg(reg::RING_BASE), d.read_reg(reg::RING_TAIL));
+    let mut cmd = [0u8; 64];
+    cmd[0..4].copy_from_slice(&op::COPY_V2H.to_le_bytes());
+    for (i, a) in [0, dst.bus, len as u64].iter().enumerate() {
+        cmd[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
+    }
+    // Requests straight to the device: nothing polls it but this test.
+    let bar0 = hw::direct::BAR0_BASE;
+    let host = Request { requester: Bdf::new(0, 0, 0), tag: Tag::from_bits(1), first_be: 0xf, last_be: 0xf };
+    let next = ((tail + 1) % 64).to_le_bytes();
+    let set_tail = TlpRepr::new(Body::MemWrite {
+        req: host,
+        address: Address::new(bar0 + reg::RING_TAIL),
+        ph: 0,
+        data: &next,
+    });
+    let mut q = hw::TlpQueue::default();
+    let dev = d.pci().device();
+    dev.request(&set_tail, &mut q);
+    fn parse(b: &[u8]) -> TlpRepr<'_> {
+        TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap()
+    }
+    // The command fetch, answered from `cmd`.
+    let mut polls = 0;
+    while q.0.is_empty() {
+        assert!(dev.poll(&mut q));
+        polls += 1;
+        assert!(polls < 10, "no command fetch");
+    }
+    let fetch = q.0.remove(0);
+    let fetch = parse(&fetch);
+    let Body::MemRead { address, .. } = fetch.body else { panic!("not a read: {fetch:?}") };
+    assert_eq!(address.value(), ring + tail * 64);
+    let mut cpls = hw::TlpQueue::default();
+    assert!(rules::complete_read(&fetch, Bdf::new(0, 0, 0), &cmd, Rcb::B64, TransferSize::B512, |c| {
+        hw::Upstream::send(&mut cpls, c)
+    }));
+    for c in &cpls.0 {
+        dev.completion(&parse(c), &mut q);
+    }
+    let mut written = 0;
+    let mut steps = 0;
+    while written < len {
+        q.0.clear();
+        dev.poll(&mut q);
+        let step: usize =
+            q.0.iter()
+                .map(|b| match parse(b).body {
+                    Body::MemWrite { data, .. } => data.len(),
+                    _ => 0,
+                })
+                .sum();
+        assert!(step <= 64 << 10, "one poll wrote {step} bytes");
+        written += step;
+        steps += usize::from(step > 0);
+        polls += 1;
+        assert!(polls <= 64, "copy not done after {polls} polls ({written} bytes)");
+        // A register read between two steps is answered at once.
+        let read = TlpRepr::new(Body::MemRead {
+            req: Request { tag: Tag::from_bits(2), last_be: 0, ..host },
+            address: Address::new(bar0 + reg::ID),
+            ph: 0,
+            length_dw: 1,
+            locked: false,
+        });
+        q.0.clear();
+        dev.request(&read, &mut q);
+        assert!(matches!(q.0.first().map(|b| parse(b).body), Some(Body::Completion { .. })));
+    }
+    assert_eq!(written, len);
+    assert_eq!(steps, len / (64 << 10), "polls that wrote");
+}
