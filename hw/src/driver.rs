@@ -92,6 +92,10 @@ pub struct Command {
 }
 
 const RING_ENTRIES: u64 = 64;
+/// Max_Read_Request_Size the driver sets, as encoded in Device Control (101b: 4096 bytes,
+/// PCIe 6.0 §7.5.3.4): the device's copies from host memory keep 32 reads in flight, and
+/// the larger each read, the more bytes are on their way per round trip.
+const MAX_READ_REQUEST: u32 = 5;
 /// How often a fence wait asks the device whether it stopped on an error.
 const ERROR_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 /// Vector the driver uses for command completion.
@@ -197,7 +201,8 @@ impl<P: PciFunction> SimGpuDriver<P> {
         if let Some(pcie) = find_capability(&mut pci, 0x10) {
             let supported = pci.config_read(pcie + 4) & 7;
             let ctl = pci.config_read(pcie + 8);
-            pci.config_write(pcie + 8, (ctl & !(7 << 5) & 0xffff) | supported << 5);
+            let ctl = (ctl & !(7 << 5) & !(7 << 12) & 0xffff) | supported << 5 | MAX_READ_REQUEST << 12;
+            pci.config_write(pcie + 8, ctl);
         }
         let msix = find_capability(&mut pci, 0x11).ok_or(DriverError::Unusable("no MSI-X capability"))?;
         let vectors = ((pci.config_read(msix) >> 16) & 0x7ff) as u16 + 1;
