@@ -227,9 +227,8 @@ impl Outbox {
         }
     }
 
-    /// Moves queued TLPs into the session while it takes them.
-    /// Queues what waits here in the session, in order, while it takes them; returns
-    /// whether it took any.
+    /// Moves queued TLPs into the session, in order, while it takes them; returns whether
+    /// it took any.
     fn flush(&mut self, s: &mut Session) -> bool {
         let mut took = false;
         while let Some(b) = self.queue.front() {

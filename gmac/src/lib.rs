@@ -71,7 +71,8 @@ impl Gmac {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (nonce, message);
-            match self._never {}
+            let never: std::convert::Infallible = self._never;
+            match never {}
         }
     }
 }
