@@ -108,7 +108,10 @@ pub struct SimGpuDriver<P: PciFunction> {
     bar2: u64,
     vram_size: u64,
     ring: DmaBuf,
+    /// The next ring slot to write.
     tail: u64,
+    /// RING_TAIL as last written: the device sees the commands before it.
+    published: u64,
     /// RING_HEAD as last read: the device has fetched at least this far, so the ring has
     /// room up to it without asking again (a register read is a network round trip on a
     /// remote device).
@@ -225,6 +228,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             vram_size,
             ring,
             tail: 0,
+            published: 0,
             head: 0,
             fence,
             next_fence: 0,
@@ -264,10 +268,29 @@ impl<P: PciFunction> SimGpuDriver<P> {
 
     /// Queues one command and rings the doorbell.
     pub fn submit(&mut self, c: Command) -> Result<(), DriverError> {
+        self.queue(c)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Tells the device about the commands written since the last time: RING_TAIL, then
+    /// the doorbell. Commands published together are fetched together (the device reads
+    /// up to `PREFETCH` ring entries at once).
+    fn publish(&mut self) {
+        if self.published != self.tail {
+            self.write_reg(reg::RING_TAIL, self.tail);
+            self.write_reg(reg::DOORBELL, 1);
+            self.published = self.tail;
+        }
+    }
+
+    /// Writes a command into the ring without telling the device ([`Self::publish`]).
+    fn queue(&mut self, c: Command) -> Result<(), DriverError> {
         // The ring is full when the next tail would reach the head: only then ask the device
-        // how far it has fetched, and wait for it.
+        // how far it has fetched — after telling it what waits — and wait for it.
         let start = std::time::Instant::now();
         while (self.tail + 1) % RING_ENTRIES == self.head {
+            self.publish();
             self.head = self.read_reg(reg::RING_HEAD) % RING_ENTRIES;
             if (self.tail + 1) % RING_ENTRIES != self.head {
                 break;
@@ -284,21 +307,21 @@ impl<P: PciFunction> SimGpuDriver<P> {
         let ring = self.ring;
         self.pci.dma_write(&ring, (self.tail * COMMAND_BYTES) as usize, &b);
         self.tail = (self.tail + 1) % RING_ENTRIES;
-        self.write_reg(reg::RING_TAIL, self.tail);
-        self.write_reg(reg::DOORBELL, 1);
         Ok(())
     }
 
-    /// Queues a fence and waits until the device has executed everything before it.
+    /// Queues a fence (and, waiting by interrupt, an INTERRUPT), publishes them with what
+    /// was queued before, and waits until the device has executed everything before it.
     pub fn sync(&mut self, mode: WaitMode) -> Result<(), DriverError> {
         self.next_fence += 1;
         let value = self.next_fence;
-        self.submit(Command { opcode: op::FENCE, args: [self.fence.bus, value, 0, 0, 0] })?;
+        self.queue(Command { opcode: op::FENCE, args: [self.fence.bus, value, 0, 0, 0] })?;
         if mode == WaitMode::Interrupt {
-            self.submit(Command { opcode: op::INTERRUPT, args: [DONE_VECTOR as u64, 0, 0, 0, 0] })?;
-            if !self.pci.wait_interrupt(DONE_VECTOR, self.timeout) {
-                return Err(DriverError::Timeout { value, timeout: self.timeout });
-            }
+            self.queue(Command { opcode: op::INTERRUPT, args: [DONE_VECTOR as u64, 0, 0, 0, 0] })?;
+        }
+        self.publish();
+        if mode == WaitMode::Interrupt && !self.pci.wait_interrupt(DONE_VECTOR, self.timeout) {
+            return Err(DriverError::Timeout { value, timeout: self.timeout });
         }
         let start = std::time::Instant::now();
         let mut next_error_check = start;
@@ -357,22 +380,23 @@ impl<P: PciFunction> SimGpuDriver<P> {
     pub fn memcpy_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
         let buf = self.staging(data.len())?;
         self.pci.dma_write(&buf, 0, data);
-        self.submit(Command { opcode: op::COPY_H2V, args: [buf.bus, vram, data.len() as u64, 0, 0] })?;
+        self.queue(Command { opcode: op::COPY_H2V, args: [buf.bus, vram, data.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)
     }
 
     /// Copies VRAM bytes at `vram` into `out`.
     pub fn memcpy_from_device(&mut self, vram: u64, out: &mut [u8]) -> Result<(), DriverError> {
         let buf = self.staging(out.len())?;
-        self.submit(Command { opcode: op::COPY_V2H, args: [vram, buf.bus, out.len() as u64, 0, 0] })?;
+        self.queue(Command { opcode: op::COPY_V2H, args: [vram, buf.bus, out.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)?;
         self.pci.dma_read(&buf, 0, out);
         Ok(())
     }
 
-    /// Launches a kernel (or any command) and waits for it.
+    /// Launches a kernel (or any command) and waits for it: the command and its fence are
+    /// published together.
     pub fn launch(&mut self, opcode: u32, args: [u64; 5], mode: WaitMode) -> Result<(), DriverError> {
-        self.submit(Command { opcode, args })?;
+        self.queue(Command { opcode, args })?;
         self.sync(mode)
     }
 }

@@ -90,6 +90,10 @@ pub const MAX_READS_IN_FLIGHT: usize = 32;
 const PAGE: u64 = 4096;
 /// Largest buffer a command makes the device hold at once.
 const CHUNK: u64 = 1 << 20;
+/// Commands the command processor fetches in one DMA read at most (as many as are
+/// published, up to the ring's end, Max_Read_Request_Size and the next 4 KiB boundary):
+/// commands submitted together cost one read's round trip, not one each.
+pub const PREFETCH: u64 = 16;
 /// Bytes a VRAM→host copy writes per `poll`: what a platform must take from the device
 /// before it polls it again (a bridge polls a device only when its upstream took what the
 /// device sent), so a long copy runs only this far ahead of the link, and a completion the
@@ -149,8 +153,8 @@ impl Vram {
 /// What an outstanding DMA read is for.
 #[derive(Clone, Copy, Debug)]
 enum ReadPurpose {
-    /// The command at ring slot `slot`.
-    Command,
+    /// Ring entries, into the prefetch buffer.
+    Commands,
     /// Part of a host→VRAM copy: bytes land at this VRAM offset.
     Copy { vram: u64 },
 }
@@ -160,7 +164,7 @@ struct Outstanding {
     purpose: ReadPurpose,
     /// Bytes of the request not yet received.
     remaining: u64,
-    /// Where the next received byte goes (command buffer offset or VRAM offset).
+    /// Where the next received byte goes (prefetch buffer offset or VRAM offset).
     next: u64,
 }
 
@@ -190,7 +194,15 @@ pub struct SimGpu {
     vram: Vram,
     regs: Regs,
     cp: Cp,
+    /// The command being executed.
     command: [u8; COMMAND_BYTES as usize],
+    /// Ring entries fetched ahead: `fetched[0..]` holds ring slots `fetched_first` up to
+    /// `fetched_end` (exclusive); `fetched_next` is the next not yet executed. Each is used
+    /// once: after the ring wraps, the same slot holds another command.
+    fetched: [u8; (PREFETCH * COMMAND_BYTES) as usize],
+    fetched_first: u64,
+    fetched_next: u64,
+    fetched_end: u64,
     outstanding: HashMap<u16, Outstanding>,
     next_tag: u16,
     failed: bool,
@@ -198,6 +210,8 @@ pub struct SimGpu {
     pub stray_completions: u64,
     /// The most DMA reads the device had in flight at once.
     pub max_reads_in_flight: usize,
+    /// DMA reads that fetched ring entries.
+    pub command_fetches: u64,
     /// A VRAM→host copy's step, read from VRAM (kept to be reused).
     copy_out: Vec<u8>,
 }
@@ -225,11 +239,16 @@ impl SimGpu {
             regs: Regs::default(),
             cp: Cp::Idle,
             command: [0; COMMAND_BYTES as usize],
+            fetched: [0; (PREFETCH * COMMAND_BYTES) as usize],
+            fetched_first: 0,
+            fetched_next: 0,
+            fetched_end: 0,
             outstanding: HashMap::new(),
             next_tag: 0,
             failed: false,
             stray_completions: 0,
             max_reads_in_flight: 0,
+            command_fetches: 0,
             copy_out: Vec::new(),
         }
     }
@@ -263,8 +282,14 @@ impl SimGpu {
         match off {
             reg::ERROR => self.regs.error &= !value,
             reg::INT_STATUS => self.regs.int_status &= !value,
-            reg::RING_BASE => self.regs.ring_base = value & !(COMMAND_BYTES - 1),
-            reg::RING_SIZE => self.regs.ring_size = value,
+            reg::RING_BASE => {
+                self.regs.ring_base = value & !(COMMAND_BYTES - 1);
+                self.forget_prefetched();
+            }
+            reg::RING_SIZE => {
+                self.regs.ring_size = value;
+                self.forget_prefetched();
+            }
             reg::RING_TAIL => self.regs.ring_tail = value,
             // The doorbell only wakes the processor; `poll` reads RING_TAIL.
             _ => {}
@@ -345,7 +370,7 @@ impl SimGpu {
             locked: false,
         }));
         let next = match purpose {
-            ReadPurpose::Command => addr % COMMAND_BYTES,
+            ReadPurpose::Commands => 0,
             ReadPurpose::Copy { vram } => vram,
         };
         self.outstanding.insert(tag, Outstanding { purpose, remaining: len, next });
@@ -495,6 +520,15 @@ impl SimGpu {
         true
     }
 
+    /// Whether ring slot `slot` is the next command in the prefetch buffer.
+    fn prefetched(&self, slot: u64) -> bool {
+        slot == self.fetched_next && self.fetched_next < self.fetched_end
+    }
+
+    fn forget_prefetched(&mut self) {
+        self.fetched_end = self.fetched_next;
+    }
+
     fn finish_command(&mut self) {
         self.regs.ring_head = (self.regs.ring_head + 1) % self.regs.ring_size.max(1);
         self.regs.completed += 1;
@@ -633,10 +667,10 @@ impl Device for SimGpu {
         let n = (d.len().saturating_sub(pad) as u64).min(o.remaining).min(cpl.byte_count as u64);
         let bytes = &d[pad.min(d.len())..pad.min(d.len()) + n as usize];
         match o.purpose {
-            ReadPurpose::Command => {
-                let at = o.next as usize;
-                let end = (at + bytes.len()).min(self.command.len());
-                self.command[at..end].copy_from_slice(&bytes[..end - at]);
+            ReadPurpose::Commands => {
+                let at = (o.next as usize).min(self.fetched.len());
+                let end = (at + bytes.len()).min(self.fetched.len());
+                self.fetched[at..end].copy_from_slice(&bytes[..end - at]);
             }
             ReadPurpose::Copy { .. } => self.vram.write(o.next, bytes),
         }
@@ -662,21 +696,50 @@ impl Device for SimGpu {
                 if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.regs.ring_tail >= size {
                     self.raise_error(err::RING, up);
                     self.regs.ring_head = self.regs.ring_tail;
+                    self.forget_prefetched();
                     return true;
                 }
-                let addr = self.regs.ring_base + self.regs.ring_head * COMMAND_BYTES;
-                self.command = [0; COMMAND_BYTES as usize];
                 self.failed = false;
-                if self.dma_read(addr, COMMAND_BYTES, ReadPurpose::Command, up) {
-                    self.cp = Cp::Fetching;
+                let head = self.regs.ring_head;
+                if !self.prefetched(head) {
+                    // Every published entry up to the ring's end, at most PREFETCH, in one
+                    // read that honours Max_Read_Request_Size and does not cross 4 KiB.
+                    let addr = self.regs.ring_base + head * COMMAND_BYTES;
+                    let published =
+                        if self.regs.ring_tail > head { self.regs.ring_tail } else { size } - head;
+                    let mrrs = self.function.config().max_read_request() as u64;
+                    let to_4k = PAGE - addr % PAGE;
+                    let n =
+                        published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
+                    self.fetched = [0; (PREFETCH * COMMAND_BYTES) as usize];
+                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands, up) {
+                        return false;
+                    }
+                    (self.fetched_first, self.fetched_next, self.fetched_end) = (head, head, head + n);
+                    self.command_fetches += 1;
                 }
+                self.cp = Cp::Fetching;
                 true
             }
             Cp::Fetching => {
                 if !self.outstanding.is_empty() {
                     return false;
                 }
-                if self.failed || self.execute(up) {
+                if self.failed {
+                    // The read failed: what it fetched is not to be trusted.
+                    self.forget_prefetched();
+                    self.finish_command();
+                    return true;
+                }
+                let head = self.regs.ring_head;
+                if !self.prefetched(head) {
+                    self.cp = Cp::Idle;
+                    return true;
+                }
+                let at = ((head - self.fetched_first) * COMMAND_BYTES) as usize;
+                self.command.copy_from_slice(&self.fetched[at..at + COMMAND_BYTES as usize]);
+                self.fetched_next += 1;
+                if self.execute(up) {
                     self.finish_command();
                 }
                 true
@@ -734,5 +797,6 @@ impl Device for SimGpu {
         self.cp = Cp::Idle;
         self.outstanding.clear();
         self.failed = false;
+        self.forget_prefetched();
     }
 }

@@ -266,3 +266,20 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
     assert_eq!(written, len);
     assert_eq!(steps, len / (64 << 10), "polls that wrote");
 }
+
+/// Commands published together are fetched in one DMA read, and a ring slot fetched ahead is
+/// executed once: 30 launches of three commands each (the command, FENCE, INTERRUPT) go round
+/// the 64-entry ring and past it, every fence value new, so a stale entry from the lap
+/// before would stop a fence from arriving.
+#[test]
+fn commands_published_together_are_fetched_together_lap_after_lap() {
+    let mut d = open();
+    let (fetches0, done0) = (d.pci().device().command_fetches, d.read_reg(reg::COMPLETED));
+    for i in 0..30 {
+        d.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap_or_else(|e| panic!("launch {i}: {e}"));
+    }
+    assert_eq!(d.read_reg(reg::COMPLETED), done0 + 90);
+    // One read per launch, and one more each time a launch's entries straddle the ring's end.
+    let fetches = d.pci().device().command_fetches - fetches0;
+    assert!((30..=32).contains(&fetches), "{fetches} reads fetched 90 commands");
+}
