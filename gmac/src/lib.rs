@@ -15,7 +15,7 @@
 //! Computing the GCM Mode", rev. 2.02, 2014: blocks byte-swapped, products shifted left by
 //! one, reduction by shifts and XORs) with aggregated reduction: up to eight blocks are
 //! multiplied by H⁸…H¹ and summed before one reduction, so their multiplications overlap.
-//! The tag is GHASH_H(A ∥ 0-pad ∥ [len(A)]₆₄ ∥ [0]₆₄) ⊕ AES_K(IV ∥ 0³¹1).
+//! The tag is `GHASH_H(A ∥ 0-pad ∥ [len(A)]₆₄ ∥ [0]₆₄) ⊕ AES_K(IV ∥ 0³¹1)`.
 //!
 //! `unsafe` here only calls the `#[target_feature]` functions once [`Gmac::new`] has seen the
 //! CPU features at run time; a [`Gmac`] exists only on a CPU that has them. Everything is

@@ -67,13 +67,13 @@ pub mod op {
     pub const COPY_V2V: u32 = 3;
     /// Fill b bytes at VRAM offset a with the 32-bit pattern c.
     pub const FILL: u32 = 4;
-    /// out[c] = x[a] + y[b] over d fp32 elements.
+    /// out\[c\] = x\[a\] + y\[b\] over d fp32 elements.
     pub const VADD: u32 = 5;
-    /// y[b] = alpha * x[a] + y[b] over c elements; alpha is the fp32 in d.
+    /// y\[b\] = alpha * x\[a\] + y\[b\] over c elements; alpha is the fp32 in d.
     pub const SAXPY: u32 = 6;
-    /// VRAM[c] = sum of b fp32 elements at a.
+    /// VRAM\[c\] = sum of b fp32 elements at a.
     pub const REDUCE_SUM: u32 = 7;
-    /// C[c] = A[a] × B[b], row-major fp32; d = m | n << 16 | k << 32 (each 1..=256).
+    /// C\[c\] = A\[a\] × B\[b\], row-major fp32; d = m | n << 16 | k << 32 (each 1..=256).
     pub const MATMUL: u32 = 8;
     /// Write the 64-bit value b to host address a (8-byte aligned); FENCE = b.
     pub const FENCE: u32 = 9;

@@ -35,9 +35,9 @@ pub enum Error {
     /// Fmt/Type names no TLP (reserved, deprecated or flit-mode-only encodings).
     #[error("reserved Fmt/Type encoding: Fmt={fmt:03b} Type={ty:05b}")]
     ReservedFmtType {
-        /// Fmt[2:0].
+        /// Fmt\[2:0\].
         fmt: u8,
-        /// Type[4:0].
+        /// Type\[4:0\].
         ty: u8,
     },
     /// Prefixes beyond the limit.

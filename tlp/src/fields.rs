@@ -4,7 +4,7 @@
 use core::fmt;
 
 /// The Attr field (PCIe 6.0 §2.2.6.3): bit 0 No Snoop, bit 1 Relaxed Ordering, bit 2
-/// ID-Based Ordering. On the wire Attr[1:0] sit in DW0 byte 2 and Attr[2] in byte 1.
+/// ID-Based Ordering. On the wire Attr\[1:0\] sit in DW0 byte 2 and Attr\[2\] in byte 1.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Attr(u8);
 
@@ -156,7 +156,7 @@ impl CplStatus {
     }
 }
 
-/// Message routing, the r[2:0] subfield of a Msg/MsgD Type (PCIe 6.0 §2.2.8, Table 2-20).
+/// Message routing, the r\[2:0\] subfield of a Msg/MsgD Type (PCIe 6.0 §2.2.8, Table 2-20).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum MsgRouting {
     /// 000b routed to Root Complex.
@@ -491,7 +491,7 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// Decodes Fmt[2:0] and Type[4:0] (PCIe 6.0 §2.2.1.1, Table 2-3); `None` for reserved
+    /// Decodes Fmt\[2:0\] and Type\[4:0\] (PCIe 6.0 §2.2.1.1, Table 2-3); `None` for reserved
     /// or prefix encodings.
     pub const fn from_fmt_type(fmt: u8, ty: u8) -> Option<Kind> {
         Some(match (fmt, ty) {
@@ -544,12 +544,12 @@ impl Kind {
         }
     }
 
-    /// Whether the header is 4 DW (64-bit address, or a message): Fmt[0].
+    /// Whether the header is 4 DW (64-bit address, or a message): Fmt\[0\].
     pub const fn is_4dw(self) -> bool {
         self as u8 & 0x20 != 0
     }
 
-    /// Whether the TLP carries a data payload: Fmt[1].
+    /// Whether the TLP carries a data payload: Fmt\[1\].
     pub const fn has_data(self) -> bool {
         self as u8 & 0x40 != 0
     }

@@ -145,11 +145,11 @@ impl<T: AsRef<[u8]>> TlpPacket<T> {
     pub fn header_len(&self) -> usize {
         if self.kind.is_4dw() { 16 } else { 12 }
     }
-    /// Fmt[2:0].
+    /// Fmt\[2:0\].
     pub fn fmt(&self) -> u8 {
         (self.dw0 >> 29) as u8
     }
-    /// Type[4:0].
+    /// Type\[4:0\].
     pub fn ty(&self) -> u8 {
         ((self.dw0 >> 24) & 0x1f) as u8
     }
@@ -184,7 +184,7 @@ impl<T: AsRef<[u8]>> TlpPacket<T> {
     fn is_completion(&self) -> bool {
         self.kind.is_completion()
     }
-    /// The 10-bit tag: T9 and T8 from DW0, Tag[7:0] from byte 6 (requests) or 10
+    /// The 10-bit tag: T9 and T8 from DW0, Tag\[7:0\] from byte 6 (requests) or 10
     /// (completions).
     pub fn tag(&self) -> Tag {
         let hi = ((self.dw0 >> 23) & 1) << 9 | ((self.dw0 >> 19) & 1) << 8;

@@ -25,7 +25,7 @@ pub enum PrefixKind {
     VendorLocal0,
     /// Local L1111b: vendor-defined local prefix 1.
     VendorLocal1,
-    /// End-to-end E0000b: Extended TPH (ST[15:8]).
+    /// End-to-end E0000b: Extended TPH (ST\[15:8\]).
     ExtendedTph,
     /// End-to-end E0001b: PASID.
     Pasid,
@@ -35,9 +35,9 @@ pub enum PrefixKind {
     VendorEndToEnd1,
     /// Any other local (`false`) or end-to-end (`true`) type; carried unchanged.
     Unknown {
-        /// Type[4]: end-to-end.
+        /// Type\[4\]: end-to-end.
         end_to_end: bool,
-        /// Type[3:0].
+        /// Type\[3:0\].
         subtype: u8,
     },
 }
@@ -57,7 +57,7 @@ impl Prefix {
     pub const fn raw(self) -> u32 {
         self.0
     }
-    /// Type[4]: an end-to-end prefix (covered by ECRC, forwarded by switches).
+    /// Type\[4\]: an end-to-end prefix (covered by ECRC, forwarded by switches).
     pub const fn is_end_to_end(self) -> bool {
         self.0 & (1 << 28) != 0
     }

@@ -606,13 +606,13 @@ impl<'a> TlpRepr<'a> {
         }
     }
 
-    /// Fmt[2:0] as emitted.
+    /// Fmt\[2:0\] as emitted.
     pub fn fmt(&self) -> u8 {
         let k = self.kind();
         (k.has_data() as u8) << 1 | k.is_4dw() as u8
     }
 
-    /// Type[4:0] as emitted.
+    /// Type\[4:0\] as emitted.
     pub fn ty(&self) -> u8 {
         match self.body {
             Body::MemRead { locked, .. } => locked as u8,

@@ -85,7 +85,7 @@ pub struct VfioUserClient {
 
 impl VfioUserClient {
     /// Connects to the server at `path` (nothing sent yet). `mem` is the guest memory the
-    /// client will offer ([`VfioUserClient::map_guest_memory`]).
+    /// client will offer ([`VfioUserClient::dma_map`]).
     pub fn connect(path: &Path, mem: GuestMemory) -> io::Result<VfioUserClient> {
         let stream = UnixStream::connect(path)
             .map_err(|e| io::Error::new(e.kind(), format!("connecting to {}: {e}", path.display())))?;
