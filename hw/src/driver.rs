@@ -292,10 +292,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         while (self.tail + 1) % RING_ENTRIES == self.head {
             self.publish();
             self.head = self.read_reg(reg::RING_HEAD) % RING_ENTRIES;
-            if (self.tail + 1) % RING_ENTRIES != self.head {
-                break;
-            }
-            if start.elapsed() > self.timeout {
+            if (self.tail + 1) % RING_ENTRIES == self.head && start.elapsed() > self.timeout {
                 return Err(DriverError::Unusable("command ring full and not draining"));
             }
         }

@@ -267,10 +267,10 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
     assert_eq!(steps, len / (64 << 10), "polls that wrote");
 }
 
-/// Commands published together are fetched in one DMA read, and a ring slot fetched ahead is
-/// executed once: 30 launches of three commands each (the command, FENCE, INTERRUPT) go round
-/// the 64-entry ring and past it, every fence value new, so a stale entry from the lap
-/// before would stop a fence from arriving.
+/// Commands published together are fetched in one DMA read, and each fetched entry runs
+/// exactly once: 30 launches of three commands each (the command, FENCE, INTERRUPT) go round
+/// the 64-entry ring and past it with every fence value new, and the device counts 90
+/// commands done.
 #[test]
 fn commands_published_together_are_fetched_together_lap_after_lap() {
     let mut d = open();
