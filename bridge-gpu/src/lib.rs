@@ -599,6 +599,7 @@ fn reason_text(r: DownReason) -> &'static str {
         DownReason::PeerRestarted => "host restarted",
         DownReason::Superseded => "host started a new session",
         DownReason::ProtocolViolation(_) => "protocol violation",
+        DownReason::Refused => "handshake refused",
     }
 }
 

@@ -398,6 +398,7 @@ impl RemoteDevice {
                 DownReason::AuthFailed => {
                     "authentication failed: the box does not hold this host's key".into()
                 }
+                DownReason::Refused => "the box refused the session: it has no room for another".into(),
                 other => format!("{other:?}"),
             }));
         }

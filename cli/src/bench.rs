@@ -430,6 +430,9 @@ fn joined_in_memory() -> Option<(Session, Endpoint<u32>, link::Time)> {
         while let Some(n) = c.poll_transmit(t, &mut buf) {
             ep.handle_datagram(t, 7, &buf[..n]);
         }
+        while let Some((_, n)) = ep.poll_transmit(&mut buf) {
+            c.handle_datagram(t, &buf[..n]);
+        }
         for (_, _, s) in ep.sessions() {
             while let Some(n) = s.poll_transmit(t, &mut buf) {
                 c.handle_datagram(t, &buf[..n]);

@@ -38,6 +38,9 @@ fuzz_target!(|data: &[u8]| {
                     server.handle_datagram(now, 0, &buf[..n]);
                 }
                 let mut out = Vec::new();
+                while let Some((_, n)) = server.poll_transmit(&mut buf) {
+                    out.push(buf[..n].to_vec());
+                }
                 for (_, _, s) in server.sessions() {
                     while let Some(n) = s.poll_transmit(now, &mut buf) {
                         out.push(buf[..n].to_vec());

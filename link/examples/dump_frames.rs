@@ -27,6 +27,9 @@ fn main() {
             server.handle_datagram(now, 0, &buf[..n]);
         }
         let mut out = Vec::new();
+        while let Some((_, n)) = server.poll_transmit(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
         for (_, _, s) in server.sessions() {
             while let Some(t) = s.recv_tlp() {
                 s.recycle(t);

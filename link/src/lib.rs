@@ -14,6 +14,7 @@ mod config;
 pub mod driver;
 mod endpoint;
 mod error;
+mod handshake;
 mod kept;
 mod seq;
 mod session;
@@ -24,6 +25,7 @@ pub use auth::{PresharedKey, Rng};
 pub use config::{Config, CreditGrant};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use error::{ConfigError, FrameError, SendError};
+pub use handshake::{COOKIE_LEN, Refusal};
 pub use kept::Kept;
 pub use seq::SeqNum;
 pub use session::{

@@ -24,10 +24,15 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use tlp::{FcClass, TlpPacket, TlpRepr};
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::auth::{FrameKey, Rng};
 use crate::config::Config;
 use crate::error::SendError;
+use crate::handshake::{
+    CLIENT_PROOF, COOKIE_LEN, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody,
+    SERVER_PROOF, transcript,
+};
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
@@ -70,6 +75,8 @@ pub enum DownReason {
     Superseded,
     /// The peer broke the protocol (e.g. sent beyond its credits).
     ProtocolViolation(&'static str),
+    /// The server refused the handshake: it has no room for another session.
+    Refused,
 }
 
 /// What the application learns from a session.
@@ -152,8 +159,7 @@ enum State {
     ClientInit,
     /// Client: RESPONSE sent, waiting for ESTABLISHED (or any authentic frame).
     ClientResponse,
-    /// Server: CHALLENGE sent, waiting for RESPONSE.
-    ServerChallenge,
+    /// A server session exists only once its client proved the key (see `crate::handshake`).
     Up,
     Down(DownReason),
 }
@@ -234,9 +240,17 @@ enum Source<'a, 'b> {
     Repr(&'a TlpRepr<'b>),
 }
 
-const INIT_BODY: usize = 4 + 16 + 2 + 2 + 8;
-const CHALLENGE_BODY: usize = 4 + 16 + 2 + 2 + 32;
-const RESPONSE_BODY: usize = 32;
+/// What a server endpoint established about a client that proved its key: the session is
+/// made from it, up at once.
+pub(crate) struct Accepted {
+    pub(crate) local_id: u32,
+    pub(crate) local_epoch: u32,
+    pub(crate) peer_id: u32,
+    pub(crate) peer_epoch: u32,
+    pub(crate) mtu: usize,
+    pub(crate) window: u32,
+    pub(crate) transcript: Vec<u8>,
+}
 
 /// One end of an authenticated, reliable, flow-controlled TLP session.
 pub struct Session {
@@ -248,6 +262,8 @@ pub struct Session {
     local_epoch: u32,
     peer_epoch: u32,
     local_nonce: [u8; 16],
+    /// Client: the cookie the server gave, echoed in INIT (zeros before one came).
+    cookie: [u8; COOKIE_LEN],
     transcript: Vec<u8>,
     tx_key: Option<FrameKey>,
     rx_key: Option<FrameKey>,
@@ -333,6 +349,7 @@ impl Session {
             local_epoch,
             peer_epoch: 0,
             local_nonce,
+            cookie: [0; COOKIE_LEN],
             transcript: Vec::new(),
             tx_key: None,
             rx_key: None,
@@ -387,42 +404,24 @@ impl Session {
         s
     }
 
-    /// A server session answering an INIT frame (see [`crate::Endpoint`], which routes INITs
-    /// here). `None` if the frame is not a well-formed INIT.
-    pub fn accept(cfg: Config, now: Time, epoch: u32, rng: Rng, init: &Frame<'_>) -> Option<Session> {
-        let h = init.header();
-        let body = init.body();
-        if h.ty != FrameType::Init || body.len() != INIT_BODY {
-            return None;
-        }
+    /// A server session for a client that has proven its key (see [`crate::Endpoint`],
+    /// which runs the handshake statelessly until then): up at once, with ESTABLISHED due.
+    pub(crate) fn accepted(cfg: Config, now: Time, rng: Rng, a: Accepted) -> Session {
         let mut s = Session::blank(Role::Server, cfg, now, rng);
-        s.local_epoch = epoch;
-        s.peer_id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-        s.peer_epoch = h.epoch;
-        let their_mtu = u16::from_be_bytes([body[20], body[21]]) as usize;
-        let their_window = u16::from_be_bytes([body[22], body[23]]) as u32;
-        s.mtu = s.mtu.min(their_mtu);
-        s.window = s.window.min(their_window).max(1);
-        if s.peer_id == 0 || s.mtu < HEADER_LEN + FC_LEN + TRAILER_LEN + 64 {
-            return None;
-        }
-        // Transcript: client epoch, INIT body, server epoch, server ID and nonce, limits.
-        let mut t = Vec::with_capacity(64);
-        t.extend_from_slice(&h.epoch.to_be_bytes());
-        t.extend_from_slice(body);
-        t.extend_from_slice(&s.local_epoch.to_be_bytes());
-        t.extend_from_slice(&s.local_id.to_be_bytes());
-        t.extend_from_slice(&s.local_nonce);
-        t.extend_from_slice(&(s.mtu as u16).to_be_bytes());
-        t.extend_from_slice(&(s.window as u16).to_be_bytes());
-        let (c2s, s2c) = s.cfg.psk.frame_keys(&t);
+        s.local_id = a.local_id;
+        s.local_epoch = a.local_epoch;
+        s.peer_id = a.peer_id;
+        s.peer_epoch = a.peer_epoch;
+        s.mtu = a.mtu;
+        s.window = a.window;
+        let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
         s.rx_key = Some(c2s);
         s.tx_key = Some(s2c);
-        s.transcript = t;
-        s.state = State::ServerChallenge;
-        s.handshake_due = true;
+        s.transcript = a.transcript;
         s.stats.frames_received += 1;
-        Some(s)
+        s.become_up(now);
+        s.established_due = true;
+        s
     }
 
     // ----- inspection -------------------------------------------------------------------
@@ -726,11 +725,11 @@ impl Session {
         }
         match self.state {
             State::Down(_) => return None,
-            State::ClientInit | State::ClientResponse | State::ServerChallenge if self.handshake_due => {
+            State::ClientInit | State::ClientResponse if self.handshake_due => {
                 self.handshake_due = false;
                 return written(self.handshake_frame(buf));
             }
-            State::ClientInit | State::ClientResponse | State::ServerChallenge => return None,
+            State::ClientInit | State::ClientResponse => return None,
             State::Up => {}
         }
         if self.established_due {
@@ -813,21 +812,20 @@ impl Session {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        if (self.state, h.ty) == (State::ServerChallenge, FrameType::Init) {
-            // Our CHALLENGE was lost; the client repeats INIT (which names no session yet).
-            self.handshake_due = true;
-            return;
-        }
         if h.session != self.local_id {
             self.stats.dropped_wrong_session += 1;
             return;
         }
         match (self.state, h.ty) {
+            (State::ClientInit, FrameType::Cookie) => return self.on_cookie(frame),
             (State::ClientInit, FrameType::Challenge) => return self.on_challenge(now, frame),
-            (State::ServerChallenge | State::Up, FrameType::Response) if self.role == Role::Server => {
-                return self.on_response(now, frame);
+            (State::ClientInit | State::ClientResponse, FrameType::Refuse) => return self.on_refuse(frame),
+            (State::Up, FrameType::Response) if self.role == Role::Server => return self.on_response(frame),
+            (_, ty) if ty.is_handshake() => {
+                self.stats.dropped_unexpected += 1;
+                return;
             }
-            (_, FrameType::Init | FrameType::Challenge | FrameType::Response | FrameType::Unknown(_)) => {
+            (_, FrameType::Unknown(_)) => {
                 self.stats.dropped_unexpected += 1;
                 return;
             }
@@ -850,15 +848,8 @@ impl Session {
             self.stats.dropped_replayed += 1;
             return;
         }
-        match self.state {
-            State::ClientResponse => self.become_up(now),
-            State::ServerChallenge => {
-                // Authentic frames before RESPONSE cannot exist (the client has no keys
-                // before it verified our proof), so this is out of order: drop.
-                self.stats.dropped_unexpected += 1;
-                return;
-            }
-            _ => {}
+        if self.state == State::ClientResponse {
+            self.become_up(now);
         }
         self.stats.frames_received += 1;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
@@ -950,28 +941,51 @@ impl Session {
         self.events.push_back(Event::Up { peer_epoch: self.peer_epoch });
     }
 
+    /// COOKIE: the server keeps nothing until INIT echoes this. Taken only if it echoes
+    /// our nonce (an off-path sender does not know it); INIT goes again at once.
+    fn on_cookie(&mut self, frame: &Frame<'_>) {
+        match CookieBody::ref_from_bytes(frame.body()) {
+            Ok(c) if c.nonce == self.local_nonce => {
+                self.cookie = c.cookie;
+                self.handshake_due = true;
+                self.stats.frames_received += 1;
+            }
+            _ => self.stats.dropped_unexpected += 1,
+        }
+    }
+
+    /// REFUSE echoing our nonce: the server does not hold our key, or has no room.
+    fn on_refuse(&mut self, frame: &Frame<'_>) {
+        match RefuseBody::ref_from_bytes(frame.body()) {
+            Ok(r) if r.nonce == self.local_nonce => {
+                self.stats.frames_received += 1;
+                match Refusal::from_byte(r.reason) {
+                    Refusal::UnknownKey => {
+                        self.stats.auth_failures += 1;
+                        self.go_down(DownReason::AuthFailed);
+                    }
+                    Refusal::Full | Refusal::Unknown(_) => self.go_down(DownReason::Refused),
+                }
+            }
+            _ => self.stats.dropped_unexpected += 1,
+        }
+    }
+
     fn on_challenge(&mut self, now: Time, frame: &Frame<'_>) {
         let h = frame.header();
-        let body = frame.body();
-        if body.len() != CHALLENGE_BODY {
+        let Ok(c) = ChallengeBody::ref_from_bytes(frame.body()) else {
             self.stats.dropped_unexpected += 1;
             return;
-        }
-        let peer_id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-        let mtu = u16::from_be_bytes([body[20], body[21]]) as usize;
-        let window = u16::from_be_bytes([body[22], body[23]]) as u32;
-        let mut t = Vec::with_capacity(64);
-        t.extend_from_slice(&self.local_epoch.to_be_bytes());
-        t.extend_from_slice(&self.init_body());
-        t.extend_from_slice(&h.epoch.to_be_bytes());
-        t.extend_from_slice(&body[..24]);
-        if !self.cfg.psk.verify(b"dxpu-v1 server proof", &t, &body[24..]) {
+        };
+        let t = transcript(self.local_epoch, &self.init_body(), h.epoch, c);
+        if !self.cfg.psk.verify(SERVER_PROOF, &t, &c.proof) {
             // The server does not hold our key (or the frame was forged): keep trying until
             // the handshake times out, then report the failure.
             self.stats.auth_failures += 1;
             self.saw_bad_proof = true;
             return;
         }
+        let (peer_id, mtu, window) = (c.server_id.get(), c.mtu.get() as usize, c.window.get() as u32);
         if peer_id == 0
             || mtu > self.mtu
             || window > self.window
@@ -995,32 +1009,33 @@ impl Session {
         self.set_timer(Timer::Handshake, now + self.cfg.handshake_retry);
     }
 
-    fn on_response(&mut self, now: Time, frame: &Frame<'_>) {
-        if frame.body().len() != RESPONSE_BODY || frame.header().epoch != self.peer_epoch {
+    /// A repeated RESPONSE on a live server session: our ESTABLISHED was lost.
+    fn on_response(&mut self, frame: &Frame<'_>) {
+        let Ok(r) = ResponseBody::ref_from_bytes(frame.body()) else {
+            self.stats.dropped_unexpected += 1;
+            return;
+        };
+        if frame.header().epoch != self.peer_epoch {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        if !self.cfg.psk.verify(b"dxpu-v1 client proof", &self.transcript, frame.body()) {
+        if !self.cfg.psk.verify(CLIENT_PROOF, &self.transcript, &r.proof) {
             self.stats.auth_failures += 1;
-            self.saw_bad_proof = true;
             return;
         }
         self.stats.frames_received += 1;
-        if self.state == State::ServerChallenge {
-            self.become_up(now);
-        }
-        // Repeated RESPONSE: our ESTABLISHED was lost.
         self.established_due = true;
     }
 
-    fn init_body(&self) -> [u8; INIT_BODY] {
-        let mut b = [0u8; INIT_BODY];
-        b[0..4].copy_from_slice(&self.local_id.to_be_bytes());
-        b[4..20].copy_from_slice(&self.local_nonce);
-        b[20..22].copy_from_slice(&(self.cfg.mtu.min(u16::MAX as usize) as u16).to_be_bytes());
-        b[22..24].copy_from_slice(&(self.cfg.window.min(u16::MAX as u32) as u16).to_be_bytes());
-        b[24..32].copy_from_slice(&self.cfg.psk.key_id());
-        b
+    fn init_body(&self) -> InitBody {
+        InitBody {
+            client_id: self.local_id.into(),
+            nonce: self.local_nonce,
+            mtu: (self.cfg.mtu.min(u16::MAX as usize) as u16).into(),
+            window: (self.cfg.window.min(u16::MAX as u32) as u16).into(),
+            key_id: self.cfg.psk.key_id(),
+            cookie: self.cookie,
+        }
     }
 
     fn header(&mut self, ty: FrameType, seq: SeqNum) -> Header {
@@ -1044,27 +1059,20 @@ impl Session {
 
     fn handshake_frame(&mut self, buf: &mut [u8]) -> Option<usize> {
         let unauthenticated = |_: &[u8]| [0u8; TAG_LEN];
+        let init = self.init_body();
         match self.state {
             State::ClientInit => {
-                let body = self.init_body();
                 let mut h = self.header(FrameType::Init, SeqNum(0));
                 h.session = 0;
-                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(&body), unauthenticated).ok()
+                let body = init.as_bytes();
+                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(body), unauthenticated).ok()
             }
             State::ClientResponse => {
-                let proof = self.cfg.psk.proof(b"dxpu-v1 client proof", &self.transcript);
+                let proof = self.cfg.psk.proof(CLIENT_PROOF, &self.transcript);
+                let r = ResponseBody { init, proof };
                 let h = self.header(FrameType::Response, SeqNum(0));
-                write_frame(buf, &h, None, proof.len(), |b| b.copy_from_slice(&proof), unauthenticated).ok()
-            }
-            State::ServerChallenge => {
-                let proof = self.cfg.psk.proof(b"dxpu-v1 server proof", &self.transcript);
-                let mut body = [0u8; CHALLENGE_BODY];
-                // The transcript ends with what the CHALLENGE body carries before the proof.
-                let t = &self.transcript;
-                body[..24].copy_from_slice(&t[t.len() - 24..]);
-                body[24..].copy_from_slice(&proof);
-                let h = self.header(FrameType::Challenge, SeqNum(0));
-                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(&body), unauthenticated).ok()
+                let body = r.as_bytes();
+                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(body), unauthenticated).ok()
             }
             _ => None,
         }
@@ -1332,11 +1340,19 @@ mod tests {
         let cfg = Config::new(psk);
         let t = Time::from_nanos(1);
         let mut c = Session::client(cfg.clone(), t, 1, Rng::from_u64(1));
+        let mut ep: crate::Endpoint<u8> = crate::Endpoint::new(cfg, 2, Rng::from_u64(2), 1);
         let mut buf = vec![0u8; 2048];
-        let n = c.poll_transmit(t, &mut buf).unwrap();
-        let mut s =
-            Session::accept(cfg, t, 2, Rng::from_u64(2), &Frame::new_checked(&buf[..n]).unwrap()).unwrap();
-        for _ in 0..4 {
+        // INIT, COOKIE, INIT, CHALLENGE, RESPONSE: the endpoint's answers, then the session.
+        for _ in 0..3 {
+            while let Some(n) = c.poll_transmit(t, &mut buf) {
+                ep.handle_datagram(t, 0, &buf[..n]);
+            }
+            while let Some((_, n)) = ep.poll_transmit(&mut buf) {
+                c.handle_datagram(t, &buf[..n]);
+            }
+        }
+        let mut s = ep.into_sessions().next().unwrap();
+        for _ in 0..2 {
             while let Some(n) = s.poll_transmit(t, &mut buf) {
                 c.handle_datagram(t, &buf[..n]);
             }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  0  u16  magic 0x4458 ("DX")
-//!  2  u8   version (1)
+//!  2  u8   version (2)
 //!  3  u8   frame type
 //!  4  u32  receiver's session ID (0 in INIT)
 //!  8  u32  sender's epoch
@@ -27,7 +27,7 @@ use crate::error::FrameError;
 /// "DX".
 pub const MAGIC: u16 = 0x4458;
 /// The protocol version this crate speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Fixed header bytes.
 pub const HEADER_LEN: usize = 32;
 /// Flow-control block bytes.
@@ -63,6 +63,10 @@ pub enum FrameType {
     Keepalive,
     /// Graceful close.
     Close,
+    /// Server → client: echo this cookie in INIT (the server keeps nothing until then).
+    Cookie,
+    /// Server → client: the handshake is refused (unknown key, no room).
+    Refuse,
     /// Any other type byte: dropped and counted.
     Unknown(u8),
 }
@@ -79,6 +83,8 @@ impl FrameType {
             6 => FrameType::Ack,
             7 => FrameType::Keepalive,
             8 => FrameType::Close,
+            9 => FrameType::Cookie,
+            10 => FrameType::Refuse,
             other => FrameType::Unknown(other),
         }
     }
@@ -93,12 +99,21 @@ impl FrameType {
             FrameType::Ack => 6,
             FrameType::Keepalive => 7,
             FrameType::Close => 8,
+            FrameType::Cookie => 9,
+            FrameType::Refuse => 10,
             FrameType::Unknown(b) => b,
         }
     }
     /// Frames of the handshake, sent before the session keys exist.
     pub const fn is_handshake(self) -> bool {
-        matches!(self, FrameType::Init | FrameType::Challenge | FrameType::Response)
+        matches!(
+            self,
+            FrameType::Init
+                | FrameType::Cookie
+                | FrameType::Challenge
+                | FrameType::Response
+                | FrameType::Refuse
+        )
     }
 }
 
@@ -403,7 +418,7 @@ mod tests {
     #[test]
     fn layout_is_as_documented() {
         let b = sample();
-        assert_eq!(&b[0..4], &[0x44, 0x58, 1, 5]);
+        assert_eq!(&b[0..4], &[0x44, 0x58, 2, 5]);
         assert_eq!(&b[4..8], &7u32.to_be_bytes());
         assert_eq!(&b[12..20], &0x1_0000_0002u64.to_be_bytes());
         assert_eq!(&b[28..30], &[0, 3]);

@@ -326,3 +326,100 @@ fn posted_writes_taken_in_place_keep_order_and_return_their_credits() {
     let in_use = p.server_session().unwrap().credits_in_use();
     assert_eq!(in_use, [0; 6], "credits leaked: {in_use:?}");
 }
+
+/// An INIT-type frame with a valid CRC and an empty body: what took a live session away when
+/// the endpoint superseded a peer's session before any proof (it fails on that code).
+fn empty_init(epoch: u32) -> Vec<u8> {
+    let h = link::wire::Header {
+        ty: link::wire::FrameType::Init,
+        session: 0,
+        epoch,
+        pn: 0,
+        seq: 0,
+        ack: 0,
+        nak: false,
+    };
+    let mut buf = vec![0u8; 64];
+    let n = link::wire::write_frame(&mut buf, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn forged_and_replayed_handshakes_from_the_clients_address_leave_its_session_alone() {
+    let mut p = Pair::new(41, clean(), config(key()), config(key()), plan(3000, 3, 41));
+    assert!(p.run_until(Duration::from_millis(100), |p| p.client.is_up() && p.sapp.writes_seen > 100));
+    let live = p.server_session.unwrap();
+    let mut forged = vec![empty_init(0x1234), empty_init(p.client.local_epoch())];
+    // Whole INITs of new clients (another epoch, the same epoch), with and without a cookie.
+    for (epoch, seed) in [(0x1234, 1), (p.client.local_epoch(), 2)] {
+        let mut other = Session::client(config(key()), p.now, epoch, Rng::from_u64(seed));
+        let mut buf = vec![0u8; 2048];
+        let n = other.poll_transmit(p.now, &mut buf).unwrap();
+        forged.push(buf[..n].to_vec());
+        let mut with_cookie = buf[..n].to_vec();
+        with_cookie[32 + 32..32 + 56].fill(0xa5);
+        let len = with_cookie.len();
+        let crc = link::wire::crc32c(&with_cookie[..len - 4]);
+        with_cookie[len - 4..].copy_from_slice(&crc.to_be_bytes());
+        forged.push(with_cookie);
+    }
+    // And every handshake frame the client itself sent, replayed.
+    forged.extend(p.client_handshake.clone());
+    assert!(p.client_handshake.len() >= 3, "INIT, INIT with cookie, RESPONSE");
+    for round in 0..20 {
+        for f in &forged {
+            p.server.handle_datagram(p.now, CLIENT, f);
+        }
+        p.run_until(Duration::from_micros(200 + round * 50), |_| false);
+    }
+    assert!(p.run_until(Duration::from_secs(5), |p| p.capp.done()
+        && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == 3000));
+    assert_workload_ok(&p);
+    assert_eq!(p.server_session, Some(live));
+    assert!(p.server_down().is_none() && p.client_down().is_none(), "{:?}", p.server_events);
+    let st = *p.server.stats();
+    assert_eq!((st.peer_restarts, p.server.sessions().count()), (0, 1), "{st:?}");
+    assert!(st.bad_handshakes >= 40 && st.bad_cookies >= 40 && st.cookies_sent >= 40, "{st:?}");
+}
+
+#[test]
+fn an_init_flood_from_fresh_addresses_keeps_nothing_and_a_real_client_still_gets_in() {
+    let mut p = Pair::new(43, clean(), config(key()), config(key()), plan(500, 3, 43));
+    let mut buf = vec![0u8; 2048];
+    // 5000 INITs from 5000 addresses, spread over the client's handshake: each gets a cookie
+    // (or is dropped when 256 answers already wait), none gets a session.
+    let mut n_sent = 0;
+    let start = p.now;
+    while n_sent < 5000 {
+        for _ in 0..100 {
+            let mut c = Session::client(config(key()), p.now, 7, Rng::from_u64(n_sent));
+            let n = c.poll_transmit(p.now, &mut buf).unwrap();
+            p.server.handle_datagram(p.now, 1000 + n_sent as usize, &buf[..n]);
+            n_sent += 1;
+        }
+        p.step();
+        assert!(p.server.sessions().count() <= 1);
+    }
+    assert!(p.run_until(Duration::from_secs(2), |p| p.capp.done()));
+    assert_workload_ok(&p);
+    assert!(
+        p.client_events
+            .iter()
+            .any(|(t, e)| matches!(e, Event::Up { .. }) && *t - start < Duration::from_millis(5))
+    );
+    assert_eq!(p.server.sessions().count(), 1);
+    assert!(p.server.stats().cookies_sent + p.server.stats().replies_dropped >= 5000);
+}
+
+#[test]
+fn a_client_whose_key_the_server_lacks_learns_it_within_a_round_trip() {
+    let stranger = link::PresharedKey::new(b"a key nobody gave the server....").unwrap();
+    let mut p = Pair::new(47, clean(), config(stranger), config(key()), plan(10, 2, 47));
+    let start = p.now;
+    p.run_until(Duration::from_millis(50), |p| p.client_down().is_some());
+    let (at, why) = p.client_down().unwrap();
+    assert_eq!(why, DownReason::AuthFailed);
+    // Two round trips of 20 µs (INIT → COOKIE, INIT → REFUSE), not the handshake timeout.
+    assert!(at - start < Duration::from_millis(1), "told after {:?}", at - start);
+}

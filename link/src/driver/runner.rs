@@ -343,6 +343,14 @@ impl<D: Datagrams> ServerRunner<D> {
     /// [`ServerRunner::transmit`] at `now`, a time the caller read just before.
     pub fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
         let mut sent = 0;
+        // The endpoint's own handshake answers first (they are no longer than an INIT).
+        if self.control.len() < 256 {
+            self.control.resize(256, 0);
+        }
+        while let Some((to, n)) = self.endpoint.poll_transmit(&mut self.control) {
+            self.sock.send_to(to, &self.control[..n])?;
+            sent += 1;
+        }
         for (_, addr, s) in self.endpoint.sessions() {
             sent += transmit_session(&mut self.sock, addr, s, now, &mut self.control)?;
         }

@@ -342,6 +342,8 @@ pub struct Pair {
     pub server_cfg: Config,
     /// The server takes posted writes in place from the datagram (no queue, no copy).
     pub server_sink: bool,
+    /// Every INIT and RESPONSE the client sent, for replaying.
+    pub client_handshake: Vec<Vec<u8>>,
 }
 
 impl Pair {
@@ -365,6 +367,7 @@ impl Pair {
             buf: vec![0u8; 65536],
             server_cfg,
             server_sink: false,
+            client_handshake: Vec::new(),
         }
     }
 
@@ -383,10 +386,19 @@ impl Pair {
         }
         while let Some(n) = self.client.poll_transmit(self.now, &mut self.buf) {
             let b = self.buf[..n].to_vec();
+            if matches!(b.get(3), Some(1 | 3)) {
+                self.client_handshake.push(b.clone());
+            }
             self.net.send(self.now, SERVER, &b);
         }
         let now = self.now;
         let mut out = Vec::new();
+        while let Some((to, n)) = self.server.poll_transmit(&mut self.buf) {
+            // Answers to other addresses (a test's forged INITs) go nowhere.
+            if to == CLIENT {
+                out.push(self.buf[..n].to_vec());
+            }
+        }
         for (_, _, s) in self.server.sessions() {
             while let Some(n) = s.poll_transmit(now, &mut self.buf) {
                 out.push(self.buf[..n].to_vec());
