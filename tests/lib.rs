@@ -126,3 +126,33 @@ pub fn host_options(server: SocketAddr, key: PresharedKey) -> AttachOptions {
     o.attach_timeout = Duration::from_secs(2);
     o
 }
+
+/// Sends one UDP datagram whose source is `from` — any address and port, the way an attacker
+/// who forges the source would — through a raw IPv4 socket (root only). The UDP checksum is
+/// left 0 (none, as IPv4 allows); the kernel fills in the IP header's checksum and length.
+pub fn send_spoofed(
+    from: std::net::SocketAddrV4,
+    to: std::net::SocketAddrV4,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    use rustix::net::{AddressFamily, SendFlags, SocketType, ipproto, sendto, socket};
+    let fd = socket(AddressFamily::INET, SocketType::RAW, Some(ipproto::RAW))?;
+    let udp_len = 8 + payload.len();
+    let total = 20 + udp_len;
+    let mut p = Vec::with_capacity(total);
+    p.extend_from_slice(&[0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+    p.extend_from_slice(&from.ip().octets());
+    p.extend_from_slice(&to.ip().octets());
+    p.extend_from_slice(&from.port().to_be_bytes());
+    p.extend_from_slice(&to.port().to_be_bytes());
+    p.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(payload);
+    sendto(&fd, &p, SendFlags::empty(), &std::net::SocketAddr::V4(to))?;
+    Ok(())
+}
+
+/// A free UDP port on 127.0.0.1 (bound and released: good enough for a test's own socket).
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
