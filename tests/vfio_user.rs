@@ -101,7 +101,7 @@ fn err(c: &mut Client, command: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> 
 
 /// A driver on guest memory reached by messages, with a 1 MiB host→VRAM copy started.
 fn copy_in_flight(path: &std::path::Path) -> SimGpuDriver<Client> {
-    let mut d = SimGpuDriver::open(open(path, false, 4 << 20)).unwrap();
+    let mut d = SimGpuDriver::open(open_when_free(path, false, 4 << 20)).unwrap();
     let src = d.pci().dma_alloc(1 << 20).unwrap();
     let copy =
         hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [src.bus, 0, 1 << 20, 0, 0] };
@@ -434,4 +434,199 @@ fn a_read_only_window_takes_no_device_writes() {
     drop(d);
     let dev = served.finish();
     assert!(dev.stats().dma_write_dropped > 0, "{:?}", dev.stats());
+}
+
+/// A client that has said VERSION, once the server is free for it (the one before may
+/// still be in the middle of leaving: then a new connection is refused).
+fn connect_when_free(path: &std::path::Path) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut c =
+            VfioUserClient::connect(path, GuestMemory { shared: false, iova: IOVA, len: 4096 }).unwrap();
+        match c.version() {
+            Ok(_) => return c,
+            Err(e) if Instant::now() > deadline => panic!("no VERSION from the server: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// [`open`], once the server is free for it.
+fn open_when_free(path: &std::path::Path, shared: bool, len: usize) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match VfioUserClient::open(path, GuestMemory { shared, iova: IOVA, len }) {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("client set-up: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A client that stalls, holding its connection for longer than the box's idle timeout
+/// (500 ms in these tests) — what ended the device when the server read client messages with
+/// blocking reads on the thread that also drives the link (each case fails on that server:
+/// the box resets the device and the next client reads all-ones).
+fn stall(served: &Served, how: &str) {
+    let path = &served.path;
+    let hold = Duration::from_millis(1300);
+    match how {
+        "mid-header" => {
+            let s = UnixStream::connect(path).unwrap();
+            (&s).write_all(
+                &Header { id: 1, command: cmd::VERSION, size: 40, flags: 0, error: 0 }.emit()[..8],
+            )
+            .unwrap();
+            std::thread::sleep(hold);
+        }
+        "mid-payload" => {
+            let s = UnixStream::connect(path).unwrap();
+            (&s).write_all(&Header { id: 1, command: cmd::VERSION, size: 80, flags: 0, error: 0 }.emit())
+                .unwrap();
+            (&s).write_all(&[0, 0, 1, 0, b'{', b'"']).unwrap();
+            std::thread::sleep(hold);
+        }
+        "after-version" => {
+            let c = connect_when_free(path);
+            c.stream().write_all(b"\x07garbage").unwrap();
+            std::thread::sleep(hold);
+        }
+        "trickle" => {
+            let c = connect_when_free(path);
+            let mut p = 0u64.to_le_bytes().to_vec();
+            p.extend_from_slice(&2u32.to_le_bytes());
+            p.extend_from_slice(&4096u32.to_le_bytes());
+            p.extend_from_slice(&[0x11; 4096]);
+            let m = proto::message(9, cmd::REGION_WRITE, flags::COMMAND, 0, &p);
+            let start = Instant::now();
+            for piece in m.chunks(64) {
+                if start.elapsed() > hold || c.stream().write_all(piece).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        }
+        "dma-unanswered" => {
+            // Guest memory reached by messages; a copy started, the server's DMA_READs left
+            // unanswered.
+            let d = copy_in_flight(path);
+            std::thread::sleep(hold);
+            drop(d);
+        }
+        other => panic!("no stall {other}"),
+    }
+}
+
+#[test]
+fn a_stalled_client_is_dropped_and_the_device_stays_for_the_next() {
+    let _g = serial();
+    let served = serve();
+    // (A client that takes none of its replies is dropped too: `vfio_user::tests` in
+    // bridge-host, since filling a socket's buffer with replies takes long here.)
+    let kinds = ["mid-header", "mid-payload", "after-version", "trickle", "dma-unanswered"];
+    for (i, how) in kinds.into_iter().enumerate() {
+        eprintln!("a client stalls {how}");
+        stall(&served, how);
+        // The next client gets a working device at once.
+        let c = open_when_free(&served.path, true, 4 << 20);
+        let mut d = SimGpuDriver::open(c).unwrap_or_else(|e| panic!("after a client stalled {how}: {e}"));
+        d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Interrupt)
+            .unwrap_or_else(|e| panic!("after a client stalled {how}: {e}"));
+        drop(d);
+        let dropped = served.counters.stalled.load(Ordering::Relaxed);
+        // Those that stalled mid-message or with replies or DMA pending were dropped by the
+        // server; the others by leaving.
+        if matches!(how, "mid-header" | "mid-payload" | "after-version" | "dma-unanswered") {
+            assert!(dropped >= 1, "{how}: not dropped ({dropped} so far, case {i})");
+        }
+    }
+    assert!(served.counters.stalled.load(Ordering::Relaxed) >= 4);
+    let (_c, _) = run_workload(open_when_free(&served.path, true, 16 << 20));
+    let dev = served.finish();
+    assert!(dev.removed().is_none(), "the device was lost: {:?}", dev.removed());
+}
+
+#[test]
+fn a_client_file_truncated_under_its_dma_window_faults_nothing() {
+    let _g = serial();
+    let served = serve();
+    let mut d = SimGpuDriver::open(open(&served.path, true, 4 << 20)).unwrap();
+    // An unsealed memfd, mapped for DMA, then truncated to nothing — a SIGBUS for any
+    // process that had mapped it (the previous server did, and died with the test binary).
+    let fd = rustix::fs::memfd_create("dxpu-unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let f = File::from(fd);
+    f.set_len(1 << 20).unwrap();
+    (&f).write_all(&[0x42; 4096]).unwrap();
+    let iova = IOVA + (64 << 20);
+    d.pci().dma_map(Some(f.as_fd()), iova, 1 << 20, proto::DMA_READABLE | proto::DMA_WRITEABLE).unwrap();
+    f.set_len(0).unwrap();
+    let copy =
+        hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [iova, 0, 1 << 20, 0, 0] };
+    d.submit(copy).unwrap();
+    let r = d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Interrupt);
+    // The device was told its reads failed (the client had nothing there to give); the
+    // server lives and the same client goes on.
+    assert!(d.pci().dma_messages() > 0, "the unsealed file was reached through messages");
+    eprintln!("copy from the truncated file: {r:?}");
+    let (_c, _) = run_workload(d.into_pci());
+    let dev = served.finish();
+    assert!(dev.removed().is_none());
+}
+
+#[test]
+fn the_socket_is_private_whatever_the_umask_and_nothing_else_at_its_path_is_replaced() {
+    let _g = serial();
+    let mut g = gpu_options("127.0.0.1:0".parse().unwrap());
+    let mut second = g.exports[0].clone();
+    second.name = "gpu1".into();
+    g.exports.push(second);
+    let gpu = GpuBox::start(g);
+    let attach = |device: &str| {
+        let mut o = host_options(gpu.addr, key_a());
+        o.device = device.into();
+        o.dma_memory = 0;
+        o.service_interval = None;
+        RemoteDevice::attach(o).unwrap()
+    };
+    let dir = std::env::temp_dir().join(format!("dxpu-vfio-user-mode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _d = TempDir(dir.clone());
+    let path = dir.join("gpu0.sock");
+    use std::os::unix::fs::PermissionsExt;
+
+    // A regular file at the path stays, and the server says why it will not start.
+    std::fs::write(&path, b"precious").unwrap();
+    let e = VfioUserServer::bind(&path, attach("gpu0"), link::driver::PollMode::Blocking).err().unwrap();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+    std::fs::remove_file(&path).unwrap();
+
+    // Under umask 000 the socket is still 0600.
+    let old = rustix::process::umask(rustix::fs::Mode::empty());
+    let bound = VfioUserServer::bind(&path, attach("gpu0"), link::driver::PollMode::Blocking);
+    rustix::process::umask(old);
+    let server = bound.unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+    // A second server on a live socket is refused; the first keeps it.
+    let e = VfioUserServer::bind(&path, attach("gpu1"), link::driver::PollMode::Blocking).err().unwrap();
+    assert!(e.to_string().contains("live socket"), "{e}");
+    // Another user cannot connect (where this machine has python3 and we are root).
+    if rustix::process::geteuid().is_root()
+        && let Ok(out) = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("import os,socket,sys\nos.setuid(65534)\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print('connected')\nexcept PermissionError: print('refused')")
+            .arg(&path)
+            .output()
+    {
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "refused");
+    } else {
+        eprintln!("not checking another user's connect: not root, or no python3");
+    }
+    // A stale socket (its server gone) is replaced.
+    drop(server.into_device());
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    drop(l);
+    let server = VfioUserServer::bind(&path, attach("gpu1"), link::driver::PollMode::Blocking).unwrap();
+    drop(server.into_device());
 }

@@ -40,7 +40,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
@@ -61,9 +61,18 @@ pub const MAX_DMA_MAPS: u32 = 65535;
 pub const MAX_MESSAGE: u32 = proto::HEADER_LEN as u32 + 16 + MAX_DATA_XFER;
 /// Size of the config region (PCI Express extended config space).
 pub const CONFIG_SIZE: u64 = 4096;
-/// How long a client may take to send the rest of a message it started, to answer a
-/// DMA_READ / DMA_WRITE, or to take a reply, before it is treated as gone.
+/// How long a client may leave its replies untaken before it is treated as gone.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a message may take to arrive whole once its first bytes have: a client stalled
+/// mid-message is dropped after it (the link is driven all the while).
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the client may take to answer a DMA_READ / DMA_WRITE of this side's. The device
+/// DMA that asked for it waits, and the link is not driven meanwhile, so this stays well
+/// inside the box's idle timeout (1 s by default); a client that does not answer in time is
+/// dropped and the device's access fails (Unsupported Request).
+pub const DMA_REPLY_TIMEOUT: Duration = Duration::from_millis(200);
+/// Bytes of replies a client may leave untaken before it is treated as gone.
+pub const MAX_UNSENT: usize = 4 * MAX_MESSAGE as usize;
 
 /// What the server has done, for tests and reports.
 #[derive(Debug, Default)]
@@ -84,6 +93,9 @@ pub struct Counters {
     pub unrouted: AtomicU64,
     /// Device resets (DEVICE_RESET and client departures).
     pub resets: AtomicU64,
+    /// Clients dropped for stalling: a message left unfinished, replies or a DMA_READ /
+    /// DMA_WRITE left unanswered.
+    pub stalled: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -128,120 +140,249 @@ struct Message {
     fds: Vec<OwnedFd>,
 }
 
-/// The connection to the current client, shared with the DMA windows it did not map.
-struct Channel {
-    stream: UnixStream,
-    /// Commands that arrived while this side waited for a reply of the client's.
-    deferred: VecDeque<Message>,
-    next_id: u16,
-    /// The client's limit for DMA_READ / DMA_WRITE counts.
-    peer_max_xfer: u32,
-    gone: bool,
-}
-
 /// Why reading a message failed.
 enum RecvError {
     /// The client closed the connection (between messages).
     Closed,
     /// The message cannot be used; the connection cannot go on (framing lost).
     Fatal(String),
-    /// The message was too large: answered, its payload skipped.
+    /// The message was too large: its payload was skipped; it gets an error reply.
     TooLarge(Header),
 }
 
+/// Bytes read from the client socket per system call at most.
+const READ_CHUNK: usize = 64 << 10;
+
+/// The connection to the current client, shared with the DMA windows it did not map.
+///
+/// Non-blocking both ways, so that no client can hold the thread that also drives the link:
+/// bytes are read as they come and messages taken once whole ([`Channel::fill`],
+/// [`Channel::next_message`]); replies wait in `tx` until the client takes them
+/// ([`Channel::flush`]). A client that leaves a message unfinished for
+/// [`MESSAGE_TIMEOUT`], takes none of its replies for [`CLIENT_TIMEOUT`], lets more than
+/// [`MAX_UNSENT`] bytes of them pile up, or does not answer a DMA_READ / DMA_WRITE within
+/// [`DMA_REPLY_TIMEOUT`] is dropped — the client, never the device.
+struct Channel {
+    stream: UnixStream,
+    /// Bytes of messages not yet taken (at most one message and a read's worth).
+    rx: Vec<u8>,
+    /// Descriptors that came with them (they go with the next whole message).
+    rx_fds: Vec<OwnedFd>,
+    /// An oversized message being skipped: its header and the payload bytes still to come.
+    skip: Option<(Header, usize)>,
+    /// Since when a message has been arriving.
+    partial_since: Option<Instant>,
+    scratch: Vec<u8>,
+    /// Replies and commands of this side the client has not taken yet, from `tx_sent` on.
+    tx: Vec<u8>,
+    tx_sent: usize,
+    /// Since when the client has taken none of `tx`.
+    tx_stuck_since: Option<Instant>,
+    /// Commands that arrived while this side waited for a reply of the client's.
+    deferred: VecDeque<Message>,
+    next_id: u16,
+    /// The client's limit for DMA_READ / DMA_WRITE counts.
+    peer_max_xfer: u32,
+    gone: bool,
+    /// Why a DMA_READ / DMA_WRITE of this side's failed for want of an answer, for the
+    /// server loop to drop the client.
+    lost: Option<String>,
+}
+
 impl Channel {
-    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes)
+    fn new(stream: UnixStream) -> Channel {
+        Channel {
+            stream,
+            rx: Vec::new(),
+            rx_fds: Vec::new(),
+            skip: None,
+            partial_since: None,
+            scratch: vec![0u8; READ_CHUNK],
+            tx: Vec::new(),
+            tx_sent: 0,
+            tx_stuck_since: None,
+            deferred: VecDeque::new(),
+            next_id: 0,
+            peer_max_xfer: 1 << 20,
+            gone: false,
+            lost: None,
+        }
     }
 
-    /// Reads exactly `buf.len()` bytes, collecting descriptors that come with them.
-    fn read_exact_fds(&mut self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-        let mut got = 0;
+    /// Queues `bytes` for the client and sends what the socket takes now.
+    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.tx.len() - self.tx_sent + bytes.len() > MAX_UNSENT {
+            self.gone = true;
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("the client left over {MAX_UNSENT} bytes of replies untaken"),
+            ));
+        }
+        self.tx.extend_from_slice(bytes);
+        self.flush()
+    }
+
+    /// Sends what is queued, as far as the socket takes it without waiting.
+    fn flush(&mut self) -> io::Result<()> {
+        while self.tx_sent < self.tx.len() {
+            match (&self.stream).write(&self.tx[self.tx_sent..]) {
+                Ok(0) => {
+                    self.gone = true;
+                    return Err(io::Error::new(io::ErrorKind::WriteZero, "the client's socket took nothing"));
+                }
+                Ok(n) => {
+                    self.tx_sent += n;
+                    self.tx_stuck_since = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.tx_stuck_since.get_or_insert_with(Instant::now);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.gone = true;
+                    return Err(e);
+                }
+            }
+        }
+        self.tx.clear();
+        self.tx_sent = 0;
+        self.tx_stuck_since = None;
+        Ok(())
+    }
+
+    fn has_unsent(&self) -> bool {
+        self.tx_sent < self.tx.len()
+    }
+
+    /// Reads what the socket has now (without waiting), collecting descriptors, until it has
+    /// nothing more or a whole message of the largest size is here.
+    fn fill(&mut self) -> Result<(), RecvError> {
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS as usize))];
-        while got < buf.len() {
+        while self.rx.len() < MAX_MESSAGE as usize {
             let mut control = RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [IoSliceMut::new(&mut buf[got..])];
-            let r = match rustix::net::recvmsg(&self.stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
-            {
+            let mut iov = [IoSliceMut::new(&mut self.scratch)];
+            let r = match rustix::net::recvmsg(
+                &self.stream,
+                &mut iov,
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            ) {
                 Ok(r) => r,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(rustix::io::Errno::CONNRESET) => return Err(RecvError::Closed),
+                Err(e) => return Err(RecvError::Fatal(format!("reading from the client: {e}"))),
             };
             for m in control.drain() {
                 if let RecvAncillaryMessage::ScmRights(it) = m {
-                    fds.extend(it);
+                    self.rx_fds.extend(it);
                 }
             }
-            if r.flags.contains(ReturnFlags::CTRUNC) {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("more than {MAX_MSG_FDS} file descriptors in one message"),
-                ));
+            if r.flags.contains(ReturnFlags::CTRUNC) || self.rx_fds.len() > MAX_MSG_FDS as usize {
+                return Err(RecvError::Fatal(format!(
+                    "more than {MAX_MSG_FDS} file descriptors in one message"
+                )));
             }
             if r.bytes == 0 {
-                return Ok(got);
+                return match (self.rx.len(), self.skip) {
+                    (0, None) => Err(RecvError::Closed),
+                    (n, _) => Err(RecvError::Fatal(format!("connection closed {n} bytes into a message"))),
+                };
             }
-            got += r.bytes;
+            let mut got = &self.scratch[..r.bytes];
+            if let Some((_, left)) = &mut self.skip {
+                let n = got.len().min(*left);
+                *left -= n;
+                got = &got[n..];
+            }
+            self.rx.extend_from_slice(got);
+            self.partial_since.get_or_insert_with(Instant::now);
         }
-        Ok(got)
+        Ok(())
     }
 
-    /// Reads one whole message.
-    fn recv(&mut self) -> Result<Message, RecvError> {
-        let mut fds = Vec::new();
-        let mut h = [0u8; proto::HEADER_LEN];
-        match self.read_exact_fds(&mut h, &mut fds) {
-            Ok(0) => return Err(RecvError::Closed),
-            Ok(n) if n < h.len() => {
-                return Err(RecvError::Fatal(format!("connection closed {n} bytes into a header")));
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Err(RecvError::Closed),
-            Err(e) => return Err(RecvError::Fatal(format!("reading a header: {e}"))),
+    /// The next whole message among the bytes read, if there is one.
+    fn next_message(&mut self) -> Option<Result<Message, RecvError>> {
+        let taken = self.take_message();
+        if self.rx.is_empty() && self.skip.is_none() {
+            self.partial_since = None;
+        } else if taken.is_some() {
+            // The next message's bytes have been arriving since now, at the latest.
+            self.partial_since = Some(Instant::now());
         }
-        let header = Header::parse(&h);
-        if (header.size as usize) < proto::HEADER_LEN {
-            return Err(RecvError::Fatal(format!(
-                "message {} ({}) claims {} bytes, less than its header",
+        taken
+    }
+
+    fn take_message(&mut self) -> Option<Result<Message, RecvError>> {
+        if let Some((h, left)) = self.skip {
+            if left > 0 {
+                return None;
+            }
+            self.skip = None;
+            self.rx_fds.clear();
+            return Some(Err(RecvError::TooLarge(h)));
+        }
+        let h: &[u8; proto::HEADER_LEN] = self.rx.first_chunk()?;
+        let header = Header::parse(h);
+        let size = header.size as usize;
+        if size < proto::HEADER_LEN {
+            return Some(Err(RecvError::Fatal(format!(
+                "message {} ({}) claims {size} bytes, less than its header",
                 header.id,
-                cmd::name(header.command),
-                header.size
-            )));
-        }
-        let body = header.size as usize - proto::HEADER_LEN;
-        if header.size > MAX_MESSAGE {
-            // Skip the payload to keep the framing, as it arrives.
-            let mut left = body;
-            let mut sink = vec![0u8; 64 << 10];
-            while left > 0 {
-                let n = left.min(sink.len());
-                match self.read_exact_fds(&mut sink[..n], &mut fds) {
-                    Ok(k) if k == n => left -= n,
-                    _ => {
-                        return Err(RecvError::Fatal(format!(
-                            "message of {} bytes (over {MAX_MESSAGE}) not sent in full",
-                            header.size
-                        )));
-                    }
-                }
-            }
-            return Err(RecvError::TooLarge(header));
-        }
-        let mut payload = vec![0u8; body];
-        match self.read_exact_fds(&mut payload, &mut fds) {
-            Ok(n) if n == body => Ok(Message { header, payload, fds }),
-            Ok(n) => Err(RecvError::Fatal(format!(
-                "connection closed {n} of {body} bytes into the payload of {}",
                 cmd::name(header.command)
-            ))),
-            Err(e) => {
-                Err(RecvError::Fatal(format!("reading the payload of {}: {e}", cmd::name(header.command))))
-            }
+            ))));
         }
+        if header.size > MAX_MESSAGE {
+            // Skip the payload as it arrives, to keep the framing.
+            let here = (self.rx.len() - proto::HEADER_LEN).min(size - proto::HEADER_LEN);
+            self.rx.drain(..proto::HEADER_LEN + here);
+            self.skip = Some((header, size - proto::HEADER_LEN - here));
+            return self.take_message();
+        }
+        if self.rx.len() < size {
+            return None;
+        }
+        let payload = self.rx[proto::HEADER_LEN..size].to_vec();
+        self.rx.drain(..size);
+        Some(Ok(Message { header, payload, fds: std::mem::take(&mut self.rx_fds) }))
     }
 
-    /// Sends a command of this side's and waits for its reply; commands that arrive
-    /// meanwhile are kept, in order, for the server loop.
+    /// Why the client must be dropped for stalling, if it must.
+    fn stalled(&self, now: Instant) -> Option<String> {
+        if let Some(t) = self.partial_since
+            && now - t > MESSAGE_TIMEOUT
+        {
+            let skipping = self.skip.map_or(0, |(h, left)| h.size as usize - left);
+            return Some(format!(
+                "a message begun {:?} ago is still not whole ({} bytes of it here)",
+                now - t,
+                self.rx.len() + skipping
+            ));
+        }
+        if let Some(t) = self.tx_stuck_since
+            && now - t > CLIENT_TIMEOUT
+        {
+            return Some(format!(
+                "it has taken none of {} bytes of replies for {:?}",
+                self.tx.len() - self.tx_sent,
+                now - t
+            ));
+        }
+        None
+    }
+
+    /// Waits up to `timeout` for the client's socket to be readable (or writable, while
+    /// something waits to be sent).
+    fn wait(&self, timeout: Duration) {
+        let events = if self.has_unsent() { PollFlags::IN | PollFlags::OUT } else { PollFlags::IN };
+        let mut fds = [PollFd::new(&self.stream, events)];
+        let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+        let _ = rustix::event::poll(&mut fds, Some(&ts));
+    }
+
+    /// Sends a command of this side's and waits, up to [`DMA_REPLY_TIMEOUT`], for its reply;
+    /// commands that arrive meanwhile are kept, in order, for the server loop.
     fn call(&mut self, command: u16, payload: &[u8]) -> io::Result<Vec<u8>> {
         if self.gone {
             return Err(io::Error::new(io::ErrorKind::NotConnected, "the client is gone"));
@@ -249,12 +390,29 @@ impl Channel {
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
         let msg = proto::message(id, command, proto::flags::COMMAND, 0, payload);
-        if let Err(e) = self.send(&msg) {
-            self.gone = true;
-            return Err(e);
-        }
+        self.send(&msg)?;
+        let deadline = Instant::now() + DMA_REPLY_TIMEOUT;
         loop {
-            match self.recv() {
+            let got = match self.next_message() {
+                Some(m) => m,
+                None => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        let why =
+                            format!("it did not answer {} within {DMA_REPLY_TIMEOUT:?}", cmd::name(command));
+                        self.gone = true;
+                        self.lost = Some(why.clone());
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, why));
+                    }
+                    self.wait(deadline - now);
+                    self.flush()?;
+                    match self.fill() {
+                        Ok(()) => continue,
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match got {
                 Ok(m) if m.header.is_reply() && m.header.id == id && m.header.command == command => {
                     if m.header.flags & proto::flags::ERROR != 0 {
                         return Err(io::Error::other(format!(
@@ -271,9 +429,7 @@ impl Channel {
                     m.header.id,
                     cmd::name(m.header.command)
                 ),
-                Err(RecvError::TooLarge(h)) => {
-                    let _ = self.send(&proto::error_reply(&h, errno::E2BIG));
-                }
+                Err(RecvError::TooLarge(h)) => self.send(&proto::error_reply(&h, errno::E2BIG))?,
                 Err(RecvError::Closed) => {
                     self.gone = true;
                     return Err(io::Error::new(
@@ -345,18 +501,68 @@ pub struct VfioUserServer {
     said_no_link_fd: bool,
 }
 
+/// A listening UNIX socket at `path` that only this user can connect to: bound, made 0600,
+/// and only then listening, so no connection can come in while the mode still follows the
+/// umask (connecting to a socket that does not listen yet is refused).
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let at = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()));
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !m.file_type().is_socket() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket: refusing to replace it", path.display()),
+                ));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is a live socket: another server listens there", path.display()),
+                ));
+            }
+            std::fs::remove_file(path).map_err(|e| at(e, "removing the stale socket"))?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(at(e, "looking at")),
+    }
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .map_err(|e| at(e.into(), "a socket for"))?;
+    let addr = SocketAddrUnix::new(path).map_err(|e| at(e.into(), "the socket address"))?;
+    rustix::net::bind(&fd, &addr).map_err(|e| at(e.into(), "binding"))?;
+    let listening = rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o600))
+        .and_then(|()| rustix::net::listen(&fd, 16));
+    if let Err(e) = listening {
+        let _ = std::fs::remove_file(path);
+        return Err(at(e.into(), "making private and listening on"));
+    }
+    Ok(UnixListener::from(fd))
+}
+
 /// Maps `len` bytes of the client's file at `offset`: shared and writable if the device may
 /// write it, otherwise a private read-only view (which this process never writes).
 ///
-/// Touching a mapping beyond the end of its file raises SIGBUS, so the file must be a
-/// regular file (a memfd, a hugetlbfs or tmpfs file) that covers the whole range. A file the
-/// client can still shrink afterwards (not sealed with F_SEAL_SHRINK, as QEMU's memfd
-/// backend seals by default) is accepted with a warning: shrinking it under a live mapping
-/// would crash this process.
+/// Touching a mapping beyond the end of its file raises SIGBUS, which would end this process
+/// and every device it serves. So only a file that can never shrink is mapped: a memfd
+/// sealed with F_SEAL_SHRINK (as QEMU's memfd backend seals by default), checked before its
+/// size is read (seals are never removed), covering the whole range. For any other file
+/// (`Ok(None)`) the caller reaches the memory through DMA_READ / DMA_WRITE messages instead,
+/// where a truncated file is the client's error, not this process's fault.
 #[allow(unsafe_code)]
-fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Result<memmap2::MmapMut> {
+fn map_client_file(
+    fd: OwnedFd,
+    offset: u64,
+    len: usize,
+    write: bool,
+) -> io::Result<Option<memmap2::MmapMut>> {
+    // The seals first: once F_SEAL_SHRINK is there, the size read after it can only grow.
+    let sealed = rustix::fs::fcntl_get_seals(&fd).is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
     let st = rustix::fs::fstat(&fd)?;
     let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+    if regular && !sealed {
+        return Ok(None);
+    }
     let end = offset.checked_add(len as u64);
     if !regular || end.is_none_or(|e| e > st.st_size as u64) {
         return Err(io::Error::new(
@@ -368,9 +574,6 @@ fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Res
             ),
         ));
     }
-    if !rustix::fs::fcntl_get_seals(&fd).is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK)) {
-        log::warn!("vfio-user: client memory at file offset {offset:#x} is not sealed against shrinking");
-    }
     let file = File::from(fd);
     let mut o = memmap2::MmapOptions::new();
     o.offset(offset).len(len);
@@ -378,24 +581,22 @@ fn map_client_file(fd: OwnedFd, offset: u64, len: usize, write: bool) -> io::Res
         // SAFETY: the mapping is guest memory shared with the VMM by design; the guest and
         // the VMM may change it at any time, so this process only ever copies bytes in and
         // out of it (no references into it outlive a copy), which stays sound whatever
-        // they do concurrently.
-        unsafe { o.map_mut(&file) }
+        // they do concurrently. The file is sealed against shrinking and covers the range,
+        // so no access to the mapping can fault.
+        unsafe { o.map_mut(&file) }.map(Some)
     } else {
         // SAFETY: as above; the private mapping is never written here.
-        unsafe { o.map_copy(&file) }
+        unsafe { o.map_copy(&file) }.map(Some)
     }
 }
 
 impl VfioUserServer {
-    /// Serves `device` on a UNIX socket at `path` (an old socket file there is replaced).
+    /// Serves `device` on a UNIX socket at `path`, created with mode 0600 whatever the umask
+    /// (only this user may connect: the socket is the VM's door to the device). A stale socket
+    /// there (nobody listening) is replaced; a live one, or anything that is not a socket, is
+    /// left alone and refused.
     pub fn bind(path: &Path, device: RemoteDevice, wait: PollMode) -> io::Result<VfioUserServer> {
-        if path.exists() {
-            std::fs::remove_file(path).map_err(|e| {
-                io::Error::new(e.kind(), format!("removing the old socket {}: {e}", path.display()))
-            })?;
-        }
-        let listener = UnixListener::bind(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+        let listener = bind_private(path)?;
         listener.set_nonblocking(true)?;
         let mut device = device;
         let msix_cap = find_capability(&mut device, 0x11);
@@ -462,7 +663,7 @@ impl VfioUserServer {
                     self.client_gone();
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.wait_for(None, Duration::from_millis(50));
+                    self.wait_for(None, false, Duration::from_millis(50));
                     self.device.service();
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -474,7 +675,7 @@ impl VfioUserServer {
 
     /// Waits until the client, the link or a new connection has something, or `cap` passes.
     /// Returns whether the client socket is readable.
-    fn wait_for(&mut self, client: Option<BorrowedFd<'_>>, cap: Duration) -> bool {
+    fn wait_for(&mut self, client: Option<BorrowedFd<'_>>, want_write: bool, cap: Duration) -> bool {
         let link = self.device.link_fd();
         let spinning = match self.wait {
             PollMode::Busy { spin } => {
@@ -508,7 +709,8 @@ impl VfioUserServer {
         });
         let mut fds = Vec::with_capacity(3);
         if let Some(c) = client {
-            fds.push(PollFd::from_borrowed_fd(c, PollFlags::IN));
+            let events = if want_write { PollFlags::IN | PollFlags::OUT } else { PollFlags::IN };
+            fds.push(PollFd::from_borrowed_fd(c, events));
         }
         fds.push(PollFd::new(&self.listener, PollFlags::IN));
         if let Some(l) = link {
@@ -520,83 +722,81 @@ impl VfioUserServer {
     }
 
     fn serve_client(&mut self, stream: UnixStream, stop: &AtomicBool) {
-        // A client that stops reading (or stops mid-message) is gone after CLIENT_TIMEOUT,
-        // rather than holding this thread, and the device, forever.
-        let timeouts = stream
-            .set_nonblocking(false)
-            .and_then(|()| stream.set_read_timeout(Some(CLIENT_TIMEOUT)))
-            .and_then(|()| stream.set_write_timeout(Some(CLIENT_TIMEOUT)));
-        if let Err(e) = timeouts {
+        // Non-blocking: the client's bytes are taken as they come (see `Channel`), and the
+        // link is driven between them whatever the client does.
+        if let Err(e) = stream.set_nonblocking(true) {
             log::error!("vfio-user {}: client socket: {e}", self.path.display());
             return;
         }
-        let chan = Arc::new(Mutex::new(Channel {
-            stream,
-            deferred: VecDeque::new(),
-            next_id: 0,
-            peer_max_xfer: 1 << 20,
-            gone: false,
-        }));
-        let mut session = ClientState { version: false, chan: chan.clone() };
-        let client_fd = match lock(&chan).stream.try_clone() {
+        let client_fd = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
                 log::error!("vfio-user {}: client socket: {e}", self.path.display());
                 return;
             }
         };
+        let chan = Arc::new(Mutex::new(Channel::new(stream)));
+        let mut session = ClientState { version: false, chan: chan.clone() };
         while !stop.load(Ordering::Relaxed) {
             // Commands that arrived while this side waited on the client come first.
-            let deferred = lock(&chan).deferred.pop_front();
-            let msg = match deferred {
-                Some(m) => Some(m),
-                None => {
-                    let readable = self.wait_for(Some(client_fd.as_fd()), Duration::from_millis(10));
-                    self.refuse_others();
-                    if readable {
-                        let r = lock(&chan).recv();
-                        match r {
-                            Ok(m) => Some(m),
-                            Err(RecvError::Closed) => {
-                                log::info!("vfio-user {}: client disconnected", self.path.display());
-                                return;
-                            }
-                            Err(RecvError::TooLarge(h)) => {
-                                log::warn!(
-                                    "vfio-user {}: {} of {} bytes is over the {MAX_MESSAGE}-byte limit",
-                                    self.path.display(),
-                                    cmd::name(h.command),
-                                    h.size
-                                );
-                                bump(&self.counters.errors);
-                                if lock(&chan).send(&proto::error_reply(&h, errno::E2BIG)).is_err() {
-                                    return;
-                                }
-                                None
-                            }
-                            Err(RecvError::Fatal(why)) => {
-                                log::warn!(
-                                    "vfio-user {}: closing the connection: {why}",
-                                    self.path.display()
-                                );
-                                return;
-                            }
-                        }
-                    } else {
-                        None
+            let next = {
+                let mut c = lock(&chan);
+                match c.deferred.pop_front() {
+                    Some(m) => Some(Ok(m)),
+                    None => c.next_message(),
+                }
+            };
+            let msg = match next {
+                Some(Ok(m)) => Some(m),
+                Some(Err(RecvError::TooLarge(h))) => {
+                    log::warn!(
+                        "vfio-user {}: {} of {} bytes is over the {MAX_MESSAGE}-byte limit",
+                        self.path.display(),
+                        cmd::name(h.command),
+                        h.size
+                    );
+                    bump(&self.counters.errors);
+                    if lock(&chan).send(&proto::error_reply(&h, errno::E2BIG)).is_err() {
+                        return;
                     }
+                    None
+                }
+                Some(Err(e)) => {
+                    self.log_closing(&e);
+                    return;
+                }
+                None => {
+                    let want_write = lock(&chan).has_unsent();
+                    let ready = self.wait_for(Some(client_fd.as_fd()), want_write, Duration::from_millis(10));
+                    self.refuse_others();
+                    let mut c = lock(&chan);
+                    if let Err(e) = c.flush() {
+                        log::info!("vfio-user {}: client gone while replying: {e}", self.path.display());
+                        return;
+                    }
+                    if ready && let Err(e) = c.fill() {
+                        self.log_closing(&e);
+                        return;
+                    }
+                    if let Some(why) = c.stalled(Instant::now()) {
+                        bump(&self.counters.stalled);
+                        log::warn!("vfio-user {}: dropping the client: {why}", self.path.display());
+                        return;
+                    }
+                    None
                 }
             };
             if let Some(m) = msg {
                 self.idle_since = None;
                 let reply = self.handle(&mut session, m);
+                let mut c = lock(&chan);
                 if let Some(r) = reply
-                    && let Err(e) = lock(&chan).send(&r)
+                    && let Err(e) = c.send(&r)
                 {
                     log::info!("vfio-user {}: client gone while replying: {e}", self.path.display());
                     return;
                 }
-                if lock(&chan).gone {
+                if c.gone {
                     log::info!("vfio-user {}: client gone", self.path.display());
                     return;
                 }
@@ -606,6 +806,27 @@ impl VfioUserServer {
                 self.idle_since = None;
             }
             self.report_removal();
+            let lost = lock(&chan).lost.take();
+            if let Some(why) = lost {
+                bump(&self.counters.stalled);
+                log::warn!("vfio-user {}: dropping the client: {why}", self.path.display());
+                return;
+            }
+        }
+    }
+
+    fn log_closing(&self, e: &RecvError) {
+        match e {
+            RecvError::Closed => log::info!("vfio-user {}: client disconnected", self.path.display()),
+            RecvError::Fatal(why) => {
+                log::warn!("vfio-user {}: closing the connection: {why}", self.path.display())
+            }
+            RecvError::TooLarge(h) => log::warn!(
+                "vfio-user {}: closing the connection: {} of {} bytes",
+                self.path.display(),
+                cmd::name(h.command),
+                h.size
+            ),
         }
     }
 
@@ -870,7 +1091,17 @@ impl VfioUserServer {
         }
         let added = match fds.pop() {
             Some(fd) => match map_client_file(fd, offset, len, write) {
-                Ok(mem) => self.device.map_window(address, mem, read, write),
+                Ok(Some(mem)) => self.device.map_window(address, mem, read, write),
+                Ok(None) => {
+                    log::warn!(
+                        "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: the client's file is not a memfd sealed \
+                         against shrinking (F_SEAL_SHRINK), so it is not mapped here (a truncation would crash \
+                         this process); the device reaches it through DMA_READ / DMA_WRITE messages, slower",
+                        self.path.display()
+                    );
+                    let io = ClientDma { chan: s.chan.clone(), counters: self.counters.clone() };
+                    self.device.map_client_window(address, len, Box::new(io), read, write)
+                }
                 Err(e) => {
                     log::warn!(
                         "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: cannot map the client's file at {offset:#x}: {e}",
@@ -1103,4 +1334,136 @@ impl VfioUserServer {
 struct ClientState {
     version: bool,
     chan: Arc<Mutex<Channel>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Channel, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        (Channel::new(a), b)
+    }
+
+    fn header(command: u16, size: u32) -> [u8; proto::HEADER_LEN] {
+        Header { id: 3, command, size, flags: proto::flags::COMMAND, error: 0 }.emit()
+    }
+
+    #[test]
+    fn a_message_is_taken_only_once_whole_whatever_pieces_it_comes_in() {
+        let (mut c, peer) = pair();
+        let m = proto::message(3, cmd::VERSION, proto::flags::COMMAND, 0, b"0123456789");
+        for (i, b) in m.iter().enumerate() {
+            (&peer).write_all(&[*b]).unwrap();
+            c.fill().ok().unwrap();
+            let got = c.next_message();
+            if i + 1 < m.len() {
+                assert!(got.is_none(), "taken after {} of {} bytes", i + 1, m.len());
+                assert!(c.partial_since.is_some());
+            } else {
+                let got = got.unwrap().ok().unwrap();
+                assert_eq!((got.header.command, &got.payload[..]), (cmd::VERSION, &b"0123456789"[..]));
+            }
+        }
+        assert!(c.partial_since.is_none() && c.rx.is_empty());
+    }
+
+    #[test]
+    fn a_message_left_unfinished_is_a_stall_after_the_message_timeout() {
+        let (mut c, peer) = pair();
+        (&peer).write_all(&header(cmd::VERSION, 40)[..8]).unwrap();
+        c.fill().ok().unwrap();
+        assert!(c.next_message().is_none());
+        let now = Instant::now();
+        assert!(c.stalled(now).is_none());
+        let why = c.stalled(now + MESSAGE_TIMEOUT + Duration::from_millis(10)).unwrap();
+        assert!(why.contains("8 bytes"), "{why}");
+    }
+
+    #[test]
+    fn an_oversized_message_is_skipped_as_it_arrives_and_the_next_one_read() {
+        let (mut c, peer) = pair();
+        let size = MAX_MESSAGE + 1000;
+        let writer = std::thread::spawn(move || {
+            (&peer).write_all(&header(cmd::REGION_WRITE, size)).unwrap();
+            (&peer).write_all(&vec![0u8; (size as usize) - proto::HEADER_LEN]).unwrap();
+            (&peer).write_all(&proto::message(4, cmd::VERSION, proto::flags::COMMAND, 0, b"x")).unwrap();
+            peer
+        });
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.len() < 2 && Instant::now() < deadline {
+            c.wait(Duration::from_millis(10));
+            c.fill().ok().unwrap();
+            while let Some(m) = c.next_message() {
+                seen.push(match m {
+                    Err(RecvError::TooLarge(h)) => ("too large", h.size),
+                    Ok(m) => ("message", m.header.size),
+                    Err(_) => ("error", 0),
+                });
+            }
+            // Never more than one largest message and a read held.
+            assert!(c.rx.len() <= MAX_MESSAGE as usize + READ_CHUNK);
+        }
+        let _peer = writer.join().unwrap();
+        assert_eq!(seen, [("too large", size), ("message", proto::HEADER_LEN as u32 + 1)]);
+    }
+
+    #[test]
+    fn a_client_that_takes_no_replies_is_dropped_by_time_or_by_volume() {
+        let (mut c, _peer) = pair();
+        // Replies pile up once the socket's buffer is full; none is lost while they do.
+        let reply = vec![0u8; 64 << 10];
+        while !c.has_unsent() {
+            c.send(&reply).unwrap();
+        }
+        let now = Instant::now();
+        assert!(c.stalled(now).is_none());
+        let why = c.stalled(now + CLIENT_TIMEOUT + Duration::from_millis(10)).unwrap();
+        assert!(why.contains("taken none"), "{why}");
+        // And past MAX_UNSENT bytes at once, whatever the time.
+        let mut refused = false;
+        for _ in 0..=(MAX_UNSENT / reply.len()) {
+            if c.send(&reply).is_err() {
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused && c.gone, "{} bytes queued", c.tx.len() - c.tx_sent);
+        assert!(c.tx.len() - c.tx_sent <= MAX_UNSENT);
+    }
+
+    #[test]
+    fn a_dma_read_the_client_never_answers_fails_within_the_reply_timeout() {
+        let (mut c, peer) = pair();
+        let t = Instant::now();
+        let e = c.call(cmd::DMA_READ, &proto::dma_read(0x1000, 8)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(t.elapsed() < DMA_REPLY_TIMEOUT + Duration::from_millis(100), "{:?}", t.elapsed());
+        assert!(c.gone && c.lost.is_some());
+        drop(peer);
+    }
+
+    #[test]
+    fn descriptors_beyond_the_limit_end_the_connection() {
+        let (mut c, peer) = pair();
+        let files: Vec<File> = (0..9).map(|_| File::open("/dev/null").unwrap()).collect();
+        for chunk in files.chunks(8).chain(files.chunks(8)) {
+            let fds: Vec<BorrowedFd<'_>> = chunk.iter().map(|f| f.as_fd()).collect();
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+            rustix::net::sendmsg(
+                &peer,
+                &[io::IoSlice::new(&[0u8])],
+                &mut control,
+                rustix::net::SendFlags::empty(),
+            )
+            .unwrap();
+        }
+        // 8 + 1 + 8 + 1 descriptors with 4 bytes of a header: more than one message may carry.
+        let r = c.fill();
+        assert!(matches!(r, Err(RecvError::Fatal(ref why)) if why.contains("file descriptors")));
+    }
 }
