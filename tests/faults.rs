@@ -146,3 +146,44 @@ fn host_killed_frees_the_device_for_another_host() {
     assert_eq!(e.attaches, 2);
     assert!(e.dma_dropped > 0, "the reads in flight at the reset were not counted: {e:?}");
 }
+
+/// A box that dies while the driver waits for a fence: the wait ends as soon as the host
+/// endpoint knows the device is gone (a completion timeout of the driver's ERROR check, or the
+/// link's idle timeout: 500 ms here), with that reason — not after the driver's own 5 s
+/// fence timeout with "fence not reached", "device error 18446744073709551615" or "no MSI-X
+/// capability" (what the previous driver said).
+#[test]
+fn a_box_that_dies_during_a_fence_wait_ends_it_with_the_removal_at_once() {
+    use hw::driver::{DriverError, WaitMode};
+    let _g = serial();
+    for mode in [WaitMode::Poll, WaitMode::Interrupt] {
+        let gpu = GpuBox::start(gpu_options(local()));
+        let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+        let mut d = SimGpuDriver::open(remote).unwrap();
+        d.set_timeout(Duration::from_secs(5));
+        let killed_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let k = killed_at.clone();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            *k.lock().unwrap() = Some(Instant::now());
+            gpu.kill()
+        });
+        // Fence after fence until one cannot be reached.
+        let start = Instant::now();
+        let err = loop {
+            if let Err(e) = d.launch(hw::simgpu_device::op::NOP, [0; 5], mode) {
+                break e;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "the box never died");
+        };
+        let ended = Instant::now();
+        killer.join().unwrap();
+        let killed = killed_at.lock().unwrap().unwrap();
+        assert!(matches!(err, DriverError::Removed(_)), "{mode:?}: {err}");
+        assert!(ended - killed < Duration::from_millis(1500), "{mode:?}: told after {:?}", ended - killed);
+        eprintln!("{mode:?}: {err} ({:?} after the box died)", ended - killed);
+        // And a driver opening the dead device says the same, not "not a simgpu".
+        let e = SimGpuDriver::open(d.into_pci()).err().unwrap();
+        assert!(matches!(e, DriverError::Removed(_)), "{e}");
+    }
+}

@@ -399,7 +399,7 @@ impl RemoteDevice {
                     "authentication failed: the box does not hold this host's key".into()
                 }
                 DownReason::Refused => "the box refused the session: it has no room for another".into(),
-                other => format!("{other:?}"),
+                other => other.to_string(),
             }));
         }
         if !up {
@@ -839,7 +839,7 @@ impl Inner {
         };
         while let Some(e) = self.runner.session.poll_event() {
             if let Event::Down(r) = e {
-                self.remove(format!("link to {} down: {r:?}", self.server));
+                self.remove(format!("link to {} down: {r}", self.server));
             }
         }
         while let Some(b) = self.held.front() {
@@ -1486,6 +1486,9 @@ impl PciFunction for RemoteDevice {
     }
     fn msi_message(&mut self, vector: u16) -> (u64, u32) {
         (MSI_BASE, vector as u32)
+    }
+    fn removed(&self) -> Option<String> {
+        RemoteDevice::removed(self)
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
         let start = Instant::now();

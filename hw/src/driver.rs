@@ -38,6 +38,12 @@ pub trait PciFunction {
     fn msi_message(&mut self, vector: u16) -> (u64, u32);
     /// Waits until vector `vector` fired (consuming one occurrence) or `timeout` passed.
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool;
+    /// Why the device is gone, once it is (a surprise removal: its reads return all-ones from
+    /// then on). A driver's waits end at once with this reason. `None` for a platform whose
+    /// devices cannot vanish.
+    fn removed(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why the driver could not do what was asked.
@@ -63,6 +69,9 @@ pub enum DriverError {
         /// The ERROR register.
         code: u64,
     },
+    /// The device is gone (surprise removal), for the reason the platform gave.
+    #[error("device removed: {0}")]
+    Removed(String),
     /// A fence did not arrive in time.
     #[error("fence {value} not reached within {timeout:?}")]
     Timeout {
@@ -100,6 +109,11 @@ const MAX_READ_REQUEST: u32 = 5;
 const ERROR_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 /// Vector the driver uses for command completion.
 pub const DONE_VECTOR: u16 = 0;
+
+/// `Err(Removed)` once the platform says the device is gone.
+fn pci_gone<P: PciFunction>(pci: &P) -> Result<(), DriverError> {
+    pci.removed().map_or(Ok(()), |why| Err(DriverError::Removed(why)))
+}
 
 /// A simgpu opened through some [`PciFunction`].
 pub struct SimGpuDriver<P: PciFunction> {
@@ -187,6 +201,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         let id = pci.config_read(0);
         let (vendor, device) = (id as u16, (id >> 16) as u16);
         if vendor != VENDOR_ID || device != DEVICE_ID {
+            pci_gone(&pci)?;
             return Err(DriverError::NotSimGpu { vendor, device });
         }
         // Memory decoding off while sizing, as system software does.
@@ -195,6 +210,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         let (bar0, size0) = probe_bar64(&mut pci, 0);
         let (bar2, vram_size) = probe_bar64(&mut pci, 2);
         if bar0 == 0 || bar2 == 0 || size0 < 0x1000 {
+            pci_gone(&pci)?;
             return Err(DriverError::Unusable("BARs not placed"));
         }
         pci.config_write(0x04, (cmd & 0xffff_0000) | 0x6);
@@ -207,7 +223,13 @@ impl<P: PciFunction> SimGpuDriver<P> {
             let ctl = (ctl & !(7 << 5) & !(7 << 12) & 0xffff) | supported << 5 | MAX_READ_REQUEST << 12;
             pci.config_write(pcie + 8, ctl);
         }
-        let msix = find_capability(&mut pci, 0x11).ok_or(DriverError::Unusable("no MSI-X capability"))?;
+        let msix = match find_capability(&mut pci, 0x11) {
+            Some(at) => at,
+            None => {
+                pci_gone(&pci)?;
+                return Err(DriverError::Unusable("no MSI-X capability"));
+            }
+        };
         let vectors = ((pci.config_read(msix) >> 16) & 0x7ff) as u16 + 1;
         for v in 0..vectors.min(4) {
             let (addr, data) = pci.msi_message(v);
@@ -292,6 +314,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         while (self.tail + 1) % RING_ENTRIES == self.head {
             self.publish();
             self.head = self.read_reg(reg::RING_HEAD) % RING_ENTRIES;
+            pci_gone(&self.pci)?;
             if (self.tail + 1) % RING_ENTRIES == self.head && start.elapsed() > self.timeout {
                 return Err(DriverError::Unusable("command ring full and not draining"));
             }
@@ -318,6 +341,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         }
         self.publish();
         if mode == WaitMode::Interrupt && !self.pci.wait_interrupt(DONE_VECTOR, self.timeout) {
+            pci_gone(&self.pci)?;
             return Err(DriverError::Timeout { value, timeout: self.timeout });
         }
         let start = std::time::Instant::now();
@@ -339,11 +363,15 @@ impl<P: PciFunction> SimGpuDriver<P> {
                 }
                 next_error_check = now + ERROR_CHECK_INTERVAL;
             }
+            // A device that vanished writes nothing more: say so at once, not at the timeout.
+            pci_gone(&self.pci)?;
             if start.elapsed() > self.timeout {
                 return Err(DriverError::Timeout { value, timeout: self.timeout });
             }
         }
-        match self.read_reg(reg::ERROR) {
+        let error = self.read_reg(reg::ERROR);
+        pci_gone(&self.pci)?;
+        match error {
             0 => Ok(()),
             code => {
                 self.write_reg(reg::ERROR, code);

@@ -79,6 +79,24 @@ pub enum DownReason {
     Refused,
 }
 
+impl std::fmt::Display for DownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownReason::Timeout => {
+                f.write_str("nothing authentic arrived from the peer within the idle timeout")
+            }
+            DownReason::HandshakeTimeout => f.write_str("the handshake did not complete in time"),
+            DownReason::AuthFailed => f.write_str("authentication failed: the peer does not hold this key"),
+            DownReason::PeerClosed => f.write_str("the peer closed the session"),
+            DownReason::Closed => f.write_str("closed here"),
+            DownReason::PeerRestarted => f.write_str("the peer restarted"),
+            DownReason::Superseded => f.write_str("the peer started a new session"),
+            DownReason::ProtocolViolation(what) => write!(f, "the peer broke the protocol: {what}"),
+            DownReason::Refused => f.write_str("the peer refused the session: it has no room for another"),
+        }
+    }
+}
+
 /// What the application learns from a session.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Event {
