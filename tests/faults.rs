@@ -187,3 +187,33 @@ fn a_box_that_dies_during_a_fence_wait_ends_it_with_the_removal_at_once() {
         assert!(matches!(e, DriverError::Removed(_)), "{e}");
     }
 }
+
+/// Half of all datagrams lost each way: the replay back-off (up to 200 ms per attempt) often
+/// holds a completion past the 500 ms completion timeout these tests use — which removed the
+/// device before completion timeouts were extended while the link recovers lost frames.
+#[test]
+fn a_link_that_loses_half_its_datagrams_still_gets_every_completion() {
+    let _g = serial();
+    let lossy = |seed| Impairment { loss: 0.5, seed, ..Impairment::default() };
+    let mut g = gpu_options(local());
+    g.impairment = lossy(21);
+    let gpu = GpuBox::start(g);
+    let mut h = host_options(gpu.addr, key_a());
+    h.impairment = lossy(22);
+    h.attach_timeout = Duration::from_secs(10);
+    let remote = RemoteDevice::attach(h).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    let data: Vec<u8> = (0..64 << 10).map(|i: u32| (i * 7) as u8).collect();
+    d.memcpy_to_device(0x2000, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    d.memcpy_from_device(0x2000, &mut back).unwrap();
+    assert!(back == data, "the copy came back different");
+    for _ in 0..20 {
+        d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Poll).unwrap();
+    }
+    assert!(d.pci().removed().is_none(), "{:?}", d.pci().removed());
+    let s = d.pci().stats();
+    eprintln!("{s:?}");
+    assert_eq!(s.completion_timeouts, 0, "{s:?}");
+    assert!(s.link.retransmits > 0, "{s:?}");
+}

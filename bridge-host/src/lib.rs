@@ -94,7 +94,10 @@ pub struct AttachOptions {
     /// The device's BDF in the host's view.
     pub device_id: Bdf,
     /// Completion timeout of non-posted requests. The default, 250 ms, is the top of the
-    /// PCIe Completion Timeout Range B (10 ms to 250 ms, PCIe 6.0 §7.5.3.16). The default
+    /// PCIe Completion Timeout Range B (10 ms to 250 ms, PCIe 6.0 §7.5.3.16). A request during
+    /// which the link recovered lost frames (retransmissions, NAKs, duplicates) may wait up
+    /// to this plus four idle timeouts: a lossy link's replay back-off is not a device that
+    /// stopped answering. The default
     /// range's 50 ms is too tight across a network: a completion must not pass the posted
     /// writes queued before it (PCIe ordering), and during bulk device→host DMA megabytes of
     /// them can be queued at the box.
@@ -198,6 +201,9 @@ pub struct HostStats {
     pub interrupts: u64,
     /// Non-posted requests that timed out.
     pub completion_timeouts: u64,
+    /// Completion timeouts that found the link had been recovering lost frames and were
+    /// extended (see `AttachOptions::completion_timeout`).
+    pub completion_timeouts_extended: u64,
     /// Non-posted requests failed because the link went down or the device was removed.
     pub failed_requests: u64,
     /// Completions that matched no outstanding request.
@@ -321,6 +327,9 @@ struct Inner {
     arena: bool,
     removed: Option<String>,
     timeout: Duration,
+    /// The most a completion may take while the link is recovering lost frames (see
+    /// `Inner::wait_for`): the completion timeout plus four idle timeouts.
+    recovering_timeout: Duration,
     sent: [u64; 256],
     received: [u64; 256],
     stats: HostStats,
@@ -497,6 +506,7 @@ impl RemoteDevice {
             arena: opts.dma_memory > 0,
             removed: None,
             timeout: opts.completion_timeout,
+            recovering_timeout: opts.completion_timeout + 4 * opts.link.idle_timeout,
             sent: [0; 256],
             received: [0; 256],
             stats: HostStats::default(),
@@ -918,13 +928,30 @@ impl Inner {
         Tag::from_bits(self.next_tag)
     }
 
+    /// What the session has done to recover lost frames so far: retransmissions, NAKs
+    /// either way, duplicates received (the peer retransmitting what its lost ACKs did not
+    /// confirm), frames beyond the window.
+    fn recovery_count(&self) -> u64 {
+        let s = self.runner.session.stats();
+        s.retransmits + s.naks_sent + s.naks_received + s.duplicate_data + s.dropped_out_of_window
+    }
+
+    /// Waits for the completion of the request with `tag`. The completion timeout runs from
+    /// the send. On a clean link it is exactly the configured one. If the link was
+    /// recovering lost frames while the request waited (it counted some since the request
+    /// left), the request may wait up to `recovering_timeout`: a lossy link's replay back-off
+    /// (up to `max_replay_timeout` per attempt, for frames either way) is not mistaken for a
+    /// device that stopped answering, and a box that is really gone is found by the link's
+    /// idle timeout first.
     fn wait_for(&mut self, tag: Tag) -> Option<(CplStatus, [u8; 8], usize)> {
-        // The completion timeout runs from the send: one clock reading serves both.
+        // One clock reading serves the send and the timeout.
         let sent_at = self.runner.clock.now();
         if let Err(e) = self.runner.transmit_at(sent_at) {
             log::error!("{}: socket: {e}", self.name);
         }
-        let deadline = sent_at + self.timeout;
+        let mut deadline = sent_at + self.timeout;
+        let recovered = self.recovery_count();
+        let mut extended = false;
         loop {
             let slot = tag.value() as usize;
             let now = match self.pending[slot] {
@@ -936,8 +963,16 @@ impl Inner {
                 Some(_) => self.runner.clock.now(),
             };
             if now >= deadline {
+                let cap = sent_at + self.recovering_timeout;
+                if !extended && self.recovery_count() > recovered && now < cap {
+                    extended = true;
+                    deadline = cap;
+                    self.stats.completion_timeouts_extended += 1;
+                    continue;
+                }
                 self.stats.completion_timeouts += 1;
-                let why = format!("no completion for tag {tag} within {:?}", self.timeout);
+                let waited = now - sent_at;
+                let why = format!("no completion for tag {tag} within {waited:.0?}");
                 self.remove(why);
                 return None;
             }
