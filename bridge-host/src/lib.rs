@@ -112,6 +112,10 @@ pub struct AttachOptions {
     /// away, but every wake-up takes a core from busy-polling threads (at 1 ms the MMIO
     /// round trip's p99 tripled on a two-core machine: `dxpu bench bridge`).
     pub service_interval: Option<Duration>,
+    /// A flag the caller sets to give up (a signal handler's): an attach in progress returns
+    /// [`AttachError::Cancelled`] within a poll; an attached device then counts as removed
+    /// ("cancelled") and every wait on it ends at once. The device can still be detached.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 impl AttachOptions {
@@ -131,6 +135,7 @@ impl AttachOptions {
             attach_timeout: Duration::from_secs(5),
             dma_memory: 64 << 20,
             service_interval: Some(Duration::from_millis(10)),
+            cancel: None,
         }
     }
 }
@@ -172,6 +177,9 @@ pub enum AttachError {
         /// How long was waited.
         timeout: Duration,
     },
+    /// The caller gave up (`AttachOptions::cancel`).
+    #[error("attach cancelled")]
+    Cancelled,
     /// DMA memory could not be mapped.
     #[error("DMA arena of {len} bytes: {error}")]
     Memory {
@@ -326,6 +334,8 @@ struct Inner {
     /// Whether the DMA arena exists.
     arena: bool,
     removed: Option<String>,
+    /// `AttachOptions::cancel`.
+    cancel: Option<Arc<AtomicBool>>,
     timeout: Duration,
     /// The most a completion may take while the link is recovering lost frames (see
     /// `Inner::wait_for`): the completion timeout plus four idle timeouts.
@@ -389,6 +399,7 @@ impl RemoteDevice {
         let session = Session::client(opts.link.clone(), clock.now(), epoch, rng);
         let mut runner = SessionRunner::new(sock, opts.server, session, clock, opts.poll);
         let link_err = |reason: String| AttachError::Link { server: opts.server, reason };
+        let cancelled = || opts.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed));
 
         // Handshake.
         let mut down = None;
@@ -399,9 +410,12 @@ impl RemoteDevice {
                         down = Some(r);
                     }
                 }
-                s.is_up() || down.is_some()
+                s.is_up() || down.is_some() || cancelled()
             })
             .map_err(AttachError::Socket)?;
+        if cancelled() {
+            return Err(AttachError::Cancelled);
+        }
         if let Some(r) = down {
             return Err(link_err(match r {
                 DownReason::AuthFailed => {
@@ -428,9 +442,14 @@ impl RemoteDevice {
                         answer = Some(c);
                     }
                 }
-                answer.is_some() || s.is_down()
+                answer.is_some() || s.is_down() || cancelled()
             })
             .map_err(AttachError::Socket)?;
+        if cancelled() {
+            runner.session.close(runner.clock.now());
+            let _ = runner.transmit();
+            return Err(AttachError::Cancelled);
+        }
         let (box_id, max_payload, bar_info) = match answer {
             Some(Control::Attached { box_id, max_payload, bars, .. }) => (box_id, max_payload, bars),
             Some(Control::Refused { reason, .. }) => {
@@ -505,6 +524,7 @@ impl RemoteDevice {
             interrupt_sink: None,
             arena: opts.dma_memory > 0,
             removed: None,
+            cancel: opts.cancel.clone(),
             timeout: opts.completion_timeout,
             recovering_timeout: opts.completion_timeout + 4 * opts.link.idle_timeout,
             sent: [0; 256],
@@ -757,7 +777,9 @@ impl RemoteDevice {
             return;
         }
         let mut g = lock(&self.inner);
-        if g.removed.is_none() && g.runner.session.is_up() {
+        // A device the caller cancelled is still there: it is detached as usual.
+        let cancelled = g.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed));
+        if (g.removed.is_none() || cancelled) && g.runner.session.is_up() {
             let detach = Control::Detach { device: g.name.clone() }.to_tlp(g.host_id);
             let _ = g.runner.session.send_tlp(&detach);
             let _ = g.runner.run_until(Duration::from_millis(200), |s| s.is_idle() || s.is_down());
@@ -776,16 +798,31 @@ impl Drop for RemoteDevice {
 }
 
 impl Inner {
-    fn remove(&mut self, why: String) {
-        if self.removed.is_none() {
-            log::error!("{} ({}): surprise removal: {why}", self.name, self.device_id);
-            self.removed = Some(why);
+    /// Whether the caller gave up (`AttachOptions::cancel`): then the device counts as
+    /// removed, so that every wait ends.
+    fn cancelled(&mut self) -> bool {
+        if self.removed.is_none() && self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+            log::info!("{} ({}): cancelled; its accesses fail from now on", self.name, self.device_id);
+            self.removed = Some("cancelled: the endpoint is stopping".into());
+            self.fail_pending();
         }
+        self.removed.is_some()
+    }
+
+    fn fail_pending(&mut self) {
         for p in self.pending.iter_mut() {
             if p.take().is_some() {
                 self.stats.failed_requests += 1;
             }
         }
+    }
+
+    fn remove(&mut self, why: String) {
+        if self.removed.is_none() {
+            log::error!("{} ({}): surprise removal: {why}", self.name, self.device_id);
+            self.removed = Some(why);
+        }
+        self.fail_pending();
     }
 
     /// One pass over the link: receive, run timers, serve what arrived, send.
@@ -900,7 +937,7 @@ impl Inner {
                     if !self.pump() {
                         let _ = self.runner.wait();
                     }
-                    if self.removed.is_some() {
+                    if self.cancelled() {
                         return false;
                     }
                 }
@@ -962,6 +999,9 @@ impl Inner {
                 }
                 Some(_) => self.runner.clock.now(),
             };
+            if self.cancelled() {
+                return None;
+            }
             if now >= deadline {
                 let cap = sent_at + self.recovering_timeout;
                 if !extended && self.recovery_count() > recovered && now < cap {
@@ -986,7 +1026,7 @@ impl Inner {
     }
 
     fn request(&mut self, t: &TlpRepr<'_>, tag: Tag) -> Option<(CplStatus, [u8; 8], usize)> {
-        if self.removed.is_some() {
+        if self.cancelled() {
             self.stats.failed_requests += 1;
             return None;
         }
@@ -1535,7 +1575,7 @@ impl PciFunction for RemoteDevice {
                 *n -= 1;
                 return true;
             }
-            if g.removed.is_some() || start.elapsed() >= timeout {
+            if g.cancelled() || start.elapsed() >= timeout {
                 return false;
             }
             if !g.pump() {

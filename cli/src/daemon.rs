@@ -68,11 +68,16 @@ pub(crate) fn init_logging(level: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A flag that SIGINT and SIGTERM set.
+/// A flag that SIGINT and SIGTERM set; a second one while it is set ends the process at once
+/// (exit status 1), for a stop that takes too long.
 pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, String> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("signal handler: {e}"))?;
+        // The conditional shutdown is registered first, so that it sees the flag as the first
+        // signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .map_err(|e| format!("signal handler: {e}"))?;
     }
     Ok(stop)
 }
@@ -153,7 +158,9 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
     };
     let mut devices = Vec::new();
     let mut servers = Vec::new();
-    for (o, socket) in all {
+    for (mut o, socket) in all {
+        // A signal ends an attach in progress and every wait on an attached device at once.
+        o.cancel = Some(stop.clone());
         let (name, id) = (o.device.clone(), o.device_id);
         let wait = o.poll;
         match RemoteDevice::attach(o) {
@@ -186,6 +193,9 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
                     None => devices.push((name, d)),
                 }
             }
+            Err(bridge_host::AttachError::Cancelled) => {
+                return fail("host", format!("{name}: stopped by a signal while attaching"));
+            }
             Err(e) => return fail("host", e),
         }
     }
@@ -206,6 +216,10 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
             let size = hw::workload::WorkloadSize::scaled(1);
             match hw::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
                 Ok(r) => log::info!("{name}: workload verified in {:.3} s", r.seconds),
+                Err(e) if stop.load(Ordering::Relaxed) => {
+                    log::error!("{name}: workload stopped by a signal ({e})");
+                    ok = false;
+                }
                 Err(e) => {
                     log::error!("{name}: {e}");
                     ok = false;

@@ -240,3 +240,67 @@ fn host_serves_a_device_over_vfio_user_and_stops_on_sigterm() {
     assert_eq!(code, 0, "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// SIGTERM while `dxpu host` waits for a handshake no box answers (a UDP socket that reads
+/// and never replies): it stops within a poll, not after the attach timeout.
+#[test]
+fn a_signal_during_the_handshake_stops_the_host_at_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sig-handshake");
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
+    let mut host = dxpu().args(["host", "--config"]).arg(&host_cfg).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    sigterm(&host);
+    let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
+    assert!(t.elapsed() < Duration::from_millis(1000), "stopped after {:?}: {err}", t.elapsed());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("stopped by a signal while attaching"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// SIGTERM during `dxpu host --workload`: the workload ends at its next wait, the device is
+/// detached, and the exit status says the work was not done.
+#[test]
+fn a_signal_during_the_workload_stops_it_and_detaches() {
+    use std::io::BufRead;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sig-workload");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
+    let mut host = dxpu()
+        .args(["host", "--workload", "--config"])
+        .arg(&host_cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signalled as the longest step starts (a matrix product: long in a debug build).
+    let mut lines = std::io::BufReader::new(host.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("MATMUL") {
+            break;
+        }
+    }
+    let t = Instant::now();
+    sigterm(&host);
+    for line in lines {
+        log.push_str(&line.unwrap());
+        log.push('\n');
+    }
+    let status = host.wait().unwrap();
+    assert!(t.elapsed() < Duration::from_millis(1500), "stopped after {:?}: {log}", t.elapsed());
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("workload stopped by a signal"), "{log}");
+    assert!(log.contains("detached"), "{log}");
+    sigterm(&gpu);
+    let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
