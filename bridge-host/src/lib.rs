@@ -382,7 +382,12 @@ impl RemoteDevice {
     /// Connects to the box, authenticates, attaches the device and places its BARs in the
     /// host's view.
     pub fn attach(opts: AttachOptions) -> Result<RemoteDevice, AttachError> {
-        opts.link.validate().map_err(|e| AttachError::Config(format!("link.{e}")))?;
+        opts.link.validate().map_err(|e| AttachError::Config(e.to_string()))?;
+        // Host memory first: a failure here must not leave the device held on the box.
+        let arena = (opts.dma_memory > 0)
+            .then(|| memmap2::MmapMut::map_anon(opts.dma_memory))
+            .transpose()
+            .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
         let bind = opts.bind.unwrap_or(match opts.server {
             SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
             SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
@@ -491,9 +496,7 @@ impl RemoteDevice {
             }
         }
         let mut windows = BTreeMap::new();
-        if opts.dma_memory > 0 {
-            let arena = memmap2::MmapMut::map_anon(opts.dma_memory)
-                .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
+        if let Some(arena) = arena {
             let arena = Window { bus: DMA_ARENA_BASE, mem: Memory::Local(arena), read: true, write: true };
             windows.insert(DMA_ARENA_BASE, arena);
         }

@@ -116,9 +116,25 @@ fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> String {
     format!("{key} = {value}: {problem}")
 }
 
+/// Largest configuration file read (a file this long is not a configuration).
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads at most `limit` bytes of `path` as text; longer, or not UTF-8, is an error naming
+/// the file. `/dev/zero` and the like end at the limit.
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    f.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("{}: longer than {limit} bytes: not a configuration file", path.display()));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text ({e})", path.display()))
+}
+
 /// Reads and parses a TOML file; the error names the file, line and key.
 pub(crate) fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = read_bounded(path, MAX_CONFIG_BYTES)?;
     toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))
 }
 
@@ -126,26 +142,41 @@ pub(crate) fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, Strin
 fn key(section: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result<PresharedKey, String> {
     let (hex, key_name) = match (inline, file) {
         (Some(k), None) => (k.clone(), format!("{section}.key")),
-        (None, Some(f)) => (
-            std::fs::read_to_string(f)
-                .map_err(|e| bad(&format!("{section}.key_file"), f.display(), &e.to_string()))?,
-            format!("{section}.key_file"),
-        ),
+        (None, Some(f)) => {
+            let name = format!("{section}.key_file");
+            warn_if_others_can_read(&name, f);
+            (read_bounded(f, 4096).map_err(|e| bad(&name, f.display(), &e))?, name)
+        }
         (Some(_), Some(_)) => return Err(format!("{section}: give key or key_file, not both")),
         (None, None) => return Err(format!("{section}: key or key_file is required")),
     };
     let hex = hex.trim();
     let bytes = parse_hex(hex).ok_or_else(|| bad(&key_name, "…", "not hexadecimal digits"))?;
+    if bytes.iter().all(|b| *b == 0) {
+        return Err(bad(&key_name, "…", "all zeros: not a secret (docs/operations.md says how to make a random one)"));
+    }
     PresharedKey::new(&bytes).ok_or_else(|| {
         bad(&key_name, "…", &format!("{} bytes; a key needs at least 16 (32 hex digits)", bytes.len()))
     })
 }
 
-pub(crate) fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
+/// A key file others may read is no secret: said at start, as ssh does for its keys.
+fn warn_if_others_can_read(key_name: &str, f: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(f)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        log::warn!(
+            "{key_name} = {}: readable by others (mode {:03o}); `chmod 600` it",
+            f.display(),
+            m.permissions().mode() & 0o777
+        );
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Hexadecimal digits only (no sign, no prefix, no spaces), two per byte.
+pub(crate) fn parse_hex(s: &str) -> Option<Vec<u8>> {
+    hex::decode(s).ok()
 }
 
 pub(crate) fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
@@ -172,8 +203,51 @@ pub(crate) struct LinkSettings {
     pub(crate) poll: PollMode,
 }
 
+/// `value` of `key` if it lies in `range` (the range said in the error).
+fn within<T: PartialOrd + std::fmt::Display + Copy>(
+    key: &str,
+    value: Option<T>,
+    range: std::ops::RangeInclusive<T>,
+    unit: &str,
+) -> Result<Option<T>, String> {
+    match value {
+        Some(v) if !range.contains(&v) => {
+            Err(bad(key, v, &format!("must be {}..={} {unit}", range.start(), range.end())))
+        }
+        v => Ok(v),
+    }
+}
+
 impl LinkSection {
+    /// Every value in range, named as in the file, before the session's own checks.
+    fn check(&self) -> Result<(), String> {
+        within(
+            "link.replay_timeout_us",
+            self.replay_timeout_us,
+            1..=200_000,
+            "µs (the replay back-off's ceiling)",
+        )?;
+        within("link.ack_delay_us", self.ack_delay_us, 0..=100_000, "µs")?;
+        within("link.spin_us", self.spin_us, 0..=1_000_000, "µs")?;
+        let keepalive = within("link.keepalive_ms", self.keepalive_ms, 1..=60_000, "ms")?.unwrap_or(100);
+        let idle = within("link.idle_timeout_ms", self.idle_timeout_ms, 2..=3_600_000, "ms")?.unwrap_or(1000);
+        within("link.handshake_timeout_ms", self.handshake_timeout_ms, 100..=600_000, "ms")?;
+        if keepalive >= idle {
+            let (key, value) = match self.idle_timeout_ms {
+                Some(v) => ("link.idle_timeout_ms", v),
+                None => ("link.keepalive_ms", keepalive),
+            };
+            return Err(bad(
+                key,
+                value,
+                &format!("link.keepalive_ms ({keepalive}) must be below link.idle_timeout_ms ({idle})"),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn settings(&self, psk: PresharedKey) -> Result<LinkSettings, String> {
+        self.check()?;
         let mut c = link::Config::new(psk);
         if let Some(v) = self.mtu {
             c.mtu = v;
@@ -202,7 +276,9 @@ impl LinkSection {
         if let Some(v) = self.authenticate_frames {
             c.authenticate_frames = v;
         }
-        c.validate().map_err(|e| format!("link.{e}"))?;
+        c.validate().map_err(|link::ConfigError::Invalid { key, value, problem }| {
+            bad(&format!("link.{key}"), value, problem)
+        })?;
         let driver = driver_kind("link.driver", self.driver.as_deref().unwrap_or("auto"))?;
         let spin = Duration::from_micros(self.spin_us.unwrap_or(1000));
         let poll = poll_mode("link.poll", self.poll.as_deref().unwrap_or("blocking"), spin)?;
@@ -212,6 +288,9 @@ impl LinkSection {
 
 impl ImpairmentSection {
     pub(crate) fn impairment(&self) -> Result<Impairment, String> {
+        within("impairment.delay_us", self.delay_us, 0..=10_000_000, "µs")?;
+        within("impairment.jitter_us", self.jitter_us, 0..=10_000_000, "µs")?;
+        within("impairment.rate_mbps", self.rate_mbps, 0..=10_000_000, "Mbit/s")?;
         for (k, v) in [("loss", self.loss), ("duplicate", self.duplicate), ("corrupt", self.corrupt)] {
             if let Some(p) = v
                 && !(0.0..=1.0).contains(&p)
@@ -229,6 +308,14 @@ impl ImpairmentSection {
             seed: self.seed.unwrap_or(1),
         })
     }
+}
+
+/// This machine's memory in MiB (`MemTotal` of /proc/meminfo), if it can be read.
+fn physical_memory_mib() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, String> {
@@ -275,11 +362,11 @@ impl GpuFile {
                 (Some(s), None) => {
                     let mut p = SimGpuParams::default();
                     if let Some(v) = s.vram_mib {
-                        if !(1..=1 << 20).contains(&v) || !v.is_power_of_two() {
+                        if !(256..=1 << 20).contains(&v) || !v.is_power_of_two() {
                             return Err(bad(
                                 &format!("{at}.sim.vram_mib"),
                                 v,
-                                "must be a power of two, 1..=1048576",
+                                "must be a power of two, 256..=1048576 (the driver's workload needs 256 MiB)",
                             ));
                         }
                         p.vram_bytes = v << 20;
@@ -312,6 +399,16 @@ impl GpuFile {
                 (Some(_), Some(_)) => return Err(format!("{at}: give sim or vfio, not both")),
                 (None, None) => return Err(format!("{at}: sim = {{ … }} or vfio = \"…\" is required")),
             };
+            if d.allow.is_empty() {
+                return Err(bad(
+                    &format!("{at}.allow"),
+                    "[]",
+                    "no host may attach it: name at least one [[host]]",
+                ));
+            }
+            if exports.iter().any(|e: &ExportSpec| e.name == d.name) {
+                return Err(bad(&format!("{at}.name"), format!("\"{}\"", d.name), "named twice"));
+            }
             for (j, h) in d.allow.iter().enumerate() {
                 if !hosts.iter().any(|k| &k.name == h) {
                     return Err(bad(
@@ -358,10 +455,29 @@ impl HostFile {
         let mut out = Vec::new();
         for (i, a) in self.attach.iter().enumerate() {
             let at = format!("attach[{i}]");
-            let addr = match server {
-                Some(s) => socket_addr("--server", s)?,
-                None => socket_addr(&format!("{at}.server"), &a.server)?,
+            let (key_name, text) = match server {
+                Some(s) => ("--server".to_string(), s),
+                None => (format!("{at}.server"), a.server.as_str()),
             };
+            let addr = socket_addr(&key_name, text)?;
+            if addr.port() == 0 || addr.ip().is_unspecified() {
+                return Err(bad(
+                    &key_name,
+                    format!("\"{text}\""),
+                    "not a box's address: the box listens on a real address and port (7440 by default)",
+                ));
+            }
+            if let Some((j, _)) =
+                out.iter().enumerate().find(|(_, (o, _)): &(usize, &(AttachOptions, Option<PathBuf>))| {
+                    o.server == addr && o.device == a.device
+                })
+            {
+                return Err(bad(
+                    &format!("{at}.device"),
+                    format!("\"{}\"", a.device),
+                    &format!("attach[{j}] attaches {} at {addr} already", a.device),
+                ));
+            }
             let k = key(&at, &a.key, &a.key_file)?;
             let link = self.link.settings(k.clone())?;
             let mut o = AttachOptions::new(addr, &a.device, k);
@@ -378,6 +494,15 @@ impl HostFile {
             if let Some(m) = a.dma_memory_mib {
                 if !(1..=65536).contains(&m) {
                     return Err(bad(&format!("{at}.dma_memory_mib"), m, "must be 1..=65536"));
+                }
+                if let Some(total) = physical_memory_mib()
+                    && m > total / 2
+                {
+                    return Err(bad(
+                        &format!("{at}.dma_memory_mib"),
+                        m,
+                        &format!("more than half of this machine's {total} MiB of memory"),
+                    ));
                 }
                 o.dma_memory = m << 20;
             }
@@ -397,12 +522,20 @@ impl HostFile {
                 })?;
             }
             if let Some(p) = &a.vfio_user_socket {
+                let name = format!("{at}.vfio_user_socket");
                 if p.as_os_str().is_empty() || p.is_dir() {
+                    return Err(bad(&name, p.display(), "must be a socket file path"));
+                }
+                let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                if !dir.is_dir() {
                     return Err(bad(
-                        &format!("{at}.vfio_user_socket"),
+                        &name,
                         p.display(),
-                        "must be a socket file path",
+                        &format!("its directory {} does not exist", dir.display()),
                     ));
+                }
+                if out.iter().any(|(_, s)| s.as_deref() == Some(p.as_path())) {
+                    return Err(bad(&name, p.display(), "another [[attach]] is served on it already"));
                 }
                 o.dma_memory = 0;
                 o.service_interval = None;
@@ -484,6 +617,108 @@ mod tests {
         }
     }
 
+    /// Each gap the adversarial review found in what was accepted (issue 15, item 10): refused
+    /// at start, naming the key and the value (each case was accepted before).
+    #[test]
+    fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
+        let gpu_with = |link: &str, host_key: &str, dev: &str| {
+            format!(
+                "{link}\n[[host]]\nname = \"a\"\nkey = \"{host_key}\"\n[[device]]\nname = \"gpu0\"\n{dev}"
+            )
+        };
+        let dev = "sim = {}\nallow = [\"a\"]";
+        let plus = "+0".repeat(16);
+        let zeros = "00".repeat(16);
+        let gpu_cases = [
+            (gpu_with("", &plus, dev), "host[0].key", "hexadecimal"),
+            (gpu_with("", &zeros, dev), "host[0].key", "all zeros"),
+            (gpu_with("[link]\nidle_timeout_ms = 50", KEY, dev), "link.idle_timeout_ms = 50", "keepalive_ms"),
+            (
+                gpu_with("[link]\nhandshake_timeout_ms = 50", KEY, dev),
+                "link.handshake_timeout_ms = 50",
+                "100..=",
+            ),
+            (
+                gpu_with("[link]\nreplay_timeout_us = 9200000000000000000", KEY, dev),
+                "link.replay_timeout_us",
+                "..=",
+            ),
+            (gpu_with("[link]\nkeepalive_ms = 9200000000000000000", KEY, dev), "link.keepalive_ms", "..="),
+            (gpu_with("[link]\nack_delay_us = 9200000000000000000", KEY, dev), "link.ack_delay_us", "..="),
+            (gpu_with("[link]\nspin_us = 9200000000000000000", KEY, dev), "link.spin_us", "..="),
+            (
+                gpu_with("[impairment]\nrate_mbps = 9200000000000000000", KEY, dev),
+                "impairment.rate_mbps",
+                "..=",
+            ),
+            (
+                gpu_with("[impairment]\ndelay_us = 9200000000000000000", KEY, dev),
+                "impairment.delay_us",
+                "..=",
+            ),
+            (
+                gpu_with("[impairment]\njitter_us = 9200000000000000000", KEY, dev),
+                "impairment.jitter_us",
+                "..=",
+            ),
+            (gpu_with("", KEY, "sim = {}\nallow = []"), "device[0].allow = []", "no host"),
+            (
+                gpu_with("", KEY, "sim = { vram_mib = 128 }\nallow = [\"a\"]"),
+                "device[0].sim.vram_mib = 128",
+                "256",
+            ),
+            (gpu_with("[link]\nmtu = 100", KEY, dev), "link.mtu = 100", "354"),
+        ];
+        for (text, key, why) in gpu_cases {
+            let e = gpu(&text).unwrap_err();
+            assert!(e.contains(key) && e.contains(why), "expected {key} / {why}: {e}");
+            assert!(!e.contains("link.link") && !e.contains("link setting"), "{e}");
+        }
+        let host = |extra: &str| -> Result<Vec<(AttachOptions, Option<PathBuf>)>, String> {
+            toml::from_str::<HostFile>(&format!(
+                "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\n{extra}"
+            ))
+            .map_err(|e| e.to_string())?
+            .attachments(None)
+        };
+        let port0 = toml::from_str::<HostFile>(&format!(
+            "[[attach]]\nserver = \"127.0.0.1:0\"\ndevice = \"gpu0\"\nkey = \"{KEY}\""
+        ))
+        .unwrap()
+        .attachments(None)
+        .unwrap_err();
+        assert!(port0.contains("attach[0].server = \"127.0.0.1:0\""), "{port0}");
+        let twice =
+            host(&format!("[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\""))
+                .unwrap_err();
+        assert!(twice.contains("attach[1].device") && twice.contains("attach[0]"), "{twice}");
+        let no_dir = host("vfio_user_socket = \"/nonexistent-dxpu-dir/gpu0.sock\"").unwrap_err();
+        assert!(
+            no_dir.contains("attach[0].vfio_user_socket") && no_dir.contains("does not exist"),
+            "{no_dir}"
+        );
+        if let Some(total) = physical_memory_mib()
+            && total < 65536
+        {
+            let big = host("dma_memory_mib = 65536").unwrap_err();
+            assert!(big.contains("attach[0].dma_memory_mib = 65536") && big.contains("memory"), "{big}");
+        }
+        assert!(host("").is_ok());
+    }
+
+    #[test]
+    fn configuration_files_are_read_bounded_and_as_text() {
+        let e = read_bounded(Path::new("/dev/zero"), MAX_CONFIG_BYTES).unwrap_err();
+        assert!(e.contains("/dev/zero") && e.contains("longer than"), "{e}");
+        let dir = std::env::temp_dir().join(format!("dxpu-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("latin1.toml");
+        std::fs::write(&f, b"listen = \"\xe9\"").unwrap();
+        let e = read_bounded(&f, MAX_CONFIG_BYTES).unwrap_err();
+        assert!(e.contains("not UTF-8"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[test]
     fn host_files_give_attach_options() {
         let f: HostFile = toml::from_str(&format!(
@@ -499,13 +734,15 @@ mod tests {
         assert_eq!(o[0].completion_timeout, Duration::from_millis(20));
         assert_eq!(o[0].device_id, tlp::Bdf::new(0, 5, 0));
         let o = f.options(Some("127.0.0.1:1")).unwrap();
+        let sock = std::env::temp_dir().join("gpu0.sock");
         let served = toml::from_str::<HostFile>(&format!(
-            "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\nvfio_user_socket = \"/run/dxpu/gpu0.sock\""
+            "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\nvfio_user_socket = \"{}\"",
+            sock.display()
         ))
         .unwrap()
         .attachments(None)
         .unwrap();
-        assert_eq!(served[0].1.as_deref(), Some(Path::new("/run/dxpu/gpu0.sock")));
+        assert_eq!(served[0].1.as_deref(), Some(sock.as_path()));
         assert_eq!(served[0].0.dma_memory, 0, "a VMM grants guest memory: no arena");
         assert_eq!(served[0].0.driver, link::driver::DriverKind::Portable);
         assert_eq!(o[0].server, "127.0.0.1:1".parse().unwrap());

@@ -41,9 +41,84 @@ pub(crate) enum Format {
     Text,
 }
 
+/// Longest input line taken (a 4 KiB payload is about 8 KiB of hex, 20 KiB of JSON).
+pub(crate) const MAX_LINE: usize = 64 << 10;
+
+/// One input: its text, or why this line cannot be used (the lines after it still are).
+type Input = Result<String, String>;
+
+/// Lines of `r`, each at most `max` bytes: a longer line is skipped as it arrives (memory
+/// stays bounded whatever the input, `/dev/zero` included) and reported, as is a line that
+/// is not UTF-8; reading goes on with the next line.
+pub(crate) struct BoundedLines<R> {
+    r: R,
+    max: usize,
+    number: usize,
+    done: bool,
+}
+
+impl<R: BufRead> BoundedLines<R> {
+    pub(crate) fn new(r: R, max: usize) -> Self {
+        BoundedLines { r, max, number: 0, done: false }
+    }
+}
+
+impl<R: BufRead> Iterator for BoundedLines<R> {
+    type Item = io::Result<Input>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut line = Vec::new();
+        let mut skipped = 0usize;
+        loop {
+            let buf = match self.r.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Some(Err(e)),
+            };
+            if buf.is_empty() {
+                self.done = true;
+                if line.is_empty() && skipped == 0 {
+                    return None;
+                }
+                break;
+            }
+            let (piece, end) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            if skipped > 0 || line.len() + piece.len() > self.max {
+                skipped += line.len() + piece.len();
+                line.clear();
+            } else {
+                line.extend_from_slice(piece);
+            }
+            let used = end.unwrap_or(buf.len());
+            self.r.consume(used);
+            if end.is_some() {
+                break;
+            }
+        }
+        self.number += 1;
+        let n = self.number;
+        if skipped > 0 {
+            return Some(Ok(Err(format!(
+                "line {n}: longer than {} bytes ({skipped} or more): skipped",
+                self.max
+            ))));
+        }
+        Some(Ok(String::from_utf8(line).map_err(|e| format!("line {n}: not UTF-8 ({e})"))))
+    }
+}
+
 /// The inputs: arguments if any, else stdin lines. Blank lines and `#` comments are skipped.
-fn inputs(args: Vec<String>) -> Box<dyn Iterator<Item = io::Result<String>>> {
-    if args.is_empty() { Box::new(io::stdin().lock().lines()) } else { Box::new(args.into_iter().map(Ok)) }
+fn inputs(args: Vec<String>) -> Box<dyn Iterator<Item = io::Result<Input>>> {
+    if args.is_empty() {
+        Box::new(BoundedLines::new(io::stdin().lock(), MAX_LINE))
+    } else {
+        Box::new(args.into_iter().map(|a| Ok(Ok(a))))
+    }
 }
 
 fn error_line(msg: &str) -> String {
@@ -59,7 +134,16 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
         TlpCommand::Decode { format, max_payload, no_ecrc_check, hex } => {
             let cfg = ParseConfig { max_payload: max_payload as usize, check_ecrc: !no_ecrc_check };
             inputs(hex).try_for_each(|line| {
-                let line = line?;
+                let line = match line? {
+                    Ok(l) => l,
+                    Err(e) => {
+                        failed = true;
+                        return match format {
+                            Format::Json => emit(error_line(&e)),
+                            Format::Text => emit(format!("error: {e}")),
+                        };
+                    }
+                };
                 let t = line.trim();
                 if t.is_empty() || t.starts_with('#') {
                     return Ok(());
@@ -86,7 +170,13 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
             })
         }
         TlpCommand::Encode { json } => inputs(json).try_for_each(|line| {
-            let line = line?;
+            let line = match line? {
+                Ok(l) => l,
+                Err(e) => {
+                    failed = true;
+                    return emit(error_line(&e));
+                }
+            };
             let t = line.trim();
             if t.is_empty() || t.starts_with('#') {
                 return Ok(());
@@ -111,5 +201,41 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
         }
         Ok(()) if failed => ExitCode::FAILURE,
         Ok(()) => ExitCode::SUCCESS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<Input> {
+        BoundedLines::new(io::BufReader::with_capacity(7, input), max).map(|l| l.unwrap()).collect()
+    }
+
+    #[test]
+    fn long_and_non_utf8_lines_are_reported_and_the_rest_still_read() {
+        let mut input = b"first\n".to_vec();
+        input.extend_from_slice(&[b'x'; 40]);
+        input.extend_from_slice(b"\nsec\xffond\nthird\nend, no newline");
+        let got = lines(&input, 16);
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got[0], Ok("first".into()));
+        assert!(got[1].as_ref().unwrap_err().contains("line 2: longer than 16 bytes"), "{:?}", got[1]);
+        assert!(got[2].as_ref().unwrap_err().contains("line 3: not UTF-8"), "{:?}", got[2]);
+        assert_eq!(got[3], Ok("third".into()));
+        assert_eq!(got[4], Ok("end, no newline".into()));
+        assert_eq!(lines(b"", 16), Vec::<Input>::new());
+        assert_eq!(lines(b"exactly sixteen!\n", 16), vec![Ok("exactly sixteen!".to_string())]);
+    }
+
+    #[test]
+    fn an_endless_line_is_read_in_bounded_memory() {
+        // 64 MiB of zeros without a newline: one error, and no line buffer beyond the limit.
+        let endless = io::Read::take(io::repeat(0), 64 << 20);
+        let mut it = BoundedLines::new(io::BufReader::new(endless), 1024);
+        let first = it.next().unwrap().unwrap();
+        assert!(first.unwrap_err().contains("longer than 1024 bytes"));
+        assert!(it.next().is_none());
     }
 }
