@@ -153,7 +153,11 @@ fn key(section: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result
     let hex = hex.trim();
     let bytes = parse_hex(hex).ok_or_else(|| bad(&key_name, "…", "not hexadecimal digits"))?;
     if bytes.iter().all(|b| *b == 0) {
-        return Err(bad(&key_name, "…", "all zeros: not a secret (docs/operations.md says how to make a random one)"));
+        return Err(bad(
+            &key_name,
+            "…",
+            "all zeros: not a secret (docs/operations.md says how to make a random one)",
+        ));
     }
     PresharedKey::new(&bytes).ok_or_else(|| {
         bad(&key_name, "…", &format!("{} bytes; a key needs at least 16 (32 hex digits)", bytes.len()))

@@ -165,11 +165,9 @@ const READ_CHUNK: usize = 64 << 10;
 struct Channel {
     stream: UnixStream,
     /// Bytes of messages not yet taken (at most one message and a read's worth).
-    rx: Vec<u8>,
+    rx: proto::Framer,
     /// Descriptors that came with them (they go with the next whole message).
     rx_fds: Vec<OwnedFd>,
-    /// An oversized message being skipped: its header and the payload bytes still to come.
-    skip: Option<(Header, usize)>,
     /// Since when a message has been arriving.
     partial_since: Option<Instant>,
     scratch: Vec<u8>,
@@ -193,9 +191,8 @@ impl Channel {
     fn new(stream: UnixStream) -> Channel {
         Channel {
             stream,
-            rx: Vec::new(),
+            rx: proto::Framer::new(MAX_MESSAGE),
             rx_fds: Vec::new(),
-            skip: None,
             partial_since: None,
             scratch: vec![0u8; READ_CHUNK],
             tx: Vec::new(),
@@ -259,7 +256,7 @@ impl Channel {
     /// nothing more or a whole message of the largest size is here.
     fn fill(&mut self) -> Result<(), RecvError> {
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MSG_FDS as usize))];
-        while self.rx.len() < MAX_MESSAGE as usize {
+        while self.rx.wants_more() {
             let mut control = RecvAncillaryBuffer::new(&mut space);
             let mut iov = [IoSliceMut::new(&mut self.scratch)];
             let r = match rustix::net::recvmsg(
@@ -285,18 +282,15 @@ impl Channel {
                 )));
             }
             if r.bytes == 0 {
-                return match (self.rx.len(), self.skip) {
-                    (0, None) => Err(RecvError::Closed),
-                    (n, _) => Err(RecvError::Fatal(format!("connection closed {n} bytes into a message"))),
+                return match self.rx.in_message() {
+                    false => Err(RecvError::Closed),
+                    true => Err(RecvError::Fatal(format!(
+                        "connection closed {} bytes into a message",
+                        self.rx.progress()
+                    ))),
                 };
             }
-            let mut got = &self.scratch[..r.bytes];
-            if let Some((_, left)) = &mut self.skip {
-                let n = got.len().min(*left);
-                *left -= n;
-                got = &got[n..];
-            }
-            self.rx.extend_from_slice(got);
+            self.rx.push(&self.scratch[..r.bytes]);
             self.partial_since.get_or_insert_with(Instant::now);
         }
         Ok(())
@@ -304,8 +298,22 @@ impl Channel {
 
     /// The next whole message among the bytes read, if there is one.
     fn next_message(&mut self) -> Option<Result<Message, RecvError>> {
-        let taken = self.take_message();
-        if self.rx.is_empty() && self.skip.is_none() {
+        let taken = self.rx.next().map(|f| match f {
+            proto::Framed::Message(header, payload) => {
+                Ok(Message { header, payload, fds: std::mem::take(&mut self.rx_fds) })
+            }
+            proto::Framed::TooLarge(h) => {
+                self.rx_fds.clear();
+                Err(RecvError::TooLarge(h))
+            }
+            proto::Framed::Broken(h) => Err(RecvError::Fatal(format!(
+                "message {} ({}) claims {} bytes, less than its header",
+                h.id,
+                cmd::name(h.command),
+                h.size
+            ))),
+        });
+        if !self.rx.in_message() {
             self.partial_since = None;
         } else if taken.is_some() {
             // The next message's bytes have been arriving since now, at the latest.
@@ -314,50 +322,15 @@ impl Channel {
         taken
     }
 
-    fn take_message(&mut self) -> Option<Result<Message, RecvError>> {
-        if let Some((h, left)) = self.skip {
-            if left > 0 {
-                return None;
-            }
-            self.skip = None;
-            self.rx_fds.clear();
-            return Some(Err(RecvError::TooLarge(h)));
-        }
-        let h: &[u8; proto::HEADER_LEN] = self.rx.first_chunk()?;
-        let header = Header::parse(h);
-        let size = header.size as usize;
-        if size < proto::HEADER_LEN {
-            return Some(Err(RecvError::Fatal(format!(
-                "message {} ({}) claims {size} bytes, less than its header",
-                header.id,
-                cmd::name(header.command)
-            ))));
-        }
-        if header.size > MAX_MESSAGE {
-            // Skip the payload as it arrives, to keep the framing.
-            let here = (self.rx.len() - proto::HEADER_LEN).min(size - proto::HEADER_LEN);
-            self.rx.drain(..proto::HEADER_LEN + here);
-            self.skip = Some((header, size - proto::HEADER_LEN - here));
-            return self.take_message();
-        }
-        if self.rx.len() < size {
-            return None;
-        }
-        let payload = self.rx[proto::HEADER_LEN..size].to_vec();
-        self.rx.drain(..size);
-        Some(Ok(Message { header, payload, fds: std::mem::take(&mut self.rx_fds) }))
-    }
-
     /// Why the client must be dropped for stalling, if it must.
     fn stalled(&self, now: Instant) -> Option<String> {
         if let Some(t) = self.partial_since
             && now - t > MESSAGE_TIMEOUT
         {
-            let skipping = self.skip.map_or(0, |(h, left)| h.size as usize - left);
             return Some(format!(
                 "a message begun {:?} ago is still not whole ({} bytes of it here)",
                 now - t,
-                self.rx.len() + skipping
+                self.rx.progress()
             ));
         }
         if let Some(t) = self.tx_stuck_since
@@ -1366,7 +1339,7 @@ mod tests {
                 assert_eq!((got.header.command, &got.payload[..]), (cmd::VERSION, &b"0123456789"[..]));
             }
         }
-        assert!(c.partial_since.is_none() && c.rx.is_empty());
+        assert!(c.partial_since.is_none() && !c.rx.in_message());
     }
 
     #[test]
@@ -1404,7 +1377,7 @@ mod tests {
                 });
             }
             // Never more than one largest message and a read held.
-            assert!(c.rx.len() <= MAX_MESSAGE as usize + READ_CHUNK);
+            assert!(c.rx.held() <= MAX_MESSAGE as usize + READ_CHUNK);
         }
         let _peer = writer.join().unwrap();
         assert_eq!(seen, [("too large", size), ("message", proto::HEADER_LEN as u32 + 1)]);

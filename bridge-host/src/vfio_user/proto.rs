@@ -237,6 +237,97 @@ impl Header {
     }
 }
 
+/// What a [`Framer`] makes of the bytes so far.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Framed {
+    /// A whole message: its header and payload.
+    Message(Header, Vec<u8>),
+    /// A message over the size limit, whose payload has been skipped: it gets an error
+    /// reply and the framing holds.
+    TooLarge(Header),
+    /// A header that claims less than itself: the framing is lost.
+    Broken(Header),
+}
+
+/// Messages out of a byte stream, sans I/O: bytes go in as they arrive ([`Framer::push`]),
+/// whole messages come out ([`Framer::next`]). It holds at most one message up to `max`
+/// bytes plus what was pushed after it; an oversized message's payload is dropped as it
+/// arrives, so memory stays bounded whatever the peer sends.
+#[derive(Debug)]
+pub struct Framer {
+    max: u32,
+    rx: Vec<u8>,
+    /// An oversized message being skipped: its header and the payload bytes still to come.
+    skip: Option<(Header, usize)>,
+}
+
+impl Framer {
+    /// A framer taking messages of at most `max` bytes (header included).
+    pub fn new(max: u32) -> Framer {
+        Framer { max, rx: Vec::new(), skip: None }
+    }
+
+    /// Bytes that arrived.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        if let Some((_, left)) = &mut self.skip {
+            let n = bytes.len().min(*left);
+            *left -= n;
+            bytes = &bytes[n..];
+        }
+        self.rx.extend_from_slice(bytes);
+    }
+
+    /// Bytes held of messages not yet whole (skipped ones not counted).
+    pub fn held(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether a message has begun and is not whole yet.
+    pub fn in_message(&self) -> bool {
+        !self.rx.is_empty() || self.skip.is_some()
+    }
+
+    /// Bytes of the message under way that have arrived (skipped ones included).
+    pub fn progress(&self) -> usize {
+        self.rx.len() + self.skip.map_or(0, |(h, left)| h.size as usize - left)
+    }
+
+    /// Whether more bytes may be read now without holding more than one largest message.
+    pub fn wants_more(&self) -> bool {
+        self.rx.len() < self.max as usize
+    }
+
+    /// The next message, if one is whole.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Option<Framed> {
+        if let Some((h, left)) = self.skip {
+            if left > 0 {
+                return None;
+            }
+            self.skip = None;
+            return Some(Framed::TooLarge(h));
+        }
+        let h: &[u8; HEADER_LEN] = self.rx.first_chunk()?;
+        let header = Header::parse(h);
+        let size = header.size as usize;
+        if size < HEADER_LEN {
+            return Some(Framed::Broken(header));
+        }
+        if header.size > self.max {
+            let here = (self.rx.len() - HEADER_LEN).min(size - HEADER_LEN);
+            self.rx.drain(..HEADER_LEN + here);
+            self.skip = Some((header, size - HEADER_LEN - here));
+            return self.next();
+        }
+        if self.rx.len() < size {
+            return None;
+        }
+        let payload = self.rx[HEADER_LEN..size].to_vec();
+        self.rx.drain(..size);
+        Some(Framed::Message(header, payload))
+    }
+}
+
 /// A whole message: header and payload.
 pub fn message(id: u16, command: u16, flags: u32, error: u32, payload: &[u8]) -> Vec<u8> {
     let size = (HEADER_LEN + payload.len()) as u32;
