@@ -99,11 +99,14 @@ fn a_wrong_key_and_a_second_host_are_refused() {
         Ok(_) => panic!("a wrong key attached"),
     }
     let first = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let t = std::time::Instant::now();
     match RemoteDevice::attach(host_options(gpu.addr, key_b())) {
         Err(AttachError::Refused { reason, .. }) => assert!(reason.contains("host-a"), "{reason}"),
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("a second host attached an owned device"),
     }
+    // Refused over a live session: the host closes it at once (it was left to time out).
+    assert!(t.elapsed() < std::time::Duration::from_millis(200), "refused after {:?}", t.elapsed());
     let mut other = host_options(gpu.addr, key_b());
     other.device = "gpu7".into();
     match RemoteDevice::attach(other) {
@@ -116,6 +119,11 @@ fn a_wrong_key_and_a_second_host_are_refused() {
     let second = RemoteDevice::attach(host_options(gpu.addr, key_b())).unwrap();
     let mut d = SimGpuDriver::open(second).unwrap();
     d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
+    drop(d);
+    // Both refused attaches and the detach closed their sessions (the last drop's CLOSE may
+    // still be on its way when the box stops); before, refused sessions were left to time out.
+    let stats = gpu.stop();
+    assert!(stats.sessions_closed_by_hosts >= 3, "{stats:?}");
 }
 
 #[test]

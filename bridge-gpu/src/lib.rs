@@ -128,6 +128,8 @@ pub struct GpuStats {
     pub exports: Vec<(String, ExportStats)>,
     /// Sessions that came up.
     pub sessions_up: u64,
+    /// Sessions their host closed (CLOSE), rather than leaving them to time out.
+    pub sessions_closed_by_hosts: u64,
     /// Requests from sessions that own no device (answered UR / dropped).
     pub unowned_requests: u64,
     /// Control messages that did not parse.
@@ -259,6 +261,8 @@ pub struct GpuEndpoint {
     /// The hosts' memory reads taken from the receive buffer during a poll, with their
     /// session, answered right after it.
     reads: Kept<u32>,
+    /// When a failed handshake was last logged, and how many more failed since.
+    failure_log: Option<(std::time::Instant, u64)>,
 }
 
 /// Sends one config request to `dev` and returns the completion's data (all-ones if none).
@@ -417,7 +421,7 @@ impl GpuEndpoint {
         }
         let mut cfg = opts.link.clone();
         cfg.psk = first.key.clone();
-        cfg.validate().map_err(|e| GpuError::Config(format!("link.{e}")))?;
+        cfg.validate().map_err(|e| GpuError::Config(e.to_string()))?;
         let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
         let epoch = rng.nonzero_u32();
         let mut endpoint = Endpoint::new(cfg, epoch, rng, 64 + 4 * exports.len());
@@ -438,6 +442,7 @@ impl GpuEndpoint {
             sessions: HashMap::new(),
             stats: GpuStats::default(),
             reads: Kept::new(),
+            failure_log: None,
         })
     }
 
@@ -460,7 +465,7 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads } = self;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads, .. } = self;
         // Completions for the devices' DMA reads and the host's posted writes (into BARs)
         // are taken where they lie in the receive buffer: their payload is copied once, into
         // the device. What the device sends meanwhile waits in its outbox (the session is
@@ -511,8 +516,11 @@ impl GpuEndpoint {
                         sessions.insert(id, SessionInfo { host, device: None });
                     }
                     Event::Down(reason) => {
+                        if reason == DownReason::PeerClosed {
+                            stats.sessions_closed_by_hosts += 1;
+                        }
                         if let Some(info) = sessions.remove(&id) {
-                            log::info!("host {} gone (session {id:#010x}): {reason:?}", info.host);
+                            log::info!("host {} gone (session {id:#010x}): {reason}", info.host);
                             if let Some(d) = info.device {
                                 release(&mut exports[d], reason_text(reason));
                             }
@@ -555,7 +563,27 @@ impl GpuEndpoint {
             runner.transmit()?;
         }
         runner.endpoint.reap();
+        self.log_failed_handshakes();
         Ok(active)
+    }
+
+    /// Says which hosts could not get a session and why (a key this box does not hold, a
+    /// wrong proof, no room): the first at once, then at most one line a second with how
+    /// many more there were, so a flood cannot flood the log.
+    fn log_failed_handshakes(&mut self) {
+        while let Some((from, why)) = self.runner.endpoint.poll_failure() {
+            let now = std::time::Instant::now();
+            if self.failure_log.is_some_and(|(at, _)| now - at < std::time::Duration::from_secs(1)) {
+                if let Some((_, more)) = &mut self.failure_log {
+                    *more += 1;
+                }
+                continue;
+            }
+            let more = self.failure_log.map_or(0, |(_, n)| n);
+            let also = if more > 0 { format!(" ({more} more since the last report)") } else { String::new() };
+            log::warn!("handshake from {from} refused: {why}{also}");
+            self.failure_log = Some((now, 0));
+        }
     }
 
     /// Waits for work the way the poll mode says (call after an idle [`GpuEndpoint::poll`]).

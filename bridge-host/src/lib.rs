@@ -140,6 +140,14 @@ impl AttachOptions {
     }
 }
 
+/// Closes the session of an attach that failed after the handshake (the box forgets it at
+/// once), and passes the error on.
+fn give_up<D: link::driver::Datagrams>(runner: &mut SessionRunner<D>, e: AttachError) -> AttachError {
+    runner.session.close(runner.clock.now());
+    let _ = runner.transmit();
+    e
+}
+
 /// Why a device could not be attached.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -450,23 +458,25 @@ impl RemoteDevice {
                 answer.is_some() || s.is_down() || cancelled()
             })
             .map_err(AttachError::Socket)?;
+        // From here on a failure closes the session, so the box forgets it at once instead
+        // of at its idle timeout.
         if cancelled() {
-            runner.session.close(runner.clock.now());
-            let _ = runner.transmit();
-            return Err(AttachError::Cancelled);
+            return Err(give_up(&mut runner, AttachError::Cancelled));
         }
         let (box_id, max_payload, bar_info) = match answer {
             Some(Control::Attached { box_id, max_payload, bars, .. }) => (box_id, max_payload, bars),
             Some(Control::Refused { reason, .. }) => {
-                return Err(AttachError::Refused { server: opts.server, device: opts.device, reason });
+                let e = AttachError::Refused { server: opts.server, device: opts.device, reason };
+                return Err(give_up(&mut runner, e));
             }
             _ if done => return Err(link_err("the link went down during the attach".into())),
             _ => {
-                return Err(AttachError::Timeout {
+                let e = AttachError::Timeout {
                     server: opts.server,
                     device: opts.device,
                     timeout: opts.attach_timeout,
-                });
+                };
+                return Err(give_up(&mut runner, e));
             }
         };
 
@@ -477,10 +487,9 @@ impl RemoteDevice {
             // What the box says about its BARs is checked like any input from the network.
             let limit = if info.is_64 { 1u64 << 46 } else { 1 << 30 };
             if info.size != 0 && (!info.size.is_power_of_two() || info.size > limit || info.size < 16) {
-                return Err(link_err(format!(
-                    "the box described BAR{i} with an impossible size {:#x}",
-                    info.size
-                )));
+                let e =
+                    link_err(format!("the box described BAR{i} with an impossible size {:#x}", info.size));
+                return Err(give_up(&mut runner, e));
             }
             v.info = info;
             if info.size != 0 && info.memory {
@@ -488,10 +497,11 @@ impl RemoteDevice {
                 v.host = cursor.div_ceil(info.size) * info.size;
                 *cursor = v.host + info.size;
                 if !info.is_64 && *cursor > 1 << 32 {
-                    return Err(link_err(format!(
+                    let e = link_err(format!(
                         "the 32-bit BARs do not fit below 4 GiB in the host's view (BAR{i}, {:#x} bytes)",
                         info.size
-                    )));
+                    ));
+                    return Err(give_up(&mut runner, e));
                 }
             }
         }

@@ -304,3 +304,28 @@ fn a_signal_during_the_workload_stops_it_and_detaches() {
     assert_eq!(code, 0, "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A host whose key the box does not hold: told at once (the box refuses the handshake
+/// after the cookie; it waited for its 5 s handshake timeout), and the box's log says who
+/// and why (it said nothing, even at debug).
+#[test]
+fn a_wrong_key_is_told_to_the_host_at_once_and_logged_by_the_box() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("wrong-key");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let stranger = "0123456789abcdef".repeat(4);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, &stranger));
+    let t = Instant::now();
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&host_cfg).output().unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(took < Duration::from_millis(1500), "told after {took:?}: {err}");
+    sigterm(&gpu);
+    let (code, log) = wait_exit(&mut gpu, Duration::from_secs(10));
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("refused: it presented a key this endpoint does not hold"), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -55,6 +55,31 @@ pub struct EndpointStats {
     pub replies_dropped: u64,
 }
 
+/// A handshake the endpoint turned down from an address that receives (its cookie was
+/// valid), for the operator's log ([`Endpoint::poll_failure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// The client named a key this endpoint does not hold.
+    UnknownKey,
+    /// The client's proof of the key it named was wrong.
+    BadProof,
+    /// No session slot was free.
+    Full,
+}
+
+impl std::fmt::Display for HandshakeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HandshakeFailure::UnknownKey => "it presented a key this endpoint does not hold",
+            HandshakeFailure::BadProof => "its proof of the key it named was wrong",
+            HandshakeFailure::Full => "no session slot was free",
+        })
+    }
+}
+
+/// Failed handshakes kept for [`Endpoint::poll_failure`] at most; more are only counted.
+const MAX_FAILURES: usize = 16;
+
 /// Stateless answers (COOKIE, CHALLENGE, REFUSE) waiting for [`Endpoint::poll_transmit`] at
 /// most; more are dropped (the client retries).
 const MAX_REPLIES: usize = 256;
@@ -90,6 +115,7 @@ pub struct Endpoint<A> {
     cookies: Cookies,
     sessions: HashMap<u32, Live<A>>,
     replies: VecDeque<Reply<A>>,
+    failures: VecDeque<(A, HandshakeFailure)>,
     stats: EndpointStats,
 }
 
@@ -110,6 +136,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             cookies,
             sessions: HashMap::new(),
             replies: VecDeque::new(),
+            failures: VecDeque::new(),
             stats: EndpointStats::default(),
         }
     }
@@ -170,6 +197,19 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         Some((r.to, n))
     }
 
+    /// The next handshake turned down (an address that receives, a key not held, a wrong
+    /// proof, no room), for the operator's log: at most the last few are kept, the counters
+    /// ([`EndpointStats`]) have them all.
+    pub fn poll_failure(&mut self) -> Option<(A, HandshakeFailure)> {
+        self.failures.pop_front()
+    }
+
+    fn failed(&mut self, from: A, why: HandshakeFailure) {
+        if self.failures.len() < MAX_FAILURES {
+            self.failures.push_back((from, why));
+        }
+    }
+
     /// Checks an INIT's or RESPONSE's cookie, counting a failure.
     fn cookie(&mut self, now: Time, from: &A, epoch: u32, init: &InitBody) -> Result<Time, CookieError> {
         let checked = self.cookies.check(now, from, epoch, init);
@@ -227,10 +267,12 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         // The client receives at its address: it may learn why it cannot have a session.
         let Some((challenge, _)) = self.challenge(epoch, &init) else {
             self.stats.unknown_key += 1;
+            self.failed(from, HandshakeFailure::UnknownKey);
             return self.refuse(from, to, &init, Refusal::UnknownKey);
         };
         if !self.has_room(&from) {
             self.stats.refused_full += 1;
+            self.failed(from, HandshakeFailure::Full);
             return self.refuse(from, to, &init, Refusal::Full);
         }
         self.reply(from, FrameType::Challenge, to, challenge.as_bytes());
@@ -254,6 +296,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         let t = transcript(h.epoch, &r.init, self.epoch, &challenge);
         if !key.verify(CLIENT_PROOF, &t, &r.proof) {
             self.stats.auth_failures += 1;
+            self.failed(from, HandshakeFailure::BadProof);
             return None;
         }
         let mut cfg = self.cfg.clone();
@@ -267,6 +310,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         }
         if !self.has_room(&from) {
             self.stats.refused_full += 1;
+            self.failed(from, HandshakeFailure::Full);
             self.refuse(from, r.init.client_id.get(), &r.init, Refusal::Full);
             return None;
         }

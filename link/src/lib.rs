@@ -23,7 +23,7 @@ pub mod wire;
 
 pub use auth::{PresharedKey, Rng};
 pub use config::{Config, CreditGrant};
-pub use endpoint::{Endpoint, EndpointStats};
+pub use endpoint::{Endpoint, EndpointStats, HandshakeFailure};
 pub use error::{ConfigError, FrameError, SendError};
 pub use handshake::{COOKIE_LEN, Refusal};
 pub use kept::Kept;
