@@ -202,3 +202,22 @@ fn a_register_read_during_a_long_copy_to_the_host_is_answered_in_time() {
     r.unwrap();
     assert!(back == data, "the copy came back different");
 }
+
+/// The host asks for encrypted frames, the box does not: the session encrypts both ways (the
+/// stronger ask wins; a box that did not encrypt would fail every tag the host checks), the
+/// host updates its sending key every 64 frames, and the workload is verified.
+#[test]
+fn an_encrypted_link_updating_its_keys_carries_the_workload() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let mut h = host_options(gpu.addr, key_a());
+    h.link.encrypt_frames = true;
+    h.link.key_update_frames = 64;
+    let remote = RemoteDevice::attach(h).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    hw::workload::run(&mut d, hw::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    assert!(d.pci().removed().is_none());
+    let s = d.pci().stats().link;
+    assert!(s.key_updates > 10, "{s:?}");
+    assert_eq!(s.dropped_bad_mac, 0, "{s:?}");
+}

@@ -34,6 +34,7 @@ fn forged_inits(epoch: u32) -> Vec<Vec<u8>> {
         seq: 0,
         ack: 0,
         nak: false,
+        key_phase: false,
     };
     let mut empty = vec![0u8; 64];
     let n = link::wire::write_frame(&mut empty, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
@@ -44,8 +45,9 @@ fn forged_inits(epoch: u32) -> Vec<Vec<u8>> {
     let n = c.poll_transmit(Time::ZERO, &mut buf).unwrap();
     out.push(buf[..n].to_vec());
     let mut cookie = buf[..n].to_vec();
-    cookie[64..88].fill(0x5a);
+    // The cookie is the last field of INIT's body, just before the trailer.
     let len = cookie.len();
+    cookie[len - 20 - link::COOKIE_LEN..len - 20].fill(0x5a);
     let crc = link::wire::crc32c(&cookie[..len - 4]);
     cookie[len - 4..].copy_from_slice(&crc.to_be_bytes());
     out.push(cookie);

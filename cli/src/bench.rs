@@ -8,9 +8,9 @@
 //!     mode, run to completion by the requesting thread;
 //! (c) streaming 256-byte posted writes through a session (the receiver takes them in
 //!     place), against the same datagrams through bare sockets;
-//! (d) the cost of the per-frame MAC;
+//! (d) the cost of the per-frame MAC, and of encrypting a frame's body (`link.encrypt_frames`);
 //! (e) the sessions' own CPU time, in memory (no sockets): per round trip, and per streamed
-//!     frame on each side.
+//!     frame on each side, frames tagged and frames encrypted.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -420,8 +420,9 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
 }
 
 /// A client session and a server endpoint joined in memory, handshake done.
-fn joined_in_memory() -> Option<(Session, Endpoint<u32>, link::Time)> {
-    let cfg = bench_config();
+fn joined_in_memory(encrypt: bool) -> Option<(Session, Endpoint<u32>, link::Time)> {
+    let mut cfg = bench_config();
+    cfg.encrypt_frames = encrypt;
     let mut t = link::Time::from_nanos(1);
     let mut c = Session::client(cfg.clone(), t, 1, Rng::from_u64(1));
     let mut ep: Endpoint<u32> = Endpoint::new(cfg, 2, Rng::from_u64(2), 4);
@@ -447,8 +448,8 @@ fn joined_in_memory() -> Option<(Session, Endpoint<u32>, link::Time)> {
 /// sides), and per streamed frame of 256-byte writes for the sender (queueing the TLPs, then
 /// sealing, tagging and checksumming the frame where its TLPs lie) and for the receiver
 /// (checking it and taking its TLPs).
-fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
-    let (mut c, mut ep, mut t) = joined_in_memory()?;
+fn session_cpu(size: usize, encrypt: bool) -> Option<(f64, f64, f64)> {
+    let (mut c, mut ep, mut t) = joined_in_memory(encrypt)?;
     let mut buf = vec![0u8; 65536];
     let read = read_request(1);
     let cpl = completion_for(&read)?;
@@ -477,26 +478,34 @@ fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
     // DATA frames are sealed where their TLPs were written and read there by the receiver,
     // as the runners send them (no copy); a control frame would go into `control`.
     let mut control = vec![0u8; 65536];
+    // An encrypting session writes each DATA frame's ciphertext into `control` (the
+    // plaintext stays for replay): those are kept here, a copy each, as a socket would take them.
     let mut sealed = Vec::with_capacity(256);
+    let mut written: Vec<Vec<u8>> = Vec::with_capacity(256);
     let (mut tx, mut rx, mut sent) = (Duration::ZERO, Duration::ZERO, 0u64);
     while sent < 100_000 {
         t = link::Time::from_nanos(t.as_nanos() + 100);
         let t0 = Instant::now();
         while c.send_tlp(&w).is_ok() {}
         sealed.clear();
-        while sealed.len() < 256 {
+        written.clear();
+        while sealed.len() + written.len() < 256 {
             match c.poll_transmit_in_place(t, &mut control) {
                 Some(Transmit::Sealed(f)) => sealed.push(f),
+                Some(Transmit::Written(n)) if encrypt && control[3] == 5 => {
+                    written.push(control[..n].to_vec())
+                }
                 Some(Transmit::Written(_)) => {}
                 None => break,
             }
         }
         let t1 = Instant::now();
-        for f in &sealed {
+        let frames = sealed.iter().map(|f| c.sealed(f)).chain(written.iter().map(|w| &w[..]));
+        for frame in frames {
             ep.handle_datagram_with(
                 t,
                 7,
-                c.sealed(f),
+                frame,
                 Some(&mut |_, tlp: &[u8]| !std::hint::black_box(tlp).is_empty()),
             );
         }
@@ -508,10 +517,10 @@ fn session_cpu(size: usize) -> Option<(f64, f64, f64)> {
                 c.handle_datagram(t, &buf[..len]);
             }
         }
-        if sealed.is_empty() {
+        if sealed.is_empty() && written.is_empty() {
             return None;
         }
-        sent += sealed.len() as u64;
+        sent += (sealed.len() + written.len()) as u64;
     }
     Some((rtt, tx.as_nanos() as f64 / sent as f64, rx.as_nanos() as f64 / sent as f64))
 }
@@ -526,6 +535,23 @@ fn mac_cost(len: usize) -> f64 {
     let mut acc = 0u8;
     for _ in 0..n {
         acc ^= std::hint::black_box(k.tag(std::hint::black_box(&frame)))[0];
+    }
+    std::hint::black_box(acc);
+    t0.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// (d) Nanoseconds to encrypt a frame's body and tag it (AES-128-GCM, the header and FC
+/// block as associated data), as an encrypting session does for each DATA frame it sends.
+fn aead_cost(len: usize) -> f64 {
+    let (k, _) =
+        PresharedKey::new(b"0123456789abcdef").map(|p| p.frame_keys(b"t")).unwrap_or_else(|| unreachable!());
+    let mut frame = vec![0x11u8; len];
+    let body_at = link::wire::BODY_AT.min(len);
+    let n = 200_000;
+    let t0 = Instant::now();
+    let mut acc = 0u8;
+    for _ in 0..n {
+        acc ^= std::hint::black_box(k.seal(std::hint::black_box(&mut frame), body_at))[0];
     }
     std::hint::black_box(acc);
     t0.elapsed().as_nanos() as f64 / n as f64
@@ -631,12 +657,19 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         mac_cost(64),
         mac_cost(1472)
     );
-    match session_cpu(size) {
-        Some((rtt, tx, rx)) => println!(
-            "session CPU, in memory: {rtt:.0} ns per round trip (both sides); per streamed frame \
-             {tx:.0} ns sending, {rx:.0} ns receiving"
-        ),
-        None => println!("session CPU, in memory: the sessions did not come up"),
+    println!(
+        "frame AEAD (AES-128-GCM, body encrypted): {:.0} ns per 64-byte frame, {:.0} ns per 1472-byte frame",
+        aead_cost(64),
+        aead_cost(1472)
+    );
+    for (encrypt, what) in [(false, "tagged"), (true, "encrypted")] {
+        match session_cpu(size, encrypt) {
+            Some((rtt, tx, rx)) => println!(
+                "session CPU, in memory, frames {what}: {rtt:.0} ns per round trip (both sides); per \
+                 streamed frame {tx:.0} ns sending, {rx:.0} ns receiving"
+            ),
+            None => println!("session CPU, in memory, frames {what}: the sessions did not come up"),
+        }
     }
     Ok(())
 }

@@ -26,6 +26,8 @@ pub(crate) struct LinkSection {
     idle_timeout_ms: Option<u64>,
     handshake_timeout_ms: Option<u64>,
     authenticate_frames: Option<bool>,
+    encrypt_frames: Option<bool>,
+    key_update_frames: Option<u64>,
     /// `auto`, `io_uring` or `portable`.
     pub(crate) driver: Option<String>,
     /// `blocking` or `busy`.
@@ -279,6 +281,12 @@ impl LinkSection {
         }
         if let Some(v) = self.authenticate_frames {
             c.authenticate_frames = v;
+        }
+        if let Some(v) = self.encrypt_frames {
+            c.encrypt_frames = v;
+        }
+        if let Some(v) = self.key_update_frames {
+            c.key_update_frames = v;
         }
         c.validate().map_err(|link::ConfigError::Invalid { key, value, problem }| {
             bad(&format!("link.{key}"), value, problem)
@@ -570,6 +578,8 @@ mod tests {
             r#"listen = "127.0.0.1:7441"
             [link]
             mtu = 9000
+            encrypt_frames = true
+            key_update_frames = 100000
             poll = "busy"
             spin_us = 50
             [[host]]
@@ -583,6 +593,8 @@ mod tests {
         .unwrap();
         assert_eq!(o.listen, "127.0.0.1:7441".parse().unwrap());
         assert_eq!(o.link.mtu, 9000);
+        assert!(o.link.encrypt_frames);
+        assert_eq!(o.link.key_update_frames, 100_000);
         assert_eq!(o.poll, PollMode::Busy { spin: Duration::from_micros(50) });
         assert!(matches!(&o.exports[0].device, DeviceSpec::Sim(p) if p.vram_bytes == 1 << 30));
     }
@@ -672,6 +684,7 @@ mod tests {
                 "256",
             ),
             (gpu_with("[link]\nmtu = 100", KEY, dev), "link.mtu = 100", "354"),
+            (gpu_with("[link]\nkey_update_frames = 3", KEY, dev), "link.key_update_frames = 3", "16..="),
         ];
         for (text, key, why) in gpu_cases {
             let e = gpu(&text).unwrap_err();

@@ -48,6 +48,9 @@ pub(crate) struct LoopbackArgs {
     /// Datagram loss probability in each direction, 0.0..=0.5.
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
+    /// Encrypt the frames' bodies (link.encrypt_frames), as on a fabric others can read.
+    #[arg(long)]
+    encrypt: bool,
     /// MMIO reads timed for the round-trip figures.
     #[arg(long, default_value_t = 2000)]
     pub(crate) rtt_samples: usize,
@@ -85,6 +88,7 @@ impl LoopbackArgs {
             delay_us: 0,
             jitter_us: 0,
             loss: 0.0,
+            encrypt: false,
             rtt_samples: 2000,
             json: false,
             vfio_user: None,
@@ -133,10 +137,21 @@ impl LocalBox {
         poll: PollMode,
         impairment: Impairment,
     ) -> Result<LocalBox, String> {
+        LocalBox::start_with(driver, poll, impairment, false)
+    }
+
+    /// [`LocalBox::start`], its link encrypting frames (`link.encrypt_frames`) or not.
+    pub(crate) fn start_with(
+        driver: DriverKind,
+        poll: PollMode,
+        impairment: Impairment,
+        encrypt: bool,
+    ) -> Result<LocalBox, String> {
         let key = random_key();
         let mut link_cfg = link::Config::new(key.clone());
         // Loopback carries 4 KiB payloads in one datagram.
         link_cfg.mtu = 9000;
+        link_cfg.encrypt_frames = encrypt;
         let opts = GpuOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             link: link_cfg.clone(),
@@ -211,7 +226,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let driver = config::driver_kind("--driver", &args.driver)?;
     let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
     let imp = |seed| args.impairment(seed);
-    let gpu = LocalBox::start(driver, poll, imp(11))?;
+    let gpu = LocalBox::start_with(driver, poll, imp(11), args.encrypt)?;
     progress("attaching gpu0 through the host endpoint");
     let mut o = gpu.attach_options(driver, poll, imp(12));
     // Distance adds to every round trip: keep the timeout above it.
@@ -256,7 +271,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
-    let gpu = LocalBox::start(driver, poll, imp(11))?;
+    let gpu = LocalBox::start_with(driver, poll, imp(11), args.encrypt)?;
     let mut o = gpu.attach_options(driver, poll, imp(12));
     o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
     // The VMM grants guest memory; the server thread drives the link.
@@ -343,6 +358,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             "poll": args.poll,
             "delay_us": args.delay_us,
             "loss": args.loss,
+            "encrypted": args.encrypt,
         });
         println!("{report}");
         return ExitCode::SUCCESS;
@@ -351,12 +367,13 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
     );
     println!(
-        "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %",
+        "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
         o.driver,
         args.poll,
         args.delay_us,
         args.jitter_us,
-        args.loss * 100.0
+        args.loss * 100.0,
+        if args.encrypt { "encrypted" } else { "authenticated" }
     );
     println!();
     println!("  workload (every result checked against the CPU)          bridged      direct");

@@ -45,7 +45,7 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// The transport over UDP loopback: round trips against the bare UDP floor, streaming
-    /// against bare sockets, MAC cost.
+    /// against bare sockets, MAC and encryption cost.
     Link(bench::LinkBench),
     /// The directly attached simulated GPU (no bridge): command latency, copy bandwidth,
     /// kernel time — the baseline for bridged figures.

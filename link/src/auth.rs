@@ -84,21 +84,69 @@ const SHORT_FRAME: usize = 512;
 pub struct FrameKey {
     aws_lc: Option<LessSafeKey>,
     short: Option<gmac::Gmac>,
+    /// The key itself, from which the next one is derived at a key update.
+    secret: [u8; 16],
+}
+
+/// The frame's packet number (header bytes 12..20) as an AES-GCM nonce: pn ‖ 0000, unique per
+/// key since the packet number grows with every frame sent.
+fn nonce_of(frame: &[u8]) -> [u8; 12] {
+    let mut nonce = [0u8; 12];
+    if let Some(pn) = frame.get(12..20) {
+        nonce[..8].copy_from_slice(pn);
+    }
+    nonce
 }
 
 impl FrameKey {
-    fn new(key: &[u8; 16]) -> FrameKey {
+    pub(crate) fn new(key: &[u8; 16]) -> FrameKey {
         let aws_lc = UnboundKey::new(&AES_128_GCM, key).ok().map(LessSafeKey::new);
         let short = aws_lc.as_ref().and_then(|_| gmac::Gmac::new(key));
-        FrameKey { aws_lc, short }
+        FrameKey { aws_lc, short, secret: *key }
+    }
+
+    /// The key that follows this one at a key update (docs/wire-protocol.md, *Key update*):
+    /// the first 16 bytes of HMAC-SHA-256(this key, `"dxpu-v1 key update"`).
+    pub fn next(&self) -> FrameKey {
+        let mut k = [0u8; 16];
+        if let Ok(mut m) = <HmacSha256 as KeyInit>::new_from_slice(&self.secret) {
+            m.update(b"dxpu-v1 key update");
+            let full: [u8; 32] = m.finalize().into_bytes().into();
+            k.copy_from_slice(&full[..16]);
+        }
+        FrameKey::new(&k)
+    }
+
+    /// Encrypts `frame[body_at..]` in place (AES-128-GCM; the bytes before `body_at` — header
+    /// and FC block — are associated data) and returns the tag. The nonce is the frame's packet
+    /// number. A zero tag if AWS-LC refused the key (it verifies nothing then either).
+    pub fn seal(&self, frame: &mut [u8], body_at: usize) -> [u8; TAG_LEN] {
+        let mut tag = [0u8; TAG_LEN];
+        let nonce = nonce_of(frame);
+        let Some(key) = &self.aws_lc else { return tag };
+        let Some((aad, body)) = frame.split_at_mut_checked(body_at) else { return tag };
+        // Only inputs over 2^36 bytes fail; a frame is at most 64 KiB.
+        if let Ok(t) =
+            key.seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&*aad), body)
+        {
+            tag.copy_from_slice(t.as_ref());
+        }
+        tag
+    }
+
+    /// Verifies and decrypts in place `frame[body_at..]`, which is the ciphertext followed by
+    /// its tag (the frame up to its CRC). The plaintext's length, or `None` if the tag does
+    /// not verify (the bytes are then unspecified).
+    pub fn open(&self, frame: &mut [u8], body_at: usize) -> Option<usize> {
+        let nonce = nonce_of(frame);
+        let key = self.aws_lc.as_ref()?;
+        let (aad, in_out) = frame.split_at_mut_checked(body_at)?;
+        key.open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(&*aad), in_out).ok().map(|p| p.len())
     }
     /// The tag of a frame's authenticated bytes. The nonce is the frame's packet number
     /// (header bytes 12..20), so no two frames under one key share it.
     pub fn tag(&self, frame: &[u8]) -> [u8; TAG_LEN] {
-        let mut nonce = [0u8; 12];
-        if let Some(pn) = frame.get(12..20) {
-            nonce[..8].copy_from_slice(pn);
-        }
+        let nonce = nonce_of(frame);
         if frame.len() <= SHORT_FRAME
             && let Some(short) = &self.short
         {

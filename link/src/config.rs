@@ -57,8 +57,16 @@ pub struct Config {
     pub handshake_retry: Duration,
     /// Give up the handshake after this long.
     pub handshake_timeout: Duration,
-    /// Tag every frame with a MAC under the session key. Off only for trusted fabrics.
+    /// Tag every frame with a MAC under the session key. Off only for trusted fabrics; the
+    /// session authenticates if either side asks (docs/wire-protocol.md, *Options*).
     pub authenticate_frames: bool,
+    /// Encrypt DATA frame bodies (AES-128-GCM under the session's per-direction keys), for
+    /// fabrics others can read. The session encrypts if either side asks; encryption
+    /// implies authentication.
+    pub encrypt_frames: bool,
+    /// Frames sent under one key before the sender updates it (the key update keeps the
+    /// session: docs/wire-protocol.md, *Key update*). 16..=2^23.
+    pub key_update_frames: u64,
 }
 
 impl Config {
@@ -78,6 +86,8 @@ impl Config {
             handshake_retry: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(5),
             authenticate_frames: true,
+            encrypt_frames: false,
+            key_update_frames: crate::keys::DEFAULT_KEY_UPDATE_FRAMES,
         }
     }
 
@@ -126,6 +136,13 @@ impl Config {
                 "keepalive_interval",
                 format!("{:?}", self.keepalive_interval),
                 "must be non-zero and below idle_timeout",
+            );
+        }
+        if !(16..=1 << 23).contains(&self.key_update_frames) {
+            return bad(
+                "key_update_frames",
+                self.key_update_frames.to_string(),
+                "must be 16..=8388608 (AES-GCM's limit for one key is 2^23 frames)",
             );
         }
         if self.handshake_retry.is_zero() || self.handshake_retry > self.handshake_timeout {

@@ -18,7 +18,7 @@ use crate::auth::{PresharedKey, Rng};
 use crate::config::Config;
 use crate::handshake::{
     CLIENT_PROOF, ChallengeBody, CookieBody, CookieError, Cookies, InitBody, Refusal, RefuseBody,
-    ResponseBody, SERVER_PROOF, transcript,
+    ResponseBody, SERVER_PROOF, options, transcript,
 };
 use crate::session::{Accepted, DownReason, InPlaceFrom, Session};
 use crate::time::Time;
@@ -232,6 +232,8 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             nonce,
             mtu: (mtu as u16).into(),
             window: (window as u16).into(),
+            options: options::negotiated(init.options, options::of(&self.cfg)),
+            reserved: 0,
             proof: [0; 32],
         };
         c.proof = key.proof(SERVER_PROOF, &transcript(epoch, init, self.epoch, &c));
@@ -337,6 +339,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             peer_epoch: h.epoch,
             mtu: challenge.mtu.get() as usize,
             window: challenge.window.get() as u32,
+            options: challenge.options,
             transcript: t,
         };
         let session = Session::accepted(cfg, now, Rng::new(seed), accepted);
@@ -354,7 +357,8 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             self.stats.replies_dropped += 1;
             return;
         }
-        let h = Header { ty, session, epoch: self.epoch, pn: 0, seq: 0, ack: 0, nak: false };
+        let h =
+            Header { ty, session, epoch: self.epoch, pn: 0, seq: 0, ack: 0, nak: false, key_phase: false };
         let mut bytes = [0u8; REPLY_MAX];
         let unauthenticated = |_: &[u8]| [0u8; TAG_LEN];
         if let Ok(len) =
@@ -496,7 +500,7 @@ mod tests {
             f[len - 4..].copy_from_slice(&crc.to_be_bytes());
         };
         // A flipped bit in the proof, in the cookie, or in a field the cookie covers.
-        for at in [body + 56, body + 40, body + 4] {
+        for at in [body + 60, body + 40, body + 4] {
             let mut f = response.clone();
             f[at] ^= 1;
             refresh(&mut f);

@@ -54,7 +54,33 @@ pub(crate) struct InitBody {
     pub(crate) mtu: U16,
     pub(crate) window: U16,
     pub(crate) key_id: [u8; 8],
+    /// What the client asks of the session's frames ([`options`]).
+    pub(crate) options: u8,
+    pub(crate) reserved: u8,
     pub(crate) cookie: [u8; COOKIE_LEN],
+}
+
+/// The handshake's option bits: what the session does to its frames. The session does what
+/// either side asks (the server answers with the union); encryption implies authentication.
+pub(crate) mod options {
+    /// Frames carry a MAC tag.
+    pub(crate) const AUTHENTICATE: u8 = 1;
+    /// DATA frame bodies are encrypted.
+    pub(crate) const ENCRYPT: u8 = 2;
+    /// Every bit this version knows.
+    pub(crate) const KNOWN: u8 = AUTHENTICATE | ENCRYPT;
+
+    /// The options `cfg` asks for.
+    pub(crate) fn of(cfg: &crate::Config) -> u8 {
+        (if cfg.authenticate_frames { AUTHENTICATE } else { 0 })
+            | (if cfg.encrypt_frames { ENCRYPT } else { 0 })
+    }
+
+    /// The session's options when one side asks `a` and the other `b`.
+    pub(crate) fn negotiated(a: u8, b: u8) -> u8 {
+        let o = (a | b) & KNOWN;
+        if o & ENCRYPT != 0 { o | AUTHENTICATE } else { o }
+    }
 }
 
 /// COOKIE: the INIT's nonce (so that only the asker takes it) and the cookie to echo.
@@ -73,6 +99,9 @@ pub(crate) struct ChallengeBody {
     pub(crate) nonce: [u8; 16],
     pub(crate) mtu: U16,
     pub(crate) window: U16,
+    /// The session's options: the union of both sides' ([`options::negotiated`]).
+    pub(crate) options: u8,
+    pub(crate) reserved: u8,
     pub(crate) proof: [u8; 32],
 }
 
@@ -124,7 +153,8 @@ impl Refusal {
 }
 
 /// The handshake transcript both proofs and the frame keys are computed over: client epoch
-/// ‖ INIT body ‖ server epoch ‖ server ID ‖ server nonce ‖ negotiated MTU ‖ negotiated window.
+/// ‖ INIT body ‖ server epoch ‖ server ID ‖ server nonce ‖ negotiated MTU ‖ negotiated window
+/// ‖ negotiated options ‖ reserved.
 pub(crate) fn transcript(
     client_epoch: u32,
     init: &InitBody,
@@ -135,9 +165,12 @@ pub(crate) fn transcript(
     t.extend_from_slice(&client_epoch.to_be_bytes());
     t.extend_from_slice(init.as_bytes());
     t.extend_from_slice(&server_epoch.to_be_bytes());
-    t.extend_from_slice(&challenge.as_bytes()[..24]);
+    t.extend_from_slice(&challenge.as_bytes()[..CHALLENGE_FIELDS]);
     t
 }
+
+/// The CHALLENGE fields before its proof: server ID, nonce, MTU, window, options, reserved.
+const CHALLENGE_FIELDS: usize = size_of::<ChallengeBody>() - 32;
 
 /// Why a cookie was not accepted.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -260,16 +293,18 @@ mod tests {
             mtu: 1472.into(),
             window: 128.into(),
             key_id: [9; 8],
+            options: options::AUTHENTICATE,
+            reserved: 0,
             cookie: [0; COOKIE_LEN],
         }
     }
 
     #[test]
     fn body_sizes_are_the_documented_ones() {
-        assert_eq!(size_of::<InitBody>(), 56);
+        assert_eq!(size_of::<InitBody>(), 58);
         assert_eq!(size_of::<CookieBody>(), 40);
-        assert_eq!(size_of::<ChallengeBody>(), 56);
-        assert_eq!(size_of::<ResponseBody>(), 88);
+        assert_eq!(size_of::<ChallengeBody>(), 58);
+        assert_eq!(size_of::<ResponseBody>(), 90);
         assert_eq!(size_of::<RefuseBody>(), 20);
         // No answer is longer than the INIT it answers.
         for answer in [size_of::<CookieBody>(), size_of::<ChallengeBody>(), size_of::<RefuseBody>()] {

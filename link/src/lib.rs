@@ -16,6 +16,7 @@ mod endpoint;
 mod error;
 mod handshake;
 mod kept;
+mod keys;
 mod seq;
 mod session;
 mod time;
@@ -27,6 +28,7 @@ pub use endpoint::{Endpoint, EndpointStats, HandshakeFailure};
 pub use error::{ConfigError, FrameError, SendError};
 pub use handshake::{COOKIE_LEN, Refusal};
 pub use kept::Kept;
+pub use keys::DEFAULT_KEY_UPDATE_FRAMES;
 pub use seq::SeqNum;
 pub use session::{
     DownReason, Event, InPlace, InPlaceFrom, Memory, Role, SealedFrame, Session, Stats, Transmit,

@@ -31,8 +31,9 @@ use crate::config::Config;
 use crate::error::SendError;
 use crate::handshake::{
     CLIENT_PROOF, COOKIE_LEN, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody,
-    SERVER_PROOF, transcript,
+    SERVER_PROOF, options, transcript,
 };
+use crate::keys::{RxKeys, TxKeys, Which};
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
@@ -150,6 +151,10 @@ pub struct Stats {
     pub dropped_out_of_window: u64,
     /// Handshake proofs that failed (wrong key).
     pub auth_failures: u64,
+    /// Key updates of this side's sending key.
+    pub key_updates: u64,
+    /// Key updates of the peer's sending key this side followed.
+    pub peer_key_updates: u64,
     /// TLP records in DATA frames that were not TLPs (dropped, frame still acknowledged).
     pub malformed_tlps: u64,
 }
@@ -267,6 +272,8 @@ pub(crate) struct Accepted {
     pub(crate) peer_epoch: u32,
     pub(crate) mtu: usize,
     pub(crate) window: u32,
+    /// The negotiated options ([`crate::handshake::options`]).
+    pub(crate) options: u8,
     pub(crate) transcript: Vec<u8>,
 }
 
@@ -283,8 +290,14 @@ pub struct Session {
     /// Client: the cookie the server gave, echoed in INIT (zeros before one came).
     cookie: [u8; COOKIE_LEN],
     transcript: Vec<u8>,
-    tx_key: Option<FrameKey>,
-    rx_key: Option<FrameKey>,
+    /// The frame keys, once the handshake made them.
+    tx: Option<TxKeys>,
+    rx: Option<RxKeys>,
+    /// Negotiated: frames carry tags; DATA bodies are encrypted.
+    authenticate: bool,
+    encrypt: bool,
+    /// Where an encrypted frame is decrypted (the receive buffer is not ours to change).
+    scratch: Vec<u8>,
     mtu: usize,
     window: u32,
     saw_bad_proof: bool,
@@ -369,8 +382,11 @@ impl Session {
             local_nonce,
             cookie: [0; COOKIE_LEN],
             transcript: Vec::new(),
-            tx_key: None,
-            rx_key: None,
+            tx: None,
+            rx: None,
+            authenticate: true,
+            encrypt: false,
+            scratch: Vec::new(),
             saw_bad_proof: false,
             handshake_due: false,
             established_due: false,
@@ -433,8 +449,7 @@ impl Session {
         s.mtu = a.mtu;
         s.window = a.window;
         let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
-        s.rx_key = Some(c2s);
-        s.tx_key = Some(s2c);
+        s.set_keys(s2c, c2s, a.options);
         s.transcript = a.transcript;
         s.stats.frames_received += 1;
         s.become_up(now);
@@ -520,6 +535,10 @@ impl Session {
     /// [`crate::PresharedKey::key_id`]): on a server, which host key the client presented.
     pub fn key_id(&self) -> [u8; 8] {
         self.cfg.psk.key_id()
+    }
+    /// What the handshake settled for the frames: (tagged, DATA bodies encrypted).
+    pub fn frame_protection(&self) -> (bool, bool) {
+        (self.authenticate, self.encrypt)
     }
     /// The peer's session ID (0 before the handshake has told it).
     pub fn peer_id(&self) -> u32 {
@@ -671,7 +690,7 @@ impl Session {
     /// Closes the session: a CLOSE frame goes out at the next `poll_transmit`.
     pub fn close(&mut self, _now: Time) {
         if !self.is_down() {
-            let had_keys = self.tx_key.is_some();
+            let had_keys = self.tx.is_some();
             self.go_down(DownReason::Closed);
             self.close_due = had_keys;
         }
@@ -760,7 +779,7 @@ impl Session {
                 self.stats.retransmits += 1;
                 let f = self.data_frame(i);
                 self.arm_replay(now);
-                return f.map(Transmit::Sealed);
+                return self.data_transmit(f?, buf);
             }
         }
         if (self.unacked.len() as u32) < self.window
@@ -768,7 +787,7 @@ impl Session {
         {
             let f = self.new_data_frame(from);
             self.arm_replay(now);
-            return f.map(Transmit::Sealed);
+            return self.data_transmit(f?, buf);
         }
         if self.keepalive_due {
             self.keepalive_due = false;
@@ -849,14 +868,36 @@ impl Session {
             }
             _ => {}
         }
-        // Everything else is authenticated with the peer's frame key.
-        let Some(key) = self.rx_key.as_ref() else {
+        // Everything else is authenticated with the peer's frame key of the phase the frame
+        // says; an encrypted body is decrypted into `scratch` (the receive buffer is not ours).
+        let Some(rx) = self.rx.as_mut() else {
             self.stats.dropped_unexpected += 1;
             return;
         };
-        if self.cfg.authenticate_frames && !key.verify(frame.authenticated(), &frame.tag()) {
+        let which = rx.which(h.key_phase, h.pn);
+        let key = rx.key(which);
+        let mut decrypted = None;
+        if self.encrypt && !frame.body().is_empty() {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            let bytes = frame.bytes();
+            scratch.extend_from_slice(&bytes[..bytes.len() - 4]);
+            match key.open(&mut scratch, frame.body_at()) {
+                Some(len) => decrypted = Some((scratch, len)),
+                None => {
+                    self.scratch = scratch;
+                    self.stats.dropped_bad_mac += 1;
+                    return;
+                }
+            }
+        } else if self.authenticate && !key.verify(frame.authenticated(), &frame.tag()) {
             self.stats.dropped_bad_mac += 1;
             return;
+        }
+        if self.authenticate && which == Which::Next {
+            // Authentic under the next key: the peer updated its key.
+            rx.advance(h.pn);
+            self.stats.peer_key_updates += 1;
         }
         if h.epoch != self.peer_epoch {
             self.stats.dropped_stale_epoch += 1;
@@ -886,7 +927,14 @@ impl Session {
         }
         self.on_ack(now, SeqNum(h.ack), h.nak);
         match h.ty {
-            FrameType::Data => self.on_data(now, SeqNum(h.seq), frame.body(), sink),
+            FrameType::Data => match decrypted {
+                Some((scratch, len)) => {
+                    let at = frame.body_at();
+                    self.on_data(now, SeqNum(h.seq), &scratch[at..at + len], sink);
+                    self.scratch = scratch;
+                }
+                None => self.on_data(now, SeqNum(h.seq), frame.body(), sink),
+            },
             FrameType::Close => self.go_down(DownReason::PeerClosed),
             _ => {}
         }
@@ -1004,7 +1052,12 @@ impl Session {
             return;
         }
         let (peer_id, mtu, window) = (c.server_id.get(), c.mtu.get() as usize, c.window.get() as u32);
+        // The server may only add to what this side asked of the frames (its proof covers
+        // both), never take from it.
+        let asked = options::of(&self.cfg);
         if peer_id == 0
+            || c.options & asked != asked
+            || c.options & !options::KNOWN != 0
             || mtu > self.mtu
             || window > self.window
             || window == 0
@@ -1018,8 +1071,7 @@ impl Session {
         self.mtu = mtu;
         self.window = window;
         let (c2s, s2c) = self.cfg.psk.frame_keys(&t);
-        self.tx_key = Some(c2s);
-        self.rx_key = Some(s2c);
+        self.set_keys(c2s, s2c, c.options);
         self.transcript = t;
         self.state = State::ClientResponse;
         self.handshake_due = true;
@@ -1052,13 +1104,25 @@ impl Session {
             mtu: (self.cfg.mtu.min(u16::MAX as usize) as u16).into(),
             window: (self.cfg.window.min(u16::MAX as u32) as u16).into(),
             key_id: self.cfg.psk.key_id(),
+            options: options::of(&self.cfg),
+            reserved: 0,
             cookie: self.cookie,
         }
     }
 
+    /// The next frame's header; its key is counted (and updated when due) here, so that the
+    /// frame carries the phase of the key it is sealed under.
     fn header(&mut self, ty: FrameType, seq: SeqNum) -> Header {
         let pn = self.next_pn;
         self.next_pn += 1;
+        let key_phase = match &mut self.tx {
+            Some(t) => {
+                let phase = t.for_frame().1;
+                self.stats.key_updates = t.updates;
+                phase
+            }
+            None => false,
+        };
         Header {
             ty,
             session: self.peer_id,
@@ -1067,12 +1131,44 @@ impl Session {
             seq: seq.0,
             ack: self.rx_next.0,
             nak: self.nak_due,
+            key_phase,
         }
     }
 
+    /// The tag of a frame whose body is sent as it is (every frame of a session that does not
+    /// encrypt, and those with no body in one that does: GCM over an empty plaintext is GMAC).
     fn mac(&self) -> impl Fn(&[u8]) -> [u8; TAG_LEN] + '_ {
-        let key = if self.cfg.authenticate_frames { self.tx_key.as_ref() } else { None };
+        let key = if self.authenticate { self.tx.as_ref().map(TxKeys::key) } else { None };
         move |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes))
+    }
+
+    /// A DATA frame to send: where it was sealed, or an encrypted copy in `buf`.
+    fn data_transmit(&self, f: SealedFrame, buf: &mut [u8]) -> Option<Transmit> {
+        if self.encrypt {
+            self.encrypt_into(&f, buf).map(Transmit::Written)
+        } else {
+            Some(Transmit::Sealed(f))
+        }
+    }
+
+    /// The session's keys, both ways, and what it does to its frames.
+    fn set_keys(&mut self, tx: FrameKey, rx: FrameKey, negotiated: u8) {
+        self.tx = Some(TxKeys::new(tx, self.cfg.key_update_frames));
+        self.rx = Some(RxKeys::new(rx));
+        self.authenticate = negotiated & options::AUTHENTICATE != 0;
+        self.encrypt = negotiated & options::ENCRYPT != 0;
+    }
+
+    /// A sealed DATA frame, encrypted: copied into `buf` (the plaintext stays in the replay
+    /// buffer, to be sealed again under a fresh packet number if it is replayed), its body
+    /// encrypted there and its tag and CRC written. The frame's length in `buf`.
+    fn encrypt_into(&self, f: &SealedFrame, buf: &mut [u8]) -> Option<usize> {
+        let frame = self.sealed(f);
+        let out = buf.get_mut(..frame.len())?;
+        out.copy_from_slice(frame);
+        let key = self.tx.as_ref()?.key();
+        crate::wire::reseal(out, |b, body_at| key.seal(b, body_at));
+        Some(out.len())
     }
 
     fn handshake_frame(&mut self, buf: &mut [u8]) -> Option<usize> {
@@ -1129,7 +1225,9 @@ impl Session {
         let fc = self.fc_for(false);
         let seq = self.unacked[index].seq;
         let h = self.header(FrameType::Data, seq);
-        let key = if self.cfg.authenticate_frames { self.tx_key.as_ref() } else { None };
+        // An encrypting session seals its copy of the frame instead (`encrypt_into`).
+        let tags = self.authenticate && !self.encrypt;
+        let key = if tags { self.tx.as_ref().map(TxKeys::key) } else { None };
         let mac = |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes));
         let sent = &mut self.unacked[index];
         if sent.buf.len() < BODY_AT + sent.len + TRAILER_LEN {
@@ -1180,6 +1278,9 @@ impl Session {
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
         self.next_seq = seq.next();
+        if let Some(tx) = &mut self.tx {
+            tx.first_sent(seq);
+        }
         let len = chunk.end - BODY_AT;
         self.unacked.push_back(Sent { seq, buf: chunk.buf, len });
         self.data_frame(self.unacked.len() - 1)
@@ -1211,6 +1312,9 @@ impl Session {
     }
 
     fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
+        if let Some(tx) = &mut self.tx {
+            tx.acked(ack);
+        }
         let mut progressed = false;
         while self.unacked.front().is_some_and(|s| s.seq < ack) {
             if let Some(s) = self.unacked.pop_front() {
@@ -1352,13 +1456,20 @@ mod tests {
     use super::*;
     use tlp::{Address, Bdf, Body, Request, Tag};
 
+    fn test_config() -> Config {
+        Config::new(crate::PresharedKey::new(b"dxpu unit test key, 32 bytes....").unwrap())
+    }
+
     /// A client and a server session joined in memory, handshake done.
     fn pair() -> (Session, Session) {
-        let psk = crate::PresharedKey::new(b"dxpu unit test key, 32 bytes....").unwrap();
-        let cfg = Config::new(psk);
+        pair_with(test_config(), test_config())
+    }
+
+    /// [`pair`] with these configurations.
+    fn pair_with(client: Config, server: Config) -> (Session, Session) {
         let t = Time::from_nanos(1);
-        let mut c = Session::client(cfg.clone(), t, 1, Rng::from_u64(1));
-        let mut ep: crate::Endpoint<u8> = crate::Endpoint::new(cfg, 2, Rng::from_u64(2), 1);
+        let mut c = Session::client(client, t, 1, Rng::from_u64(1));
+        let mut ep: crate::Endpoint<u8> = crate::Endpoint::new(server, 2, Rng::from_u64(2), 1);
         let mut buf = vec![0u8; 2048];
         // INIT, COOKIE, INIT, CHALLENGE, RESPONSE: the endpoint's answers, then the session.
         for _ in 0..3 {
@@ -1482,5 +1593,87 @@ mod tests {
         }
         assert_eq!(s.memory().delivered_tlps, 2);
         assert!(c.is_idle() || c.memory().queued_tlps == 0);
+    }
+
+    /// Sends `n` writes of `payload` from `c` to `s` and back acknowledgements; returns the
+    /// datagrams `c` sent.
+    fn exchange(c: &mut Session, s: &mut Session, payload: &[u8], n: usize, t: &mut Time) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; 2048];
+        let mut wire = Vec::new();
+        for _ in 0..n {
+            c.send_repr(&write(payload)).unwrap();
+            *t = *t + core::time::Duration::from_micros(100);
+            while let Some(len) = c.poll_transmit(*t, &mut buf) {
+                wire.push(buf[..len].to_vec());
+                s.handle_datagram(*t, &buf[..len]);
+            }
+            while let Some(r) = s.recv_tlp() {
+                s.recycle(r);
+            }
+            *t = *t + core::time::Duration::from_millis(1);
+            s.handle_timeout(*t);
+            while let Some(len) = s.poll_transmit(*t, &mut buf) {
+                c.handle_datagram(*t, &buf[..len]);
+            }
+        }
+        wire
+    }
+
+    #[test]
+    fn an_encrypted_session_sends_no_plaintext_and_takes_no_altered_frame() {
+        let mut enc = test_config();
+        enc.encrypt_frames = true;
+        // Only the server asks: the session encrypts all the same, both ways.
+        let (mut c, mut s) = pair_with(test_config(), enc);
+        assert_eq!((c.frame_protection(), s.frame_protection()), ((true, true), (true, true)));
+        let secret = *b"a tenant's model weights: not for you!!!";
+        let mut t = Time::from_nanos(10);
+        let wire = exchange(&mut c, &mut s, &secret, 8, &mut t);
+        let data: Vec<&Vec<u8>> = wire.iter().filter(|f| f[3] == 5).collect();
+        assert!(!data.is_empty());
+        for f in &data {
+            assert!(!f.windows(secret.len()).any(|w| w == secret), "plaintext on the wire");
+        }
+        assert_eq!(s.stats().tlps_received, 8);
+        // A bit flipped in an encrypted body (CRC fixed up): the tag catches it.
+        let before = s.stats().dropped_bad_mac;
+        let mut f = data[0].clone();
+        f[60] ^= 1;
+        let len = f.len();
+        let crc = crate::wire::crc32c(&f[..len - 4]);
+        f[len - 4..].copy_from_slice(&crc.to_be_bytes());
+        s.handle_datagram(t, &f);
+        assert_eq!(s.stats().dropped_bad_mac, before + 1);
+        // The same payload in a session that only tags frames is on the wire as it is.
+        let (mut c, mut s) = pair();
+        assert_eq!(c.frame_protection(), (true, false));
+        let wire = exchange(&mut c, &mut s, &secret, 1, &mut t);
+        assert!(wire.iter().any(|f| f.windows(secret.len()).any(|w| w == secret)));
+    }
+
+    #[test]
+    fn tags_are_on_when_either_side_asks_for_them() {
+        let mut untagged = test_config();
+        untagged.authenticate_frames = false;
+        let (c, s) = pair_with(untagged.clone(), test_config());
+        assert_eq!((c.frame_protection(), s.frame_protection()), ((true, false), (true, false)));
+        let (c, s) = pair_with(untagged.clone(), untagged);
+        assert_eq!((c.frame_protection(), s.frame_protection()), ((false, false), (false, false)));
+    }
+
+    #[test]
+    fn keys_update_without_dropping_the_session() {
+        let mut cfg = test_config();
+        cfg.encrypt_frames = true;
+        cfg.key_update_frames = 16;
+        let (mut c, mut s) = pair_with(cfg.clone(), cfg);
+        let mut t = Time::from_nanos(10);
+        exchange(&mut c, &mut s, &[7u8; 64], 200, &mut t);
+        assert_eq!(s.stats().tlps_received, 200);
+        assert!(c.stats().key_updates >= 5, "{:?}", c.stats());
+        assert_eq!(s.stats().peer_key_updates, c.stats().key_updates);
+        assert!(s.stats().key_updates >= 1 && c.stats().peer_key_updates == s.stats().key_updates);
+        assert!(c.is_up() && s.is_up());
+        assert_eq!(s.stats().dropped_bad_mac + c.stats().dropped_bad_mac, 0);
     }
 }

@@ -43,6 +43,8 @@ pub const MIN_FRAME: usize = HEADER_LEN + TRAILER_LEN;
 pub const FLAG_NAK: u16 = 1;
 /// Flag: a flow-control block follows the header.
 pub const FLAG_FC: u16 = 2;
+/// Flag: the phase of the key the frame is sealed under (flips at each key update).
+pub const FLAG_KEY_PHASE: u16 = 4;
 
 /// Frame types.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -162,6 +164,8 @@ pub struct Header {
     pub ack: u32,
     /// The receiver misses frame `ack` (NAK).
     pub nak: bool,
+    /// The phase of the sender's key (see [`FLAG_KEY_PHASE`]).
+    pub key_phase: bool,
 }
 
 /// A checked view of one frame: length, magic, version, CRC and inner lengths verified.
@@ -220,7 +224,16 @@ impl<'a> Frame<'a> {
             seq: be32(b, 20),
             ack: be32(b, 24),
             nak: flags & FLAG_NAK != 0,
+            key_phase: flags & FLAG_KEY_PHASE != 0,
         }
+    }
+    /// Where the body starts (after the header and the FC block, if any).
+    pub fn body_at(&self) -> usize {
+        HEADER_LEN + if be16(self.bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 }
+    }
+    /// The whole frame.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
     }
     /// The flow-control block, if present.
     pub fn fc(&self) -> Option<FcLimits> {
@@ -310,7 +323,9 @@ fn put_header(b: &mut [u8], header: &Header, fc: Option<&FcLimits>, body_len: us
     b[12..20].copy_from_slice(&header.pn.to_be_bytes());
     b[20..24].copy_from_slice(&header.seq.to_be_bytes());
     b[24..28].copy_from_slice(&header.ack.to_be_bytes());
-    let flags = if header.nak { FLAG_NAK } else { 0 } | if fc.is_some() { FLAG_FC } else { 0 };
+    let flags = if header.nak { FLAG_NAK } else { 0 }
+        | if fc.is_some() { FLAG_FC } else { 0 }
+        | if header.key_phase { FLAG_KEY_PHASE } else { 0 };
     b[28..30].copy_from_slice(&flags.to_be_bytes());
     b[30..32].copy_from_slice(&(body_len as u16).to_be_bytes());
     if let Some(fc) = fc {
@@ -325,6 +340,23 @@ fn put_trailer(b: &mut [u8], mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN]) {
     let len = b.len();
     let tag_at = len - TRAILER_LEN;
     let tag = mac(&b[..tag_at]);
+    b[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);
+    let crc = crc32c(&b[..len - 4]);
+    b[len - 4..].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Seals again a whole frame `b` (header, FC block, body, trailer) with an AEAD: `seal` gets
+/// the frame up to its tag and where the body starts, encrypts the body in place and returns
+/// the tag, which is written with a new CRC. How an encrypted session's DATA frame is made
+/// from the plaintext frame sealed in the replay buffer.
+pub fn reseal(b: &mut [u8], seal: impl FnOnce(&mut [u8], usize) -> [u8; TAG_LEN]) {
+    let len = b.len();
+    if len < MIN_FRAME {
+        return;
+    }
+    let body_at = HEADER_LEN + if be16(b, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
+    let tag_at = len - TRAILER_LEN;
+    let tag = seal(&mut b[..tag_at], body_at.min(tag_at));
     b[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);
     let crc = crc32c(&b[..len - 4]);
     b[len - 4..].copy_from_slice(&crc.to_be_bytes());
@@ -387,6 +419,7 @@ mod tests {
             seq: 5,
             ack: 3,
             nak: true,
+            key_phase: true,
         };
         let fc = FcLimits { posted: (1, 2), non_posted: (3, 4), completion: (5, 6) };
         let mut buf = vec![0u8; 256];
@@ -421,7 +454,7 @@ mod tests {
         assert_eq!(&b[0..4], &[0x44, 0x58, 2, 5]);
         assert_eq!(&b[4..8], &7u32.to_be_bytes());
         assert_eq!(&b[12..20], &0x1_0000_0002u64.to_be_bytes());
-        assert_eq!(&b[28..30], &[0, 3]);
+        assert_eq!(&b[28..30], &[0, 7], "NAK, FC and KEY_PHASE");
         assert_eq!(&b[30..32], &[0, 6]);
         assert_eq!(&b[32..36], &1u32.to_be_bytes());
         assert_eq!(b.len(), 32 + 24 + 6 + 20);
@@ -454,7 +487,16 @@ mod tests {
     /// without an FC block, and a buffer without room for the trailer is refused.
     #[test]
     fn sealing_in_place_writes_the_same_frame() {
-        let h = Header { ty: FrameType::Data, session: 7, epoch: 9, pn: 42, seq: 5, ack: 3, nak: false };
+        let h = Header {
+            ty: FrameType::Data,
+            session: 7,
+            epoch: 9,
+            pn: 42,
+            seq: 5,
+            ack: 3,
+            nak: false,
+            key_phase: false,
+        };
         let fc = FcLimits { posted: (1, 2), non_posted: (3, 4), completion: (5, 6) };
         let body: Vec<u8> = (0..300u16).map(|i| i as u8).collect();
         for fc in [None, Some(&fc)] {
