@@ -1,15 +1,20 @@
 //! The session state machine driven by arbitrary input: the fuzzer's bytes become a script
 //! of datagrams (raw, or mutations of frames the peer really sent), time steps and
-//! application commands, fed to a client and a server that share the real key. Nothing may
-//! panic, and the bounds on memory and credits must hold throughout.
+//! application commands, fed to a client and a server that share the real key. The first byte
+//! chooses whether the frames are encrypted and how often keys are updated, so the stateless
+//! handshake (COOKIE, CHALLENGE, REFUSE from the endpoint), decryption and the key phase are
+//! all under the fuzzer. Nothing may panic, and the bounds on memory and credits must hold
+//! throughout.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use link::{Config, CreditGrant, Endpoint, PresharedKey, Rng, Session, Time};
 use std::time::Duration;
 
-fn config() -> Config {
+fn config(shape: u8) -> Config {
     let mut c = Config::new(PresharedKey::new(b"fuzzing key, sixteen+ bytes").expect("key"));
+    c.encrypt_frames = shape & 1 != 0;
+    c.key_update_frames = 16 + u64::from(shape >> 1);
     c.window = 8;
     c.max_queued = 8;
     c.credits = CreditGrant { posted: (4, 256), non_posted: (4, 256), completion: (4, 256) };
@@ -18,10 +23,12 @@ fn config() -> Config {
 
 const MWR: [u8; 16] = [0x40, 0, 0, 1, 1, 0, 0, 0x0f, 0xf0, 0, 0, 0, 1, 2, 3, 4];
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(|input: &[u8]| {
+    let Some((&shape, data)) = input.split_first() else { return };
     let mut now = Time::from_nanos(1);
-    let mut client = Session::client(config(), now, 1, Rng::from_u64(1));
-    let mut server: Endpoint<u8> = Endpoint::new(config(), 2, Rng::from_u64(2), 2);
+    let mut client = Session::client(config(shape), now, 1, Rng::from_u64(1));
+    // The server asks for encryption by the other bit: either side asking is enough.
+    let mut server: Endpoint<u8> = Endpoint::new(config(shape >> 1 & 1), 2, Rng::from_u64(2), 2);
     let mut buf = vec![0u8; 2048];
     let mut last_to_client: Vec<u8> = Vec::new();
     let mut last_to_server: Vec<u8> = Vec::new();
