@@ -630,3 +630,20 @@ fn the_socket_is_private_whatever_the_umask_and_nothing_else_at_its_path_is_repl
     let server = VfioUserServer::bind(&path, attach("gpu1"), link::driver::PollMode::Blocking).unwrap();
     drop(server.into_device());
 }
+
+/// The server stops (SIGTERM's flag) promptly even while a client stalls mid-message: it
+/// waited behind the stalled client's blocking read for 5 s.
+#[test]
+fn the_server_stops_at_once_behind_a_stalled_client() {
+    let _g = serial();
+    let served = serve();
+    let s = UnixStream::connect(&served.path).unwrap();
+    (&s).write_all(&Header { id: 1, command: cmd::VERSION, size: 40, flags: 0, error: 0 }.emit()[..8])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let dev = served.finish();
+    assert!(t.elapsed() < Duration::from_millis(500), "stopped after {:?}", t.elapsed());
+    assert!(dev.removed().is_none());
+    drop(s);
+}

@@ -329,3 +329,68 @@ fn a_wrong_key_is_told_to_the_host_at_once_and_logged_by_the_box() {
     assert!(log.contains("refused: it presented a key this endpoint does not hold"), "{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The box killed (SIGKILL) while `dxpu host --workload` waits on its device: the host exits
+/// within 1.5 s, saying the device was removed and why (it waited for its 5 s fence timeout
+/// and said "fence N not reached" or "device error 18446744073709551615").
+#[test]
+fn a_dead_box_ends_the_hosts_workload_within_a_second_and_a_half_saying_why() {
+    use std::io::BufRead;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("dead-box");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
+    let mut host = dxpu()
+        .args(["host", "--workload", "--config"])
+        .arg(&host_cfg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(host.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("MATMUL") {
+            break;
+        }
+    }
+    gpu.kill().unwrap();
+    let t = Instant::now();
+    for line in lines {
+        log.push_str(&line.unwrap());
+        log.push('\n');
+    }
+    let status = host.wait().unwrap();
+    let _ = gpu.wait();
+    assert!(t.elapsed() < Duration::from_millis(1500), "exited {:?} after the box died: {log}", t.elapsed());
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("device removed"), "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A key file others may read is warned about at start, naming it and its mode.
+#[test]
+fn a_key_file_others_can_read_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("key-mode");
+    let key = write(&dir, "host-a.key", KEY_A);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let port = free_port();
+    let text = gpu_toml(port).replacen(
+        &format!("key = \"{KEY_A}\""),
+        &format!("key_file = \"{}\"", key.display()),
+        1,
+    );
+    let cfg = write(&dir, "gpu.toml", &text);
+    let mut gpu = dxpu().args(["gpu", "--config"]).arg(&cfg).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(&gpu);
+    let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("readable by others (mode 644)") && err.contains("host-a.key"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
