@@ -261,23 +261,16 @@ fn a_signal_during_the_handshake_stops_the_host_at_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// SIGTERM during `dxpu host --workload`: the workload ends at its next wait, the device is
-/// detached, and the exit status says the work was not done.
-#[test]
-fn a_signal_during_the_workload_stops_it_and_detaches() {
+/// Runs `dxpu host --workload` with `host_cfg`, calls `interrupt` as the workload's MATMUL step
+/// starts (the longest, in a debug build), and reads the host's log to its end: when the
+/// interruption came, how the host exited, and all it logged.
+fn workload_interrupted_at_matmul(
+    host_cfg: &std::path::Path,
+    interrupt: impl FnOnce(&Child),
+) -> (Instant, std::process::ExitStatus, String) {
     use std::io::BufRead;
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempdir("sig-workload");
-    let port = free_port();
-    let mut gpu = start_gpu(&dir, port);
-    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
-    let mut host = dxpu()
-        .args(["host", "--workload", "--config"])
-        .arg(&host_cfg)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Signalled as the longest step starts (a matrix product: long in a debug build).
+    let mut host =
+        dxpu().args(["host", "--workload", "--config"]).arg(host_cfg).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = std::io::BufReader::new(host.stderr.take().unwrap()).lines();
     let mut log = String::new();
     for line in lines.by_ref() {
@@ -288,13 +281,26 @@ fn a_signal_during_the_workload_stops_it_and_detaches() {
             break;
         }
     }
+    interrupt(&host);
     let t = Instant::now();
-    sigterm(&host);
     for line in lines {
         log.push_str(&line.unwrap());
         log.push('\n');
     }
-    let status = host.wait().unwrap();
+    (t, host.wait().unwrap(), log)
+}
+
+/// SIGTERM during `dxpu host --workload`: the workload ends at its next wait, the device is
+/// detached, and the exit status says the work was not done.
+#[test]
+fn a_signal_during_the_workload_stops_it_and_detaches() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sig-workload");
+    let port = free_port();
+    let mut gpu = start_gpu(&dir, port);
+    let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
+    // Signalled as the longest step starts (a matrix product: long in a debug build).
+    let (t, status, log) = workload_interrupted_at_matmul(&host_cfg, sigterm);
     assert!(t.elapsed() < Duration::from_millis(1500), "stopped after {:?}: {log}", t.elapsed());
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(log.contains("workload stopped by a signal"), "{log}");
@@ -335,35 +341,12 @@ fn a_wrong_key_is_told_to_the_host_at_once_and_logged_by_the_box() {
 /// and said "fence N not reached" or "device error 18446744073709551615").
 #[test]
 fn a_dead_box_ends_the_hosts_workload_within_a_second_and_a_half_saying_why() {
-    use std::io::BufRead;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("dead-box");
     let port = free_port();
     let mut gpu = start_gpu(&dir, port);
     let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
-    let mut host = dxpu()
-        .args(["host", "--workload", "--config"])
-        .arg(&host_cfg)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(host.stderr.take().unwrap()).lines();
-    let mut log = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        log.push_str(&line);
-        log.push('\n');
-        if line.contains("MATMUL") {
-            break;
-        }
-    }
-    gpu.kill().unwrap();
-    let t = Instant::now();
-    for line in lines {
-        log.push_str(&line.unwrap());
-        log.push('\n');
-    }
-    let status = host.wait().unwrap();
+    let (t, status, log) = workload_interrupted_at_matmul(&host_cfg, |_| gpu.kill().unwrap());
     let _ = gpu.wait();
     assert!(t.elapsed() < Duration::from_millis(1500), "exited {:?} after the box died: {log}", t.elapsed());
     assert_eq!(status.code(), Some(1), "{log}");
