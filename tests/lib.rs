@@ -1,5 +1,6 @@
 //! Helpers for dxpu's cross-crate integration tests: a GPU-box endpoint on its own thread,
 //! host options pointing at it, and the keys both sides use.
+#![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::net::SocketAddr;

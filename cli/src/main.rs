@@ -1,4 +1,5 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod bench_bridge;

@@ -1,0 +1,176 @@
+//! The architecture's rules, checked: the dependencies between the workspace's crates and the
+//! places that may hold `unsafe`, as docs/architecture.md ("The rules CI checks") lists them,
+//! against `cargo metadata` and the crates' sources. A dependency or an `unsafe` that the
+//! document does not allow fails this test — change the code, or the document with a reason.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The two lists in the document's `text` block: crate → allowed dependencies, crate → files
+/// that may hold `unsafe` ("*" for all).
+fn documented_rules() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<String>>) {
+    let doc = std::fs::read_to_string(workspace().join("docs/architecture.md")).unwrap();
+    let start = doc.find("allowed dependencies (crate:").expect("the rules' block in docs/architecture.md");
+    let block = &doc[start..];
+    let block = &block[..block.find("```").expect("the rules' block ends")];
+    let (mut deps, mut unsafe_files) = (BTreeMap::new(), BTreeMap::new());
+    let mut section = 0;
+    for line in block.lines() {
+        if line.starts_with("allowed dependencies") {
+            section = 1;
+        } else if line.starts_with("where unsafe lives") {
+            section = 2;
+        } else if let Some((krate, rest)) = line.split_once(':') {
+            let set: BTreeSet<String> = rest.split_whitespace().map(str::to_owned).collect();
+            let map = if section == 1 { &mut deps } else { &mut unsafe_files };
+            map.insert(krate.trim().to_owned(), set);
+        }
+    }
+    assert!(!deps.is_empty() && !unsafe_files.is_empty(), "the rules' block did not parse");
+    (deps, unsafe_files)
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+struct Package {
+    name: String,
+    dir: PathBuf,
+    /// Normal (not dev, not build) dependencies among the workspace's crates.
+    deps: BTreeSet<String>,
+    /// Lib and bin target roots.
+    roots: Vec<PathBuf>,
+}
+
+fn packages() -> Vec<Package> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(workspace())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pkgs = m["packages"].as_array().unwrap();
+    let names: BTreeSet<String> = pkgs.iter().map(|p| p["name"].as_str().unwrap().to_owned()).collect();
+    pkgs.iter()
+        .map(|p| {
+            let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap());
+            let deps = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["kind"].is_null() && names.contains(d["name"].as_str().unwrap()))
+                .map(|d| d["name"].as_str().unwrap().to_owned())
+                .collect();
+            let roots = p["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "lib" || k == "bin"))
+                .map(|t| PathBuf::from(t["src_path"].as_str().unwrap()))
+                .collect();
+            Package {
+                name: p["name"].as_str().unwrap().to_owned(),
+                dir: manifest.parent().unwrap().into(),
+                deps,
+                roots,
+            }
+        })
+        .collect()
+}
+
+/// Whether a line of Rust has the `unsafe` keyword outside a comment (strings holding the
+/// word are not expected in this code base; a false alarm here errs on the safe side).
+fn has_unsafe(line: &str) -> bool {
+    let code = line.split("//").next().unwrap_or("");
+    code.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == "unsafe")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_dependency_between_the_crates_is_one_the_architecture_allows() {
+    let (allowed, _) = documented_rules();
+    let mut wrong = Vec::new();
+    for p in packages() {
+        let Some(ok) = allowed.get(&p.name) else {
+            wrong.push(format!("{} is not in docs/architecture.md's list", p.name));
+            continue;
+        };
+        for d in p.deps.difference(ok) {
+            wrong.push(format!("{} depends on {d}, which docs/architecture.md does not allow", p.name));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn unsafe_is_only_where_the_architecture_says() {
+    let (_, places) = documented_rules();
+    let mut wrong = Vec::new();
+    for p in packages() {
+        let allowed = places.get(&p.name);
+        let whole = allowed.is_some_and(|f| f.contains("*"));
+        for root in &p.roots {
+            let text = std::fs::read_to_string(root).unwrap();
+            let forbids = text.contains("#![forbid(unsafe_code)]");
+            let denies = forbids || text.contains("#![deny(unsafe_code)]");
+            match allowed {
+                None if !forbids => wrong.push(format!(
+                    "{}: {} must say #![forbid(unsafe_code)] (the crate may not hold unsafe)",
+                    p.name,
+                    root.display()
+                )),
+                Some(_) if !whole && !denies => wrong.push(format!(
+                    "{}: {} must say #![deny(unsafe_code)] (only the listed files may allow it)",
+                    p.name,
+                    root.display()
+                )),
+                _ => {}
+            }
+        }
+        if whole {
+            continue;
+        }
+        // The crate's sources: its src/ (the tests crate has none: its roots then).
+        let mut files = Vec::new();
+        if p.dir.join("src").is_dir() {
+            rust_files(&p.dir.join("src"), &mut files);
+        } else {
+            files.extend(p.roots.iter().cloned());
+        }
+        for f in files {
+            let rel = f.strip_prefix(&p.dir).unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&f).unwrap();
+            let used = text.lines().any(has_unsafe);
+            if used && !allowed.is_some_and(|a| a.contains(&rel)) {
+                wrong.push(format!(
+                    "{}: {rel} holds unsafe, which docs/architecture.md does not allow there",
+                    p.name
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn the_unsafe_detector_sees_the_keyword_and_only_the_keyword() {
+    assert!(has_unsafe("    unsafe { libc::close(fd) };"));
+    assert!(has_unsafe("pub unsafe fn f() {}"));
+    assert!(!has_unsafe("#![allow(unsafe_code)]"));
+    assert!(!has_unsafe("// SAFETY: nothing unsafe here"));
+    assert!(!has_unsafe("#![forbid(unsafe_code)]"));
+}
