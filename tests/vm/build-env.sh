@@ -8,7 +8,20 @@ set -euo pipefail
 
 cache="${DXPU_VM_CACHE:-$HOME/.cache/dxpu-vm}"
 root="$cache/chroot"
-mirror="${DXPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror this machine's own apt uses (deb822 .sources or a sources.list line
+# for the main archive, not -security), unless DXPU_DEBIAN_MIRROR names one.
+apt_mirror() {
+    local uri
+    uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v -- '-security' | head -1)
+    [[ -n "$uri" ]] || uri=$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list |
+        awk '{for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; break }}' | grep -v -- '-security' | head -1)
+    echo "$uri"
+}
+mirror="${DXPU_DEBIAN_MIRROR:-$(apt_mirror)}"
+if [[ -z "$mirror" ]]; then
+    echo "vm env: no Debian mirror in /etc/apt (sources.list or *.sources); set DXPU_DEBIAN_MIRROR" >&2
+    exit 1
+fi
 
 if [[ -f "$root/.dxpu-ready" ]]; then
     echo "vm env: cached in $root"
