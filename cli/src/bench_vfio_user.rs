@@ -35,9 +35,9 @@ pub(crate) struct VfioUserBench {
     /// Bytes per DMA copy through DMA_READ / DMA_WRITE messages.
     #[arg(long, default_value_t = 1 << 20)]
     message_copy_bytes: usize,
-    /// UDP driver of both endpoints: portable or io_uring.
-    #[arg(long, default_value = "portable")]
-    driver: String,
+    /// UDP driver of both endpoints (auto means portable here).
+    #[arg(long, value_enum, default_value_t = crate::config::DriverArg::Portable)]
+    driver: crate::config::DriverArg,
 }
 
 const IOVA: u64 = 0x4000_0000;
@@ -90,7 +90,7 @@ impl Drop for Served {
 pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
     let n = args.iterations.max(100);
     let spin = Duration::from_millis(2);
-    let driver = match crate::config::driver_kind("--driver", &args.driver)? {
+    let driver = match args.driver.kind() {
         DriverKind::Auto => DriverKind::Portable,
         d => d,
     };

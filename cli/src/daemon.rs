@@ -13,7 +13,7 @@ use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
 use hw::driver::{PciFunction, SimGpuDriver};
 
-use crate::config::{self, GpuFile, HostFile};
+use crate::config::{self, DriverArg, GpuFile, HostFile, PollArg};
 
 /// Options of `dxpu gpu`.
 #[derive(Args, Debug)]
@@ -24,12 +24,12 @@ pub(crate) struct GpuArgs {
     /// UDP address to listen on (overrides `listen`).
     #[arg(long)]
     listen: Option<String>,
-    /// UDP driver: auto, io_uring or portable (overrides `link.driver`).
-    #[arg(long)]
-    driver: Option<String>,
-    /// blocking or busy (overrides `link.poll`).
-    #[arg(long)]
-    poll: Option<String>,
+    /// UDP driver (overrides `link.driver`).
+    #[arg(long, value_enum)]
+    driver: Option<DriverArg>,
+    /// How the endpoint waits for work (overrides `link.poll`).
+    #[arg(long, value_enum)]
+    poll: Option<PollArg>,
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -44,12 +44,12 @@ pub(crate) struct HostArgs {
     /// The GPU-box endpoint's address for every attach (overrides `attach[].server`).
     #[arg(long)]
     server: Option<String>,
-    /// UDP driver: auto, io_uring or portable (overrides `link.driver`).
-    #[arg(long)]
-    driver: Option<String>,
-    /// blocking or busy (overrides `link.poll`).
-    #[arg(long)]
-    poll: Option<String>,
+    /// UDP driver (overrides `link.driver`).
+    #[arg(long, value_enum)]
+    driver: Option<DriverArg>,
+    /// How the endpoint waits for work (overrides `link.poll`).
+    #[arg(long, value_enum)]
+    poll: Option<PollArg>,
     /// Run the demo workload on every attached device, report, detach and exit.
     #[arg(long)]
     workload: bool,
@@ -96,10 +96,10 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         Err(e) => return fail("gpu", e),
     };
     if let Some(d) = args.driver {
-        file.link.driver = Some(d);
+        file.link.driver = Some(d.name().into());
     }
     if let Some(p) = args.poll {
-        file.link.poll = Some(p);
+        file.link.poll = Some(p.name().into());
     }
     let opts = match file.options(args.listen.as_deref()) {
         Ok(o) => o,
@@ -143,10 +143,10 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         Err(e) => return fail("host", e),
     };
     if let Some(d) = args.driver {
-        file.link.driver = Some(d);
+        file.link.driver = Some(d.name().into());
     }
     if let Some(p) = args.poll {
-        file.link.poll = Some(p);
+        file.link.poll = Some(p.name().into());
     }
     let all = match file.attachments(args.server.as_deref()) {
         Ok(o) => o,

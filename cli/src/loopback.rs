@@ -22,7 +22,7 @@ use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 
-use crate::config;
+use crate::config::{DriverArg, PollArg};
 
 /// Options of `dxpu loopback`.
 #[derive(Args, Debug, Clone)]
@@ -30,12 +30,12 @@ pub(crate) struct LoopbackArgs {
     /// Workload size, 1..=32: MiB copied each way, ×64 Ki-element vectors.
     #[arg(long, default_value_t = 4)]
     pub(crate) scale: u32,
-    /// UDP driver: auto, io_uring or portable.
-    #[arg(long, default_value = "auto")]
-    driver: String,
-    /// busy (spin on the socket: lowest latency, one core per endpoint) or blocking.
-    #[arg(long, default_value = "busy")]
-    poll: String,
+    /// UDP driver.
+    #[arg(long, value_enum, default_value_t = DriverArg::Auto)]
+    driver: DriverArg,
+    /// How the endpoints wait for work.
+    #[arg(long, value_enum, default_value_t = PollArg::Busy)]
+    poll: PollArg,
     /// Busy-poll budget before sleeping in the kernel, µs.
     #[arg(long, default_value_t = 2000)]
     spin_us: u64,
@@ -82,8 +82,8 @@ impl LoopbackArgs {
     pub(crate) fn defaults() -> LoopbackArgs {
         LoopbackArgs {
             scale: 4,
-            driver: "auto".into(),
-            poll: "busy".into(),
+            driver: DriverArg::Auto,
+            poll: PollArg::Busy,
             spin_us: 2000,
             delay_us: 0,
             jitter_us: 0,
@@ -223,8 +223,8 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     if !(0.0..=0.5).contains(&args.loss) {
         return Err(format!("--loss {}: must be 0.0..=0.5", args.loss));
     }
-    let driver = config::driver_kind("--driver", &args.driver)?;
-    let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
+    let driver = args.driver.kind();
+    let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
     let gpu = LocalBox::start_with(driver, poll, imp(11), args.encrypt)?;
     progress("attaching gpu0 through the host endpoint");
@@ -263,11 +263,11 @@ fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
 /// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
 /// served on DIR/gpu0.sock until SIGINT or SIGTERM.
 fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), String> {
-    let driver = config::driver_kind("--driver", &args.driver)?;
+    let driver = args.driver.kind();
     // The server waits on the client socket and the link together: the portable driver
     // gives it a descriptor to wait on (docs/vfio-user.md).
     let driver = if driver == DriverKind::Auto { DriverKind::Portable } else { driver };
-    let poll = config::poll_mode("--poll", &args.poll, Duration::from_micros(args.spin_us))?;
+    let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
@@ -355,7 +355,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             "interrupts": o.host.interrupts,
             "retransmits": o.host.link.retransmits,
             "link_driver": o.driver,
-            "poll": args.poll,
+            "poll": args.poll.name(),
             "delay_us": args.delay_us,
             "loss": args.loss,
             "encrypted": args.encrypt,
@@ -369,7 +369,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     println!(
         "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
         o.driver,
-        args.poll,
+        args.poll.name(),
         args.delay_us,
         args.jitter_us,
         args.loss * 100.0,
