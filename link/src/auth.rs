@@ -1,68 +1,101 @@
 //! Authentication: the pre-shared key never crosses the wire. The handshake proves knowledge
 //! of it with HMAC-SHA-256 over both sides' nonces and the negotiated parameters (the
-//! transcript); the per-direction frame keys are derived from it the same way. Every frame
-//! after the handshake carries an AES-128-GMAC tag under its direction's key, with the
-//! frame's packet number as the nonce (unique per key: it grows with every frame sent).
+//! transcript); the per-direction frame keys come from HKDF-SHA-256 over the key with the
+//! transcript as salt. Every frame after the handshake carries an AES-128-GMAC tag (or, in a
+//! session that encrypts, an AES-128-GCM one) under its direction's key, with the frame's
+//! packet number as the nonce (unique per key: it grows with every frame sent).
+//!
+//! One crypto library does all of it: AWS-LC (HMAC, HKDF, AES-GCM, the constant-time
+//! compare, the OS's random bytes); [`gmac`] only computes the short frames' tags faster.
 #![forbid(unsafe_code)]
 
 use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
+use aws_lc_rs::{constant_time, hkdf, hmac};
 
 use crate::wire::TAG_LEN;
 
-type HmacSha256 = Hmac<Sha256>;
+/// HMAC-SHA-256 of `parts` under `key`.
+pub(crate) fn hmac_sha256(key: &hmac::Key, parts: &[&[u8]]) -> [u8; 32] {
+    let mut c = hmac::Context::with_key(key);
+    for p in parts {
+        c.update(p);
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(c.sign().as_ref());
+    out
+}
+
+/// `a == b`, in time that does not depend on where they differ.
+pub(crate) fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
+    constant_time::verify_slices_are_equal(a, b).is_ok()
+}
+
+/// An HKDF output length (AWS-LC asks for it as a type).
+struct Len(usize);
+
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
 
 /// A pre-shared key: at least 16 bytes.
-#[derive(Clone, PartialEq, Eq)]
-pub struct PresharedKey(Vec<u8>);
+#[derive(Clone)]
+pub struct PresharedKey {
+    bytes: Vec<u8>,
+    key: hmac::Key,
+}
+
+impl PartialEq for PresharedKey {
+    fn eq(&self, other: &PresharedKey) -> bool {
+        equal_in_constant_time(&self.bytes, &other.bytes)
+    }
+}
+
+impl Eq for PresharedKey {}
 
 impl PresharedKey {
     /// The key, if it is at least 16 bytes long.
     pub fn new(bytes: &[u8]) -> Option<PresharedKey> {
-        (bytes.len() >= 16).then(|| PresharedKey(bytes.to_vec()))
-    }
-    fn hmac(&self, label: &[u8], transcript: &[u8]) -> [u8; 32] {
-        // HMAC accepts keys of any length; 16+ bytes is checked at construction.
-        let mut m = match <HmacSha256 as KeyInit>::new_from_slice(&self.0) {
-            Ok(m) => m,
-            Err(_) => return [0; 32],
-        };
-        m.update(label);
-        m.update(transcript);
-        m.finalize().into_bytes().into()
+        (bytes.len() >= 16)
+            .then(|| PresharedKey { bytes: bytes.to_vec(), key: hmac::Key::new(hmac::HMAC_SHA256, bytes) })
     }
     /// A proof of the key over `transcript`, for the role named by `label`.
     pub fn proof(&self, label: &[u8], transcript: &[u8]) -> [u8; 32] {
-        self.hmac(label, transcript)
+        hmac_sha256(&self.key, &[label, transcript])
     }
     /// Checks a proof in constant time.
     pub fn verify(&self, label: &[u8], transcript: &[u8], proof: &[u8]) -> bool {
-        let expected = self.hmac(label, transcript);
-        proof.len() == 32 && expected.iter().zip(proof).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        equal_in_constant_time(&self.proof(label, transcript), proof)
     }
     /// The key's identifier: the first 8 bytes of HMAC-SHA-256(K, `"dxpu-v1 key id"`). A
     /// client names its key with it in INIT so that a server holding several keys (one per
     /// host) proves the right one; it reveals nothing of the key.
     pub fn key_id(&self) -> [u8; 8] {
         let mut id = [0u8; 8];
-        id.copy_from_slice(&self.hmac(b"dxpu-v1 key id", &[])[..8]);
+        id.copy_from_slice(&hmac_sha256(&self.key, &[b"dxpu-v1 key id"])[..8]);
         id
     }
-    /// The frame keys for client→server and server→client.
+    /// The frame keys for client→server and server→client: HKDF-SHA-256 with the transcript
+    /// as salt and the key as input keying material, expanded with `"dxpu-v2 client to
+    /// server"` and `"dxpu-v2 server to client"`, 16 bytes each.
     pub fn frame_keys(&self, transcript: &[u8]) -> (FrameKey, FrameKey) {
-        let k = self.hmac(b"dxpu-v1 frame keys", transcript);
-        let mut c2s = [0u8; 16];
-        let mut s2c = [0u8; 16];
-        c2s.copy_from_slice(&k[..16]);
-        s2c.copy_from_slice(&k[16..]);
-        (FrameKey::new(&c2s), FrameKey::new(&s2c))
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, transcript).extract(&self.bytes);
+        let expand = |info: &[u8]| {
+            let mut k = [0u8; 16];
+            // 16 bytes is far below HKDF's limit of 255 hash lengths: this cannot fail.
+            if let Ok(okm) = prk.expand(&[info], Len(16)) {
+                let _ = okm.fill(&mut k);
+            }
+            FrameKey::new(&k)
+        };
+        (expand(b"dxpu-v2 client to server"), expand(b"dxpu-v2 server to client"))
     }
 }
 
 impl std::fmt::Debug for PresharedKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PresharedKey(<{} bytes>)", self.0.len())
+        write!(f, "PresharedKey(<{} bytes>)", self.bytes.len())
     }
 }
 
@@ -108,12 +141,9 @@ impl FrameKey {
     /// The key that follows this one at a key update (docs/wire-protocol.md, *Key update*):
     /// the first 16 bytes of HMAC-SHA-256(this key, `"dxpu-v1 key update"`).
     pub fn next(&self) -> FrameKey {
+        let full = hmac_sha256(&hmac::Key::new(hmac::HMAC_SHA256, &self.secret), &[b"dxpu-v1 key update"]);
         let mut k = [0u8; 16];
-        if let Ok(mut m) = <HmacSha256 as KeyInit>::new_from_slice(&self.secret) {
-            m.update(b"dxpu-v1 key update");
-            let full: [u8; 32] = m.finalize().into_bytes().into();
-            k.copy_from_slice(&full[..16]);
-        }
+        k.copy_from_slice(&full[..16]);
         FrameKey::new(&k)
     }
 
@@ -164,8 +194,7 @@ impl FrameKey {
     }
     /// Checks a tag in constant time.
     pub fn verify(&self, frame: &[u8], tag: &[u8; TAG_LEN]) -> bool {
-        let t = self.tag(frame);
-        self.aws_lc.is_some() && t.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        self.aws_lc.is_some() && equal_in_constant_time(&self.tag(frame), tag)
     }
 }
 
@@ -179,7 +208,7 @@ impl std::fmt::Debug for FrameKey {
 /// from the OS in production, from a test's seed in simulation.
 #[derive(Clone)]
 pub struct Rng {
-    key: [u8; 32],
+    key: hmac::Key,
     counter: u64,
     buf: [u8; 32],
     used: usize,
@@ -188,7 +217,15 @@ pub struct Rng {
 impl Rng {
     /// A generator from `seed`.
     pub fn new(seed: [u8; 32]) -> Rng {
-        Rng { key: seed, counter: 0, buf: [0; 32], used: 32 }
+        Rng { key: hmac::Key::new(hmac::HMAC_SHA256, &seed), counter: 0, buf: [0; 32], used: 32 }
+    }
+
+    /// A generator seeded with the operating system's random bytes (AWS-LC's, from
+    /// `getrandom`), or `None` if the system has none to give.
+    pub fn from_os() -> Option<Rng> {
+        let mut seed = [0u8; 32];
+        aws_lc_rs::rand::fill(&mut seed).ok()?;
+        Some(Rng::new(seed))
     }
     /// A generator seeded with a small integer (tests, simulations).
     pub fn from_u64(seed: u64) -> Rng {
@@ -200,13 +237,8 @@ impl Rng {
     pub fn fill(&mut self, out: &mut [u8]) {
         for b in out {
             if self.used == 32 {
-                let mut m = match <HmacSha256 as KeyInit>::new_from_slice(&self.key) {
-                    Ok(m) => m,
-                    Err(_) => return,
-                };
-                m.update(&self.counter.to_le_bytes());
+                self.buf = hmac_sha256(&self.key, &[&self.counter.to_le_bytes()]);
                 self.counter += 1;
-                self.buf = m.finalize().into_bytes().into();
                 self.used = 0;
             }
             *b = self.buf[self.used];

@@ -26,14 +26,11 @@
 use core::hash::{Hash, Hasher};
 use core::time::Duration;
 
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
+use aws_lc_rs::hmac;
 use zerocopy::network_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::time::Time;
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// Label of the server's proof of the key.
 pub(crate) const SERVER_PROOF: &[u8] = b"dxpu-v1 server proof";
@@ -186,7 +183,7 @@ pub(crate) enum CookieError {
 /// A [`Hasher`] that feeds what it is given to an HMAC: an address of any type that is
 /// [`Hash`] binds a cookie without the endpoint knowing its layout. `Hash` is stable within
 /// one process, and a cookie's secret lives no longer than that.
-struct MacFeed<'a>(&'a mut HmacSha256);
+struct MacFeed<'a>(&'a mut hmac::Context);
 
 impl Hasher for MacFeed<'_> {
     fn write(&mut self, bytes: &[u8]) {
@@ -199,19 +196,19 @@ impl Hasher for MacFeed<'_> {
 
 /// The server's cookie secret and lifetime.
 pub(crate) struct Cookies {
-    /// One HMAC-SHA-256 block: HMAC takes it as its key as it is.
-    secret: [u8; 64],
+    /// HMAC-SHA-256 under a 64-byte secret drawn at endpoint start.
+    secret: hmac::Key,
     lifetime: Duration,
 }
 
 impl Cookies {
     /// Cookies under `secret` (random per process), valid for `lifetime` after issue.
     pub(crate) fn new(secret: [u8; 64], lifetime: Duration) -> Cookies {
-        Cookies { secret, lifetime }
+        Cookies { secret: hmac::Key::new(hmac::HMAC_SHA256, &secret), lifetime }
     }
 
-    fn mac(&self) -> HmacSha256 {
-        <HmacSha256 as KeyInit>::new(&self.secret.into())
+    fn mac(&self) -> hmac::Context {
+        hmac::Context::with_key(&self.secret)
     }
 
     fn cookie_mac<A: Hash>(&self, from: &A, client_epoch: u32, init: &InitBody, issued: u64) -> [u8; 16] {
@@ -222,9 +219,8 @@ impl Cookies {
         // Every INIT field but the cookie itself.
         m.update(&init.as_bytes()[..size_of::<InitBody>() - COOKIE_LEN]);
         m.update(&issued.to_be_bytes());
-        let full: [u8; 32] = m.finalize().into_bytes().into();
         let mut out = [0u8; 16];
-        out.copy_from_slice(&full[..16]);
+        out.copy_from_slice(&m.sign().as_ref()[..16]);
         out
     }
 
@@ -256,8 +252,7 @@ impl Cookies {
         }
         let issued = U64::read_from_bytes(&init.cookie[..8]).map_or(0, |v| v.get());
         let expected = self.cookie_mac(from, client_epoch, init, issued);
-        let diff = expected.iter().zip(&init.cookie[8..]).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if diff != 0 {
+        if !crate::auth::equal_in_constant_time(&expected, &init.cookie[8..]) {
             return Err(CookieError::Forged);
         }
         let issued = Time::from_nanos(issued);
@@ -274,7 +269,8 @@ impl Cookies {
         m.update(b"dxpu-v1 server id and nonce");
         m.update(&client_epoch.to_be_bytes());
         m.update(init.as_bytes());
-        let full: [u8; 32] = m.finalize().into_bytes().into();
+        let tag = m.sign();
+        let full = tag.as_ref();
         let id = u32::from_be_bytes([full[16], full[17], full[18], full[19]]).max(1);
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&full[..16]);

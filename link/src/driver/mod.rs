@@ -196,15 +196,14 @@ fn send_copies<D: Datagrams + ?Sized>(d: &mut D, to: SocketAddr, frames: &[&[u8]
     d.flush()
 }
 
-/// A generator seeded from the OS (`/dev/urandom`), for session IDs, nonces and epochs. If
-/// the OS has none to give, the clock and process ID seed it (and it says so through `log`).
+/// A generator seeded from the OS ([`crate::Rng::from_os`]), for session IDs, nonces and
+/// epochs. If the OS has none to give, the clock and process ID seed it (and it says so
+/// through `log`).
 pub fn os_rng(log: &mut dyn FnMut(&str)) -> crate::Rng {
-    use std::io::Read;
-    let mut seed = [0u8; 32];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed)) {
-        Ok(()) => crate::Rng::new(seed),
-        Err(e) => {
-            log(&format!("no /dev/urandom ({e}); seeding from the clock and process ID"));
+    match crate::Rng::from_os() {
+        Some(r) => r,
+        None => {
+            log("the operating system gave no random bytes; seeding from the clock and process ID");
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
