@@ -2,15 +2,15 @@
 //!
 //! The spec's ECRC is CRC-32 with polynomial 04C1_1DB7h and seed FFFF_FFFFh, fed from bit 0
 //! of byte 0 onwards, complemented, and mapped into the digest so that digest byte 0 bit 0
-//! holds result bit 31. That is exactly the reflected CRC-32 of Ethernet (`crc32fast`)
-//! stored little-endian; the tests below check it against a bit-serial model of the spec's
+//! holds result bit 31. That is exactly the reflected CRC-32 of Ethernet (CRC-32/ISO-HDLC,
+//! from `crc-fast`, the crate the link's CRC32C comes from too) stored little-endian; the tests below check it against a bit-serial model of the spec's
 //! LFSR. Variant bits — Type[0] and EP — are taken as 1; local prefixes are not covered,
 //! end-to-end prefixes are.
 
 /// Computes the ECRC of a TLP given its prefix bytes, header bytes and payload. Returns the
 /// digest as the big-endian value of the four digest bytes on the wire.
 pub fn ecrc(prefixes: &[u8], header: &[u8], payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
+    let mut h = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32IsoHdlc);
     for p in prefixes.chunks_exact(4) {
         // Type[4] set: end-to-end prefix.
         if p[0] & 0x10 != 0 {
@@ -24,7 +24,7 @@ pub fn ecrc(prefixes: &[u8], header: &[u8], payload: &[u8]) -> u32 {
     hdr[2] |= 0x40; // EP is variant.
     h.update(&hdr[..n]);
     h.update(payload);
-    h.finalize().swap_bytes()
+    (h.finalize() as u32).swap_bytes()
 }
 
 #[cfg(test)]
