@@ -124,30 +124,24 @@ pub(crate) struct TlpJson {
 }
 
 pub(crate) fn to_hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
+    hex::encode(bytes)
 }
 
-/// Parses hex, ignoring a leading `0x`, whitespace, `_` and `:` between digit pairs.
+/// Parses hex, ignoring a leading `0x`, whitespace, `_` and `:` between digit pairs (the
+/// separators are dropped here; the `hex` crate decodes the digits).
 pub(crate) fn from_hex(text: &str, what: &str) -> Result<Vec<u8>, String> {
     let t = text.trim();
     let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
-    let mut digits = Vec::with_capacity(t.len());
-    for (i, c) in t.char_indices() {
-        match c {
-            ' ' | '\t' | '_' | ':' => {}
-            c if c.is_ascii_hexdigit() => digits.push(c.to_digit(16).unwrap_or(0) as u8),
-            c => return Err(format!("{what}: invalid hex character {c:?} at offset {i}")),
-        }
+    if let Some((i, c)) =
+        t.char_indices().find(|(_, c)| !matches!(c, ' ' | '\t' | '_' | ':') && !c.is_ascii_hexdigit())
+    {
+        return Err(format!("{what}: invalid hex character {c:?} at offset {i}"));
     }
-    if digits.len() % 2 != 0 {
+    let digits: String = t.chars().filter(char::is_ascii_hexdigit).collect();
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("{what}: odd number of hex digits ({})", digits.len()));
     }
-    Ok(digits.chunks_exact(2).map(|p| p[0] << 4 | p[1]).collect())
+    hex::decode(&digits).map_err(|e| format!("{what}: {e}"))
 }
 
 fn parse_u64(text: &str, key: &str) -> Result<u64, String> {
