@@ -71,6 +71,9 @@ pub(crate) struct TlpJson {
     attr: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     th: Option<Bit>,
+    /// DW0 bit 17 (LN in PCIe 3.x–5.0, reserved since 6.0): printed only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ln: Option<Bit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     td: Option<Bit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -176,6 +179,7 @@ impl TlpJson {
             tc: Some(r.tc),
             attr: Some(r.attr.bits()),
             th: Bit::of(r.th),
+            ln: r.ln.then_some(Bit::Int(1)),
             td: Bit::of(r.td),
             ep: Bit::of(r.ep),
             at: Some(r.at.bits()),
@@ -389,6 +393,7 @@ impl TlpJson {
             tc,
             attr: Attr::from_bits(attr),
             th: Bit::get(self.th, "th")?,
+            ln: Bit::get(self.ln, "ln")?,
             td: Bit::get(self.td, "td")?,
             ep: Bit::get(self.ep, "ep")?,
             at: AddressType::from_bits(at),

@@ -165,3 +165,25 @@ fn encode_computes_ecrc_and_rejects_bad_input() {
     assert!(text.lines().next().unwrap().contains("2000"), "{text}");
     assert!(text.lines().nth(1).unwrap().contains("Nope"), "{text}");
 }
+
+/// DW0 byte 1 bit 1 (LN in PCIe 3.x–5.0, reserved since 6.0) survives decode and encode:
+/// shown as `ln` in JSON and in the trace, written back (it was dropped).
+#[test]
+fn the_ln_bit_round_trips() {
+    // MWr32 of one DW and the same with LN set; a CplD with LN.
+    for hex in ["4002000100000f0f0000100012345678", "4a0200010100000400010000deadbeef"] {
+        let dec = dxpu(&["tlp", "decode"], &format!("{hex}\n"));
+        assert!(dec.status.success(), "{}", String::from_utf8_lossy(&dec.stdout));
+        let json = String::from_utf8(dec.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        assert_eq!(v["ln"], 1, "{json}");
+        let enc = dxpu(&["tlp", "encode"], &json);
+        assert_eq!(String::from_utf8(enc.stdout).unwrap().trim(), hex);
+        let text = dxpu(&["tlp", "decode", "--format", "text"], &format!("{hex}\n"));
+        assert!(String::from_utf8(text.stdout).unwrap().contains(" ln"));
+    }
+    // Without it, no `ln` key at all.
+    let dec = dxpu(&["tlp", "decode"], "4000000100000f0f0000100012345678\n");
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8(dec.stdout).unwrap().trim()).unwrap();
+    assert!(v.get("ln").is_none(), "{v}");
+}

@@ -165,6 +165,10 @@ impl<T: AsRef<[u8]>> TlpPacket<T> {
     pub fn th(&self) -> bool {
         self.dw0 & (1 << 16) != 0
     }
+    /// DW0 bit 17: LN (Lightweight Notification) in PCIe 3.x–5.0, reserved in 6.0.
+    pub fn ln(&self) -> bool {
+        self.dw0 & (1 << 17) != 0
+    }
     /// TLP digest (ECRC) present.
     pub fn td(&self) -> bool {
         self.dw0 & (1 << 15) != 0

@@ -278,6 +278,9 @@ pub struct TlpRepr<'a> {
     pub attr: Attr,
     /// TLP Processing Hints present.
     pub th: bool,
+    /// DW0 bit 17: LN (Lightweight Notification) in PCIe 3.x–5.0, reserved in 6.0. Kept as
+    /// received and written back, so that a bridge forwards every bit a TLP carried.
+    pub ln: bool,
     /// Carries a TLP digest: emit computes the ECRC, parse verifies it.
     pub td: bool,
     /// Poisoned.
@@ -314,6 +317,7 @@ impl<'a> TlpRepr<'a> {
             tc: 0,
             attr: Attr::default(),
             th: false,
+            ln: false,
             td: false,
             ep: false,
             at: AddressType::Untranslated,
@@ -415,6 +419,7 @@ impl<'a> TlpRepr<'a> {
             tc: packet.tc(),
             attr: packet.attr(),
             th: packet.th(),
+            ln: packet.ln(),
             td: false,
             ep: packet.ep(),
             at: packet.at(),
@@ -543,6 +548,7 @@ impl<'a> TlpRepr<'a> {
             tc: packet.tc(),
             attr: packet.attr(),
             th: packet.th(),
+            ln: packet.ln(),
             td,
             ep: packet.ep(),
             at: packet.at(),
@@ -736,6 +742,7 @@ impl<'a> TlpRepr<'a> {
         let c = Common(
             (self.tc as u32) << 20
                 | ((self.attr.bits() as u32) >> 2) << 18
+                | (self.ln as u32) << 17
                 | (self.th as u32) << 16
                 | ((self.attr.bits() as u32) & 3) << 12
                 | (self.at.bits() as u32) << 10,
@@ -994,6 +1001,7 @@ impl<'a> TlpRepr<'a> {
             | (self.tc as u32) << 20
             | ((t >> 8) & 1) << 19
             | (a >> 2) << 18
+            | (self.ln as u32) << 17
             | (self.th as u32) << 16
             | (self.ep as u32) << 14
             | (a & 3) << 12
@@ -1045,6 +1053,7 @@ impl<'a> TlpRepr<'a> {
             | (self.tc as u32) << 20
             | ((t >> 8) & 1) << 19
             | (a >> 2) << 18
+            | (self.ln as u32) << 17
             | (self.th as u32) << 16
             | (self.td as u32) << 15
             | (self.ep as u32) << 14
@@ -1384,6 +1393,9 @@ impl fmt::Display for TlpRepr<'_> {
             _ if self.th => f.write_str(" th")?,
             _ => {}
         }
+        if self.ln {
+            f.write_str(" ln")?;
+        }
         if self.at != AddressType::Untranslated {
             write!(f, " at={}", self.at.bits())?;
         }
@@ -1514,8 +1526,10 @@ mod tests {
             any::<bool>(),
             0u8..4,
             prop::bool::weighted(0.15),
+            prop::bool::weighted(0.2),
         )
-            .prop_map(|(body, tc, attr, th, td, ep, at, prefixed)| TlpRepr {
+            .prop_map(|(body, tc, attr, th, td, ep, at, prefixed, ln)| TlpRepr {
+                ln,
                 prefixes: if prefixed {
                     Prefixes::from_slice(&[Prefix::pasid(0x1234, false, false)]).unwrap()
                 } else {
