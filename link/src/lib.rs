@@ -17,6 +17,7 @@ mod error;
 mod handshake;
 mod kept;
 mod keys;
+mod replay_window;
 mod seq;
 mod session;
 mod time;

@@ -34,6 +34,7 @@ use crate::handshake::{
     SERVER_PROOF, options, transcript,
 };
 use crate::keys::{RxKeys, TxKeys, Which};
+use crate::replay_window::ReplayWindow;
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
@@ -304,11 +305,9 @@ pub struct Session {
     handshake_due: bool,
     established_due: bool,
     close_due: bool,
-    // Packet numbers: anti-replay.
+    // Packet numbers: the next to send, and the window of those received (anti-replay).
     next_pn: u64,
-    rx_pn_max: u64,
-    rx_pn_seen: u64,
-    rx_pn_any: bool,
+    rx_pns: ReplayWindow,
     // Transmit side.
     next_seq: SeqNum,
     unacked: VecDeque<Sent>,
@@ -392,9 +391,7 @@ impl Session {
             established_due: false,
             close_due: false,
             next_pn: 0,
-            rx_pn_max: 0,
-            rx_pn_seen: 0,
-            rx_pn_any: false,
+            rx_pns: ReplayWindow::default(),
             next_seq: SeqNum(0),
             unacked: VecDeque::new(),
             frame_bufs: Vec::new(),
@@ -903,7 +900,7 @@ impl Session {
             self.stats.dropped_stale_epoch += 1;
             return;
         }
-        if !self.accept_pn(h.pn) {
+        if !self.rx_pns.accept(h.pn) {
             self.stats.dropped_replayed += 1;
             return;
         }
@@ -1291,24 +1288,6 @@ impl Session {
             let backoff = self.cfg.replay_timeout.saturating_mul(1 << self.replay_backoff.min(16));
             self.set_timer(Timer::Replay, now + backoff.min(self.cfg.max_replay_timeout));
         }
-    }
-
-    /// Anti-replay over packet numbers: a 64-entry window below the highest seen.
-    fn accept_pn(&mut self, pn: u64) -> bool {
-        if !self.rx_pn_any || pn > self.rx_pn_max {
-            let shift = if self.rx_pn_any { pn - self.rx_pn_max } else { 64 };
-            self.rx_pn_seen = if shift >= 64 { 0 } else { self.rx_pn_seen << shift };
-            self.rx_pn_seen |= 1;
-            self.rx_pn_max = pn;
-            self.rx_pn_any = true;
-            return true;
-        }
-        let back = self.rx_pn_max - pn;
-        if back >= 64 || self.rx_pn_seen & (1 << back) != 0 {
-            return false;
-        }
-        self.rx_pn_seen |= 1 << back;
-        true
     }
 
     fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
