@@ -11,6 +11,7 @@
 pub mod attach;
 pub mod auth;
 mod config;
+mod credits;
 pub mod driver;
 mod endpoint;
 mod error;

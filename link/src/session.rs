@@ -23,11 +23,12 @@ use std::collections::VecDeque;
 
 use std::ops::Range;
 
-use tlp::{FcClass, TlpPacket, TlpRepr};
+use tlp::{TlpPacket, TlpRepr};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::auth::{FrameKey, Rng};
 use crate::config::Config;
+use crate::credits::{self, RxCredits, TxCredits};
 use crate::error::SendError;
 use crate::handshake::{
     CLIENT_PROOF, COOKIE_LEN, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody,
@@ -198,19 +199,10 @@ enum Timer {
 }
 const TIMERS: usize = 5;
 
-/// Credit index: class × (header, data).
-fn class_index(c: FcClass) -> usize {
-    match c {
-        FcClass::Posted => 0,
-        FcClass::NonPosted => 1,
-        FcClass::Completion => 2,
-    }
-}
-
-/// A TLP's class and credit cost, from its header.
+/// A TLP's class (its index, [`credits::index`]) and credit cost, from its header.
 fn tlp_cost(bytes: &[u8]) -> Result<(usize, u32, u32), tlp::Error> {
     let p = TlpPacket::new_checked(bytes)?;
-    Ok((class_index(p.kind().fc_class()), 1, p.payload().len().div_ceil(16) as u32))
+    Ok((credits::index(p.kind().fc_class()), 1, p.payload().len().div_ceil(16) as u32))
 }
 
 /// TLPs that leave together in one DATA frame, written where that frame is sent from:
@@ -323,20 +315,16 @@ pub struct Session {
     stalled: [VecDeque<Chunk>; 3],
     /// TLPs queued per class (ready and stalled).
     queued: [usize; 3],
-    /// The credits the peer granted at first (its first FC block): a held-back chunk asks
-    /// for at most a quarter of them, so that it can go as soon as some come back.
-    peer_grant: [u32; 6],
     next_order: u64,
-    consumed: [u32; 6],
-    limit: [u32; 6],
+    /// The peer's credits: its limits, what this side consumed, its first grant.
+    tx_credits: TxCredits,
     // Receive side.
     rx_next: SeqNum,
     out_of_order: VecDeque<Option<Vec<u8>>>,
     /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
     delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
-    rx_used: [u32; 6],
-    allocated: [u32; 6],
-    advertised: [u32; 6],
+    /// The credits this side grants: allocated, advertised, used by the peer.
+    rx_credits: RxCredits,
     nak_sent_for: Option<SeqNum>,
     nak_due: bool,
     ack_due: bool,
@@ -348,26 +336,13 @@ pub struct Session {
     pool: Vec<Vec<u8>>,
 }
 
-fn grant_array(cfg: &Config) -> [u32; 6] {
-    let c = cfg.credits;
-    [c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1]
-}
-
-fn limits_of(a: [u32; 6]) -> FcLimits {
-    FcLimits { posted: (a[0], a[1]), non_posted: (a[2], a[3]), completion: (a[4], a[5]) }
-}
-
-fn array_of(l: FcLimits) -> [u32; 6] {
-    [l.posted.0, l.posted.1, l.non_posted.0, l.non_posted.1, l.completion.0, l.completion.1]
-}
-
 impl Session {
     fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
         let mut local_nonce = [0u8; 16];
         rng.fill(&mut local_nonce);
         let local_id = rng.nonzero_u32();
         let local_epoch = rng.nonzero_u32();
-        let allocated = grant_array(&cfg);
+        let rx_credits = RxCredits::new(cfg.credits);
         let mut s = Session {
             role,
             mtu: cfg.mtu,
@@ -400,16 +375,12 @@ impl Session {
             ready: VecDeque::new(),
             stalled: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
             queued: [0; 3],
-            peer_grant: [0; 6],
             next_order: 0,
-            consumed: [0; 6],
-            limit: [0; 6],
+            tx_credits: TxCredits::default(),
             rx_next: SeqNum(0),
             out_of_order: VecDeque::new(),
             delivered: VecDeque::new(),
-            rx_used: [0; 6],
-            allocated,
-            advertised: [0; 6],
+            rx_credits,
             nak_sent_for: None,
             nak_due: false,
             ack_due: false,
@@ -506,19 +477,11 @@ impl Session {
     }
     /// Credits the peer granted that this side has not used, per class × (header, data).
     pub fn credits_available(&self) -> [i64; 6] {
-        let mut out = [0i64; 6];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.limit[i].wrapping_sub(self.consumed[i]) as i32 as i64;
-        }
-        out
+        self.tx_credits.available()
     }
     /// Credits this side granted that the peer has in use (delivered, not yet drained).
     pub fn credits_in_use(&self) -> [u32; 6] {
-        let mut out = [0u32; 6];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = self.rx_used[i].wrapping_sub(self.allocated[i].wrapping_sub(grant_array(&self.cfg)[i]));
-        }
-        out
+        self.rx_credits.in_use()
     }
     /// Events are waiting to be read.
     pub fn has_events(&self) -> bool {
@@ -565,7 +528,7 @@ impl Session {
         if self.state != State::Up {
             return Err(SendError::NotConnected);
         }
-        let class = class_index(tlp.fc_class());
+        let class = credits::index(tlp.fc_class());
         let data = tlp.credits().data as u32;
         self.enqueue(class, data, tlp.buffer_len(), Source::Repr(tlp))
     }
@@ -573,18 +536,6 @@ impl Session {
     /// Room for TLP records in one DATA frame.
     fn room(&self) -> usize {
         self.mtu - HEADER_LEN - FC_LEN - TRAILER_LEN
-    }
-
-    /// Whether the peer's credits cover `headers` and `data` more of `class` now.
-    fn has_credits(&self, class: usize, headers: u32, data: u32) -> bool {
-        let h = self.limit[2 * class].wrapping_sub(self.consumed[2 * class]) as i32;
-        let d = self.limit[2 * class + 1].wrapping_sub(self.consumed[2 * class + 1]) as i32;
-        h >= headers as i32 && d >= data as i32
-    }
-
-    fn charge(&mut self, class: usize, headers: u32, data: u32) {
-        self.consumed[2 * class] = self.consumed[2 * class].wrapping_add(headers);
-        self.consumed[2 * class + 1] = self.consumed[2 * class + 1].wrapping_add(data);
     }
 
     /// Writes a TLP of `class` (`data` data credits, `len` bytes at most) into the chunk it
@@ -599,14 +550,12 @@ impl Session {
             return Err(SendError::TooLarge { len, mtu: self.mtu });
         }
         if self.queued[class] >= self.cfg.max_queued {
-            let c = [FcClass::Posted, FcClass::NonPosted, FcClass::Completion][class];
-            return Err(SendError::QueueFull { class: c, limit: self.cfg.max_queued });
+            return Err(SendError::QueueFull { class: credits::CLASSES[class], limit: self.cfg.max_queued });
         }
-        let now =
-            self.stalled[0].is_empty() && self.stalled[class].is_empty() && self.has_credits(class, 1, data);
-        // A held-back chunk asks for at most a quarter of the grant (one TLP at least).
-        let (cap_h, cap_d) =
-            ((self.peer_grant[2 * class] / 4).max(1), (self.peer_grant[2 * class + 1] / 4).max(data));
+        let now = self.stalled[0].is_empty()
+            && self.stalled[class].is_empty()
+            && self.tx_credits.covers(class, 1, data);
+        let (cap_h, cap_d) = self.tx_credits.chunk_cap(class, data);
         let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
         let joins = queue.back().is_some_and(|c| {
             c.end + 2 + len <= BODY_AT + room && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d))
@@ -655,7 +604,7 @@ impl Session {
         chunk.tlps[class] += 1;
         chunk.data += data;
         if now {
-            self.charge(class, 1, data);
+            self.tx_credits.charge(class, 1, data);
         }
         self.queued[class] += 1;
         self.next_order += 1;
@@ -666,8 +615,7 @@ impl Session {
     /// Give the buffer back with [`Session::recycle`] to avoid allocation.
     pub fn recv_tlp(&mut self) -> Option<Vec<u8>> {
         let (tlp, class, h, d) = self.delivered.pop_front()?;
-        self.allocated[2 * class] = self.allocated[2 * class].wrapping_add(h);
-        self.allocated[2 * class + 1] = self.allocated[2 * class + 1].wrapping_add(d);
+        self.rx_credits.release(class, h, d);
         Some(tlp)
     }
 
@@ -793,10 +741,8 @@ impl Session {
         // Credits freed since the last advertisement go out at once when a quarter of any
         // grant has come back (a sender may be waiting for it); smaller returns wait for the
         // ACK timer or ride on the next frame, as PCIe batches UpdateFC DLLPs.
-        let fc_due = self.allocated != self.advertised && {
-            let grant = grant_array(&self.cfg);
-            let urgent =
-                (0..6).any(|i| self.allocated[i].wrapping_sub(self.advertised[i]) >= grant[i].div_ceil(4));
+        let fc_due = self.rx_credits.changed() && {
+            let urgent = self.rx_credits.urgent();
             if !urgent && self.timers[Timer::Ack as usize].is_none() {
                 self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
             }
@@ -910,17 +856,7 @@ impl Session {
         self.stats.frames_received += 1;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
         if let Some(fc) = frame.fc() {
-            let new = array_of(fc);
-            if self.peer_grant == [0; 6] {
-                // Limits start at zero: the first ones are the grant.
-                self.peer_grant = new;
-            }
-            for (l, n) in self.limit.iter_mut().zip(new) {
-                // Limits only grow; an older frame's smaller limit is ignored.
-                if n.wrapping_sub(*l) as i32 > 0 {
-                    *l = n;
-                }
-            }
+            self.tx_credits.update(fc);
         }
         self.on_ack(now, SeqNum(h.ack), h.nak);
         match h.ty {
@@ -1191,12 +1127,7 @@ impl Session {
 
     /// The FC block to send: always on control frames, on DATA only when it changed.
     fn fc_for(&mut self, always: bool) -> Option<FcLimits> {
-        if always || self.allocated != self.advertised {
-            self.advertised = self.allocated;
-            Some(limits_of(self.allocated))
-        } else {
-            None
-        }
+        if always || self.rx_credits.changed() { Some(self.rx_credits.advertise()) } else { None }
     }
 
     fn control_frame(&mut self, ty: FrameType, buf: &mut [u8]) -> Option<usize> {
@@ -1248,7 +1179,7 @@ impl Session {
             if class != 0 && posted_head.is_some_and(|p| p < head.order) {
                 continue;
             }
-            if self.has_credits(class, head.tlps[class], head.data)
+            if self.tx_credits.covers(class, head.tlps[class], head.data)
                 && best.is_none_or(|(o, _)| head.order < o)
             {
                 best = Some((head.order, Some(class)));
@@ -1264,7 +1195,7 @@ impl Session {
             None => self.ready.pop_front()?,
             Some(class) => {
                 let c = self.stalled[class].pop_front()?;
-                self.charge(class, c.tlps[class], c.data);
+                self.tx_credits.charge(class, c.tlps[class], c.data);
                 c
             }
         };
@@ -1388,25 +1319,17 @@ impl Session {
                 self.stats.malformed_tlps += 1;
                 continue;
             };
-            let (hi, di) = (2 * class, 2 * class + 1);
-            let h_used = self.rx_used[hi].wrapping_add(h);
-            let d_used = self.rx_used[di].wrapping_add(d);
-            if h_used.wrapping_sub(self.allocated[hi]) as i32 > 0
-                || d_used.wrapping_sub(self.allocated[di]) as i32 > 0
-            {
+            if !self.rx_credits.take(class, h, d) {
                 self.go_down(DownReason::ProtocolViolation("TLP beyond granted credits"));
                 return;
             }
-            self.rx_used[hi] = h_used;
-            self.rx_used[di] = d_used;
             self.stats.tlps_received += 1;
             if self.delivered.is_empty()
                 && let Some(take) = sink.as_mut()
                 && take(tlp)
             {
                 // Consumed where it lies: the credits are free again.
-                self.allocated[hi] = self.allocated[hi].wrapping_add(h);
-                self.allocated[di] = self.allocated[di].wrapping_add(d);
+                self.rx_credits.release(class, h, d);
                 continue;
             }
             let mut b = self.pool.pop().unwrap_or_default();
@@ -1536,7 +1459,7 @@ mod tests {
     #[test]
     fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
         let (mut c, mut s) = pair();
-        let nph = c.peer_grant[2];
+        let nph = c.tx_credits.grant().get(credits::index(tlp::FcClass::NonPosted)).header;
         let read = TlpRepr::new(Body::MemRead {
             req: Request { requester: Bdf::new(0, 1, 0), tag: Tag::default(), first_be: 0xf, last_be: 0 },
             address: Address::Bits32(0x1000),
