@@ -22,6 +22,9 @@
 //! All fields are big-endian.
 #![forbid(unsafe_code)]
 
+use zerocopy::network_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 use crate::error::FrameError;
 
 /// "DX".
@@ -174,14 +177,39 @@ pub struct Frame<'a> {
     bytes: &'a [u8],
 }
 
+/// The fixed header as it lies on the wire (see the module's layout).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+#[repr(C)]
+struct RawHeader {
+    magic: U16,
+    version: u8,
+    ty: u8,
+    session: U32,
+    epoch: U32,
+    pn: U64,
+    seq: U32,
+    ack: U32,
+    flags: U16,
+    body_len: U16,
+}
+
+/// The flow-control block: P, NP, Cpl × header, data limits.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+#[repr(C)]
+struct RawFc([U32; 6]);
+
+const _: () = assert!(size_of::<RawHeader>() == HEADER_LEN && size_of::<RawFc>() == FC_LEN);
+
+/// The header at the start of `b` (at least [`HEADER_LEN`] bytes: checked by every caller).
+fn raw(b: &[u8]) -> RawHeader {
+    RawHeader::read_from_prefix(b).map_or(RawHeader::new_zeroed(), |(h, _)| h)
+}
+
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn be64(b: &[u8], at: usize) -> u64 {
-    (be32(b, at) as u64) << 32 | be32(b, at + 4) as u64
 }
 
 impl<'a> Frame<'a> {
@@ -190,12 +218,12 @@ impl<'a> Frame<'a> {
         if bytes.len() < MIN_FRAME {
             return Err(FrameError::Truncated { len: bytes.len(), min: MIN_FRAME });
         }
-        let magic = be16(bytes, 0);
-        if magic != MAGIC {
-            return Err(FrameError::BadMagic { found: magic });
+        let h = raw(bytes);
+        if h.magic.get() != MAGIC {
+            return Err(FrameError::BadMagic { found: h.magic.get() });
         }
-        if bytes[2] != VERSION {
-            return Err(FrameError::UnsupportedVersion { found: bytes[2] });
+        if h.version != VERSION {
+            return Err(FrameError::UnsupportedVersion { found: h.version });
         }
         let crc_at = bytes.len() - 4;
         let found = be32(bytes, crc_at);
@@ -203,8 +231,8 @@ impl<'a> Frame<'a> {
         if found != computed {
             return Err(FrameError::BadCrc { found, computed });
         }
-        let fc = if be16(bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
-        let body = be16(bytes, 30) as usize;
+        let fc = if h.flags.get() & FLAG_FC != 0 { FC_LEN } else { 0 };
+        let body = h.body_len.get() as usize;
         let expected = HEADER_LEN + fc + body + TRAILER_LEN;
         if expected != bytes.len() {
             return Err(FrameError::LengthMismatch { expected, actual: bytes.len() });
@@ -214,22 +242,25 @@ impl<'a> Frame<'a> {
 
     /// The fixed header.
     pub fn header(&self) -> Header {
-        let b = self.bytes;
-        let flags = be16(b, 28);
+        let h = raw(self.bytes);
+        let flags = h.flags.get();
         Header {
-            ty: FrameType::from_byte(b[3]),
-            session: be32(b, 4),
-            epoch: be32(b, 8),
-            pn: be64(b, 12),
-            seq: be32(b, 20),
-            ack: be32(b, 24),
+            ty: FrameType::from_byte(h.ty),
+            session: h.session.get(),
+            epoch: h.epoch.get(),
+            pn: h.pn.get(),
+            seq: h.seq.get(),
+            ack: h.ack.get(),
             nak: flags & FLAG_NAK != 0,
             key_phase: flags & FLAG_KEY_PHASE != 0,
         }
     }
+    fn has_fc(&self) -> bool {
+        RawHeader::ref_from_prefix(self.bytes).is_ok_and(|(h, _)| h.flags.get() & FLAG_FC != 0)
+    }
     /// Where the body starts (after the header and the FC block, if any).
     pub fn body_at(&self) -> usize {
-        HEADER_LEN + if be16(self.bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 }
+        HEADER_LEN + if self.has_fc() { FC_LEN } else { 0 }
     }
     /// The whole frame.
     pub fn bytes(&self) -> &'a [u8] {
@@ -237,19 +268,15 @@ impl<'a> Frame<'a> {
     }
     /// The flow-control block, if present.
     pub fn fc(&self) -> Option<FcLimits> {
-        if be16(self.bytes, 28) & FLAG_FC == 0 {
+        if !self.has_fc() {
             return None;
         }
-        let mut a = [0u32; 6];
-        for (i, v) in a.iter_mut().enumerate() {
-            *v = be32(self.bytes, HEADER_LEN + 4 * i);
-        }
-        Some(FcLimits::from_array(a))
+        let (fc, _) = RawFc::read_from_prefix(&self.bytes[HEADER_LEN..]).ok()?;
+        Some(FcLimits::from_array(fc.0.map(|v| v.get())))
     }
     /// The body.
     pub fn body(&self) -> &'a [u8] {
-        let start = HEADER_LEN + if be16(self.bytes, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
-        &self.bytes[start..self.bytes.len() - TRAILER_LEN]
+        &self.bytes[self.body_at()..self.bytes.len() - TRAILER_LEN]
     }
     /// The bytes the MAC covers: everything before the tag.
     pub fn authenticated(&self) -> &'a [u8] {
@@ -315,23 +342,24 @@ pub fn seal_in_place(
 
 /// The header and FC block at the start of `b`.
 fn put_header(b: &mut [u8], header: &Header, fc: Option<&FcLimits>, body_len: usize) {
-    b[0..2].copy_from_slice(&MAGIC.to_be_bytes());
-    b[2] = VERSION;
-    b[3] = header.ty.byte();
-    b[4..8].copy_from_slice(&header.session.to_be_bytes());
-    b[8..12].copy_from_slice(&header.epoch.to_be_bytes());
-    b[12..20].copy_from_slice(&header.pn.to_be_bytes());
-    b[20..24].copy_from_slice(&header.seq.to_be_bytes());
-    b[24..28].copy_from_slice(&header.ack.to_be_bytes());
     let flags = if header.nak { FLAG_NAK } else { 0 }
         | if fc.is_some() { FLAG_FC } else { 0 }
         | if header.key_phase { FLAG_KEY_PHASE } else { 0 };
-    b[28..30].copy_from_slice(&flags.to_be_bytes());
-    b[30..32].copy_from_slice(&(body_len as u16).to_be_bytes());
+    let h = RawHeader {
+        magic: MAGIC.into(),
+        version: VERSION,
+        ty: header.ty.byte(),
+        session: header.session.into(),
+        epoch: header.epoch.into(),
+        pn: header.pn.into(),
+        seq: header.seq.into(),
+        ack: header.ack.into(),
+        flags: flags.into(),
+        body_len: (body_len as u16).into(),
+    };
+    b[..HEADER_LEN].copy_from_slice(h.as_bytes());
     if let Some(fc) = fc {
-        for (i, v) in fc.as_array().iter().enumerate() {
-            b[HEADER_LEN + 4 * i..HEADER_LEN + 4 * i + 4].copy_from_slice(&v.to_be_bytes());
-        }
+        b[HEADER_LEN..HEADER_LEN + FC_LEN].copy_from_slice(RawFc(fc.as_array().map(U32::new)).as_bytes());
     }
 }
 
@@ -354,7 +382,7 @@ pub fn reseal(b: &mut [u8], seal: impl FnOnce(&mut [u8], usize) -> [u8; TAG_LEN]
     if len < MIN_FRAME {
         return;
     }
-    let body_at = HEADER_LEN + if be16(b, 28) & FLAG_FC != 0 { FC_LEN } else { 0 };
+    let body_at = HEADER_LEN + if raw(b).flags.get() & FLAG_FC != 0 { FC_LEN } else { 0 };
     let tag_at = len - TRAILER_LEN;
     let tag = seal(&mut b[..tag_at], body_at.min(tag_at));
     b[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);

@@ -5,6 +5,9 @@
 
 use std::fmt;
 
+use zerocopy::byteorder::little_endian;
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
+
 /// Bytes in every message's header.
 pub const HEADER_LEN: usize = 16;
 
@@ -198,26 +201,43 @@ pub struct Header {
     pub error: u32,
 }
 
+/// The header as it lies on the socket (the spec's "Header" table; little-endian).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy)]
+#[repr(C)]
+struct RawHeader {
+    id: little_endian::U16,
+    command: little_endian::U16,
+    size: little_endian::U32,
+    flags: little_endian::U32,
+    error: little_endian::U32,
+}
+
+const _: () = assert!(size_of::<RawHeader>() == HEADER_LEN);
+
 impl Header {
     /// Reads a header.
     pub fn parse(b: &[u8; HEADER_LEN]) -> Header {
+        let h = RawHeader::read_from_bytes(b).unwrap_or_else(|_| RawHeader::new_zeroed());
         Header {
-            id: u16_at(b, 0),
-            command: u16_at(b, 2),
-            size: u32_at(b, 4),
-            flags: u32_at(b, 8),
-            error: u32_at(b, 12),
+            id: h.id.get(),
+            command: h.command.get(),
+            size: h.size.get(),
+            flags: h.flags.get(),
+            error: h.error.get(),
         }
     }
 
     /// Writes the header.
     pub fn emit(&self) -> [u8; HEADER_LEN] {
+        let h = RawHeader {
+            id: self.id.into(),
+            command: self.command.into(),
+            size: self.size.into(),
+            flags: self.flags.into(),
+            error: self.error.into(),
+        };
         let mut b = [0u8; HEADER_LEN];
-        b[0..2].copy_from_slice(&self.id.to_le_bytes());
-        b[2..4].copy_from_slice(&self.command.to_le_bytes());
-        b[4..8].copy_from_slice(&self.size.to_le_bytes());
-        b[8..12].copy_from_slice(&self.flags.to_le_bytes());
-        b[12..16].copy_from_slice(&self.error.to_le_bytes());
+        b.copy_from_slice(h.as_bytes());
         b
     }
 
