@@ -26,16 +26,7 @@ fn v4(a: SocketAddr) -> SocketAddrV4 {
 /// The INITs an attacker can make without the key: an empty body (what used to end the
 /// session), and whole INITs of new sessions with no cookie and with a forged one.
 fn forged_inits(epoch: u32) -> Vec<Vec<u8>> {
-    let h = link::wire::Header {
-        ty: link::wire::FrameType::Init,
-        session: 0,
-        epoch,
-        pn: 0,
-        seq: 0,
-        ack: 0,
-        nak: false,
-        key_phase: false,
-    };
+    let h = link::wire::Header { epoch, ..link::wire::Header::new(link::wire::FrameType::Init) };
     let mut empty = vec![0u8; 64];
     let n = link::wire::write_frame(&mut empty, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
     empty.truncate(n);

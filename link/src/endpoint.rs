@@ -357,8 +357,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             self.stats.replies_dropped += 1;
             return;
         }
-        let h =
-            Header { ty, session, epoch: self.epoch, pn: 0, seq: 0, ack: 0, nak: false, key_phase: false };
+        let h = Header { session, epoch: self.epoch, ..Header::new(ty) };
         let mut bytes = [0u8; REPLY_MAX];
         let unauthenticated = |_: &[u8]| [0u8; TAG_LEN];
         if let Ok(len) =

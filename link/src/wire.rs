@@ -171,6 +171,13 @@ pub struct Header {
     pub key_phase: bool,
 }
 
+impl Header {
+    /// A header of type `ty` with every other field zero (to be filled in).
+    pub const fn new(ty: FrameType) -> Header {
+        Header { ty, session: 0, epoch: 0, pn: 0, seq: 0, ack: 0, nak: false, key_phase: false }
+    }
+}
+
 /// A checked view of one frame: length, magic, version, CRC and inner lengths verified.
 #[derive(Clone, Copy, Debug)]
 pub struct Frame<'a> {

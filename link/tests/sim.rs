@@ -336,16 +336,7 @@ fn posted_writes_taken_in_place_keep_order_and_return_their_credits() {
 /// An INIT-type frame with a valid CRC and an empty body: what took a live session away when
 /// the endpoint superseded a peer's session before any proof (it fails on that code).
 fn empty_init(epoch: u32) -> Vec<u8> {
-    let h = link::wire::Header {
-        ty: link::wire::FrameType::Init,
-        session: 0,
-        epoch,
-        pn: 0,
-        seq: 0,
-        ack: 0,
-        nak: false,
-        key_phase: false,
-    };
+    let h = link::wire::Header { epoch, ..link::wire::Header::new(link::wire::FrameType::Init) };
     let mut buf = vec![0u8; 64];
     let n = link::wire::write_frame(&mut buf, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
     buf.truncate(n);
