@@ -18,6 +18,7 @@ mod error;
 mod handshake;
 mod kept;
 mod keys;
+mod reorder;
 mod replay_window;
 mod seq;
 mod session;

@@ -35,6 +35,7 @@ use crate::handshake::{
     SERVER_PROOF, options, transcript,
 };
 use crate::keys::{RxKeys, TxKeys, Which};
+use crate::reorder::{Next, ReorderBuffer};
 use crate::replay_window::ReplayWindow;
 use crate::seq::SeqNum;
 use crate::time::Time;
@@ -320,7 +321,8 @@ pub struct Session {
     tx_credits: TxCredits,
     // Receive side.
     rx_next: SeqNum,
-    out_of_order: VecDeque<Option<Vec<u8>>>,
+    /// DATA frames ahead of `rx_next`, waiting for the gap before them.
+    out_of_order: ReorderBuffer,
     /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
     delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
     /// The credits this side grants: allocated, advertised, used by the peer.
@@ -378,7 +380,7 @@ impl Session {
             next_order: 0,
             tx_credits: TxCredits::default(),
             rx_next: SeqNum(0),
-            out_of_order: VecDeque::new(),
+            out_of_order: ReorderBuffer::default(),
             delivered: VecDeque::new(),
             rx_credits,
             nak_sent_for: None,
@@ -471,7 +473,7 @@ impl Session {
             queued_tlps: self.queued.iter().sum(),
             unacked_frames: self.unacked.len(),
             unacked_bytes: self.unacked.iter().map(|s| s.len).sum(),
-            out_of_order_frames: self.out_of_order.iter().filter(|f| f.is_some()).count(),
+            out_of_order_frames: self.out_of_order.held(),
             delivered_tlps: self.delivered.len(),
         }
     }
@@ -1262,48 +1264,33 @@ impl Session {
         }
         if ahead > 0 {
             // A gap: hold this frame and NAK the first missing one, once per gap.
-            let slot = ahead as usize - 1;
-            if self.out_of_order.len() <= slot {
-                self.out_of_order.resize_with(slot + 1, || None);
-            }
-            if self.out_of_order[slot].is_some() {
+            if !self.out_of_order.hold(ahead as usize, body, &mut self.pool) {
                 self.stats.duplicate_data += 1;
-            } else {
-                let mut b = self.pool.pop().unwrap_or_default();
-                b.clear();
-                b.extend_from_slice(body);
-                self.out_of_order[slot] = Some(b);
             }
-            if self.nak_sent_for != Some(self.rx_next) {
-                self.nak_sent_for = Some(self.rx_next);
-                self.nak_due = true;
-            }
+            self.nak_gap();
             return;
         }
         self.deliver(body, &mut sink);
         self.rx_next = self.rx_next.next();
-        // Slot 0 of the out-of-order buffer holds the frame after the one just delivered.
-        while let Some(slot) = self.out_of_order.pop_front() {
-            match slot {
-                Some(b) => {
+        loop {
+            match self.out_of_order.pop_next() {
+                Next::Held(b) => {
                     self.deliver(&b, &mut sink);
                     self.recycle(b);
                     self.rx_next = self.rx_next.next();
                 }
-                None => {
-                    // rx_next is still missing; the rest is indexed from rx_next + 1 again.
-                    if self.out_of_order.iter().any(Option::is_some)
-                        && self.nak_sent_for != Some(self.rx_next)
-                    {
-                        self.nak_sent_for = Some(self.rx_next);
-                        self.nak_due = true;
-                    }
-                    break;
-                }
+                // rx_next is still missing, with frames after it held.
+                Next::Gap => break self.nak_gap(),
+                Next::Empty => break,
             }
         }
-        if self.out_of_order.iter().all(Option::is_none) {
-            self.out_of_order.clear();
+    }
+
+    /// A NAK for the first missing frame, once per gap.
+    fn nak_gap(&mut self) {
+        if self.nak_sent_for != Some(self.rx_next) {
+            self.nak_sent_for = Some(self.rx_next);
+            self.nak_due = true;
         }
     }
 
