@@ -1565,4 +1565,82 @@ mod tests {
         assert!(c.is_up() && s.is_up());
         assert_eq!(s.stats().dropped_bad_mac + c.stats().dropped_bad_mac, 0);
     }
+
+    /// A client in its handshake, the INIT it sent (body), and a way to hand it a frame of
+    /// `ty` with `body` from the server's epoch 2.
+    fn client_after_init(cfg: Config) -> (Session, InitBody) {
+        let t = Time::from_nanos(1);
+        let mut c = Session::client(cfg, t, 1, Rng::from_u64(1));
+        let mut buf = vec![0u8; 2048];
+        let n = c.poll_transmit(t, &mut buf).unwrap();
+        let f = Frame::new_checked(&buf[..n]).unwrap();
+        let init = InitBody::read_from_bytes(f.body()).unwrap();
+        (c, init)
+    }
+
+    fn to_client(c: &mut Session, ty: FrameType, body: &[u8]) {
+        let h = Header { session: c.local_id(), epoch: 2, ..Header::new(ty) };
+        let mut buf = vec![0u8; 256];
+        let n = write_frame(&mut buf, &h, None, body.len(), |b| b.copy_from_slice(body), |_| [0; TAG_LEN])
+            .unwrap();
+        c.handle_datagram(Time::from_nanos(2), &buf[..n]);
+    }
+
+    /// COOKIE and REFUSE carry no proof: a client takes them only when they echo the nonce of
+    /// its own INIT, which an off-path sender never saw.
+    #[test]
+    fn a_cookie_or_refusal_not_echoing_the_clients_nonce_is_ignored() {
+        let (mut c, init) = client_after_init(test_config());
+        let mut wrong = init.nonce;
+        wrong[0] ^= 1;
+        to_client(&mut c, FrameType::Cookie, CookieBody { nonce: wrong, cookie: [7; COOKIE_LEN] }.as_bytes());
+        to_client(
+            &mut c,
+            FrameType::Refuse,
+            RefuseBody { nonce: wrong, reason: 2, reserved: [0; 3] }.as_bytes(),
+        );
+        assert_eq!(c.cookie, [0; COOKIE_LEN], "a forged cookie was taken");
+        assert!(!c.is_down() && c.poll_event().is_none(), "a forged refusal ended the handshake");
+        assert_eq!(c.stats().dropped_unexpected, 2);
+        // The same with the right nonce: taken.
+        to_client(
+            &mut c,
+            FrameType::Cookie,
+            CookieBody { nonce: init.nonce, cookie: [7; COOKIE_LEN] }.as_bytes(),
+        );
+        assert_eq!(c.cookie, [7; COOKIE_LEN]);
+        // A reason this version does not know still ends it, as a refusal.
+        to_client(
+            &mut c,
+            FrameType::Refuse,
+            RefuseBody { nonce: init.nonce, reason: 99, reserved: [0; 3] }.as_bytes(),
+        );
+        assert_eq!(c.poll_event(), Some(Event::Down(DownReason::Refused)));
+    }
+
+    /// A CHALLENGE with a valid proof (a server holding the key) that drops encryption the
+    /// client asked for is refused; the same CHALLENGE granting it is taken.
+    #[test]
+    fn a_challenge_weaker_than_what_the_client_asked_is_refused() {
+        let mut cfg = test_config();
+        cfg.encrypt_frames = true;
+        for (options, taken) in
+            [(options::AUTHENTICATE, false), (0, false), (options::KNOWN | 4, false), (options::KNOWN, true)]
+        {
+            let (mut c, init) = client_after_init(cfg.clone());
+            let mut ch = ChallengeBody {
+                server_id: 5.into(),
+                nonce: [1; 16],
+                mtu: 1472.into(),
+                window: 128.into(),
+                options,
+                reserved: 0,
+                proof: [0; 32],
+            };
+            ch.proof = cfg.psk.proof(SERVER_PROOF, &transcript(1, &init, 2, &ch));
+            to_client(&mut c, FrameType::Challenge, ch.as_bytes());
+            assert_eq!(c.state == State::ClientResponse, taken, "options {options:#x}");
+            assert_eq!(c.stats().dropped_unexpected, u64::from(!taken), "options {options:#x}");
+        }
+    }
 }
