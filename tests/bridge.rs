@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use bridge_host::{AttachError, RemoteDevice};
+use driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
 use dxpu_tests::{GpuBox, gpu_options, host_options, key_a, key_b, serial};
-use hw::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
 use hw::simgpu_device::{err, op};
 use link::PresharedKey;
 
@@ -17,7 +17,7 @@ fn driver_suite_passes_through_the_bridges() {
     let _g = serial();
     let gpu = GpuBox::start(gpu_options(local()));
     let mut failed = Vec::new();
-    for c in hw::suite::checks() {
+    for c in testbed::suite::checks() {
         let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
         let mut d = SimGpuDriver::open(remote).unwrap();
         if let Err(e) = (c.run)(&mut d) {
@@ -31,7 +31,7 @@ fn driver_suite_passes_through_the_bridges() {
     let stats = gpu.stop();
     let (_, e) = &stats.exports[0];
     // Each check attached, then detached: the device was reset for the next.
-    assert_eq!(e.attaches, hw::suite::checks::<RemoteDevice>().len() as u64);
+    assert_eq!(e.attaches, testbed::suite::checks::<RemoteDevice>().len() as u64);
     assert_eq!(e.resets, e.attaches);
 }
 
@@ -41,7 +41,7 @@ fn demo_workload_through_the_bridges_is_verified() {
     let gpu = GpuBox::start(gpu_options(local()));
     let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
-    let r = hw::workload::run(&mut d, hw::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    let r = testbed::workload::run(&mut d, testbed::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
     assert!(r.steps.len() > 10);
     let s = d.pci().stats();
     for kind in ["MRd64", "MWr64", "CfgRd0", "CfgWr0"] {
@@ -191,7 +191,7 @@ fn a_register_read_during_a_long_copy_to_the_host_is_answered_in_time() {
     let remote = RemoteDevice::attach(o).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
     let n = 64 << 20;
-    let data = hw::suite::pattern(n, 5);
+    let data = testbed::suite::pattern(n, 5);
     d.memcpy_to_device(0, &data).unwrap();
     let mut back = vec![0u8; n];
     let t = std::time::Instant::now();
@@ -215,7 +215,7 @@ fn an_encrypted_link_updating_its_keys_carries_the_workload() {
     h.link.key_update_frames = 64;
     let remote = RemoteDevice::attach(h).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
-    hw::workload::run(&mut d, hw::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    testbed::workload::run(&mut d, testbed::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
     assert!(d.pci().removed().is_none());
     let s = d.pci().stats().link;
     assert!(s.key_updates > 10, "{s:?}");

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
+use driver::SimGpuDriver;
 use dxpu_tests::{GpuBox, Netns, gpu_options, host_options, key_a, key_b, serial};
-use hw::driver::SimGpuDriver;
-use hw::workload::{WorkloadSize, run};
 use link::driver::Impairment;
+use testbed::workload::{WorkloadSize, run};
 
 fn local() -> std::net::SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -100,8 +100,8 @@ fn box_killed_mid_workload_completes_reads_with_all_ones_and_reports_removal() {
     assert!(removed.is_some(), "device not reported removed");
     // After removal every read returns all-ones at once.
     let t = Instant::now();
-    assert_eq!(d.read_reg(hw::simgpu_device::reg::ID), u64::MAX);
-    assert_eq!(hw::driver::PciFunction::config_read(d.pci(), 0), u32::MAX);
+    assert_eq!(d.read_reg(simgpu_abi::reg::ID), u64::MAX);
+    assert_eq!(driver::PciFunction::config_read(d.pci(), 0), u32::MAX);
     assert!(t.elapsed() < Duration::from_millis(100));
     let s = d.pci().stats();
     assert!(s.completion_timeouts + s.failed_requests > 0, "{s:?}");
@@ -115,11 +115,8 @@ fn host_killed_frees_the_device_for_another_host() {
     let mut d = SimGpuDriver::open(remote).unwrap();
     // Leave work behind: dirty VRAM, commands in flight.
     d.memcpy_to_device(0, &[0x77; 1 << 16]).unwrap();
-    d.submit(hw::driver::Command {
-        opcode: hw::simgpu_device::op::COPY_V2H,
-        args: [0, 0x1_0000_0000, 1 << 20, 0, 0],
-    })
-    .unwrap();
+    d.submit(driver::Command { opcode: simgpu_abi::op::COPY_V2H, args: [0, 0x1_0000_0000, 1 << 20, 0, 0] })
+        .unwrap();
     d.into_pci().abandon();
     // host-b waits for the box to notice (idle timeout) and then gets a clean device.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -154,7 +151,7 @@ fn host_killed_frees_the_device_for_another_host() {
 /// capability" (what the previous driver said).
 #[test]
 fn a_box_that_dies_during_a_fence_wait_ends_it_with_the_removal_at_once() {
-    use hw::driver::{DriverError, WaitMode};
+    use driver::{DriverError, WaitMode};
     let _g = serial();
     for mode in [WaitMode::Poll, WaitMode::Interrupt] {
         let gpu = GpuBox::start(gpu_options(local()));
@@ -171,7 +168,7 @@ fn a_box_that_dies_during_a_fence_wait_ends_it_with_the_removal_at_once() {
         // Fence after fence until one cannot be reached.
         let start = Instant::now();
         let err = loop {
-            if let Err(e) = d.launch(hw::simgpu_device::op::NOP, [0; 5], mode) {
+            if let Err(e) = d.launch(simgpu_abi::op::NOP, [0; 5], mode) {
                 break e;
             }
             assert!(start.elapsed() < Duration::from_secs(10), "the box never died");
@@ -209,7 +206,7 @@ fn a_link_that_loses_half_its_datagrams_still_gets_every_completion() {
     d.memcpy_from_device(0x2000, &mut back).unwrap();
     assert!(back == data, "the copy came back different");
     for _ in 0..20 {
-        d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Poll).unwrap();
+        d.launch(simgpu_abi::op::NOP, [0; 5], driver::WaitMode::Poll).unwrap();
     }
     assert!(d.pci().removed().is_none(), "{:?}", d.pci().removed());
     let s = d.pci().stats();

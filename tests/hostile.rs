@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use bridge_gpu::{DeviceSpec, ExportSpec};
 use bridge_host::RemoteDevice;
+use driver::SimGpuDriver;
 use dxpu_tests::{GpuBox, free_udp_port, gpu_options, host_options, key_a, key_b, send_spoofed, serial};
-use hw::driver::SimGpuDriver;
 use hw::simgpu::SimGpuParams;
-use hw::workload::{WorkloadSize, run};
 use link::{Rng, Session, Time};
+use testbed::workload::{WorkloadSize, run};
 
 fn v4(a: SocketAddr) -> SocketAddrV4 {
     match a {

@@ -16,13 +16,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
-use bridge_host::vfio_user::client::{GuestMemory, VfioUserClient, dma_unmap_payload, sealed_memfd};
 use bridge_host::vfio_user::proto::{self, Header, cmd, errno, flags, irq, region};
 use bridge_host::vfio_user::{Counters, VfioUserServer};
+use driver::{PciFunction, SimGpuDriver};
 use dxpu_tests::{GpuBox, gpu_options, host_options, key_a, serial};
-use hw::driver::{PciFunction, SimGpuDriver};
-use hw::workload::{self, WorkloadSize};
 use link::driver::DriverKind;
+use testbed::vfio_user_client::{GuestMemory, VfioUserClient, dma_unmap_payload, sealed_memfd};
+use testbed::workload::{self, WorkloadSize};
 
 const IOVA: u64 = 0x4000_0000;
 
@@ -103,8 +103,7 @@ fn err(c: &mut Client, command: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> 
 fn copy_in_flight(path: &std::path::Path) -> SimGpuDriver<Client> {
     let mut d = SimGpuDriver::open(open_when_free(path, false, 4 << 20)).unwrap();
     let src = d.pci().dma_alloc(1 << 20).unwrap();
-    let copy =
-        hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [src.bus, 0, 1 << 20, 0, 0] };
+    let copy = driver::Command { opcode: simgpu_abi::op::COPY_H2V, args: [src.bus.get(), 0, 1 << 20, 0, 0] };
     d.submit(copy).unwrap();
     d
 }
@@ -322,7 +321,7 @@ fn a_masked_vector_is_held_pending_by_the_device_and_delivered_on_unmask() {
     let mut d = SimGpuDriver::open(c).unwrap();
     let v = 5u64;
     let raise = |d: &mut SimGpuDriver<Client>| {
-        d.launch(hw::simgpu_device::op::INTERRUPT, [v, 0, 0, 0, 0], hw::driver::WaitMode::Poll).unwrap()
+        d.launch(simgpu_abi::op::INTERRUPT, [v, 0, 0, 0, 0], driver::WaitMode::Poll).unwrap()
     };
     // Unmasked: the interrupt reaches the vector's eventfd.
     raise(&mut d);
@@ -365,9 +364,7 @@ fn dma_to_a_window_unmapped_in_flight_fails_cleanly() {
     let mut error = 0;
     while error == 0 && Instant::now() < deadline {
         c.pump(Duration::from_millis(1)).unwrap();
-        error = u64::from_le_bytes(
-            c.region_read(0, hw::simgpu_device::reg::ERROR, 8).unwrap().try_into().unwrap(),
-        );
+        error = u64::from_le_bytes(c.region_read(0, simgpu_abi::reg::ERROR, 8).unwrap().try_into().unwrap());
     }
     assert_eq!(error, hw::simgpu_device::err::DMA, "the device reports the DMA it could not do");
     assert_eq!(c.region_read(region::CONFIG, 0, 2).unwrap(), [0x34, 0x12]);
@@ -395,11 +392,11 @@ fn reads_of_a_vanished_device_return_all_ones() {
     served.gpu.take().unwrap().kill();
     // The box is gone: the read waits out the completion timeout, then reads all-ones as a
     // read of a surprise-removed PCIe device does; later reads fail at once.
-    assert_eq!(c.region_read(0, hw::simgpu_device::reg::ID, 8).unwrap(), [0xff; 8]);
+    assert_eq!(c.region_read(0, simgpu_abi::reg::ID, 8).unwrap(), [0xff; 8]);
     let t = Instant::now();
     assert_eq!(c.region_read(region::CONFIG, 0, 4).unwrap(), [0xff; 4]);
     assert!(t.elapsed() < Duration::from_millis(100), "no second timeout");
-    c.region_write(0, hw::simgpu_device::reg::ID, &[0; 8]).unwrap();
+    c.region_write(0, simgpu_abi::reg::ID, &[0; 8]).unwrap();
     assert!(err.read(&mut b).is_ok(), "the error notifier was signalled on removal");
     let dev = served.finish();
     assert!(dev.removed().is_some());
@@ -417,19 +414,15 @@ fn a_read_only_window_takes_no_device_writes() {
     c.dma_map(Some(f.as_fd()), ro_iova, 64 << 10, proto::DMA_READABLE).unwrap();
     let mut d = SimGpuDriver::open(c).unwrap();
     // The device reads it (host → VRAM) ...
-    d.submit(hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [ro_iova, 0, 4096, 0, 0] })
-        .unwrap();
-    d.sync(hw::driver::WaitMode::Poll).unwrap();
+    d.submit(driver::Command { opcode: simgpu_abi::op::COPY_H2V, args: [ro_iova, 0, 4096, 0, 0] }).unwrap();
+    d.sync(driver::WaitMode::Poll).unwrap();
     let mut back = [0u8; 4];
     d.memcpy_from_device(0, &mut back).unwrap();
     assert_eq!(back, [1, 2, 3, 4]);
     // ... but cannot write it (VRAM → host lands nowhere, the device reports a DMA error).
     ro[..4].fill(9);
-    let _ = d.submit(hw::driver::Command {
-        opcode: hw::simgpu_device::op::COPY_V2H,
-        args: [0, ro_iova, 4096, 0, 0],
-    });
-    let _ = d.sync(hw::driver::WaitMode::Poll);
+    let _ = d.submit(driver::Command { opcode: simgpu_abi::op::COPY_V2H, args: [0, ro_iova, 4096, 0, 0] });
+    let _ = d.sync(driver::WaitMode::Poll);
     assert_eq!(&ro[..4], &[9; 4], "guest memory mapped read-only is untouched");
     drop(d);
     let dev = served.finish();
@@ -530,7 +523,7 @@ fn a_stalled_client_is_dropped_and_the_device_stays_for_the_next() {
         // The next client gets a working device at once.
         let c = open_when_free(&served.path, true, 4 << 20);
         let mut d = SimGpuDriver::open(c).unwrap_or_else(|e| panic!("after a client stalled {how}: {e}"));
-        d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Interrupt)
+        d.launch(simgpu_abi::op::NOP, [0; 5], driver::WaitMode::Interrupt)
             .unwrap_or_else(|e| panic!("after a client stalled {how}: {e}"));
         drop(d);
         let dropped = served.counters.stalled.load(Ordering::Relaxed);
@@ -560,16 +553,15 @@ fn a_client_file_truncated_under_its_dma_window_faults_nothing() {
     let iova = IOVA + (64 << 20);
     d.pci().dma_map(Some(f.as_fd()), iova, 1 << 20, proto::DMA_READABLE | proto::DMA_WRITEABLE).unwrap();
     f.set_len(0).unwrap();
-    let copy =
-        hw::driver::Command { opcode: hw::simgpu_device::op::COPY_H2V, args: [iova, 0, 1 << 20, 0, 0] };
+    let copy = driver::Command { opcode: simgpu_abi::op::COPY_H2V, args: [iova, 0, 1 << 20, 0, 0] };
     d.submit(copy).unwrap();
-    let r = d.launch(hw::simgpu_device::op::NOP, [0; 5], hw::driver::WaitMode::Interrupt);
+    let r = d.launch(simgpu_abi::op::NOP, [0; 5], driver::WaitMode::Interrupt);
     // The device was told its reads failed (the client had nothing there to give); the
     // server lives and the same client goes on.
     assert!(d.pci().dma_messages() > 0, "the unsealed file was reached through messages");
     assert_eq!(
         r,
-        Err(hw::driver::DriverError::Device { code: hw::simgpu_device::err::DMA }),
+        Err(driver::DriverError::Device { code: hw::simgpu_device::err::DMA }),
         "the device's reads of the truncated file must fail, and say so"
     );
     let (_c, _) = run_workload(d.into_pci());

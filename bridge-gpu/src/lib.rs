@@ -18,9 +18,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bridge::attach::{BarInfo, Control, ControlError};
 use hw::simgpu::SimGpuParams;
 use hw::{Device, SimGpu, TlpQueue, Upstream};
-use link::attach::{BarInfo, Control, ControlError};
 use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
 use link::{DownReason, Endpoint, Event, Kept, PresharedKey, SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr, rules};

@@ -1,6 +1,6 @@
 //! The host endpoint: remote devices made local. [`RemoteDevice`] attaches one device that
 //! a GPU-box endpoint (`bridge-gpu`, `dxpu gpu`) exports and implements the PCI function
-//! access ([`hw::driver::PciFunction`]) that drivers are written against, so the unchanged
+//! access ([`driver::PciFunction`]) that drivers are written against, so the unchanged
 //! simgpu driver runs on a GPU in another box:
 //!
 //! - **Config space** as the host sees it: BAR registers (placement and sizing) and the
@@ -29,8 +29,8 @@
 //!
 //! ```no_run
 //! use bridge_host::{AttachOptions, RemoteDevice};
-//! use hw::driver::{SimGpuDriver, WaitMode};
-//! use hw::simgpu_device::op;
+//! use driver::{SimGpuDriver, WaitMode};
+//! use simgpu_abi::op;
 //! use link::PresharedKey;
 //!
 //! let key = PresharedKey::new(b"a key of at least sixteen bytes!").unwrap();
@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hw::driver::{DmaBuf, PciFunction};
-use link::attach::{BarInfo, Control};
+use bridge::attach::{BarInfo, Control};
+use driver::{BusAddr, DmaBuf, PciFunction};
 use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
 use link::{DownReason, Event, Kept, PresharedKey, SendError, Session, Time};
 use tlp::rules::{self, Rcb, TransferSize};
@@ -63,8 +63,8 @@ use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Reques
 
 /// Bytes of a PCI Express function's config space.
 const CONFIG_SPACE: usize = 4096;
-/// Where MSI-X writes land (the x86 interrupt window, 1 MiB).
-pub const MSI_BASE: u64 = 0xfee0_0000;
+/// Where the device's MSI-X writes land: the x86 interrupt window, as every platform gives it.
+pub use driver::MSI_BASE;
 /// Bus address of the DMA arena.
 pub const DMA_ARENA_BASE: u64 = 0x1_0000_0000;
 /// Where the host view places 64-bit BARs.
@@ -1535,11 +1535,11 @@ impl PciFunction for RemoteDevice {
     fn config_write(&mut self, offset: u16, value: u32) {
         self.enter().config_write(offset, value)
     }
-    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
-        self.enter().mmio(addr, len, None)
+    fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
+        self.enter().mmio(addr.get(), len, None)
     }
-    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
-        self.enter().mmio(addr, len, Some(value));
+    fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
+        self.enter().mmio(addr.get(), len, Some(value));
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
         let mut g = self.enter();
@@ -1555,25 +1555,22 @@ impl PciFunction for RemoteDevice {
         }
         mem[start..end].fill(0);
         g.next_alloc = end;
-        Some(DmaBuf { bus: DMA_ARENA_BASE + start as u64, len })
+        Some(DmaBuf { bus: BusAddr(DMA_ARENA_BASE + start as u64), len })
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
         let mut g = self.enter();
         // The caller is looking for what the device wrote: let it arrive.
         g.pump();
-        match g.window(buf.bus + offset as u64, out.len(), false) {
+        match g.window(buf.bus.get() + offset as u64, out.len(), false) {
             Some(mem) => out.copy_from_slice(mem),
             None => out.fill(0xff),
         }
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
         let mut g = self.enter();
-        if let Some(mem) = g.window(buf.bus + offset as u64, data.len(), true) {
+        if let Some(mem) = g.window(buf.bus.get() + offset as u64, data.len(), true) {
             mem.copy_from_slice(data);
         }
-    }
-    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
-        (MSI_BASE, vector as u32)
     }
     fn removed(&self) -> Option<String> {
         RemoteDevice::removed(self)

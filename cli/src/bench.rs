@@ -688,10 +688,10 @@ pub(crate) struct SimGpuBench {
 /// `dxpu bench simgpu`: the directly attached simgpu, the baseline bridged figures are
 /// compared with.
 pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
-    use hw::direct::DirectAttach;
-    use hw::driver::{SimGpuDriver, WaitMode};
+    use driver::{SimGpuDriver, WaitMode};
     use hw::simgpu::SimGpuParams;
-    use hw::simgpu_device::op;
+    use simgpu_abi::op;
+    use testbed::direct::DirectAttach;
 
     let dev = hw::SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
     let mem = (args.copy_bytes * 3).max(1 << 20);

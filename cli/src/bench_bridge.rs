@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
 use clap::Args;
-use hw::driver::SimGpuDriver;
+use driver::SimGpuDriver;
 use link::driver::{DriverKind, Impairment, PollMode};
 
 use crate::bench::{bare_pingpong, bare_stream, driver_pingpong, us};
@@ -121,7 +121,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     );
     {
         let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
-        let mut d = SimGpuDriver::open(hw::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
+        let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
             .map_err(|e| e.to_string())?;
         let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
         println!(
@@ -165,12 +165,12 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
 }
 
 /// Copies `bytes` host→VRAM and back through `d`, checks them, and returns MB/s each way.
-pub(crate) fn copy<P: hw::driver::PciFunction>(
+pub(crate) fn copy<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     bytes: usize,
 ) -> Result<(f64, f64), String> {
     let mb = bytes as f64 / 1e6;
-    let data = hw::suite::pattern(bytes, 3);
+    let data = testbed::suite::pattern(bytes, 3);
     let t = Instant::now();
     d.memcpy_to_device(0, &data).map_err(|e| e.to_string())?;
     let h2d = mb / t.elapsed().as_secs_f64();

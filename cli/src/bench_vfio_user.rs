@@ -1,6 +1,6 @@
 //! `dxpu bench vfio-user`: what the vfio-user server adds, measured without a VMM, side by
 //! side in one run. A client that behaves as QEMU's `vfio-user-pci` does
-//! (`bridge_host::vfio_user::client`) drives the simgpu through the server; the same driver
+//! (`testbed::vfio_user_client`) drives the simgpu through the server; the same driver
 //! drives a `RemoteDevice` directly. Both over UDP loopback with the portable driver, in
 //! busy-poll and blocking mode:
 //!
@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use bridge_host::RemoteDevice;
 use bridge_host::vfio_user::VfioUserServer;
-use bridge_host::vfio_user::client::{GuestMemory, VfioUserClient};
 use clap::Args;
-use hw::driver::SimGpuDriver;
+use driver::SimGpuDriver;
 use link::driver::{DriverKind, Impairment, PollMode};
+use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
 use crate::bench::us;
 use crate::bench_bridge::copy;

@@ -422,7 +422,7 @@ impl GpuFile {
         let mut exports = Vec::new();
         for (i, d) in self.device.iter().enumerate() {
             let at = format!("device[{i}]");
-            if d.name.is_empty() || d.name.len() > link::attach::MAX_TEXT {
+            if d.name.is_empty() || d.name.len() > bridge::attach::MAX_TEXT {
                 return Err(bad(&format!("{at}.name"), format!("\"{}\"", d.name), "must be 1..=255 bytes"));
             }
             let device = match (&d.sim, &d.vfio) {

@@ -11,7 +11,7 @@ use bridge_gpu::GpuEndpoint;
 use bridge_host::RemoteDevice;
 use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
-use hw::driver::{PciFunction, SimGpuDriver};
+use driver::{PciFunction, SimGpuDriver};
 
 use crate::config::{self, DriverArg, GpuFile, HostFile, PollArg};
 
@@ -213,8 +213,8 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
                     continue;
                 }
             };
-            let size = hw::workload::WorkloadSize::scaled(1);
-            match hw::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
+            let size = testbed::workload::WorkloadSize::scaled(1);
+            match testbed::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
                 Ok(r) => log::info!("{name}: workload verified in {:.3} s", r.seconds),
                 Err(e) if stop.load(Ordering::Relaxed) => {
                     log::error!("{name}: workload stopped by a signal ({e})");

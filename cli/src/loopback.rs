@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, HostKey};
 use bridge_host::{AttachOptions, HostStats, RemoteDevice};
 use clap::Args;
+use driver::SimGpuDriver;
 use hw::SimGpu;
-use hw::direct::DirectAttach;
-use hw::driver::SimGpuDriver;
 use hw::simgpu::SimGpuParams;
-use hw::workload::{self, WorkloadReport, WorkloadSize};
 use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
+use testbed::direct::DirectAttach;
+use testbed::workload::{self, WorkloadReport, WorkloadSize};
 
 use crate::config::{DriverArg, PollArg};
 
@@ -214,7 +214,7 @@ impl Drop for LocalBox {
     }
 }
 
-pub(crate) use hw::workload::mmio_read_rtt as mmio_rtt;
+pub(crate) use testbed::workload::mmio_read_rtt as mmio_rtt;
 
 pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use link::attach::Control;
+use bridge::attach::Control;
 use tlp::Bdf;
 
 fuzz_target!(|data: &[u8]| {

@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use hw::driver::SimGpuDriver;
-use hw::simgpu::{DEVICE_ID, VENDOR_ID};
-use hw::vfio_function::VfioFunction;
-use hw::workload::{self, WorkloadSize};
+use driver::SimGpuDriver;
+use driver::vfio::VfioFunction;
+use simgpu_abi::{DEVICE_ID, VENDOR_ID};
+use testbed::workload::{self, WorkloadSize};
 
 const USAGE: &str = "usage: dxpu-guest [--device /sys/bus/pci/devices/DDDD:BB:DD.F] [--scale 1..=32] \
 [--dma-mib N] [--rtt-samples N]";

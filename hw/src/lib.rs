@@ -25,18 +25,13 @@
 // module forbids it.
 #![deny(unsafe_code)]
 
-pub mod config;
+pub use pci::config;
 pub mod device;
-pub mod direct;
-pub mod driver;
 pub mod function;
 pub mod msix;
 pub mod simgpu;
 pub mod simgpu_device;
-pub mod suite;
 pub mod vfio;
-pub mod vfio_function;
-pub mod workload;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};
 pub use device::Device;

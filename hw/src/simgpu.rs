@@ -4,16 +4,7 @@
 
 use crate::config::{Bar, BarKind, ConfigSpace, PcieCapability};
 
-/// Vendor ID: 0x1234, the ID QEMU's educational devices use; not a real vendor's.
-pub const VENDOR_ID: u16 = 0x1234;
-/// Device ID of the simulated GPU.
-pub const DEVICE_ID: u16 = 0xd9a0;
-/// Size of BAR0, the register BAR (registers, MSI-X table and PBA).
-pub const BAR0_SIZE: u64 = 64 * 1024;
-/// Offset of the MSI-X table in BAR0.
-pub const MSIX_TABLE_OFFSET: u32 = 0x8000;
-/// Offset of the MSI-X pending-bit array in BAR0.
-pub const MSIX_PBA_OFFSET: u32 = 0x9000;
+pub use simgpu_abi::{BAR0_SIZE, DEVICE_ID, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, VENDOR_ID};
 
 /// What can be chosen about a simulated GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,50 +30,7 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr};
 use crate::device::Device;
 use crate::function::Upstream;
 use crate::msix::MsixTable;
-
-/// One eventfd per MSI-X vector: VFIO signals them, [`MsixEventfds::fired`] reads them.
-pub struct MsixEventfds {
-    fds: Vec<std::os::fd::OwnedFd>,
-}
-
-impl MsixEventfds {
-    /// `n` non-blocking eventfds.
-    pub fn new(n: usize) -> io::Result<MsixEventfds> {
-        use std::os::fd::FromRawFd;
-        let mut fds = Vec::with_capacity(n);
-        for _ in 0..n {
-            // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` is a new descriptor this process owns and nothing else holds.
-            fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-        }
-        Ok(MsixEventfds { fds })
-    }
-
-    /// The raw descriptors, in vector order, for VFIO.
-    pub fn raw(&self) -> Vec<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self.fds.iter().map(|f| f.as_raw_fd()).collect()
-    }
-
-    /// The vectors signalled since the last call (each once, however often it fired).
-    pub fn fired(&self) -> Vec<u16> {
-        use std::os::fd::AsRawFd;
-        let mut out = Vec::new();
-        for (v, fd) in self.fds.iter().enumerate() {
-            let mut count = 0u64;
-            // SAFETY: reads 8 bytes into a u64 that lives across the call.
-            let r = unsafe { libc::read(fd.as_raw_fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
-            if r == 8 && count > 0 {
-                out.push(v as u16);
-            }
-        }
-        out
-    }
-}
+pub use pci::MsixEventfds;
 
 /// Raw access to a function's config space.
 pub trait RawConfig {
@@ -502,22 +459,6 @@ mod tests {
         let dw = hw.read(0x04, 4).unwrap();
         hw.write(0x04, 4, dw | 0x6).unwrap();
         assert_eq!(hw.read(0x06, 2).unwrap() & 0x2000, 0, "why Command is written 16 bits wide");
-    }
-
-    #[test]
-    fn eventfd_signals_become_vectors() {
-        use std::os::fd::RawFd;
-        let fds = MsixEventfds::new(4).unwrap();
-        let raw: Vec<RawFd> = fds.raw();
-        assert!(fds.fired().is_empty());
-        for v in [2usize, 2, 3] {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd this test owns.
-            let r = unsafe { libc::write(raw[v], &one as *const u64 as *const libc::c_void, 8) };
-            assert_eq!(r, 8);
-        }
-        assert_eq!(fds.fired(), vec![2, 3], "each vector once, however often it fired");
-        assert!(fds.fired().is_empty());
     }
 
     #[test]

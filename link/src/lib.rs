@@ -8,7 +8,6 @@
 // `unsafe` lives only in the driver module (system calls); the state machine has none.
 #![deny(unsafe_code)]
 
-pub mod attach;
 pub mod auth;
 mod config;
 mod credits;

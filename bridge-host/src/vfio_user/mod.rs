@@ -28,7 +28,6 @@
 //! One thread serves one device: it waits on the client socket and the link socket
 //! together, so commands, device DMA and interrupts are handled as they arrive.
 
-pub mod client;
 pub mod proto;
 
 use std::collections::VecDeque;
@@ -46,7 +45,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
 use crate::{Access, ClientMemory, MSI_BASE, RemoteDevice};
-use hw::driver::{MsixTableInfo, find_capability, msix_table};
+use driver::{MsixTableInfo, find_capability, msix_table};
 use link::driver::PollMode;
 use proto::{Caps, Header, Request, cmd, errno, irq, region};
 

@@ -5,20 +5,17 @@
 //! with UR, or dropped for writes, and counted), and turns MSI-X writes into interrupts.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
-use crate::device::Device;
-use crate::driver::{DmaBuf, PciFunction};
-use crate::function::TlpQueue;
+use driver::{BusAddr, DmaArena, DmaBuf, Interrupts, MSI_BASE, PciFunction, WaitStep, wait_interrupt};
+use hw::{Device, TlpQueue};
 
 /// The host's requester ID.
 pub const HOST_ID: Bdf = Bdf::new(0, 0, 0);
-/// Where MSI-X writes land (the x86 interrupt window).
-pub const MSI_BASE: u64 = 0xfee0_0000;
 /// Bus address of host memory.
 pub const HOST_MEMORY_BASE: u64 = 0x1_0000_0000;
 /// Where BAR0 is placed.
@@ -32,8 +29,8 @@ pub struct DirectAttach<D: Device> {
     up: TlpQueue,
     completions: VecDeque<Vec<u8>>,
     mem: Vec<u8>,
-    next_alloc: usize,
-    interrupts: HashMap<u16, u32>,
+    arena: DmaArena,
+    interrupts: Interrupts,
     next_tag: u16,
     /// Device DMA reads outside host memory (answered with UR).
     pub dma_read_refused: u64,
@@ -49,8 +46,8 @@ impl<D: Device> DirectAttach<D> {
             up: TlpQueue::default(),
             completions: VecDeque::new(),
             mem: vec![0; host_memory],
-            next_alloc: 0,
-            interrupts: HashMap::new(),
+            arena: DmaArena::new(BusAddr(HOST_MEMORY_BASE), host_memory),
+            interrupts: Interrupts::default(),
             next_tag: 0,
             dma_read_refused: 0,
             dma_write_dropped: 0,
@@ -131,7 +128,7 @@ impl<D: Device> DirectAttach<D> {
                         let a = address.value();
                         if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
                             let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
-                            *self.interrupts.entry(v).or_default() += 1;
+                            self.interrupts.signal(v, 1);
                         } else if let Some(off) = self.in_memory(a, data.len() as u64) {
                             let dst = &mut self.mem[off..off + data.len()];
                             rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
@@ -159,14 +156,14 @@ impl<D: Device> DirectAttach<D> {
         any
     }
 
-    fn memory_request(&mut self, addr: u64, data: Option<&[u8]>, length_dw: u16) -> Tag {
+    fn memory_request(&mut self, addr: BusAddr, data: Option<&[u8]>, length_dw: u16) -> Tag {
         let tag = self.tag();
         let be = |n: u16| if n > 1 { (0xf, 0xf) } else { (0xf, 0) };
         let (first_be, last_be) = be(length_dw);
         let req = Request { requester: HOST_ID, tag, first_be, last_be };
         let body = match data {
-            Some(d) => Body::MemWrite { req, address: Address::new(addr), ph: 0, data: d },
-            None => Body::MemRead { req, address: Address::new(addr), ph: 0, length_dw, locked: false },
+            Some(d) => Body::MemWrite { req, address: Address::new(addr.get()), ph: 0, data: d },
+            None => Body::MemRead { req, address: Address::new(addr.get()), ph: 0, length_dw, locked: false },
         };
         let t = TlpRepr::new(body);
         self.request(&t);
@@ -202,7 +199,7 @@ impl<D: Device> PciFunction for DirectAttach<D> {
     fn config_write(&mut self, offset: u16, value: u32) {
         self.config_request(offset, Some(value.to_le_bytes()));
     }
-    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
+    fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
         let tag = self.memory_request(addr, None, (len / 4).max(1) as u16);
         match self.completion_for(tag) {
             Some((CplStatus::Success, v)) => {
@@ -215,45 +212,30 @@ impl<D: Device> PciFunction for DirectAttach<D> {
             _ => u64::MAX,
         }
     }
-    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
+    fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
         let b = value.to_le_bytes();
         self.memory_request(addr, Some(&b[..len.min(8)]), (len / 4).max(1) as u16);
         self.run();
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
-        let start = self.next_alloc.div_ceil(64) * 64;
-        let end = start.checked_add(len)?;
-        if end > self.mem.len() {
-            return None;
-        }
-        self.next_alloc = end;
-        self.mem[start..end].fill(0);
-        Some(DmaBuf { bus: HOST_MEMORY_BASE + start as u64, len })
+        self.arena.alloc_zeroed(&mut self.mem, len)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
         self.run();
-        let s = (buf.bus - HOST_MEMORY_BASE) as usize + offset;
-        out.copy_from_slice(&self.mem[s..s + out.len()]);
+        self.arena.read(&self.mem, buf, offset, out);
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
-        let s = (buf.bus - HOST_MEMORY_BASE) as usize + offset;
-        self.mem[s..s + data.len()].copy_from_slice(data);
-    }
-    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
-        (MSI_BASE, vector as u32)
+        self.arena.write(&mut self.mem, buf, offset, data);
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
-        let start = Instant::now();
-        loop {
-            if let Some(n) = self.interrupts.get_mut(&vector)
-                && *n > 0
-            {
-                *n -= 1;
-                return true;
+        wait_interrupt(timeout, |_| {
+            if self.interrupts.take(vector) {
+                WaitStep::Fired
+            } else if self.run() {
+                WaitStep::Busy
+            } else {
+                WaitStep::Idle
             }
-            if !self.run() && start.elapsed() >= timeout {
-                return false;
-            }
-        }
+        })
     }
 }

@@ -1,14 +1,14 @@
 //! The simgpu through its driver on a directly attached device: the driver's suite
-//! (`hw::suite`: every command checked against a CPU reference, fences by polling and by
+//! (`testbed::suite`: every command checked against a CPU reference, fences by polling and by
 //! interrupt, error paths), the demo workload, and what only a direct attachment can see:
 //! DMA refusals counted, reads in flight, reset mid-work, sparse VRAM, Bus Master Enable.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use hw::direct::{DirectAttach, HOST_MEMORY_BASE};
-use hw::driver::{DriverError, SimGpuDriver, WaitMode};
+use driver::{DriverError, SimGpuDriver, WaitMode};
 use hw::simgpu::SimGpuParams;
-use hw::simgpu_device::{err, op, reg};
 use hw::{Device, SimGpu};
+use simgpu_abi::{err, op, reg};
+use testbed::direct::{DirectAttach, HOST_MEMORY_BASE};
 use tlp::Bdf;
 
 fn open_with(p: SimGpuParams) -> SimGpuDriver<DirectAttach<SimGpu>> {
@@ -20,12 +20,12 @@ fn open() -> SimGpuDriver<DirectAttach<SimGpu>> {
     open_with(SimGpuParams::default())
 }
 
-use hw::suite::pattern;
+use testbed::suite::pattern;
 
 #[test]
 fn driver_suite_on_a_directly_attached_simgpu() {
     let mut failed = Vec::new();
-    for c in hw::suite::checks() {
+    for c in testbed::suite::checks() {
         let mut d = open();
         if let Err(e) = (c.run)(&mut d) {
             failed.push(format!("{}: {e}", c.name));
@@ -37,7 +37,7 @@ fn driver_suite_on_a_directly_attached_simgpu() {
 #[test]
 fn demo_workload_is_verified() {
     let mut d = open();
-    let r = hw::workload::run(&mut d, hw::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    let r = testbed::workload::run(&mut d, testbed::workload::WorkloadSize::scaled(1), &mut |_| {}).unwrap();
     assert!(r.steps.len() > 10);
     assert_eq!(r.h2d.0, 1 << 20);
 }
@@ -73,7 +73,7 @@ fn reset_mid_work_returns_to_power_on() {
     let mut d = open();
     d.memcpy_to_device(0, &pattern(4096, 3)).unwrap();
     // Queue work without letting the device run it, then reset the function.
-    d.submit(hw::driver::Command { opcode: op::FILL, args: [0, 4096, 7, 0, 0] }).unwrap();
+    d.submit(driver::Command { opcode: op::FILL, args: [0, 4096, 7, 0, 0] }).unwrap();
     d.pci().device().reset();
     let dev = d.pci().device();
     assert_eq!(dev.vram_resident(), 0, "VRAM back to empty");
@@ -98,11 +98,11 @@ fn no_bus_master_no_dma() {
     let mut d = open();
     // Clear Bus Master Enable: the device must not fetch commands.
     let cmd = d.pci().device().function().config().command() as u32;
-    hw::driver::PciFunction::config_write(d.pci(), 0x04, cmd & !0x4);
-    d.submit(hw::driver::Command { opcode: op::NOP, args: [0; 5] }).unwrap();
+    driver::PciFunction::config_write(d.pci(), 0x04, cmd & !0x4);
+    d.submit(driver::Command { opcode: op::NOP, args: [0; 5] }).unwrap();
     assert!(!d.pci().run(), "no progress without Bus Master Enable");
     assert_eq!(d.read_reg(reg::COMPLETED), 0);
-    hw::driver::PciFunction::config_write(d.pci(), 0x04, cmd);
+    driver::PciFunction::config_write(d.pci(), 0x04, cmd);
     d.pci().run();
     assert_eq!(d.read_reg(reg::COMPLETED), 1);
 }
@@ -187,7 +187,7 @@ fn reset_with_dma_in_flight_drops_it() {
 /// feeds the device's command fetch and counts what each poll sends.
 #[test]
 fn a_copy_to_the_host_goes_out_a_step_per_poll() {
-    use hw::driver::PciFunction;
+    use driver::PciFunction;
     use tlp::rules::{self, Rcb, TransferSize};
     use tlp::{Address, Body, ParseConfig, Request, Tag, TlpRepr};
     let len = 1usize << 20;
@@ -197,11 +197,11 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
     let (ring, tail) = (d.read_reg(reg::RING_BASE), d.read_reg(reg::RING_TAIL));
     let mut cmd = [0u8; 64];
     cmd[0..4].copy_from_slice(&op::COPY_V2H.to_le_bytes());
-    for (i, a) in [0, dst.bus, len as u64].iter().enumerate() {
+    for (i, a) in [0, dst.bus.get(), len as u64].iter().enumerate() {
         cmd[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
     }
     // Requests straight to the device: nothing polls it but this test.
-    let bar0 = hw::direct::BAR0_BASE;
+    let bar0 = testbed::direct::BAR0_BASE;
     let host = Request { requester: Bdf::new(0, 0, 0), tag: Tag::from_bits(1), first_be: 0xf, last_be: 0xf };
     let next = ((tail + 1) % 64).to_le_bytes();
     let set_tail = TlpRepr::new(Body::MemWrite {

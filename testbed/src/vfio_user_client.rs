@@ -15,12 +15,11 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hw::driver::{DmaBuf, PciFunction};
+use bridge_host::vfio_user::proto::{self, Header, cmd, errno, flags, irq, region};
+use driver::{BusAddr, DmaArena, DmaBuf, Interrupts, PciFunction, WaitStep, wait_interrupt};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-
-use super::proto::{self, Header, cmd, errno, flags, irq, region};
 
 /// A reply from the server.
 #[derive(Clone, Debug)]
@@ -75,11 +74,11 @@ pub struct VfioUserClient {
     mem: memmap2::MmapMut,
     file: Option<File>,
     iova: u64,
-    alloc: usize,
+    arena: DmaArena,
     bars: [(u64, u64); 6],
     msix_table: (u64, u64),
     eventfds: Vec<File>,
-    pending: Vec<u64>,
+    interrupts: Interrupts,
     dma_messages: u64,
 }
 
@@ -102,11 +101,11 @@ impl VfioUserClient {
             mem: map,
             file,
             iova: mem.iova,
-            alloc: 0,
+            arena: DmaArena::new(BusAddr(mem.iova), mem.len),
             bars: [(0, 0); 6],
             msix_table: (0, 0),
             eventfds: Vec::new(),
-            pending: Vec::new(),
+            interrupts: Interrupts::default(),
             dma_messages: 0,
         })
     }
@@ -139,7 +138,7 @@ impl VfioUserClient {
         c.file = file;
         mapped.map_err(|e| invalid(format!("DMA_MAP of the guest memory: errno {e}")))?;
         // MSI-X: where the table lies (the client emulates it), and one eventfd per vector.
-        if let Some(t) = hw::driver::msix_table(&mut c) {
+        if let Some(t) = driver::msix_table(&mut c) {
             let n = t.vectors;
             c.msix_table = (c.bars.get(t.bar).map_or(0, |b| b.0) + t.offset, t.bytes());
             let fds: Vec<File> = (0..n)
@@ -155,7 +154,6 @@ impl VfioUserClient {
             c.set_irqs(irq::DATA_EVENTFD | irq::ACTION_TRIGGER, irq::MSIX, 0, n, &[], &borrowed)
                 .map_err(|e| invalid(format!("SET_IRQS for {n} MSI-X vectors: errno {e}")))?;
             c.eventfds = fds;
-            c.pending = vec![0; n as usize];
         }
         Ok(c)
     }
@@ -395,8 +393,8 @@ impl PciFunction for VfioUserClient {
     fn config_write(&mut self, offset: u16, value: u32) {
         let _ = self.region_write(region::CONFIG, offset as u64, &value.to_le_bytes());
     }
-    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
-        let len = len.min(8);
+    fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
+        let (addr, len) = (addr.get(), len.min(8));
         let Some((bar, off)) = self.decode(addr, len) else { return u64::MAX };
         let mut b = [0u8; 8];
         match self.region_read(bar, off, len as u32) {
@@ -405,8 +403,8 @@ impl PciFunction for VfioUserClient {
         }
         u64::from_le_bytes(b)
     }
-    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
-        let len = len.min(8);
+    fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
+        let (addr, len) = (addr.get(), len.min(8));
         // The VMM emulates the MSI-X table: the guest's writes to it never reach the server.
         let (t, n) = self.msix_table;
         if addr + len as u64 > t && addr < t + n {
@@ -416,57 +414,36 @@ impl PciFunction for VfioUserClient {
         let _ = self.region_write(bar, off, &value.to_le_bytes()[..len]);
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
-        let start = self.alloc.div_ceil(64) * 64;
-        let end = start.checked_add(len)?;
-        if end > self.mem.len() {
-            return None;
-        }
-        self.alloc = end;
-        self.mem[start..end].fill(0);
-        Some(DmaBuf { bus: self.iova + start as u64, len })
+        self.arena.alloc_zeroed(&mut self.mem, len)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
         // The server's writes into private memory may be waiting as messages.
         if self.file.is_none() {
             let _ = self.pump(Duration::ZERO);
         }
-        let at = (buf.bus - self.iova) as usize + offset;
-        match self.mem.get(at..at + out.len()) {
-            Some(m) => out.copy_from_slice(m),
-            None => out.fill(0xff),
-        }
+        self.arena.read(&self.mem, buf, offset, out);
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
-        let at = (buf.bus - self.iova) as usize + offset;
-        if let Some(m) = self.mem.get_mut(at..at + data.len()) {
-            m.copy_from_slice(data);
-        }
-    }
-    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
-        (0xfee0_0000, vector as u32)
+        self.arena.write(&mut self.mem, buf, offset, data);
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
-        let start = Instant::now();
-        let v = vector as usize;
-        loop {
+        if vector as usize >= self.eventfds.len() {
+            return false;
+        }
+        wait_interrupt(timeout, |left| {
             for (i, f) in self.eventfds.iter_mut().enumerate() {
                 let mut b = [0u8; 8];
                 if f.read(&mut b).is_ok() {
-                    self.pending[i] += u64::from_ne_bytes(b);
+                    self.interrupts.signal(i as u16, u64::from_ne_bytes(b));
                 }
             }
-            if let Some(n) = self.pending.get_mut(v)
-                && *n > 0
-            {
-                *n -= 1;
-                return true;
+            if self.interrupts.take(vector) {
+                WaitStep::Fired
+            } else if self.pump(left.min(Duration::from_micros(200))).is_err() {
+                WaitStep::Gone
+            } else {
+                WaitStep::Idle
             }
-            if start.elapsed() > timeout || v >= self.pending.len() {
-                return false;
-            }
-            if self.pump(Duration::from_micros(200)).is_err() {
-                return false;
-            }
-        }
+        })
     }
 }

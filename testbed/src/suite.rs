@@ -1,13 +1,13 @@
 //! The simgpu driver's test suite, generic over the platform: the same checks run on a
-//! directly attached simgpu (`hw/tests/simgpu.rs`), on a remote one through the bridges
+//! directly attached simgpu (`testbed/tests/simgpu.rs`), on a remote one through the bridges
 //! (`tests/bridge.rs`), and wherever else a [`PciFunction`] is built. Each check opens
 //! nothing itself: it gets a driver on a freshly opened device and says what went wrong,
 //! with the values, instead of panicking. Checks that need a device's internals (reset with
 //! DMA in flight, sparse VRAM residency) stay with the platform that can see them.
 #![forbid(unsafe_code)]
 
-use crate::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
-use crate::simgpu_device::{err, op, reg};
+use driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
+use simgpu_abi::{err, op, reg};
 
 /// One check: its name and what it runs.
 pub struct Check<P: PciFunction> {
@@ -198,7 +198,7 @@ fn ring_indices_wrap_around<P: PciFunction>(d: &mut SimGpuDriver<P>) -> Result<(
     // 200 commands through a 64-entry ring without a sync: head and tail wrap three times.
     let done0 = d.read_reg(reg::COMPLETED);
     for i in 0..200 {
-        ok(d.submit(crate::driver::Command { opcode: op::NOP, args: [0; 5] }), &format!("submit {i}"))?;
+        ok(d.submit(driver::Command { opcode: op::NOP, args: [0; 5] }), &format!("submit {i}"))?;
     }
     ok(d.sync(WaitMode::Poll), "sync")?;
     same(d.read_reg(reg::COMPLETED), done0 + 201, "commands completed")

@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
-use crate::simgpu_device::{op, reg};
 use crate::suite::{f32_bytes, pattern, read_f32s};
+use driver::{DriverError, PciFunction, SimGpuDriver, WaitMode};
+use simgpu_abi::{op, reg};
 
 /// How much work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

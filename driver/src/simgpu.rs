@@ -1,4 +1,4 @@
-//! The simgpu driver, written against an abstract PCI function access ([`PciFunction`]) so
+//! The simgpu driver, written against the PCI function access ([`PciFunction`]) so
 //! that the same driver runs on a directly attached simgpu, on a remote one through the host
 //! endpoint, and inside a VM. It checks the device, sizes its BARs, enables MSI-X, sets up
 //! the command ring, submits work, and waits for fences by polling or by interrupt.
@@ -6,45 +6,9 @@
 
 use std::time::Duration;
 
-use crate::simgpu::{DEVICE_ID, MSIX_TABLE_OFFSET, VENDOR_ID};
-use crate::simgpu_device::{COMMAND_BYTES, ERROR_VECTOR, err, op, reg};
+use simgpu_abi::{COMMAND_BYTES, DEVICE_ID, ERROR_VECTOR, MSIX_TABLE_OFFSET, VENDOR_ID, err, op, reg};
 
-/// Host memory a device may reach, as the platform hands it out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DmaBuf {
-    /// Bus address the device uses.
-    pub bus: u64,
-    /// Length in bytes.
-    pub len: usize,
-}
-
-/// What a driver needs from its platform.
-pub trait PciFunction {
-    /// Reads a config DW.
-    fn config_read(&mut self, offset: u16) -> u32;
-    /// Writes a config DW.
-    fn config_write(&mut self, offset: u16, value: u32);
-    /// Reads `len` (4 or 8) bytes of MMIO at bus address `addr`.
-    fn mmio_read(&mut self, addr: u64, len: usize) -> u64;
-    /// Writes `len` (4 or 8) bytes of MMIO.
-    fn mmio_write(&mut self, addr: u64, len: usize, value: u64);
-    /// Allocates DMA-able host memory (zeroed).
-    fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf>;
-    /// Reads host memory the device may have written.
-    fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]);
-    /// Writes host memory the device will read.
-    fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]);
-    /// The MSI-X address and data that make vector `vector` reach this driver.
-    fn msi_message(&mut self, vector: u16) -> (u64, u32);
-    /// Waits until vector `vector` fired (consuming one occurrence) or `timeout` passed.
-    fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool;
-    /// Why the device is gone, once it is (a surprise removal: its reads return all-ones from
-    /// then on). A driver's waits end at once with this reason. `None` for a platform whose
-    /// devices cannot vanish.
-    fn removed(&self) -> Option<String> {
-        None
-    }
-}
+use crate::function::{BusAddr, DmaBuf, PciFunction, find_capability};
 
 /// Why the driver could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,8 +82,8 @@ fn pci_gone<P: PciFunction>(pci: &P) -> Result<(), DriverError> {
 /// A simgpu opened through some [`PciFunction`].
 pub struct SimGpuDriver<P: PciFunction> {
     pci: P,
-    bar0: u64,
-    bar2: u64,
+    bar0: BusAddr,
+    bar2: BusAddr,
     vram_size: u64,
     ring: DmaBuf,
     /// The next ring slot to write.
@@ -134,53 +98,6 @@ pub struct SimGpuDriver<P: PciFunction> {
     next_fence: u64,
     timeout: Duration,
     staging: Option<DmaBuf>,
-}
-
-/// Walks the capability list for capability `id` (PCI 0x01 Power Management, 0x10 PCI
-/// Express, 0x11 MSI-X, …); its config offset.
-pub fn find_capability<P: PciFunction>(pci: &mut P, id: u8) -> Option<u16> {
-    let mut at = (pci.config_read(0x34) & 0xfc) as u16;
-    for _ in 0..48 {
-        if at == 0 {
-            return None;
-        }
-        let h = pci.config_read(at);
-        if h & 0xff == id as u32 {
-            return Some(at);
-        }
-        at = ((h >> 8) & 0xfc) as u16;
-    }
-    None
-}
-
-/// Where a function's MSI-X table lies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MsixTableInfo {
-    /// The BAR that holds it.
-    pub bar: usize,
-    /// Its offset in that BAR.
-    pub offset: u64,
-    /// Its entries (vectors).
-    pub vectors: u32,
-}
-
-impl MsixTableInfo {
-    /// Bytes the table spans (16 per entry).
-    pub fn bytes(&self) -> u64 {
-        self.vectors as u64 * 16
-    }
-}
-
-/// The function's MSI-X table, from its MSI-X capability (PCI 3.0 §6.8.2).
-pub fn msix_table<P: PciFunction>(pci: &mut P) -> Option<MsixTableInfo> {
-    let cap = find_capability(pci, 0x11)?;
-    let control = pci.config_read(cap) >> 16;
-    let table = pci.config_read(cap + 4);
-    Some(MsixTableInfo {
-        bar: (table & 7) as usize,
-        offset: (table & !7) as u64,
-        vectors: (control & 0x7ff) + 1,
-    })
 }
 
 /// Sizes a 64-bit memory BAR by probing; returns (address, size).
@@ -209,7 +126,8 @@ impl<P: PciFunction> SimGpuDriver<P> {
         pci.config_write(0x04, cmd & !0x6);
         let (bar0, size0) = probe_bar64(&mut pci, 0);
         let (bar2, vram_size) = probe_bar64(&mut pci, 2);
-        if bar0 == 0 || bar2 == 0 || size0 < 0x1000 {
+        let (bar0, bar2) = (BusAddr(bar0), BusAddr(bar2));
+        if bar0.get() == 0 || bar2.get() == 0 || size0 < 0x1000 {
             pci_gone(&pci)?;
             return Err(DriverError::Unusable("BARs not placed"));
         }
@@ -257,7 +175,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             timeout: Duration::from_secs(5),
             staging: None,
         };
-        d.write_reg(reg::RING_BASE, ring.bus);
+        d.write_reg(reg::RING_BASE, ring.bus.get());
         d.write_reg(reg::RING_SIZE, RING_ENTRIES);
         d.write_reg(reg::RING_TAIL, 0);
         Ok(d)
@@ -268,7 +186,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
         self.vram_size
     }
     /// BAR2's bus address (VRAM window).
-    pub fn vram_bar(&self) -> u64 {
+    pub fn vram_bar(&self) -> BusAddr {
         self.bar2
     }
     /// The platform underneath.
@@ -335,7 +253,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
     pub fn sync(&mut self, mode: WaitMode) -> Result<(), DriverError> {
         self.next_fence += 1;
         let value = self.next_fence;
-        self.queue(Command { opcode: op::FENCE, args: [self.fence.bus, value, 0, 0, 0] })?;
+        self.queue(Command { opcode: op::FENCE, args: [self.fence.bus.get(), value, 0, 0, 0] })?;
         if mode == WaitMode::Interrupt {
             self.queue(Command { opcode: op::INTERRUPT, args: [DONE_VECTOR as u64, 0, 0, 0, 0] })?;
         }
@@ -405,14 +323,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
     pub fn memcpy_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
         let buf = self.staging(data.len())?;
         self.pci.dma_write(&buf, 0, data);
-        self.queue(Command { opcode: op::COPY_H2V, args: [buf.bus, vram, data.len() as u64, 0, 0] })?;
+        self.queue(Command { opcode: op::COPY_H2V, args: [buf.bus.get(), vram, data.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)
     }
 
     /// Copies VRAM bytes at `vram` into `out`.
     pub fn memcpy_from_device(&mut self, vram: u64, out: &mut [u8]) -> Result<(), DriverError> {
         let buf = self.staging(out.len())?;
-        self.queue(Command { opcode: op::COPY_V2H, args: [vram, buf.bus, out.len() as u64, 0, 0] })?;
+        self.queue(Command { opcode: op::COPY_V2H, args: [vram, buf.bus.get(), out.len() as u64, 0, 0] })?;
         self.sync(WaitMode::Poll)?;
         self.pci.dma_read(&buf, 0, out);
         Ok(())

@@ -14,13 +14,16 @@
 
 use std::io;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use pci::MsixEventfds;
 use pci_driver::device::PciDevice;
 use pci_driver::regions::{PciRegion, Permissions};
 
-use crate::driver::{DmaBuf, PciFunction};
-use crate::vfio::MsixEventfds;
+use crate::function::{
+    BusAddr, DmaArena, DmaBuf, Interrupts, MsixTableInfo, PciFunction, WaitStep, msix_table,
+    wait_interrupt,
+};
 
 /// I/O virtual address where the DMA arena is mapped (clear of the x86 interrupt window).
 pub const IOVA_BASE: u64 = 0x1000_0000;
@@ -32,14 +35,11 @@ pub struct VfioFunction {
     /// BARs mapped into this process (accesses are single loads and stores of their size).
     mapped: Vec<Option<pci_driver::regions::MappedOwningPciRegion>>,
     /// The MSI-X table: the kernel's, never written here.
-    msix_table: Option<crate::driver::MsixTableInfo>,
-    arena: memmap2::MmapMut,
-    next_alloc: usize,
+    msix_table: Option<MsixTableInfo>,
+    memory: memmap2::MmapMut,
+    arena: DmaArena,
     eventfds: Option<MsixEventfds>,
-    /// Interrupts seen but not yet waited for, by vector.
-    pending: Vec<u64>,
-    /// Interrupt signals seen since open.
-    received: u64,
+    interrupts: Interrupts,
 }
 
 fn bar_addresses(dev: &pci_driver::backends::vfio::VfioPciDevice) -> io::Result<[(u64, u64); 6]> {
@@ -70,11 +70,11 @@ impl VfioFunction {
         let dev = pci_driver::backends::vfio::VfioPciDevice::open(sysfs_path)
             .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", sysfs_path.display())))?;
         let bars = bar_addresses(&dev)?;
-        let arena = memmap2::MmapMut::map_anon(dma_memory)?;
+        let memory = memmap2::MmapMut::map_anon(dma_memory)?;
         // SAFETY: the arena is this process's own anonymous memory, alive as long as the
         // function (it is unmapped from the IOMMU in Drop before the memory goes), and the
         // device may read and write all of it.
-        unsafe { dev.iommu().map(IOVA_BASE, dma_memory, arena.as_ptr(), Permissions::ReadWrite) }.map_err(
+        unsafe { dev.iommu().map(IOVA_BASE, dma_memory, memory.as_ptr(), Permissions::ReadWrite) }.map_err(
             |e| io::Error::new(e.kind(), format!("IOMMU map of {dma_memory} bytes at {IOVA_BASE:#x}: {e}")),
         )?;
         let vectors = dev.interrupts().msi_x().max();
@@ -99,18 +99,18 @@ impl VfioFunction {
             bars,
             mapped,
             msix_table: None,
-            arena,
-            next_alloc: 0,
+            memory,
+            arena: DmaArena::new(BusAddr(IOVA_BASE), dma_memory),
             eventfds,
-            pending: vec![0; vectors],
-            received: 0,
+            interrupts: Interrupts::default(),
         };
-        f.msix_table = crate::driver::msix_table(&mut f);
+        f.msix_table = msix_table(&mut f);
         Ok(f)
     }
 
     /// The BAR and offset a bus address (as the BAR registers said at open) falls in.
-    fn decode(&self, addr: u64, len: usize) -> Option<(usize, u64)> {
+    fn decode(&self, addr: BusAddr, len: usize) -> Option<(usize, u64)> {
+        let addr = addr.get();
         self.bars.iter().enumerate().find_map(|(i, &(base, size))| {
             (size != 0 && addr >= base && addr + len as u64 <= base + size).then_some((i, addr - base))
         })
@@ -119,22 +119,21 @@ impl VfioFunction {
     fn collect(&mut self) {
         if let Some(fds) = &self.eventfds {
             for v in fds.fired() {
-                self.pending[v as usize] += 1;
-                self.received += 1;
+                self.interrupts.signal(v, 1);
             }
         }
     }
 
     /// MSI-X signals seen on the eventfds since open (however many a signal stood for).
     pub fn interrupts(&self) -> u64 {
-        self.received
+        self.interrupts.received()
     }
 }
 
 impl Drop for VfioFunction {
     fn drop(&mut self) {
         let _ = self.dev.interrupts().msi_x().disable();
-        let _ = self.dev.iommu().unmap(IOVA_BASE, self.arena.len());
+        let _ = self.dev.iommu().unmap(IOVA_BASE, self.memory.len());
     }
 }
 
@@ -145,7 +144,7 @@ impl PciFunction for VfioFunction {
     fn config_write(&mut self, offset: u16, value: u32) {
         let _ = self.dev.config().write_le_u32(offset as u64, value);
     }
-    fn mmio_read(&mut self, addr: u64, len: usize) -> u64 {
+    fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
         let len = if len == 8 { 8 } else { 4 };
         let Some((bar, off)) = self.decode(addr, len) else { return u64::MAX };
         if let Some(Some(m)) = self.mapped.get(bar)
@@ -169,7 +168,7 @@ impl PciFunction for VfioFunction {
             _ => u64::MAX,
         }
     }
-    fn mmio_write(&mut self, addr: u64, len: usize, value: u64) {
+    fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
         let len = if len == 8 { 8 } else { 4 };
         let Some((bar, off)) = self.decode(addr, len) else { return };
         // The kernel owns the MSI-X table: the driver's entries would overwrite its own.
@@ -203,51 +202,27 @@ impl PciFunction for VfioFunction {
         }
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
-        let start = self.next_alloc.div_ceil(64) * 64;
-        let end = start.checked_add(len)?;
-        if end > self.arena.len() {
-            return None;
-        }
-        self.arena[start..end].fill(0);
-        self.next_alloc = end;
-        Some(DmaBuf { bus: IOVA_BASE + start as u64, len })
+        self.arena.alloc_zeroed(&mut self.memory, len)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
-        let at = (buf.bus - IOVA_BASE) as usize + offset;
-        match self.arena.get(at..at + out.len()) {
-            Some(m) => out.copy_from_slice(m),
-            None => out.fill(0xff),
-        }
+        self.arena.read(&self.memory, buf, offset, out);
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
-        let at = (buf.bus - IOVA_BASE) as usize + offset;
-        if let Some(m) = self.arena.get_mut(at..at + data.len()) {
-            m.copy_from_slice(data);
-        }
-    }
-    fn msi_message(&mut self, vector: u16) -> (u64, u32) {
-        // The kernel programs the table; what the driver writes there is dropped.
-        (0xfee0_0000, vector as u32)
+        self.arena.write(&mut self.memory, buf, offset, data);
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
-        let start = Instant::now();
-        loop {
+        wait_interrupt(timeout, |left| {
             self.collect();
-            if let Some(n) = self.pending.get_mut(vector as usize)
-                && *n > 0
-            {
-                *n -= 1;
-                return true;
+            if self.interrupts.take(vector) {
+                return WaitStep::Fired;
             }
-            if start.elapsed() >= timeout || self.eventfds.is_none() {
-                return false;
+            match &self.eventfds {
+                None => WaitStep::Gone,
+                Some(fds) => {
+                    fds.wait(left.min(Duration::from_millis(100)));
+                    WaitStep::Idle
+                }
             }
-            let left = timeout.saturating_sub(start.elapsed()).min(Duration::from_millis(100));
-            let fds = self.eventfds.as_ref().map(|f| f.raw()).unwrap_or_default();
-            let mut p: Vec<libc::pollfd> =
-                fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-            // SAFETY: `p` is a valid array of pollfds for the length given, alive across the call.
-            unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, left.as_millis().max(1) as i32) };
-        }
+        })
     }
 }

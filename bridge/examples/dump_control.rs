@@ -1,8 +1,8 @@
 //! Writes one of each attach control message as TLP bytes to a folder: seeds for the
-//! `attach_control` fuzz target (`cargo run -p dxpu-link --example dump_control DIR`).
+//! `attach_control` fuzz target (`cargo run -p dxpu-bridge --example dump_control DIR`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use link::attach::{BarInfo, Control};
+use bridge::attach::{BarInfo, Control};
 use tlp::Bdf;
 
 fn main() {

@@ -1,0 +1,17 @@
+//! dxpu's test bed: what tests and tools (`dxpu loopback`, the benches, the VM's guest
+//! program) drive devices with, kept out of the production libraries.
+//!
+//! - [`direct`]: a device attached directly, with no bridge — the baseline bridged figures
+//!   are compared with, and the platform the driver tests run on;
+//! - [`suite`]: the simgpu driver's checks, generic over the platform, so the same checks run
+//!   directly, through the bridges and inside a VM;
+//! - [`workload`]: the demo workload `dxpu loopback` runs;
+//! - [`vfio_user_client`]: a vfio-user client, the VMM's side of the protocol, for tests
+//!   and `dxpu bench vfio-user` to reach the host endpoint's server without QEMU.
+// `unsafe` lives only in the vfio-user client (mapping the memory file it shares).
+#![deny(unsafe_code)]
+
+pub mod direct;
+pub mod suite;
+pub mod vfio_user_client;
+pub mod workload;
