@@ -18,12 +18,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bridge::attach::{BarInfo, Control, ControlError};
+use bridge::attach::{BarInfo, Control};
+use bridge::{Dispatcher, Kept};
 use hw::simgpu::SimGpuParams;
 use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
-use link::{DownReason, Endpoint, Event, Kept, PresharedKey, SendError, Session};
-use tlp::{Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr, rules};
+use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
+use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
 
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
@@ -258,9 +259,9 @@ pub struct GpuEndpoint {
     hosts: HashMap<[u8; 8], String>,
     sessions: HashMap<u32, SessionInfo>,
     stats: GpuStats,
-    /// The hosts' memory reads taken from the receive buffer during a poll, with their
-    /// session, answered right after it.
-    reads: Kept<u32>,
+    /// Routes what the hosts send by class (`bridge::dispatch`), each TLP labelled with its
+    /// session.
+    dispatcher: Dispatcher<u32>,
     /// When a failed handshake was last logged, and how many more failed since.
     failure_log: Option<(std::time::Instant, u64)>,
 }
@@ -441,7 +442,7 @@ impl GpuEndpoint {
             hosts,
             sessions: HashMap::new(),
             stats: GpuStats::default(),
-            reads: Kept::new(),
+            dispatcher: Dispatcher::new(),
             failure_log: None,
         })
     }
@@ -465,46 +466,43 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats, reads, .. } = self;
-        // Completions for the devices' DMA reads and the host's posted writes (into BARs)
-        // are taken where they lie in the receive buffer: their payload is copied once, into
-        // the device. What the device sends meanwhile waits in its outbox (the session is
-        // busy with the datagram). The host's memory reads (a header, no payload) are taken
-        // too and answered right after the poll, so that writes behind them in a frame are
-        // still taken in place (a posted write may pass a read, PCIe 6.0 §2.4.1). Other
-        // requests go through `handle_tlp`, in order.
-        let mut in_place = |sid: u32, bytes: &[u8]| {
-            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else { return false };
-            // The kind from the header first: other requests are parsed once, in `handle_tlp`.
-            let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
-            if matches!(kind, Kind::MRd32 | Kind::MRd64) {
-                reads.keep(sid, bytes);
-                return true;
-            }
-            let completion = matches!(kind, Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk);
-            if !completion && !matches!(kind, Kind::MWr32 | Kind::MWr64) {
-                return false;
-            }
-            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, dispatcher, .. } = self;
+        // The dispatcher hands over the hosts' posted writes (into BARs) and the completions
+        // for the devices' DMA reads where they lie in the receive buffer: their payload is
+        // copied once, into the device. What the device sends meanwhile waits in its outbox
+        // (the session is busy with the datagram). Non-posted requests and control messages
+        // are kept and handled right after the receive, in order.
+        let mut in_place = |sid: u32, t: &TlpRepr<'_>| {
+            let Some(d) = sessions.get(&sid).and_then(|i| i.device) else {
+                stats.unowned_requests += 1;
+                return;
+            };
             let e = &mut exports[d];
             let mut up = Deferred { out: &mut e.out, stats: &mut e.stats };
-            if completion {
-                device_completion(&t, e.dev.as_mut(), &mut up);
+            if matches!(t.body, Body::Completion { .. }) {
+                device_completion(t, e.dev.as_mut(), &mut up);
             } else {
                 up.stats.host_requests += 1;
-                e.dev.request(&t, &mut up);
+                e.dev.request(t, &mut up);
             }
-            true
         };
         let now = runner.clock.now();
-        let mut active = runner.receive_at(now, Some(&mut in_place))? > 0;
-        for (sid, bytes) in reads.iter() {
-            active = true;
-            if let Some(s) = runner.endpoint.session(sid) {
-                handle_tlp(sid, s, bytes, exports, sessions, stats);
+        let mut sink = |sid: u32, bytes: &[u8]| dispatcher.route(sid, bytes, &mut in_place);
+        let mut active = runner.receive_at(now, Some(&mut sink))? > 0;
+        // What a session queued instead (nothing, unless it received outside a poll) goes the
+        // same way, behind what it holds.
+        for (sid, _, s) in runner.endpoint.sessions() {
+            while let Some(b) = s.recv_tlp() {
+                dispatcher.route(sid, &b, &mut in_place);
+                s.recycle(b);
             }
         }
-        reads.clear();
+        active |= !dispatcher.is_empty();
+        dispatcher.drain(|sid, kept| {
+            if let Some(s) = runner.endpoint.session(sid) {
+                handle_kept(sid, s, kept, exports, sessions, stats);
+            }
+        });
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;
@@ -527,11 +525,6 @@ impl GpuEndpoint {
                         }
                     }
                 }
-            }
-            while let Some(t) = s.recv_tlp() {
-                active = true;
-                handle_tlp(id, s, &t, exports, sessions, stats);
-                s.recycle(t);
             }
         }
         // Answers to the hosts (and acknowledgements due) go out before the devices are
@@ -650,19 +643,19 @@ fn reply(s: &mut Session, c: Control) {
     let _ = s.send_tlp(&c.to_tlp(BOX_ROOT));
 }
 
-fn handle_tlp(
+/// A host's request or control message, kept from the receive buffer by the dispatcher.
+fn handle_kept(
     sid: u32,
     s: &mut Session,
-    bytes: &[u8],
+    kept: Kept<'_>,
     exports: &mut [Export],
     sessions: &mut HashMap<u32, SessionInfo>,
     stats: &mut GpuStats,
 ) {
-    let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
     let Some(info) = sessions.get_mut(&sid) else { return };
-    match Control::from_repr(&t) {
-        Ok(Control::Attach { device }) => attach(sid, s, info, &device, exports),
-        Ok(Control::Detach { device }) => {
+    let t = match kept {
+        Kept::Control(Control::Attach { device }) => return attach(sid, s, info, &device, exports),
+        Kept::Control(Control::Detach { device }) => {
             if let Some(d) = info.device.take() {
                 if exports[d].name == device {
                     release(&mut exports[d], "detached");
@@ -670,39 +663,29 @@ fn handle_tlp(
                     info.device = Some(d);
                 }
             }
+            return;
         }
-        Ok(_) => stats.bad_control += 1,
-        Err(ControlError::NotControl) => match info.device {
-            Some(d) => {
-                let e = &mut exports[d];
-                if matches!(t.body, Body::Completion { .. }) {
-                    e.out.note_completion(&t, &mut e.stats);
-                    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
-                    e.dev.completion(&t, &mut up);
-                } else {
-                    e.stats.host_requests += 1;
-                    let cfg_write = matches!(t.body, Body::CfgWrite { .. });
-                    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
-                    e.dev.request(&t, &mut up);
-                    if cfg_write {
-                        // A host-initiated function-level reset clears the BARs; the box owns
-                        // their placement, so it puts them back where the host expects them.
-                        restore_bars(e.dev.as_mut(), &e.bars);
-                    }
-                }
-            }
-            None => {
-                stats.unowned_requests += 1;
-                if t.fc_class() == tlp::FcClass::NonPosted {
-                    let _ = s.send_tlp(&emit(&rules::completion_without_data(
-                        &t,
-                        BOX_ROOT,
-                        CplStatus::UnsupportedRequest,
-                    )));
-                }
-            }
-        },
-        Err(_) => stats.bad_control += 1,
+        Kept::Control(_) | Kept::BadControl(_) => {
+            stats.bad_control += 1;
+            return;
+        }
+        Kept::Request(t) => t,
+    };
+    let Some(d) = info.device else {
+        stats.unowned_requests += 1;
+        let _ =
+            s.send_tlp(&emit(&rules::completion_without_data(&t, BOX_ROOT, CplStatus::UnsupportedRequest)));
+        return;
+    };
+    let e = &mut exports[d];
+    e.stats.host_requests += 1;
+    let cfg_write = matches!(t.body, Body::CfgWrite { .. });
+    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
+    e.dev.request(&t, &mut up);
+    if cfg_write {
+        // A host-initiated function-level reset clears the BARs; the box owns their
+        // placement, so it puts them back where the host expects them.
+        restore_bars(e.dev.as_mut(), &e.bars);
     }
 }
 

@@ -55,11 +55,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bridge::attach::{BarInfo, Control};
+use bridge::{Dispatcher, Kept};
 use driver::{BusAddr, DmaBuf, PciFunction};
 use link::driver::{AnyUdp, Clock, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
-use link::{DownReason, Event, Kept, PresharedKey, SendError, Session, Time};
+use link::{DownReason, Event, PresharedKey, SendError, Session, Time};
 use tlp::rules::{self, Rcb, TransferSize};
-use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Kind, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, Request, Tag, TlpRepr};
 
 /// Bytes of a PCI Express function's config space.
 const CONFIG_SPACE: usize = 4096;
@@ -336,7 +337,7 @@ struct Inner {
     held: VecDeque<Vec<u8>>,
     /// The device's memory reads taken from the receive buffer during a poll, answered right
     /// after it.
-    reads: Kept<()>,
+    dispatcher: Dispatcher<()>,
     /// Where MSI-X messages go as they arrive, if a caller asked.
     interrupt_sink: Option<Box<dyn FnMut(u32) + Send>>,
     /// Whether the DMA arena exists.
@@ -533,7 +534,7 @@ impl RemoteDevice {
             next_tag: 0,
             interrupts: HashMap::new(),
             held: VecDeque::new(),
-            reads: Kept::new(),
+            dispatcher: Dispatcher::new(),
             interrupt_sink: None,
             arena: opts.dma_memory > 0,
             removed: None,
@@ -846,13 +847,11 @@ impl Inner {
 
     /// [`Inner::pump`] at `now`, a time the caller read just before.
     fn pump_at(&mut self, now: Time) -> bool {
-        // Posted writes (DMA into host memory, MSI-X) and completions of this side's reads
-        // are taken where they lie in the receive buffer: a payload is copied once, into host
-        // memory (or the waiting read's result). The device's memory reads (a header, no
-        // payload) are taken too and answered right after the poll, so that the writes
-        // behind them in a frame are still taken in place: a posted write may pass a read
-        // (PCIe 6.0 §2.4.1). Other requests go through the session's queue, in order. The
-        // kind is read from the header before parsing.
+        // The dispatcher hands over posted writes (DMA into host memory, MSI-X) and the
+        // completions of this side's reads where they lie in the receive buffer: a payload is
+        // copied once, into host memory (or the waiting read's result). The device's memory
+        // reads (and any other non-posted request) are kept and answered right after the
+        // receive, which needs the session.
         let Inner {
             runner,
             windows,
@@ -864,32 +863,30 @@ impl Inner {
             name,
             device_id,
             pending,
-            reads,
+            dispatcher,
             ..
         } = self;
         let who = (name.as_str(), *device_id);
-        let mut in_place = |bytes: &[u8]| {
-            let Ok(kind) = TlpPacket::new_checked(bytes).map(|p| p.kind()) else { return false };
-            match kind {
-                Kind::MWr32 | Kind::MWr64 | Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk => {}
-                Kind::MRd32 | Kind::MRd64 => {
-                    reads.keep((), bytes);
-                    return true;
-                }
-                _ => return false,
-            }
-            let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return false };
-            received[kind_index(&t)] += 1;
+        let mut in_place = |(): (), t: &TlpRepr<'_>| {
+            received[kind_index(t)] += 1;
             match t.body {
                 Body::MemWrite { .. } => {
                     let mut irq = Interrupts { counts: interrupts, sink: interrupt_sink };
-                    posted_write(&t, windows, &mut irq, stats, logged_refusals, who)
+                    posted_write(t, windows, &mut irq, stats, logged_refusals, who)
                 }
-                _ => take_completion(&t, pending, stats),
+                Body::Completion { .. } => take_completion(t, pending, stats),
+                // Messages from the device (power management, vendor-defined) are not acted on.
+                _ => {}
             }
-            true
         };
-        let polled = runner.receive_at(now, Some(&mut in_place));
+        let mut sink = |bytes: &[u8]| dispatcher.route((), bytes, &mut in_place);
+        let polled = runner.receive_at(now, Some(&mut sink));
+        // What the session queued instead (nothing, unless it received outside a pump) goes
+        // the same way.
+        while let Some(b) = runner.session.recv_tlp() {
+            dispatcher.route((), &b, &mut in_place);
+            runner.session.recycle(b);
+        }
         let mut active = match polled {
             Ok(n) => n > 0,
             Err(e) => {
@@ -908,20 +905,16 @@ impl Inner {
             }
             self.held.pop_front();
         }
-        if !self.reads.is_empty() {
+        if !self.dispatcher.is_empty() {
             active = true;
             // Out of `self` while they are answered (answering needs all of it).
-            let reads = std::mem::take(&mut self.reads);
-            for (_, b) in reads.iter() {
-                self.handle(b);
-            }
-            self.reads = reads;
-            self.reads.clear();
-        }
-        while let Some(b) = self.runner.session.recv_tlp() {
-            active = true;
-            self.handle(&b);
-            self.runner.session.recycle(b);
+            let mut dispatcher = std::mem::take(&mut self.dispatcher);
+            dispatcher.drain(|(), kept| match kept {
+                Kept::Request(t) => self.answer_request(&t),
+                // The box sends no control message once attached; one is dropped.
+                Kept::Control(_) | Kept::BadControl(_) => {}
+            });
+            self.dispatcher = dispatcher;
         }
         // One send for the answers and whatever the timers made due.
         match self.runner.transmit_at(now) {
@@ -1340,12 +1333,11 @@ struct Interrupts<'a> {
 }
 
 impl Inner {
-    /// What arrived from the box.
-    fn handle(&mut self, bytes: &[u8]) {
-        let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
-        self.received[kind_index(&t)] += 1;
+    /// A non-posted request from the device, kept by the dispatcher: a DMA read served from
+    /// a granted window, anything else answered with Unsupported Request.
+    fn answer_request(&mut self, t: &TlpRepr<'_>) {
+        self.received[kind_index(t)] += 1;
         match t.body {
-            Body::Completion { .. } => take_completion(&t, &mut self.pending, &mut self.stats),
             Body::MemRead { address, length_dw, .. } => {
                 let (addr, len) = (address.value(), length_dw as usize * 4);
                 let mps = self.max_payload;
@@ -1368,7 +1360,7 @@ impl Inner {
                                     );
                                     self.stats.dma_read_refused += 1;
                                     let c = rules::completion_without_data(
-                                        &t,
+                                        t,
                                         host_id,
                                         CplStatus::UnsupportedRequest,
                                     );
@@ -1380,7 +1372,7 @@ impl Inner {
                             }
                         };
                         // Emitted from host memory straight into the session's queue.
-                        rules::complete_read(&t, host_id, data, Rcb::B64, mps, |c| {
+                        rules::complete_read(t, host_id, data, Rcb::B64, mps, |c| {
                             queue_or_hold(&mut runner.session, held, sent, c)
                         });
                         self.stats.dma_reads += 1;
@@ -1394,27 +1386,14 @@ impl Inner {
                             addr,
                             len,
                         );
-                        let c = rules::completion_without_data(&t, host_id, CplStatus::UnsupportedRequest);
+                        let c = rules::completion_without_data(t, host_id, CplStatus::UnsupportedRequest);
                         self.answer(&c);
                     }
                 }
             }
-            Body::MemWrite { .. } => {
-                let who = (self.name.as_str(), self.device_id);
-                let mut irq = Interrupts { counts: &mut self.interrupts, sink: &mut self.interrupt_sink };
-                posted_write(
-                    &t,
-                    &mut self.windows,
-                    &mut irq,
-                    &mut self.stats,
-                    &mut self.logged_refusals,
-                    who,
-                );
-            }
-            Body::Message { .. } => {}
             _ => {
                 if t.fc_class() == tlp::FcClass::NonPosted {
-                    let c = rules::completion_without_data(&t, self.host_id, CplStatus::UnsupportedRequest);
+                    let c = rules::completion_without_data(t, self.host_id, CplStatus::UnsupportedRequest);
                     self.answer(&c);
                 }
             }

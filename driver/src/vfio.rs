@@ -21,8 +21,7 @@ use pci_driver::device::PciDevice;
 use pci_driver::regions::{PciRegion, Permissions};
 
 use crate::function::{
-    BusAddr, DmaArena, DmaBuf, Interrupts, MsixTableInfo, PciFunction, WaitStep, msix_table,
-    wait_interrupt,
+    BusAddr, DmaArena, DmaBuf, Interrupts, MsixTableInfo, PciFunction, WaitStep, msix_table, wait_interrupt,
 };
 
 /// I/O virtual address where the DMA arena is mapped (clear of the x86 interrupt window).

@@ -15,7 +15,6 @@ pub mod driver;
 mod endpoint;
 mod error;
 mod handshake;
-mod kept;
 mod keys;
 mod reorder;
 mod replay_window;
@@ -29,7 +28,6 @@ pub use config::{Config, CreditGrant};
 pub use endpoint::{Endpoint, EndpointStats, HandshakeFailure};
 pub use error::{ConfigError, FrameError, SendError};
 pub use handshake::{COOKIE_LEN, Refusal};
-pub use kept::Kept;
 pub use keys::DEFAULT_KEY_UPDATE_FRAMES;
 pub use seq::SeqNum;
 pub use session::{
