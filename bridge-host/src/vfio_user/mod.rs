@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
-use crate::{Access, ClientMemory, MSI_BASE, RemoteDevice};
+use crate::{Access, BusAddr, ClientMemory, MSI_BASE, RemoteDevice};
 use driver::{MsixTableInfo, find_capability, msix_table};
 use link::driver::PollMode;
 use proto::{Caps, Header, Request, cmd, errno, irq, region};
@@ -425,7 +425,8 @@ struct ClientDma {
 }
 
 impl ClientMemory for ClientDma {
-    fn read(&mut self, addr: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&mut self, addr: BusAddr, out: &mut [u8]) -> io::Result<()> {
+        let addr = addr.get();
         let mut c = lock(&self.chan);
         let chunk = c.peer_max_xfer.clamp(4, MAX_DATA_XFER) as usize;
         let mut done = 0;
@@ -442,7 +443,8 @@ impl ClientMemory for ClientDma {
         Ok(())
     }
 
-    fn write(&mut self, addr: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&mut self, addr: BusAddr, data: &[u8]) -> io::Result<()> {
+        let addr = addr.get();
         let mut c = lock(&self.chan);
         let chunk = c.peer_max_xfer.clamp(4, MAX_DATA_XFER) as usize;
         for (i, piece) in data.chunks(chunk).enumerate() {
@@ -865,7 +867,7 @@ impl VfioUserServer {
         e[4..8].copy_from_slice(&((addr >> 32) as u32).to_le_bytes());
         e[8..12].copy_from_slice(&v.to_le_bytes());
         e[12..16].copy_from_slice(&(masked as u32).to_le_bytes());
-        self.device.bar_write(m.bar, m.offset + 16 * v as u64, &e);
+        let _ = self.device.bar_write(m.bar, m.offset + 16 * v as u64, &e);
     }
 
     /// Programs every vector that has an eventfd (after the device may have lost its table).
@@ -959,13 +961,13 @@ impl VfioUserServer {
                 // when a vIOMMU address space goes away) every mapping inside the range;
                 // VFIO_DMA_UNMAP_FLAG_ALL (2): all of them.
                 let removed = if flags & 2 != 0 {
-                    self.device.unmap_range(0, u64::MAX)
+                    self.device.unmap_range(BusAddr(0), u64::MAX)
                 } else if let Ok(len) = usize::try_from(size)
-                    && self.device.unmap_window(address, Some(len))
+                    && self.device.unmap_window(BusAddr(address), Some(len)).is_ok()
                 {
                     1
                 } else {
-                    self.device.unmap_range(address, size)
+                    self.device.unmap_range(BusAddr(address), size)
                 };
                 if removed > 0 {
                     Ok(m.payload[..24].to_vec())
@@ -1063,7 +1065,7 @@ impl VfioUserServer {
         }
         let added = match fds.pop() {
             Some(fd) => match map_client_file(fd, offset, len, write) {
-                Ok(Some(mem)) => self.device.map_window(address, mem, read, write),
+                Ok(Some(mem)) => self.device.map_window(BusAddr(address), mem, read, write),
                 Ok(None) => {
                     log::warn!(
                         "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: the client's file is not a memfd sealed \
@@ -1072,7 +1074,7 @@ impl VfioUserServer {
                         self.path.display()
                     );
                     let io = ClientDma { chan: s.chan.clone(), counters: self.counters.clone() };
-                    self.device.map_client_window(address, len, Box::new(io), read, write)
+                    self.device.map_client_window(BusAddr(address), len, Box::new(io), read, write)
                 }
                 Err(e) => {
                     log::warn!(
@@ -1084,7 +1086,7 @@ impl VfioUserServer {
             },
             None => {
                 let io = ClientDma { chan: s.chan.clone(), counters: self.counters.clone() };
-                self.device.map_client_window(address, len, Box::new(io), read, write)
+                self.device.map_client_window(BusAddr(address), len, Box::new(io), read, write)
             }
         };
         match added {
@@ -1278,11 +1280,12 @@ impl VfioUserServer {
                 }
             }
         } else if index < region::ROM {
-            let ok = match access {
+            let done = match access {
                 Access::Read(b) => self.device.bar_read(index as usize, offset, b),
                 Access::Write(b) => self.device.bar_write(index as usize, offset, b),
             };
-            if !ok {
+            if let Err(e) = done {
+                log::debug!("vfio-user {}: region access refused: {e}", self.path.display());
                 return Err(errno::EINVAL);
             }
         } else {

@@ -1,0 +1,262 @@
+//! Attaching a remote device, in its phases: the link (socket, session), the handshake, the
+//! attach request and the box's answer, and the host view of what the box attached. Each
+//! phase fails with its own [`AttachError`]; a failure after the handshake closes the
+//! session, so the box forgets it at once instead of at its idle timeout.
+#![forbid(unsafe_code)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bridge::attach::{BarInfo, Control};
+use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
+use link::{DownReason, Event, PresharedKey, Session};
+use tlp::Bdf;
+
+use crate::config_view::ConfigView;
+
+/// How to attach a remote device.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// The GPU-box endpoint.
+    pub server: SocketAddr,
+    /// The device's name there.
+    pub device: String,
+    /// Session settings; `link.psk` is this host's key.
+    pub link: link::Config,
+    /// Local address to bind (default: any address of the server's family, any port).
+    pub bind: Option<SocketAddr>,
+    /// Which UDP driver.
+    pub driver: DriverKind,
+    /// Busy-poll or blocking.
+    pub poll: PollMode,
+    /// Emulated network impairment on what this side sends.
+    pub impairment: Impairment,
+    /// The host's requester ID (its root port).
+    pub host_id: Bdf,
+    /// The device's BDF in the host's view.
+    pub device_id: Bdf,
+    /// Completion timeout of non-posted requests. The default, 250 ms, is the top of the
+    /// PCIe Completion Timeout Range B (10 ms to 250 ms, PCIe 6.0 §7.5.3.16). A request during
+    /// which the link recovered lost frames (retransmissions, NAKs, duplicates) may wait up
+    /// to this plus four idle timeouts: a lossy link's replay back-off is not a device that
+    /// stopped answering. The default
+    /// range's 50 ms is too tight across a network: a completion must not pass the posted
+    /// writes queued before it (PCIe ordering), and during bulk device→host DMA megabytes of
+    /// them can be queued at the box.
+    pub completion_timeout: Duration,
+    /// How long the handshake and the attach may take.
+    pub attach_timeout: Duration,
+    /// Bytes of DMA memory in the arena `dma_alloc` hands out.
+    pub dma_memory: usize,
+    /// How often the service thread keeps the session alive while no call runs (`None`:
+    /// no service thread; the caller must call often enough itself). Default 10 ms: well
+    /// inside the keepalive interval. Shorter serves device DMA sooner while the caller is
+    /// away, but every wake-up takes a core from busy-polling threads (at 1 ms the MMIO
+    /// round trip's p99 tripled on a two-core machine: `dxpu bench bridge`).
+    pub service_interval: Option<Duration>,
+    /// A flag the caller sets to give up (a signal handler's): an attach in progress returns
+    /// [`AttachError::Cancelled`] within a poll; an attached device then counts as removed
+    /// ("cancelled") and every wait on it ends at once. The device can still be detached.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl AttachOptions {
+    /// Defaults for attaching `device` at `server` with `key`.
+    pub fn new(server: SocketAddr, device: &str, key: PresharedKey) -> AttachOptions {
+        AttachOptions {
+            server,
+            device: device.to_string(),
+            link: link::Config::new(key),
+            bind: None,
+            driver: DriverKind::Auto,
+            poll: PollMode::Blocking,
+            impairment: Impairment::default(),
+            host_id: Bdf::new(0, 0, 0),
+            device_id: Bdf::new(0, 1, 0),
+            completion_timeout: Duration::from_millis(250),
+            attach_timeout: Duration::from_secs(5),
+            dma_memory: 64 << 20,
+            service_interval: Some(Duration::from_millis(10)),
+            cancel: None,
+        }
+    }
+}
+
+/// The link a device is attached over.
+pub(crate) type Link = SessionRunner<Impaired<AnyUdp>>;
+
+/// What the box attached.
+pub(crate) struct Attached {
+    pub link: Link,
+    pub box_id: Bdf,
+    /// The largest payload the box said a link frame carries.
+    pub max_payload: u16,
+    pub view: ConfigView,
+}
+
+/// Closes the session of an attach that failed after the handshake (the box forgets it at
+/// once), and passes the error on.
+fn give_up<D: Datagrams>(runner: &mut SessionRunner<D>, e: AttachError) -> AttachError {
+    runner.session.close(runner.clock.now());
+    let _ = runner.transmit();
+    e
+}
+
+impl AttachOptions {
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    fn link_error(&self, reason: String) -> AttachError {
+        AttachError::Link { server: self.server, reason }
+    }
+}
+
+/// All the phases: a session with the box, the device attached, its BARs in the host view.
+pub(crate) fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
+    let mut link = open_link(opts)?;
+    handshake(&mut link, opts)?;
+    let (box_id, max_payload, bars) = request_device(&mut link, opts)?;
+    let view = match ConfigView::place(bars, max_payload as u32) {
+        Ok(v) => v,
+        Err(why) => return Err(give_up(&mut link, opts.link_error(why))),
+    };
+    Ok(Attached { link, box_id, max_payload, view })
+}
+
+/// Phase 1: the socket and a client session toward the box.
+fn open_link(opts: &AttachOptions) -> Result<Link, AttachError> {
+    let bind = opts.bind.unwrap_or(match opts.server {
+        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    });
+    let sock = AnyUdp::bind(bind, opts.driver, &mut |m| log::info!("{m}")).map_err(AttachError::Socket)?;
+    if !opts.impairment.is_none() {
+        log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
+    }
+    let sock = Impaired::new(sock, opts.impairment);
+    let clock = Clock::new();
+    let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
+    let epoch = rng.nonzero_u32();
+    let session = Session::client(opts.link.clone(), clock.now(), epoch, rng);
+    Ok(SessionRunner::new(sock, opts.server, session, clock, opts.poll))
+}
+
+/// Phase 2: the handshake, until the session is up, down, or the caller gives up.
+fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
+    let mut down = None;
+    let up = link
+        .run_until(opts.attach_timeout, |s| {
+            while let Some(e) = s.poll_event() {
+                if let Event::Down(r) = e {
+                    down = Some(r);
+                }
+            }
+            s.is_up() || down.is_some() || opts.cancelled()
+        })
+        .map_err(AttachError::Socket)?;
+    if opts.cancelled() {
+        return Err(AttachError::Cancelled);
+    }
+    if let Some(r) = down {
+        return Err(opts.link_error(match r {
+            DownReason::AuthFailed => "authentication failed: the box does not hold this host's key".into(),
+            DownReason::Refused => "the box refused the session: it has no room for another".into(),
+            other => other.to_string(),
+        }));
+    }
+    if !up {
+        return Err(opts.link_error(format!("no handshake within {:?}", opts.attach_timeout)));
+    }
+    Ok(())
+}
+
+/// Phase 3: ATTACH, and the box's ATTACHED (its BDF, Max_Payload_Size, BARs) or REFUSED.
+/// Nothing else is expected on the session yet; anything else that arrives is dropped.
+fn request_device(link: &mut Link, opts: &AttachOptions) -> Result<(Bdf, u16, [BarInfo; 6]), AttachError> {
+    let _ = link.session.send_tlp(&Control::Attach { device: opts.device.clone() }.to_tlp(opts.host_id));
+    let mut answer = None;
+    let done = link
+        .run_until(opts.attach_timeout, |s| {
+            while let Some(t) = s.recv_tlp() {
+                if let Ok(c @ (Control::Attached { .. } | Control::Refused { .. })) = Control::from_tlp(&t) {
+                    answer = Some(c);
+                }
+                s.recycle(t);
+            }
+            answer.is_some() || s.is_down() || opts.cancelled()
+        })
+        .map_err(AttachError::Socket)?;
+    if opts.cancelled() {
+        return Err(give_up(link, AttachError::Cancelled));
+    }
+    match answer {
+        Some(Control::Attached { box_id, max_payload, bars, .. }) => Ok((box_id, max_payload, bars)),
+        Some(Control::Refused { reason, .. }) => {
+            let e = AttachError::Refused { server: opts.server, device: opts.device.clone(), reason };
+            Err(give_up(link, e))
+        }
+        _ if done => Err(opts.link_error("the link went down during the attach".into())),
+        _ => {
+            let e = AttachError::Timeout {
+                server: opts.server,
+                device: opts.device.clone(),
+                timeout: opts.attach_timeout,
+            };
+            Err(give_up(link, e))
+        }
+    }
+}
+
+/// Why a device could not be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The socket could not be set up.
+    #[error("UDP socket: {0}")]
+    Socket(io::Error),
+    /// The options are inconsistent.
+    #[error("{0}")]
+    Config(String),
+    /// The session did not come up.
+    #[error("no session with {server}: {reason}")]
+    Link {
+        /// The box.
+        server: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The box refused the device.
+    #[error("{server} refused to attach {device}: {reason}")]
+    Refused {
+        /// The box.
+        server: SocketAddr,
+        /// The device asked for.
+        device: String,
+        /// The box's reason.
+        reason: String,
+    },
+    /// No answer to the attach request.
+    #[error("{server} did not answer the attach of {device} within {timeout:?}")]
+    Timeout {
+        /// The box.
+        server: SocketAddr,
+        /// The device.
+        device: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
+    /// The caller gave up (`AttachOptions::cancel`).
+    #[error("attach cancelled")]
+    Cancelled,
+    /// DMA memory could not be mapped.
+    #[error("DMA arena of {len} bytes: {error}")]
+    Memory {
+        /// Size asked for.
+        len: usize,
+        /// What failed.
+        error: io::Error,
+    },
+}

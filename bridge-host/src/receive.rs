@@ -1,0 +1,172 @@
+//! What arrives from the box, and one pass over the link (`pump`). The dispatcher
+//! (`bridge::dispatch`) hands over posted writes — DMA into host memory, MSI-X messages —
+//! and the completions of this side's reads where they lie in the receive buffer: a payload
+//! is copied once, into host memory or the waiting read's result. The device's memory reads
+//! (and any other non-posted request) are kept and answered right after the receive, since
+//! answering needs the session; their completions are emitted from host memory straight
+//! into the session's send queue.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+
+use bridge::Kept;
+use driver::{Interrupts, MSI_BASE};
+use link::{Event, Session, Time};
+use tlp::rules;
+use tlp::{Body, CplStatus, TlpRepr};
+
+use crate::device::DeviceState;
+use crate::requester::CompletionMatch;
+use crate::stats::{HostStats, KindCounts};
+
+/// Bytes of the interrupt window MSI-X writes land in.
+const MSI_WINDOW: u64 = 0x10_0000;
+
+/// Queues a completion into the session, emitted straight into its buffer, or holds it (in
+/// order, behind any already held) when the session's queue is full.
+fn queue_or_hold(
+    session: &mut Session,
+    held: &mut VecDeque<Vec<u8>>,
+    sent: &mut KindCounts,
+    c: &TlpRepr<'_>,
+) {
+    sent.count(c);
+    let queued = held.is_empty() && session.send_repr(c).is_ok();
+    if !queued {
+        let mut b = vec![0u8; c.buffer_len()];
+        let n = c.emit(&mut b).unwrap_or(0);
+        b.truncate(n);
+        held.push_back(b);
+    }
+}
+
+/// An MSI-X message from the device: an interrupt for its data value, counted for
+/// `wait_interrupt` or handed to the caller's sink. False if `t` is not one.
+fn interrupt(
+    t: &TlpRepr<'_>,
+    interrupts: &mut Interrupts,
+    sink: &mut Option<Box<dyn FnMut(u32) + Send>>,
+    stats: &mut HostStats,
+) -> bool {
+    let Body::MemWrite { address, data, .. } = t.body else { return false };
+    if !(MSI_BASE..MSI_BASE + MSI_WINDOW).contains(&address.value()) || data.len() < 4 {
+        return false;
+    }
+    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+    stats.interrupts += 1;
+    match sink.as_mut() {
+        Some(sink) => sink(v),
+        // A data value no vector of this driver's has is counted and dropped.
+        None => {
+            if let Ok(v) = u16::try_from(v) {
+                interrupts.signal(v, 1);
+            }
+        }
+    }
+    true
+}
+
+impl DeviceState {
+    /// One pass over the link: receive, run timers, serve what arrived, send.
+    pub(crate) fn pump(&mut self) -> bool {
+        let now = self.link.clock.now();
+        self.pump_at(now)
+    }
+
+    /// [`DeviceState::pump`] at `now`, a time the caller read just before.
+    pub(crate) fn pump_at(&mut self, now: Time) -> bool {
+        let DeviceState {
+            link,
+            windows,
+            interrupts,
+            interrupt_sink,
+            stats,
+            received,
+            requester,
+            dispatcher,
+            ..
+        } = self;
+        let mut in_place = |(): (), t: &TlpRepr<'_>| {
+            received.count(t);
+            match t.body {
+                Body::MemWrite { .. } if !interrupt(t, interrupts, interrupt_sink, stats) => {
+                    windows.write(t, stats)
+                }
+                Body::Completion { .. } if requester.complete(t) == CompletionMatch::Stray => {
+                    stats.stray_completions += 1
+                }
+                // MSI-X (taken above), matched completions, and messages from the device
+                // (power management, vendor-defined), which are not acted on.
+                _ => {}
+            }
+        };
+        let mut sink = |bytes: &[u8]| dispatcher.route((), bytes, &mut in_place);
+        let polled = link.receive_at(now, Some(&mut sink));
+        // What the session queued instead (nothing, unless it received outside a pump) goes
+        // the same way.
+        while let Some(b) = link.session.recv_tlp() {
+            dispatcher.route((), &b, &mut in_place);
+            link.session.recycle(b);
+        }
+        let mut active = match polled {
+            Ok(n) => n > 0,
+            Err(e) => {
+                log::error!("{}: socket: {e}", self.id.name);
+                false
+            }
+        };
+        while let Some(e) = self.link.session.poll_event() {
+            if let Event::Down(r) = e {
+                self.remove(format!("link to {} down: {r}", self.id.server));
+            }
+        }
+        while let Some(b) = self.held.front() {
+            if self.link.session.send_tlp(b).is_err() {
+                break;
+            }
+            self.held.pop_front();
+        }
+        if !self.dispatcher.is_empty() {
+            active = true;
+            // Out of `self` while they are answered (answering needs all of it).
+            let mut dispatcher = std::mem::take(&mut self.dispatcher);
+            dispatcher.drain(|(), kept| match kept {
+                Kept::Request(t) => self.answer_request(&t),
+                // The box sends no control message once attached; one is dropped.
+                Kept::Control(_) | Kept::BadControl(_) => {}
+            });
+            self.dispatcher = dispatcher;
+        }
+        // One send for the answers and whatever the timers made due.
+        match self.link.transmit_at(now) {
+            Ok(n) => active |= n > 0,
+            Err(e) => log::error!("{}: socket: {e}", self.id.name),
+        }
+        active
+    }
+
+    /// Queues a completion this side owes the device; never waits: if the session's queue
+    /// is full it is held, in order, and goes at the next pump.
+    fn answer(&mut self, c: &TlpRepr<'_>) {
+        queue_or_hold(&mut self.link.session, &mut self.held, &mut self.sent, c);
+    }
+
+    /// A non-posted request from the device, kept by the dispatcher: a DMA read served from
+    /// a granted window, anything else (or a read outside every window) answered with
+    /// Unsupported Request.
+    fn answer_request(&mut self, t: &TlpRepr<'_>) {
+        self.received.count(t);
+        let host_id = self.id.host_id;
+        if matches!(t.body, Body::MemRead { .. }) {
+            let mps = self.view.max_payload();
+            let DeviceState { windows, link, sent, held, stats, .. } = self;
+            let served =
+                windows.read(t, host_id, mps, stats, |c| queue_or_hold(&mut link.session, held, sent, c));
+            if served {
+                return;
+            }
+        }
+        let c = rules::completion_without_data(t, host_id, CplStatus::UnsupportedRequest);
+        self.answer(&c);
+    }
+}

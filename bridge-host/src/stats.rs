@@ -1,0 +1,69 @@
+//! What the host endpoint counts for one device: TLPs by kind each way, DMA served and
+//! refused, interrupts, completion timeouts, and the session's own counters.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use tlp::TlpRepr;
+
+/// What the host endpoint counted for one device.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostStats {
+    /// TLPs sent to the box, by kind (`MRd64`, `CfgWr0`, …).
+    pub tlps_sent: BTreeMap<&'static str, u64>,
+    /// TLPs received from the box, by kind.
+    pub tlps_received: BTreeMap<&'static str, u64>,
+    /// Device DMA reads served from granted windows.
+    pub dma_reads: u64,
+    /// Device DMA writes into granted windows.
+    pub dma_writes: u64,
+    /// Device DMA reads outside every window (answered UR).
+    pub dma_read_refused: u64,
+    /// Device DMA writes outside every window (dropped).
+    pub dma_write_dropped: u64,
+    /// MSI-X messages received.
+    pub interrupts: u64,
+    /// Non-posted requests that timed out.
+    pub completion_timeouts: u64,
+    /// Completion timeouts that found the link had been recovering lost frames and were
+    /// extended (see `AttachOptions::completion_timeout`).
+    pub completion_timeouts_extended: u64,
+    /// Non-posted requests failed because the link went down or the device was removed.
+    pub failed_requests: u64,
+    /// Completions that matched no outstanding request.
+    pub stray_completions: u64,
+    /// MMIO to host addresses no BAR claims (all-ones, nothing sent).
+    pub unclaimed_mmio: u64,
+    /// The session's counters.
+    pub link: link::Stats,
+}
+
+/// TLPs counted by kind, indexed by their first header byte (Fmt and Type).
+#[derive(Clone, Debug)]
+pub(crate) struct KindCounts(Box<[u64; 256]>);
+
+impl Default for KindCounts {
+    fn default() -> Self {
+        KindCounts(Box::new([0; 256]))
+    }
+}
+
+impl KindCounts {
+    /// One more `t`.
+    pub(crate) fn count(&mut self, t: &TlpRepr<'_>) {
+        self.0[t.kind() as u8 as usize] += 1;
+    }
+
+    /// The counts by kind name (`MRd64`, `CfgWr0`, …), the kinds seen only.
+    pub(crate) fn by_name(&self) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        for (i, n) in self.0.iter().enumerate() {
+            if *n > 0
+                && let Some(k) = tlp::Kind::BY_BYTE0[i]
+            {
+                out.insert(k.name(), *n);
+            }
+        }
+        out
+    }
+}
