@@ -28,7 +28,7 @@ fn v4(a: SocketAddr) -> SocketAddrV4 {
 fn forged_inits(epoch: u32) -> Vec<Vec<u8>> {
     let h = link::wire::Header { epoch, ..link::wire::Header::new(link::wire::FrameType::Init) };
     let mut empty = vec![0u8; 64];
-    let n = link::wire::write_frame(&mut empty, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
+    let n = link::wire::FrameRepr { header: h, fc: None, body: &[] }.emit(&mut empty, |_| [0; 16]).unwrap();
     empty.truncate(n);
     let mut out = vec![empty];
     let mut c = Session::client(link::Config::new(key_a()), Time::ZERO, epoch, Rng::from_u64(epoch.into()));

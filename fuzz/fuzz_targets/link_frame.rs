@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use link::wire::{Frame, TlpRecords, write_frame};
+use link::wire::{Frame, FrameRepr, TlpRecords};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(frame) = Frame::new_checked(data) else { return };
@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let tag = frame.tag();
     let mut out = vec![0u8; data.len()];
-    let n = write_frame(&mut out, &h, fc.as_ref(), body.len(), |b| b.copy_from_slice(body), |_| tag)
+    let n = FrameRepr { header: h, fc, body }.emit(&mut out, |_| tag)
         .expect("a checked frame fits its own size");
     // Unknown flag bits are not kept; everything else is.
     if u16::from_be_bytes([data[28], data[29]]) & !3 == 0 {

@@ -22,7 +22,7 @@ use crate::handshake::{
 };
 use crate::session::{Accepted, DownReason, InPlaceFrom, Session};
 use crate::time::Time;
-use crate::wire::{FC_LEN, Frame, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN, write_frame};
+use crate::wire::{FC_LEN, Frame, FrameRepr, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN};
 
 /// Counters of frames the endpoint handled itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -360,9 +360,8 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         let h = Header { session, epoch: self.epoch, ..Header::new(ty) };
         let mut bytes = [0u8; REPLY_MAX];
         let unauthenticated = |_: &[u8]| [0u8; TAG_LEN];
-        if let Ok(len) =
-            write_frame(&mut bytes, &h, None, body.len(), |b| b.copy_from_slice(body), unauthenticated)
-        {
+        let frame = FrameRepr { header: h, fc: None, body };
+        if let Ok(len) = frame.emit(&mut bytes, unauthenticated) {
             self.replies.push_back(Reply { to, len, bytes });
         }
     }

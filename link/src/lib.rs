@@ -17,6 +17,7 @@ mod error;
 mod handshake;
 mod keys;
 mod reorder;
+mod replay_buffer;
 mod replay_window;
 mod seq;
 mod session;

@@ -36,12 +36,13 @@ use crate::handshake::{
 };
 use crate::keys::{RxKeys, TxKeys, Which};
 use crate::reorder::{Next, ReorderBuffer};
+use crate::replay_buffer::{ReplayBuffer, Sent};
 use crate::replay_window::ReplayWindow;
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
-    BODY_AT, FC_LEN, FcLimits, Frame, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN, TlpRecords,
-    seal_in_place, write_frame,
+    BODY_AT, FC_LEN, FcLimits, Frame, FrameRepr, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN,
+    TlpRecords, seal_in_place,
 };
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
@@ -224,15 +225,6 @@ struct Chunk {
     data: u32,
 }
 
-/// A DATA frame in the replay buffer.
-struct Sent {
-    seq: SeqNum,
-    /// The chunk's buffer: body at `BODY_AT`, sealed in place for each (re)transmission.
-    buf: Vec<u8>,
-    /// Length of the DATA body (TLP records).
-    len: usize,
-}
-
 /// A DATA frame sealed in place in the session's replay buffer, ready to send: its bytes
 /// are [`Session::sealed`]'s, valid until the session next changes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,11 +295,8 @@ pub struct Session {
     rx_pns: ReplayWindow,
     // Transmit side.
     next_seq: SeqNum,
-    unacked: VecDeque<Sent>,
-    /// Buffers of acknowledged frames, for reuse.
-    frame_bufs: Vec<Vec<u8>>,
-    replay_due: VecDeque<SeqNum>,
-    replay_backoff: u32,
+    /// Sent DATA frames until acknowledged (and the buffers of freed ones, for reuse).
+    replay: ReplayBuffer,
     /// Chunks whose TLPs had credits when queued (already charged), in PCIe order, waiting
     /// for the window; the last one takes more TLPs until it is full or sent.
     ready: VecDeque<Chunk>,
@@ -340,6 +329,7 @@ pub struct Session {
 
 impl Session {
     fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
+        let spare = 2 * cfg.window as usize;
         let mut local_nonce = [0u8; 16];
         rng.fill(&mut local_nonce);
         let local_id = rng.nonzero_u32();
@@ -370,10 +360,7 @@ impl Session {
             next_pn: 0,
             rx_pns: ReplayWindow::default(),
             next_seq: SeqNum(0),
-            unacked: VecDeque::new(),
-            frame_bufs: Vec::new(),
-            replay_due: VecDeque::new(),
-            replay_backoff: 0,
+            replay: ReplayBuffer::new(spare),
             ready: VecDeque::new(),
             stalled: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
             queued: [0; 3],
@@ -418,6 +405,7 @@ impl Session {
         s.peer_epoch = a.peer_epoch;
         s.mtu = a.mtu;
         s.window = a.window;
+        s.replay.set_spare_limit(2 * a.window as usize);
         let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
         s.set_keys(s2c, c2s, a.options);
         s.transcript = a.transcript;
@@ -471,8 +459,8 @@ impl Session {
                 .map(|c| c.end - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
                 .sum(),
             queued_tlps: self.queued.iter().sum(),
-            unacked_frames: self.unacked.len(),
-            unacked_bytes: self.unacked.iter().map(|s| s.len).sum(),
+            unacked_frames: self.replay.len(),
+            unacked_bytes: self.replay.bytes(),
             out_of_order_frames: self.out_of_order.held(),
             delivered_tlps: self.delivered.len(),
         }
@@ -508,7 +496,7 @@ impl Session {
     }
     /// Nothing is queued or waiting for acknowledgement.
     pub fn is_idle(&self) -> bool {
-        self.unacked.is_empty() && self.queued.iter().all(|q| *q == 0)
+        self.replay.is_empty() && self.queued.iter().all(|q| *q == 0)
     }
 
     // ----- application commands ---------------------------------------------------------
@@ -563,7 +551,7 @@ impl Session {
             c.end + 2 + len <= BODY_AT + room && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d))
         });
         if !joins {
-            let mut buf = self.frame_bufs.pop().unwrap_or_default();
+            let mut buf = self.replay.take_buffer();
             if buf.len() < self.mtu {
                 // Room for a whole frame at once: appending TLPs and sealing never move it.
                 buf.resize(self.mtu, 0);
@@ -592,7 +580,7 @@ impl Session {
                 if at == BODY_AT
                     && let Some(c) = queue.pop_back()
                 {
-                    self.recycle_frame(c.buf);
+                    self.replay.give_buffer(c.buf);
                 }
                 return Err(SendError::InvalidTlp(e));
             }
@@ -625,12 +613,6 @@ impl Session {
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if self.pool.len() < 4 * self.window as usize {
             self.pool.push(buf);
-        }
-    }
-
-    fn recycle_frame(&mut self, buf: Vec<u8>) {
-        if self.frame_bufs.len() < 2 * self.window as usize {
-            self.frame_bufs.push(buf);
         }
     }
 
@@ -689,14 +671,7 @@ impl Session {
     /// The bytes of a DATA frame [`Session::poll_transmit_in_place`] sealed (empty if it was
     /// acknowledged since).
     pub fn sealed(&self, f: &SealedFrame) -> &[u8] {
-        // The replay buffer holds consecutive sequence numbers from its front.
-        let first = self.unacked.front().map_or(f.seq, |s| s.seq);
-        usize::try_from(f.seq.distance_from(first))
-            .ok()
-            .and_then(|i| self.unacked.get(i))
-            .filter(|s| s.seq == f.seq)
-            .and_then(|s| s.buf.get(f.start..f.end))
-            .unwrap_or(&[])
+        self.replay.find(f.seq).and_then(|s| s.buf.get(f.start..f.end)).unwrap_or(&[])
     }
 
     fn transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
@@ -721,15 +696,13 @@ impl Session {
             return written(self.control_frame(FrameType::Established, buf));
         }
         // Replays first: they hold up everything behind them at the receiver.
-        while let Some(seq) = self.replay_due.pop_front() {
-            if let Some(i) = self.unacked.iter().position(|s| s.seq == seq) {
-                self.stats.retransmits += 1;
-                let f = self.data_frame(i);
-                self.arm_replay(now);
-                return self.data_transmit(f?, buf);
-            }
+        if let Some(i) = self.replay.next_due() {
+            self.stats.retransmits += 1;
+            let f = self.data_frame(i);
+            self.arm_replay(now);
+            return self.data_transmit(f?, buf);
         }
-        if (self.unacked.len() as u32) < self.window
+        if (self.replay.len() as u32) < self.window
             && let Some(from) = self.next_chunk()
         {
             let f = self.new_data_frame(from);
@@ -897,12 +870,8 @@ impl Session {
         }
         if self.timer_passed(Timer::Replay, now) {
             self.timers[Timer::Replay as usize] = None;
-            if let Some(oldest) = self.unacked.front() {
+            if self.replay.timed_out() {
                 self.stats.replay_timeouts += 1;
-                if !self.replay_due.contains(&oldest.seq) {
-                    self.replay_due.push_back(oldest.seq);
-                }
-                self.replay_backoff = (self.replay_backoff + 1).min(16);
             }
         }
         // An expired ACK timer stays set: `transmit` sends the ACK and clears it.
@@ -1005,6 +974,7 @@ impl Session {
         self.peer_epoch = h.epoch;
         self.mtu = mtu;
         self.window = window;
+        self.replay.set_spare_limit(2 * window as usize);
         let (c2s, s2c) = self.cfg.psk.frame_keys(&t);
         self.set_keys(c2s, s2c, c.options);
         self.transcript = t;
@@ -1114,14 +1084,14 @@ impl Session {
                 let mut h = self.header(FrameType::Init, SeqNum(0));
                 h.session = 0;
                 let body = init.as_bytes();
-                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(body), unauthenticated).ok()
+                FrameRepr { header: h, fc: None, body }.emit(buf, unauthenticated).ok()
             }
             State::ClientResponse => {
                 let proof = self.cfg.psk.proof(CLIENT_PROOF, &self.transcript);
                 let r = ResponseBody { init, proof };
                 let h = self.header(FrameType::Response, SeqNum(0));
                 let body = r.as_bytes();
-                write_frame(buf, &h, None, body.len(), |b| b.copy_from_slice(body), unauthenticated).ok()
+                FrameRepr { header: h, fc: None, body }.emit(buf, unauthenticated).ok()
             }
             _ => None,
         }
@@ -1136,7 +1106,7 @@ impl Session {
         let fc = self.fc_for(true);
         let h = self.header(ty, SeqNum(0));
         let mac = self.mac();
-        let n = write_frame(buf, &h, fc.as_ref(), 0, |_| {}, mac).ok()?;
+        let n = FrameRepr { header: h, fc, body: &[] }.emit(buf, mac).ok()?;
         self.after_ack_sent(h.nak);
         Some(n)
     }
@@ -1153,13 +1123,13 @@ impl Session {
     /// Seals (again) the DATA frame at `index` of the replay buffer, in place.
     fn data_frame(&mut self, index: usize) -> Option<SealedFrame> {
         let fc = self.fc_for(false);
-        let seq = self.unacked[index].seq;
+        let seq = self.replay.get_mut(index)?.seq;
         let h = self.header(FrameType::Data, seq);
         // An encrypting session seals its copy of the frame instead (`encrypt_into`).
         let tags = self.authenticate && !self.encrypt;
         let key = if tags { self.tx.as_ref().map(TxKeys::key) } else { None };
         let mac = |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes));
-        let sent = &mut self.unacked[index];
+        let sent = self.replay.get_mut(index)?;
         if sent.buf.len() < BODY_AT + sent.len + TRAILER_LEN {
             sent.buf.resize(BODY_AT + sent.len + TRAILER_LEN, 0);
         }
@@ -1212,14 +1182,14 @@ impl Session {
             tx.first_sent(seq);
         }
         let len = chunk.end - BODY_AT;
-        self.unacked.push_back(Sent { seq, buf: chunk.buf, len });
-        self.data_frame(self.unacked.len() - 1)
+        let index = self.replay.push(Sent { seq, buf: chunk.buf, len });
+        self.data_frame(index)
     }
 
     fn arm_replay(&mut self, now: Time) {
-        if !self.unacked.is_empty() && self.timers[Timer::Replay as usize].is_none() {
-            let backoff = self.cfg.replay_timeout.saturating_mul(1 << self.replay_backoff.min(16));
-            self.set_timer(Timer::Replay, now + backoff.min(self.cfg.max_replay_timeout));
+        if !self.replay.is_empty() && self.timers[Timer::Replay as usize].is_none() {
+            let timeout = self.replay.timeout(self.cfg.replay_timeout, self.cfg.max_replay_timeout);
+            self.set_timer(Timer::Replay, now + timeout);
         }
     }
 
@@ -1227,24 +1197,13 @@ impl Session {
         if let Some(tx) = &mut self.tx {
             tx.acked(ack);
         }
-        let mut progressed = false;
-        while self.unacked.front().is_some_and(|s| s.seq < ack) {
-            if let Some(s) = self.unacked.pop_front() {
-                self.recycle_frame(s.buf);
-            }
-            progressed = true;
-        }
-        if progressed {
-            self.replay_backoff = 0;
+        if self.replay.acknowledge(ack).freed > 0 {
             self.timers[Timer::Replay as usize] = None;
-            self.replay_due.retain(|s| *s >= ack);
             self.arm_replay(now);
         }
         if nak {
             self.stats.naks_received += 1;
-            if self.unacked.iter().any(|s| s.seq == ack) && !self.replay_due.contains(&ack) {
-                self.replay_due.push_back(ack);
-            }
+            self.replay.nak(ack);
         }
     }
 
@@ -1581,8 +1540,7 @@ mod tests {
     fn to_client(c: &mut Session, ty: FrameType, body: &[u8]) {
         let h = Header { session: c.local_id(), epoch: 2, ..Header::new(ty) };
         let mut buf = vec![0u8; 256];
-        let n = write_frame(&mut buf, &h, None, body.len(), |b| b.copy_from_slice(body), |_| [0; TAG_LEN])
-            .unwrap();
+        let n = FrameRepr { header: h, fc: None, body }.emit(&mut buf, |_| [0; TAG_LEN]).unwrap();
         c.handle_datagram(Time::from_nanos(2), &buf[..n]);
     }
 

@@ -298,27 +298,48 @@ impl<'a> Frame<'a> {
     }
 }
 
-/// Writes a frame into `buf`: header, optional FC block, body written by `body`, then the
-/// tag computed by `mac` over everything before it, then the CRC. Returns the frame length.
-pub fn write_frame(
-    buf: &mut [u8],
-    header: &Header,
-    fc: Option<&FcLimits>,
-    body_len: usize,
-    body: impl FnOnce(&mut [u8]),
-    mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN],
-) -> Result<usize, FrameError> {
-    let fc_len = if fc.is_some() { FC_LEN } else { 0 };
-    let len = HEADER_LEN + fc_len + body_len + TRAILER_LEN;
-    if buf.len() < len || body_len > u16::MAX as usize {
-        return Err(FrameError::TooLarge { len, max: buf.len().min(u16::MAX as usize) });
+/// A frame's fields, parsed or to be emitted (after smoltcp's `Repr`s): the header, the
+/// flow-control block if it has one, and the body. The tag and the CRC are not fields: emit
+/// computes them, [`Frame::new_checked`] checks the CRC and the session the tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameRepr<'a> {
+    /// The fixed header.
+    pub header: Header,
+    /// The flow-control block.
+    pub fc: Option<FcLimits>,
+    /// The body.
+    pub body: &'a [u8],
+}
+
+impl<'a> FrameRepr<'a> {
+    /// The fields of a checked frame.
+    pub fn parse(frame: &Frame<'a>) -> FrameRepr<'a> {
+        FrameRepr { header: frame.header(), fc: frame.fc(), body: frame.body() }
     }
-    let b = &mut buf[..len];
-    put_header(b, header, fc, body_len);
-    let body_at = HEADER_LEN + fc_len;
-    body(&mut b[body_at..body_at + body_len]);
-    put_trailer(b, mac);
-    Ok(len)
+
+    /// The frame's length on the wire.
+    pub fn buffer_len(&self) -> usize {
+        HEADER_LEN + if self.fc.is_some() { FC_LEN } else { 0 } + self.body.len() + TRAILER_LEN
+    }
+
+    /// Writes the frame into `buf`: header, FC block, body, then the tag `mac` computes over
+    /// everything before it, then the CRC. Returns the frame's length.
+    pub fn emit(
+        &self,
+        buf: &mut [u8],
+        mac: impl FnOnce(&[u8]) -> [u8; TAG_LEN],
+    ) -> Result<usize, FrameError> {
+        let len = self.buffer_len();
+        if buf.len() < len || self.body.len() > u16::MAX as usize {
+            return Err(FrameError::TooLarge { len, max: buf.len().min(u16::MAX as usize) });
+        }
+        let b = &mut buf[..len];
+        put_header(b, &self.header, self.fc.as_ref(), self.body.len());
+        let body_at = len - TRAILER_LEN - self.body.len();
+        b[body_at..len - TRAILER_LEN].copy_from_slice(self.body);
+        put_trailer(b, mac);
+        Ok(len)
+    }
 }
 
 /// Where a DATA body starts in a buffer that [`seal_in_place`] turns into a frame: room for
@@ -458,15 +479,13 @@ mod tests {
         };
         let fc = FcLimits { posted: (1, 2), non_posted: (3, 4), completion: (5, 6) };
         let mut buf = vec![0u8; 256];
-        let n = write_frame(
-            &mut buf,
-            &h,
-            Some(&fc),
-            6,
-            |b| b.copy_from_slice(&[0, 4, 1, 2, 3, 4]),
-            |_| [0xaa; 16],
-        )
-        .unwrap();
+        let repr = FrameRepr { header: h, fc: Some(fc), body: &[0, 4, 1, 2, 3, 4] };
+        let n = repr.emit(&mut buf, |_| [0xaa; 16]).unwrap();
+        assert_eq!(
+            FrameRepr::parse(&Frame::new_checked(&buf[..n]).unwrap()),
+            repr,
+            "parse gives back what was emitted"
+        );
         buf.truncate(n);
         buf
     }
@@ -518,7 +537,7 @@ mod tests {
         }
     }
 
-    /// A frame sealed around its body in place is the frame `write_frame` writes, with and
+    /// A frame sealed around its body in place is the frame `FrameRepr::emit` writes, with and
     /// without an FC block, and a buffer without room for the trailer is refused.
     #[test]
     fn sealing_in_place_writes_the_same_frame() {
@@ -536,15 +555,9 @@ mod tests {
         let body: Vec<u8> = (0..300u16).map(|i| i as u8).collect();
         for fc in [None, Some(&fc)] {
             let mut want = vec![0u8; 1024];
-            let n = write_frame(
-                &mut want,
-                &h,
-                fc,
-                body.len(),
-                |b| b.copy_from_slice(&body),
-                |a| [a.len() as u8; TAG_LEN],
-            )
-            .unwrap();
+            let n = FrameRepr { header: h, fc: fc.copied(), body: &body }
+                .emit(&mut want, |a| [a.len() as u8; TAG_LEN])
+                .unwrap();
             let mut buf = vec![0xee; BODY_AT + body.len() + TRAILER_LEN];
             buf[BODY_AT..BODY_AT + body.len()].copy_from_slice(&body);
             let r = seal_in_place(&mut buf, &h, fc, body.len(), |a| [a.len() as u8; TAG_LEN]).unwrap();

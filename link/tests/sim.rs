@@ -338,7 +338,7 @@ fn posted_writes_taken_in_place_keep_order_and_return_their_credits() {
 fn empty_init(epoch: u32) -> Vec<u8> {
     let h = link::wire::Header { epoch, ..link::wire::Header::new(link::wire::FrameType::Init) };
     let mut buf = vec![0u8; 64];
-    let n = link::wire::write_frame(&mut buf, &h, None, 0, |_| {}, |_| [0; 16]).unwrap();
+    let n = link::wire::FrameRepr { header: h, fc: None, body: &[] }.emit(&mut buf, |_| [0; 16]).unwrap();
     buf.truncate(n);
     buf
 }
