@@ -9,11 +9,11 @@
 //! - **MMIO** reads become MRd with a 10-bit tag and a completion timeout; writes become
 //!   posted MWr. Host-view BAR addresses are translated to where the box placed the BARs.
 //! - **DMA** from the device is served only inside windows the host granted (the DMA arena
-//!   [`PciFunction::dma_alloc`] hands out, and windows mapped with [`RemoteDevice::map_window`]);
+//!   [`driver::PciFunction::dma_alloc`] hands out, and windows mapped with [`RemoteDevice::map_window`]);
 //!   anything else is answered with Unsupported Request (reads) or dropped (writes), counted,
 //!   and logged with the device and address.
 //! - **MSI-X** writes from the device to the interrupt window become interrupts that
-//!   [`PciFunction::wait_interrupt`] consumes.
+//!   [`driver::PciFunction::wait_interrupt`] consumes.
 //! - **Failure**: a read whose completion does not come within the completion timeout, or
 //!   any read after the link went down, returns all-ones as a read of a vanished PCIe device
 //!   does, and the device is reported surprise-removed ([`RemoteDevice::removed`]).

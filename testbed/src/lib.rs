@@ -13,5 +13,6 @@
 
 pub mod direct;
 pub mod suite;
+#[cfg(feature = "vfio-user-client")]
 pub mod vfio_user_client;
 pub mod workload;
