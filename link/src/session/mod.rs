@@ -1,0 +1,600 @@
+//! The session state machine (sans-IO, after quinn-proto): no sockets, no clock, no threads.
+//!
+//! Its public methods come in four kinds:
+//! - **inputs**: [`Session::handle_datagram`], [`Session::handle_timeout`];
+//! - **outputs**: [`Session::poll_transmit`] (or [`Session::poll_transmit_in_place`], which
+//!   leaves a DATA frame where it was sealed), [`Session::poll_timeout`], [`Session::poll_event`];
+//! - **application commands**: [`Session::send_tlp`] / [`Session::send_repr`],
+//!   [`Session::recv_tlp`], [`Session::close`];
+//! - **inspection**: [`Session::stats`], [`Session::memory`], [`Session::is_up`], ….
+//!
+//! Reliability follows PCIe's data link layer: every DATA frame has a sequence number, the
+//! receiver acknowledges cumulatively (piggybacked or standalone) and NAKs the first gap, the
+//! sender keeps unacknowledged frames in a bounded replay buffer and replays on NAK or on the
+//! replay timer (with back-off). Out-of-order frames within the window wait in a bounded
+//! buffer so that one loss does not replay the whole window. Flow control follows PCIe's
+//! credits: the receiver grants posted / non-posted / completion × header / data credits
+//! and returns them as the application drains TLPs; the sender holds back a class without
+//! credit while others proceed, under PCIe's ordering rules (posted requests may pass
+//! non-posted requests and completions; nothing passes an earlier posted request).
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use tlp::{TlpPacket, TlpRepr};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::auth::{FrameKey, Rng};
+use crate::config::Config;
+use crate::credits::{self, RxCredits, TxCredits};
+use crate::error::SendError;
+use crate::handshake::{
+    CLIENT_PROOF, COOKIE_LEN, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody,
+    SERVER_PROOF, options, transcript,
+};
+use crate::keys::{RxKeys, TxKeys, Which};
+use crate::reorder::{Next, ReorderBuffer};
+use crate::replay_buffer::{ReplayBuffer, Sent};
+use crate::replay_window::ReplayWindow;
+use crate::seq::SeqNum;
+use crate::time::Time;
+use crate::wire::{
+    BODY_AT, FC_LEN, FcLimits, Frame, FrameRepr, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN,
+    TlpRecords, seal_in_place,
+};
+
+mod connect;
+mod receive;
+mod send;
+
+/// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
+/// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
+pub type InPlace<'a> = &'a mut dyn FnMut(&[u8]) -> bool;
+
+/// [`InPlace`] for an endpoint's sessions: the session's ID comes with each TLP.
+pub type InPlaceFrom<'a> = &'a mut dyn FnMut(u32, &[u8]) -> bool;
+
+/// Which side of the handshake.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    /// Sends INIT (the host endpoint).
+    Client,
+    /// Answers INIT (the GPU-box endpoint).
+    Server,
+}
+
+/// Why a session went down.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DownReason {
+    /// Nothing authentic arrived within the idle timeout.
+    Timeout,
+    /// The handshake did not complete in time.
+    HandshakeTimeout,
+    /// The peer proved a different key.
+    AuthFailed,
+    /// The peer closed the session.
+    PeerClosed,
+    /// This side closed the session.
+    Closed,
+    /// The peer restarted (a new epoch started a new session).
+    PeerRestarted,
+    /// The peer started a new session from the same epoch (this one is abandoned).
+    Superseded,
+    /// The peer broke the protocol (e.g. sent beyond its credits).
+    ProtocolViolation(&'static str),
+    /// The server refused the handshake: it has no room for another session.
+    Refused,
+}
+
+impl std::fmt::Display for DownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownReason::Timeout => {
+                f.write_str("nothing authentic arrived from the peer within the idle timeout")
+            }
+            DownReason::HandshakeTimeout => f.write_str("the handshake did not complete in time"),
+            DownReason::AuthFailed => f.write_str("authentication failed: the peer does not hold this key"),
+            DownReason::PeerClosed => f.write_str("the peer closed the session"),
+            DownReason::Closed => f.write_str("closed here"),
+            DownReason::PeerRestarted => f.write_str("the peer restarted"),
+            DownReason::Superseded => f.write_str("the peer started a new session"),
+            DownReason::ProtocolViolation(what) => write!(f, "the peer broke the protocol: {what}"),
+            DownReason::Refused => f.write_str("the peer refused the session: it has no room for another"),
+        }
+    }
+}
+
+/// What the application learns from a session.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Event {
+    /// The session is up; TLPs may flow.
+    Up {
+        /// The peer's epoch (changes when the peer restarts).
+        peer_epoch: u32,
+    },
+    /// The session is down for good; outstanding requests must be completed with errors.
+    Down(DownReason),
+}
+
+/// Counters. Every dropped frame is counted under its reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames sent (all types, including retransmissions).
+    pub frames_sent: u64,
+    /// Frames received and accepted.
+    pub frames_received: u64,
+    /// DATA frames sent for the first time.
+    pub data_frames_sent: u64,
+    /// DATA frames sent again from the replay buffer.
+    pub retransmits: u64,
+    /// Replay timer expiries.
+    pub replay_timeouts: u64,
+    /// NAKs sent.
+    pub naks_sent: u64,
+    /// NAKs received.
+    pub naks_received: u64,
+    /// Standalone ACK frames sent.
+    pub acks_sent: u64,
+    /// TLPs handed to the peer (first transmissions).
+    pub tlps_sent: u64,
+    /// TLPs delivered to the application, in order.
+    pub tlps_received: u64,
+    /// Datagrams that were not frames (CRC, magic, version, lengths).
+    pub dropped_malformed: u64,
+    /// Frames whose MAC did not verify.
+    pub dropped_bad_mac: u64,
+    /// Frames from a previous epoch of the peer.
+    pub dropped_stale_epoch: u64,
+    /// Frames whose packet number was seen before (replayed datagrams).
+    pub dropped_replayed: u64,
+    /// Frames for another session ID.
+    pub dropped_wrong_session: u64,
+    /// Frames of a type that does not fit the session's state.
+    pub dropped_unexpected: u64,
+    /// DATA frames already delivered (duplicates).
+    pub duplicate_data: u64,
+    /// DATA frames beyond the receive window.
+    pub dropped_out_of_window: u64,
+    /// Handshake proofs that failed (wrong key).
+    pub auth_failures: u64,
+    /// Key updates of this side's sending key.
+    pub key_updates: u64,
+    /// Key updates of the peer's sending key this side followed.
+    pub peer_key_updates: u64,
+    /// TLP records in DATA frames that were not TLPs (dropped, frame still acknowledged).
+    pub malformed_tlps: u64,
+}
+
+/// Bytes a session holds, for checking memory bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// TLP bytes queued for sending.
+    pub queued_bytes: usize,
+    /// TLPs queued for sending.
+    pub queued_tlps: usize,
+    /// DATA frames in the replay buffer.
+    pub unacked_frames: usize,
+    /// Bytes in the replay buffer.
+    pub unacked_bytes: usize,
+    /// DATA frames waiting for an earlier gap to fill.
+    pub out_of_order_frames: usize,
+    /// TLPs delivered but not yet read by the application.
+    pub delivered_tlps: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Client: INIT sent, waiting for CHALLENGE.
+    ClientInit,
+    /// Client: RESPONSE sent, waiting for ESTABLISHED (or any authentic frame).
+    ClientResponse,
+    /// A server session exists only once its client proved the key (see `crate::handshake`).
+    Up,
+    Down(DownReason),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Timer {
+    Handshake = 0,
+    Replay = 1,
+    Ack = 2,
+    Keepalive = 3,
+    Idle = 4,
+}
+const TIMERS: usize = 5;
+
+/// A TLP's class (its index, [`credits::index`]) and credit cost, from its header.
+fn tlp_cost(bytes: &[u8]) -> Result<(usize, u32, u32), tlp::Error> {
+    let p = TlpPacket::new_checked(bytes)?;
+    Ok((credits::index(p.kind().fc_class()), 1, p.payload().len().div_ceil(16) as u32))
+}
+
+/// TLPs that leave together in one DATA frame, written where that frame is sent from:
+/// `buf` has room for the frame's header and FC block (`BODY_AT` bytes), then the TLP
+/// records; sealing the frame puts the header before them and the trailer after, so a TLP
+/// is copied once, into this buffer, on its way to the socket (and kept here for replay).
+struct Chunk {
+    /// Send order of the first TLP.
+    order: u64,
+    /// A whole frame's room (the MTU), zeroed once when first allocated and reused after:
+    /// a TLP is written over what was there, with no clearing first.
+    buf: Vec<u8>,
+    /// Where the records end (`BODY_AT` when empty).
+    end: usize,
+    /// TLPs per class: its header credits (a held-back chunk holds one class).
+    tlps: [u32; 3],
+    /// Data credits of its TLPs.
+    data: u32,
+}
+
+/// A DATA frame sealed in place in the session's replay buffer, ready to send: its bytes
+/// are [`Session::sealed`]'s, valid until the session next changes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SealedFrame {
+    seq: SeqNum,
+    start: usize,
+    end: usize,
+}
+
+/// What [`Session::poll_transmit_in_place`] produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transmit {
+    /// A control frame of this many bytes, written into the caller's buffer.
+    Written(usize),
+    /// A DATA frame, sealed where its TLPs were written: send [`Session::sealed`]'s bytes.
+    Sealed(SealedFrame),
+}
+
+/// Where a TLP comes from when it is queued.
+enum Source<'a, 'b> {
+    Bytes(&'a [u8]),
+    Repr(&'a TlpRepr<'b>),
+}
+
+/// What a server endpoint established about a client that proved its key: the session is
+/// made from it, up at once.
+pub(crate) struct Accepted {
+    pub(crate) local_id: u32,
+    pub(crate) local_epoch: u32,
+    pub(crate) peer_id: u32,
+    pub(crate) peer_epoch: u32,
+    pub(crate) mtu: usize,
+    pub(crate) window: u32,
+    /// The negotiated options ([`crate::handshake::options`]).
+    pub(crate) options: u8,
+    pub(crate) transcript: Vec<u8>,
+}
+
+/// One end of an authenticated, reliable, flow-controlled TLP session.
+pub struct Session {
+    role: Role,
+    cfg: Config,
+    state: State,
+    local_id: u32,
+    peer_id: u32,
+    local_epoch: u32,
+    peer_epoch: u32,
+    local_nonce: [u8; 16],
+    /// Client: the cookie the server gave, echoed in INIT (zeros before one came).
+    cookie: [u8; COOKIE_LEN],
+    transcript: Vec<u8>,
+    /// The frame keys, once the handshake made them.
+    tx: Option<TxKeys>,
+    rx: Option<RxKeys>,
+    /// Negotiated: frames carry tags; DATA bodies are encrypted.
+    authenticate: bool,
+    encrypt: bool,
+    /// Where an encrypted frame is decrypted (the receive buffer is not ours to change).
+    scratch: Vec<u8>,
+    mtu: usize,
+    window: u32,
+    saw_bad_proof: bool,
+    handshake_due: bool,
+    established_due: bool,
+    close_due: bool,
+    // Packet numbers: the next to send, and the window of those received (anti-replay).
+    next_pn: u64,
+    rx_pns: ReplayWindow,
+    // Transmit side.
+    next_seq: SeqNum,
+    /// Sent DATA frames until acknowledged (and the buffers of freed ones, for reuse).
+    replay: ReplayBuffer,
+    /// Chunks whose TLPs had credits when queued (already charged), in PCIe order, waiting
+    /// for the window; the last one takes more TLPs until it is full or sent.
+    ready: VecDeque<Chunk>,
+    /// Per class, chunks of TLPs held back: no credits when queued, or queued behind a
+    /// held-back TLP they may not pass. Charged when they go.
+    stalled: [VecDeque<Chunk>; 3],
+    /// TLPs queued per class (ready and stalled).
+    queued: [usize; 3],
+    next_order: u64,
+    /// The peer's credits: its limits, what this side consumed, its first grant.
+    tx_credits: TxCredits,
+    // Receive side.
+    rx_next: SeqNum,
+    /// DATA frames ahead of `rx_next`, waiting for the gap before them.
+    out_of_order: ReorderBuffer,
+    /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
+    delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
+    /// The credits this side grants: allocated, advertised, used by the peer.
+    rx_credits: RxCredits,
+    nak_sent_for: Option<SeqNum>,
+    nak_due: bool,
+    ack_due: bool,
+    keepalive_due: bool,
+    timers: [Option<Time>; TIMERS],
+    last_tx: Time,
+    events: VecDeque<Event>,
+    stats: Stats,
+    pool: Vec<Vec<u8>>,
+}
+
+impl Session {
+    fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
+        let spare = 2 * cfg.window as usize;
+        let mut local_nonce = [0u8; 16];
+        rng.fill(&mut local_nonce);
+        let local_id = rng.nonzero_u32();
+        let local_epoch = rng.nonzero_u32();
+        let rx_credits = RxCredits::new(cfg.credits);
+        let mut s = Session {
+            role,
+            mtu: cfg.mtu,
+            window: cfg.window,
+            cfg,
+            state: State::ClientInit,
+            local_id,
+            peer_id: 0,
+            local_epoch,
+            peer_epoch: 0,
+            local_nonce,
+            cookie: [0; COOKIE_LEN],
+            transcript: Vec::new(),
+            tx: None,
+            rx: None,
+            authenticate: true,
+            encrypt: false,
+            scratch: Vec::new(),
+            saw_bad_proof: false,
+            handshake_due: false,
+            established_due: false,
+            close_due: false,
+            next_pn: 0,
+            rx_pns: ReplayWindow::default(),
+            next_seq: SeqNum(0),
+            replay: ReplayBuffer::new(spare),
+            ready: VecDeque::new(),
+            stalled: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
+            queued: [0; 3],
+            next_order: 0,
+            tx_credits: TxCredits::default(),
+            rx_next: SeqNum(0),
+            out_of_order: ReorderBuffer::default(),
+            delivered: VecDeque::new(),
+            rx_credits,
+            nak_sent_for: None,
+            nak_due: false,
+            ack_due: false,
+            keepalive_due: false,
+            timers: [None; TIMERS],
+            last_tx: now,
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            pool: Vec::new(),
+        };
+        s.set_timer(Timer::Idle, now + s.cfg.handshake_timeout);
+        s
+    }
+
+    /// A client session: it sends INIT at the first `poll_transmit`. `epoch` identifies this
+    /// endpoint instance (a restarted process picks a new one); `rng` supplies nonces and IDs.
+    pub fn client(cfg: Config, now: Time, epoch: u32, rng: Rng) -> Session {
+        let mut s = Session::blank(Role::Client, cfg, now, rng);
+        s.local_epoch = epoch;
+        s.state = State::ClientInit;
+        s.handshake_due = true;
+        s.set_timer(Timer::Handshake, now + s.cfg.handshake_retry);
+        s
+    }
+
+    /// A server session for a client that has proven its key (see [`crate::Endpoint`],
+    /// which runs the handshake statelessly until then): up at once, with ESTABLISHED due.
+    pub(crate) fn accepted(cfg: Config, now: Time, rng: Rng, a: Accepted) -> Session {
+        let mut s = Session::blank(Role::Server, cfg, now, rng);
+        s.local_id = a.local_id;
+        s.local_epoch = a.local_epoch;
+        s.peer_id = a.peer_id;
+        s.peer_epoch = a.peer_epoch;
+        s.mtu = a.mtu;
+        s.window = a.window;
+        s.replay.set_spare_limit(2 * a.window as usize);
+        let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
+        s.set_keys(s2c, c2s, a.options);
+        s.transcript = a.transcript;
+        s.stats.frames_received += 1;
+        s.become_up(now);
+        s.established_due = true;
+        s
+    }
+
+    // ----- inspection -------------------------------------------------------------------
+
+    /// Client or server.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// This side's session ID (what the peer puts in the header).
+    pub fn local_id(&self) -> u32 {
+        self.local_id
+    }
+    /// This endpoint's epoch.
+    pub fn local_epoch(&self) -> u32 {
+        self.local_epoch
+    }
+    /// The peer's epoch (0 before the handshake has told it).
+    pub fn peer_epoch(&self) -> u32 {
+        self.peer_epoch
+    }
+    /// The session is established.
+    pub fn is_up(&self) -> bool {
+        self.state == State::Up
+    }
+    /// The session is down for good.
+    pub fn is_down(&self) -> bool {
+        matches!(self.state, State::Down(_))
+    }
+    /// The negotiated MTU.
+    pub fn mtu(&self) -> usize {
+        self.mtu
+    }
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+    /// What the session holds in memory now.
+    pub fn memory(&self) -> Memory {
+        Memory {
+            queued_bytes: self
+                .ready
+                .iter()
+                .chain(self.stalled.iter().flatten())
+                .map(|c| c.end - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
+                .sum(),
+            queued_tlps: self.queued.iter().sum(),
+            unacked_frames: self.replay.len(),
+            unacked_bytes: self.replay.bytes(),
+            out_of_order_frames: self.out_of_order.held(),
+            delivered_tlps: self.delivered.len(),
+        }
+    }
+    /// Credits the peer granted that this side has not used, per class × (header, data).
+    pub fn credits_available(&self) -> [i64; 6] {
+        self.tx_credits.available()
+    }
+    /// Credits this side granted that the peer has in use (delivered, not yet drained).
+    pub fn credits_in_use(&self) -> [u32; 6] {
+        self.rx_credits.in_use()
+    }
+    /// Events are waiting to be read.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+    /// The peer started another session: this one is over, for `reason`.
+    pub(crate) fn superseded(&mut self, reason: DownReason) {
+        self.go_down(reason);
+    }
+    /// The identifier of the pre-shared key this session proves (see
+    /// [`crate::PresharedKey::key_id`]): on a server, which host key the client presented.
+    pub fn key_id(&self) -> [u8; 8] {
+        self.cfg.psk.key_id()
+    }
+    /// What the handshake settled for the frames: (tagged, DATA bodies encrypted).
+    pub fn frame_protection(&self) -> (bool, bool) {
+        (self.authenticate, self.encrypt)
+    }
+    /// The peer's session ID (0 before the handshake has told it).
+    pub fn peer_id(&self) -> u32 {
+        self.peer_id
+    }
+    /// Nothing is queued or waiting for acknowledgement.
+    pub fn is_idle(&self) -> bool {
+        self.replay.is_empty() && self.queued.iter().all(|q| *q == 0)
+    }
+
+    // ----- application commands ---------------------------------------------------------
+
+    /// Closes the session: a CLOSE frame goes out at the next `poll_transmit`.
+    pub fn close(&mut self, _now: Time) {
+        if !self.is_down() {
+            let had_keys = self.tx.is_some();
+            self.go_down(DownReason::Closed);
+            self.close_due = had_keys;
+        }
+    }
+
+    // ----- outputs ------------------------------------------------------------------------
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When `handle_timeout` should next be called.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    // ----- inputs -------------------------------------------------------------------------
+
+    /// Handles expired timers.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.timer_passed(Timer::Idle, now) {
+            self.timers[Timer::Idle as usize] = None;
+            let reason = match self.state {
+                State::Up => DownReason::Timeout,
+                _ if self.saw_bad_proof => DownReason::AuthFailed,
+                _ => DownReason::HandshakeTimeout,
+            };
+            self.go_down(reason);
+            return;
+        }
+        if self.timer_passed(Timer::Handshake, now) {
+            if matches!(self.state, State::ClientInit | State::ClientResponse) {
+                self.handshake_due = true;
+                self.set_timer(Timer::Handshake, now + self.cfg.handshake_retry);
+            } else {
+                self.timers[Timer::Handshake as usize] = None;
+            }
+        }
+        if self.timer_passed(Timer::Replay, now) {
+            self.timers[Timer::Replay as usize] = None;
+            if self.replay.timed_out() {
+                self.stats.replay_timeouts += 1;
+            }
+        }
+        // An expired ACK timer stays set: `transmit` sends the ACK and clears it.
+        if self.timer_passed(Timer::Keepalive, now) {
+            self.timers[Timer::Keepalive as usize] = None;
+            if self.state == State::Up {
+                // A keepalive carries the ACK and credits; sending it is what re-arms this.
+                self.keepalive_due = true;
+            }
+        }
+    }
+}
+
+impl Session {
+    fn set_timer(&mut self, t: Timer, at: Time) {
+        self.timers[t as usize] = Some(at);
+    }
+
+    fn timer_passed(&self, t: Timer, now: Time) -> bool {
+        self.timers[t as usize].is_some_and(|at| at <= now)
+    }
+
+    fn go_down(&mut self, reason: DownReason) {
+        if self.is_down() {
+            return;
+        }
+        self.state = State::Down(reason);
+        self.timers = [None; TIMERS];
+        self.events.push_back(Event::Down(reason));
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("role", &self.role)
+            .field("state", &self.state)
+            .field("local_id", &self.local_id)
+            .field("peer_id", &self.peer_id)
+            .field("next_seq", &self.next_seq)
+            .field("rx_next", &self.rx_next)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;
