@@ -9,10 +9,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use tlp::rules::{self, Rcb, TransferSize};
-use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
 
 use driver::{BusAddr, DmaArena, DmaBuf, Interrupts, MSI_BASE, PciFunction, WaitStep, wait_interrupt};
-use hw::{Device, TlpQueue};
+use hw::{Device, Upstream};
 
 /// The host's requester ID.
 pub const HOST_ID: Bdf = Bdf::new(0, 0, 0);
@@ -23,10 +23,33 @@ pub const BAR0_BASE: u64 = 0xfe00_0000;
 /// Where BAR2 is placed.
 pub const BAR2_BASE: u64 = 0x40_0000_0000;
 
+/// What the device sent, waiting to be routed: each TLP emitted into a buffer kept from one
+/// routing to the next, so that moving data allocates nothing once the first TLPs of a size
+/// have gone through.
+#[derive(Default)]
+struct Outbound {
+    tlps: Vec<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl Upstream for Outbound {
+    fn send(&mut self, tlp: &TlpRepr<'_>) {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.resize(tlp.buffer_len(), 0);
+        match tlp.emit(&mut b) {
+            Ok(n) => {
+                b.truncate(n);
+                self.tlps.push(b);
+            }
+            Err(_) => self.spare.push(b),
+        }
+    }
+}
+
 /// A device on the host's own bus.
 pub struct DirectAttach<D: Device> {
     dev: D,
-    up: TlpQueue,
+    up: Outbound,
     completions: VecDeque<Vec<u8>>,
     mem: Vec<u8>,
     arena: DmaArena,
@@ -43,7 +66,7 @@ impl<D: Device> DirectAttach<D> {
     pub fn new(dev: D, host_memory: usize) -> DirectAttach<D> {
         let mut d = DirectAttach {
             dev,
-            up: TlpQueue::default(),
+            up: Outbound::default(),
             completions: VecDeque::new(),
             mem: vec![0; host_memory],
             arena: DmaArena::new(BusAddr(HOST_MEMORY_BASE), host_memory),
@@ -93,52 +116,59 @@ impl<D: Device> DirectAttach<D> {
         (off.checked_add(len)? <= self.mem.len() as u64).then_some(off as usize)
     }
 
-    /// Routes what the device sent until nothing is left.
+    /// Routes what the device sent until nothing is left. A read of host memory is
+    /// completed from where the bytes lie (one copy, into the completion's payload on its way
+    /// to the device); a write is stored where it goes.
     fn route(&mut self) {
-        while !self.up.0.is_empty() {
-            let batch = std::mem::take(&mut self.up.0);
-            for bytes in batch {
-                let Ok(t) = TlpRepr::parse_bytes(&bytes, &ParseConfig::default()) else { continue };
-                match t.body {
-                    Body::Completion { .. } => self.completions.push_back(bytes.clone()),
-                    Body::MemRead { address, length_dw, .. } => {
-                        let a = address.value();
-                        match self.in_memory(a, length_dw as u64 * 4) {
-                            Some(off) => {
-                                let data = self.mem[off..off + length_dw as usize * 4].to_vec();
-                                let mps = TransferSize::from_bytes(self.dev.max_payload())
-                                    .unwrap_or(TransferSize::B128);
-                                let (dev, up) = (&mut self.dev, &mut self.up);
-                                rules::complete_read(&t, HOST_ID, &data, Rcb::B64, mps, |c| {
-                                    dev.completion(c, up)
-                                });
-                            }
-                            None => {
-                                self.dma_read_refused += 1;
-                                let cpl = rules::completion_without_data(
-                                    &t,
-                                    HOST_ID,
-                                    CplStatus::UnsupportedRequest,
-                                );
-                                self.dev.completion(&cpl, &mut self.up);
-                            }
-                        }
-                    }
-                    Body::MemWrite { req, address, data, .. } => {
-                        let a = address.value();
-                        if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
-                            let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
-                            self.interrupts.signal(v, 1);
-                        } else if let Some(off) = self.in_memory(a, data.len() as u64) {
-                            let dst = &mut self.mem[off..off + data.len()];
-                            rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
-                        } else {
-                            self.dma_write_dropped += 1;
-                        }
-                    }
-                    _ => {}
+        let mut batch = Vec::new();
+        while !self.up.tlps.is_empty() {
+            std::mem::swap(&mut batch, &mut self.up.tlps);
+            for bytes in batch.drain(..) {
+                self.route_one(&bytes);
+                if matches!(TlpPacket::new_checked(&bytes[..]).map(|p| p.kind()), Ok(k) if k.is_completion())
+                {
+                    self.completions.push_back(bytes);
+                } else {
+                    self.up.spare.push(bytes);
                 }
             }
+        }
+        self.up.tlps = batch;
+    }
+
+    fn route_one(&mut self, bytes: &[u8]) {
+        let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
+        match t.body {
+            Body::MemRead { address, length_dw, .. } => {
+                let a = address.value();
+                match self.in_memory(a, length_dw as u64 * 4) {
+                    Some(off) => {
+                        let mps =
+                            TransferSize::from_bytes(self.dev.max_payload()).unwrap_or(TransferSize::B128);
+                        let DirectAttach { dev, up, mem, .. } = self;
+                        let data = &mem[off..off + length_dw as usize * 4];
+                        rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, up));
+                    }
+                    None => {
+                        self.dma_read_refused += 1;
+                        let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
+                        self.dev.completion(&cpl, &mut self.up);
+                    }
+                }
+            }
+            Body::MemWrite { req, address, data, .. } => {
+                let a = address.value();
+                if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
+                    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
+                    self.interrupts.signal(v, 1);
+                } else if let Some(off) = self.in_memory(a, data.len() as u64) {
+                    let dst = &mut self.mem[off..off + data.len()];
+                    rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
+                } else {
+                    self.dma_write_dropped += 1;
+                }
+            }
+            _ => {}
         }
     }
 
