@@ -3,13 +3,18 @@
 //! miniature: it places BARs as firmware would, turns the driver's config and MMIO accesses
 //! into TLPs, serves the device's DMA from host memory (anything outside it is answered
 //! with UR, or dropped for writes, and counted), and turns MSI-X writes into interrupts.
+//!
+//! The device's DMA moves at memory speed: a write's payload is copied once, from the
+//! device's buffer into host memory, as the device sends it; a read is completed from where
+//! its bytes lie, the device copying the payload once, into place. Nothing is allocated per
+//! TLP of a transfer.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use tlp::rules::{self, Rcb, TransferSize};
-use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpPacket, TlpRepr};
+use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
 use driver::{BusAddr, DmaArena, DmaBuf, Interrupts, MSI_BASE, PciFunction, WaitStep, wait_interrupt};
 use hw::{Device, Upstream};
@@ -23,42 +28,75 @@ pub const BAR0_BASE: u64 = 0xfe00_0000;
 /// Where BAR2 is placed.
 pub const BAR2_BASE: u64 = 0x40_0000_0000;
 
-/// What the device sent, waiting to be routed: each TLP emitted into a buffer kept from one
-/// routing to the next, so that moving data allocates nothing once the first TLPs of a size
-/// have gone through.
+/// The host's end of the device's upstream port: what the device sends lands here as it
+/// sends it. A write goes straight into host memory (or is an interrupt). A read of host
+/// memory is kept — its header only — and completed once the device's step returns
+/// (completing it calls the device, which is busy while it sends). Completions for the
+/// host's own requests are kept as bytes for the request waiting on them.
 #[derive(Default)]
-struct Outbound {
-    tlps: Vec<Vec<u8>>,
-    spare: Vec<Vec<u8>>,
+struct HostPort {
+    mem: Vec<u8>,
+    interrupts: Interrupts,
+    reads: VecDeque<TlpRepr<'static>>,
+    completions: VecDeque<Vec<u8>>,
+    dma_read_refused: u64,
+    dma_write_dropped: u64,
 }
 
-impl Upstream for Outbound {
+impl HostPort {
+    fn in_memory(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(HOST_MEMORY_BASE)?;
+        (off.checked_add(len)? <= self.mem.len() as u64).then_some(off as usize)
+    }
+}
+
+impl Upstream for HostPort {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.resize(tlp.buffer_len(), 0);
-        match tlp.emit(&mut b) {
-            Ok(n) => {
-                b.truncate(n);
-                self.tlps.push(b);
+        match tlp.body {
+            Body::MemWrite { req, address, data, .. } => {
+                let a = address.value();
+                if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
+                    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
+                    self.interrupts.signal(v, 1);
+                } else if let Some(off) = self.in_memory(a, data.len() as u64) {
+                    let dst = &mut self.mem[off..off + data.len()];
+                    rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
+                } else {
+                    self.dma_write_dropped += 1;
+                }
             }
-            Err(_) => self.spare.push(b),
+            Body::MemRead { .. } => self.reads.push_back(tlp.with_data(&[])),
+            Body::Completion { .. } => self.completions.push_back(emit(tlp)),
+            // Nothing else a device sends (messages, atomics) is acted on here.
+            _ => {}
         }
+    }
+}
+
+fn emit(tlp: &TlpRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; tlp.buffer_len()];
+    let n = tlp.emit(&mut b).unwrap_or(0);
+    b.truncate(n);
+    b
+}
+
+/// What the device sends while the host port cannot take it (its memory is lent to a
+/// completion the device is taking): emitted, to arrive after, in order.
+#[derive(Default)]
+struct Later(Vec<Vec<u8>>);
+
+impl Upstream for Later {
+    fn send(&mut self, tlp: &TlpRepr<'_>) {
+        self.0.push(emit(tlp));
     }
 }
 
 /// A device on the host's own bus.
 pub struct DirectAttach<D: Device> {
     dev: D,
-    up: Outbound,
-    completions: VecDeque<Vec<u8>>,
-    mem: Vec<u8>,
+    host: HostPort,
     arena: DmaArena,
-    interrupts: Interrupts,
     next_tag: u16,
-    /// Device DMA reads outside host memory (answered with UR).
-    pub dma_read_refused: u64,
-    /// Device DMA writes outside host memory (dropped).
-    pub dma_write_dropped: u64,
 }
 
 impl<D: Device> DirectAttach<D> {
@@ -66,14 +104,9 @@ impl<D: Device> DirectAttach<D> {
     pub fn new(dev: D, host_memory: usize) -> DirectAttach<D> {
         let mut d = DirectAttach {
             dev,
-            up: Outbound::default(),
-            completions: VecDeque::new(),
-            mem: vec![0; host_memory],
+            host: HostPort { mem: vec![0; host_memory], ..HostPort::default() },
             arena: DmaArena::new(BusAddr(HOST_MEMORY_BASE), host_memory),
-            interrupts: Interrupts::default(),
             next_tag: 0,
-            dma_read_refused: 0,
-            dma_write_dropped: 0,
         };
         d.config_write(0x10, BAR0_BASE as u32);
         d.config_write(0x14, (BAR0_BASE >> 32) as u32);
@@ -87,23 +120,33 @@ impl<D: Device> DirectAttach<D> {
         &mut self.dev
     }
 
+    /// Device DMA reads outside host memory (answered with UR).
+    pub fn dma_read_refused(&self) -> u64 {
+        self.host.dma_read_refused
+    }
+
+    /// Device DMA writes outside host memory (dropped).
+    pub fn dma_write_dropped(&self) -> u64 {
+        self.host.dma_write_dropped
+    }
+
     fn tag(&mut self) -> Tag {
         self.next_tag = (self.next_tag + 1) % 1024;
         Tag::from_bits(self.next_tag)
     }
 
-    /// Sends one host request to the device and routes everything that follows.
+    /// Sends one host request to the device and serves everything that follows.
     fn request(&mut self, tlp: &TlpRepr<'_>) {
-        self.dev.request(tlp, &mut self.up);
-        self.route();
+        self.dev.request(tlp, &mut self.host);
+        self.serve_reads();
     }
 
-    /// Takes the completion for `tag` (after routing).
+    /// Takes the completion for `tag` (after serving).
     fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)> {
-        let i = self.completions.iter().position(|b| {
+        let i = self.host.completions.iter().position(|b| {
             TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|c| c.requester_tag().1 == tag)
         })?;
-        let b = self.completions.remove(i)?;
+        let b = self.host.completions.remove(i)?;
         let c = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
         match c.body {
             Body::Completion { cpl, data, .. } => Some((cpl.status, data.unwrap_or(&[]).to_vec())),
@@ -111,64 +154,33 @@ impl<D: Device> DirectAttach<D> {
         }
     }
 
-    fn in_memory(&self, addr: u64, len: u64) -> Option<usize> {
-        let off = addr.checked_sub(HOST_MEMORY_BASE)?;
-        (off.checked_add(len)? <= self.mem.len() as u64).then_some(off as usize)
-    }
-
-    /// Routes what the device sent until nothing is left. A read of host memory is
-    /// completed from where the bytes lie (one copy, into the completion's payload on its way
-    /// to the device); a write is stored where it goes.
-    fn route(&mut self) {
-        let mut batch = Vec::new();
-        while !self.up.tlps.is_empty() {
-            std::mem::swap(&mut batch, &mut self.up.tlps);
-            for bytes in batch.drain(..) {
-                self.route_one(&bytes);
-                if matches!(TlpPacket::new_checked(&bytes[..]).map(|p| p.kind()), Ok(k) if k.is_completion())
-                {
-                    self.completions.push_back(bytes);
-                } else {
-                    self.up.spare.push(bytes);
-                }
-            }
-        }
-        self.up.tlps = batch;
-    }
-
-    fn route_one(&mut self, bytes: &[u8]) {
-        let Ok(t) = TlpRepr::parse_bytes(bytes, &ParseConfig::default()) else { return };
-        match t.body {
-            Body::MemRead { address, length_dw, .. } => {
-                let a = address.value();
-                match self.in_memory(a, length_dw as u64 * 4) {
-                    Some(off) => {
-                        let mps =
-                            TransferSize::from_bytes(self.dev.max_payload()).unwrap_or(TransferSize::B128);
-                        let DirectAttach { dev, up, mem, .. } = self;
-                        let data = &mem[off..off + length_dw as usize * 4];
-                        rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, up));
-                    }
-                    None => {
-                        self.dma_read_refused += 1;
-                        let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
-                        self.dev.completion(&cpl, &mut self.up);
+    /// Completes the device's reads of host memory, oldest first, until none is left (a
+    /// completion may make the device send more): each from where its bytes lie, the
+    /// completions built over host memory and handed to the device.
+    fn serve_reads(&mut self) {
+        while let Some(t) = self.host.reads.pop_front() {
+            let Body::MemRead { address, length_dw, .. } = t.body else { continue };
+            let mps = TransferSize::from_bytes(self.dev.max_payload()).unwrap_or(TransferSize::B128);
+            match self.host.in_memory(address.value(), length_dw as u64 * 4) {
+                Some(off) => {
+                    // Host memory is lent while the device takes the bytes; what it sends
+                    // meanwhile waits, in order, and arrives after.
+                    let mut later = Later::default();
+                    let data = &self.host.mem[off..off + length_dw as usize * 4];
+                    let dev = &mut self.dev;
+                    rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, &mut later));
+                    for b in later.0 {
+                        if let Ok(t) = TlpRepr::parse_bytes(&b, &ParseConfig::default()) {
+                            self.host.send(&t);
+                        }
                     }
                 }
-            }
-            Body::MemWrite { req, address, data, .. } => {
-                let a = address.value();
-                if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
-                    let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
-                    self.interrupts.signal(v, 1);
-                } else if let Some(off) = self.in_memory(a, data.len() as u64) {
-                    let dst = &mut self.mem[off..off + data.len()];
-                    rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
-                } else {
-                    self.dma_write_dropped += 1;
+                None => {
+                    self.host.dma_read_refused += 1;
+                    let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
+                    self.dev.completion(&cpl, &mut self.host);
                 }
             }
-            _ => {}
         }
     }
 
@@ -176,8 +188,8 @@ impl<D: Device> DirectAttach<D> {
     pub fn run(&mut self) -> bool {
         let mut any = false;
         for _ in 0..1_000_000 {
-            let did = self.dev.poll(&mut self.up);
-            self.route();
+            let did = self.dev.poll(&mut self.host);
+            self.serve_reads();
             if !did {
                 break;
             }
@@ -248,18 +260,18 @@ impl<D: Device> PciFunction for DirectAttach<D> {
         self.run();
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
-        self.arena.alloc_zeroed(&mut self.mem, len)
+        self.arena.alloc_zeroed(&mut self.host.mem, len)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
         self.run();
-        self.arena.read(&self.mem, buf, offset, out);
+        self.arena.read(&self.host.mem, buf, offset, out);
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
-        self.arena.write(&mut self.mem, buf, offset, data);
+        self.arena.write(&mut self.host.mem, buf, offset, data);
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
         wait_interrupt(timeout, |_| {
-            if self.interrupts.take(vector) {
+            if self.host.interrupts.take(vector) {
                 WaitStep::Fired
             } else if self.run() {
                 WaitStep::Busy
