@@ -419,6 +419,59 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
     Ok((seconds, received.load(Ordering::Relaxed)))
 }
 
+/// The bare floor of bulk UDP with the kernel's offloads: `bytes` streamed over loopback in
+/// sends of up to 64 segments of `segment` bytes (UDP GSO) to a receiver that takes
+/// coalesced batches (UDP GRO), plain sockets, no session. Returns MB/s received, or why
+/// the kernel refused the offloads.
+pub(crate) fn bare_gso_stream(bytes: usize, segment: usize) -> std::io::Result<f64> {
+    let rx = UdpSocket::bind(SocketAddr::from(LOCAL))?;
+    link::driver::set_udp_gro(&rx, true)?;
+    rx.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let to = rx.local_addr()?;
+    let tx = UdpSocket::bind(SocketAddr::from(LOCAL))?;
+    tx.connect(to)?;
+    link::driver::set_udp_segment(&tx, segment as u16)?;
+    let received = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let (received2, done2) = (received.clone(), done.clone());
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        while !done2.load(Ordering::Relaxed) {
+            if let Ok(n) = rx.recv(&mut buf) {
+                received2.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    // A GSO send carries at most 64 segments and 64 KiB of payload.
+    let per_send = (65_000 / segment).clamp(1, 64) * segment;
+    let payload = vec![0x5au8; per_send];
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = per_send.min(bytes - sent);
+        // A full socket buffer drops on loopback rather than blocking; what arrives counts.
+        let _ = tx.send(&payload[..n]);
+        sent += n;
+    }
+    let mut last = 0;
+    let mut last_change = Instant::now();
+    while (received.load(Ordering::Relaxed) as usize) < bytes
+        && last_change.elapsed() < Duration::from_millis(100)
+    {
+        let now = received.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        }
+        std::hint::spin_loop();
+    }
+    let got = received.load(Ordering::Relaxed);
+    let seconds = if got as usize >= bytes { t0.elapsed() } else { last_change - t0 }.as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
+    Ok(got as f64 / seconds / 1e6)
+}
+
 /// A client session and a server endpoint joined in memory, handshake done.
 fn joined_in_memory(encrypt: bool) -> Option<(Session, Endpoint<u32>, link::Time)> {
     let mut cfg = bench_config();

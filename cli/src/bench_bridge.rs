@@ -14,7 +14,9 @@ use clap::Args;
 use driver::SimGpuDriver;
 use link::driver::{DriverKind, Impairment, PollMode};
 
-use crate::bench::{bare_pingpong, bare_stream, driver_pingpong, us};
+use serde_json::json;
+
+use crate::bench::{bare_gso_stream, bare_pingpong, bare_stream, driver_pingpong, us};
 use crate::loopback::{LocalBox, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
@@ -24,11 +26,14 @@ pub(crate) struct BridgeBench {
     #[arg(long, default_value_t = 20000)]
     iterations: usize,
     /// Bytes per DMA copy.
-    #[arg(long, default_value_t = 16 << 20)]
+    #[arg(long, default_value_t = 64 << 20)]
     copy_bytes: usize,
     /// Workload scale for the bridged-versus-direct comparison (1..=32).
     #[arg(long, default_value_t = 4)]
     scale: u32,
+    /// Print one JSON object on standard output (the table goes to standard error).
+    #[arg(long)]
+    json: bool,
 }
 
 fn name(driver: DriverKind) -> &'static str {
@@ -41,96 +46,133 @@ fn open(gpu: &LocalBox, driver: DriverKind, poll: PollMode) -> Result<SimGpuDriv
     SimGpuDriver::open(remote).map_err(|e| e.to_string())
 }
 
+/// The link's datagram size on loopback in these benchmarks (`LocalBox`).
+const LINK_MTU: usize = 9000;
+
 pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     let n = args.iterations.max(100);
     let spin = Duration::from_millis(2);
     let uring = link::driver::UringUdp::probe();
-    println!("dxpu bench bridge — both endpoints on UDP loopback, MTU 9000, simgpu behind the box");
+    // With --json the table goes to standard error and the object alone to standard output.
+    let say = |line: String| if args.json { eprintln!("{line}") } else { println!("{line}") };
+    say(format!("dxpu bench bridge — both endpoints on UDP loopback, MTU {LINK_MTU}, simgpu behind the box"));
     if let Err(e) = &uring {
-        println!("io_uring unavailable ({e}): its rows are skipped");
+        say(format!("io_uring unavailable ({e}): its rows are skipped"));
     }
     let drivers: Vec<DriverKind> = [DriverKind::Portable, DriverKind::IoUring]
         .into_iter()
         .filter(|d| *d == DriverKind::Portable || uring.is_ok())
         .collect();
-    println!();
-    println!(
+    let mut mmio = Vec::new();
+    let row = |path: &str, driver: &str, poll: &str, p50: Duration, p99: Duration| json!({"path": path, "driver": driver, "poll": poll, "p50_us": us(p50), "p99_us": us(p99)});
+    say(String::new());
+    say(format!(
         "{:<48} {:>8} {:>8} {:>11} {:>11}",
         format!("(a) MMIO read round trip, {n} reads"),
         "p50 µs",
         "p99 µs",
         "/ sockets",
         "/ driver"
-    );
+    ));
     let io = |e: std::io::Error| e.to_string();
     for busy in [true, false] {
         let floor = bare_pingpong(busy, true, n).map_err(io)?;
         let mode = if busy { "busy-poll" } else { "blocking" };
-        println!(
+        let poll_name = if busy { "busy" } else { "blocking" };
+        mmio.push(row("bare", "plain", poll_name, floor.p50, floor.p99));
+        say(format!(
             "{:<48} {:>8.1} {:>8.1} {:>11}",
             format!("bare UDP ping-pong, plain sockets, {mode}"),
             us(floor.p50),
             us(floor.p99),
             "1.00"
-        );
+        ));
         for &driver in &drivers {
             let dfloor = driver_pingpong(driver, busy, n).map_err(io)?;
-            println!(
+            mmio.push(row("bare", name(driver), poll_name, dfloor.p50, dfloor.p99));
+            say(format!(
                 "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11}",
                 format!("bare UDP ping-pong, {} driver, {mode}", name(driver)),
                 us(dfloor.p50),
                 us(dfloor.p99),
                 us(dfloor.p50) / us(floor.p50),
                 "1.00"
-            );
+            ));
             let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
             let gpu = LocalBox::start(driver, poll, Impairment::default())?;
             let mut d = open(&gpu, driver, poll)?;
             let (p50, p99) = mmio_rtt(&mut d, n);
-            println!(
+            mmio.push(row("bridged", name(driver), poll_name, p50, p99));
+            say(format!(
                 "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11.2}",
                 format!("  through the bridges, {}, {mode}", name(driver)),
                 us(p50),
                 us(p99),
                 us(p50) / us(floor.p50),
                 us(p50) / us(dfloor.p50)
-            );
+            ));
         }
     }
 
-    println!();
+    say(String::new());
     let mb = args.copy_bytes as f64 / 1e6;
-    println!(
+    say(format!(
         "{:<48} {:>10} {:>10} {:>12}",
         format!("(b) DMA, {:.0} MB per copy", mb),
         "h→d MB/s",
         "d→h MB/s",
         "vs bare"
-    );
-    // Bare sockets carrying the same bytes in datagrams as large as the link's (MTU 9000).
+    ));
+    let mut dma = Vec::new();
+    let bytes = args.copy_bytes;
+    let dma_row = |path: &str, driver: &str, h2d: f64, d2h: f64, authenticated: bool| {
+        json!({"path": path, "driver": driver, "h2d_mb_s": h2d, "d2h_mb_s": d2h, "bytes": bytes,
+               "authenticated": authenticated})
+    };
+    // Bare sockets carrying the same bytes in datagrams as large as the link's.
     let dgram = 8192;
     let count = args.copy_bytes.div_ceil(dgram) as u64;
     let (bare_s, bare_got) = bare_stream(count, dgram).map_err(io)?;
     let bare = (bare_got as usize * dgram) as f64 / bare_s / 1e6;
-    println!(
+    dma.push(dma_row("bare", "plain", bare, bare, false));
+    say(format!(
         "{:<48} {:>10.0} {:>10.0} {:>12}",
         format!("bare sockets, {count} × {dgram} B datagrams"),
         bare,
         bare,
         "1.00"
-    );
+    ));
+    // The floor issue 17 measures the bridges against: the kernel's UDP GSO and GRO with the
+    // link's datagram size.
+    let gso = match bare_gso_stream(args.copy_bytes, LINK_MTU) {
+        Ok(r) => {
+            say(format!(
+                "{:<48} {:>10.0} {:>10.0} {:>12}",
+                format!("bare sockets, UDP GSO + GRO, {LINK_MTU} B segments"),
+                r,
+                r,
+                format!("{:.2}", r / bare)
+            ));
+            Some(r)
+        }
+        Err(e) => {
+            say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor"));
+            None
+        }
+    };
     {
         let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
         let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
             .map_err(|e| e.to_string())?;
         let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
-        println!(
+        dma.push(dma_row("direct", "none", h2d, d2h, false));
+        say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
             "directly attached simgpu (no network)",
             h2d,
             d2h,
             format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
-        );
+        ));
     }
     for &driver in &drivers {
         let poll = PollMode::Busy { spin };
@@ -140,27 +182,38 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
             None => e,
         })?;
-        println!(
+        dma.push(dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames));
+        say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
             format!("through the bridges, {}, busy-poll", name(driver)),
             h2d,
             d2h,
             format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
-        );
+        ));
     }
 
-    println!();
+    say(String::new());
     let mut la = crate::loopback::LoopbackArgs::defaults();
     la.scale = args.scale;
     la.rtt_samples = 200;
     let o = crate::loopback::run(&la, &mut |_| {})?;
-    println!(
+    say(format!(
         "(c) demo workload (scale {}): bridged {:.2} ms, direct {:.2} ms, overhead {:.0} %",
         args.scale,
         o.bridged.seconds * 1e3,
         o.direct.seconds * 1e3,
         (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0
-    );
+    ));
+    if args.json {
+        let report = json!({
+            "mtu": LINK_MTU,
+            "mmio": mmio,
+            "dma": dma,
+            "floor_gso_mb_s": gso,
+            "workload": crate::loopback::report_json(&la, &o),
+        });
+        println!("{report}");
+    }
     Ok(())
 }
 

@@ -337,29 +337,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     let overhead = (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0;
     let tlps = tlp_totals(&o.host);
     if args.json {
-        let report = json!({
-            "verified": true,
-            "steps": o.bridged.steps.iter().map(|s| json!({"name": s.name, "bridged_seconds": s.seconds})).collect::<Vec<_>>(),
-            "tlps": tlps,
-            "tlps_host_to_box": o.host.tlps_sent,
-            "tlps_box_to_host": o.host.tlps_received,
-            "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
-            "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
-            "dma_h2d_gbps": gbps(o.bridged.h2d.0, o.bridged.h2d.1),
-            "dma_d2h_gbps": gbps(o.bridged.d2h.0, o.bridged.d2h.1),
-            "direct_dma_h2d_gbps": gbps(o.direct.h2d.0, o.direct.h2d.1),
-            "direct_dma_d2h_gbps": gbps(o.direct.d2h.0, o.direct.d2h.1),
-            "direct_seconds": o.direct.seconds,
-            "bridged_seconds": o.bridged.seconds,
-            "overhead_percent": overhead,
-            "interrupts": o.host.interrupts,
-            "retransmits": o.host.link.retransmits,
-            "link_driver": o.driver,
-            "poll": args.poll.name(),
-            "delay_us": args.delay_us,
-            "loss": args.loss,
-            "encrypted": args.encrypt,
-        });
+        let report = report_json(&args, &o);
         println!("{report}");
         return ExitCode::SUCCESS;
     }
@@ -416,4 +394,33 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
 
 fn fmt_s(s: f64) -> String {
     workload::human(Duration::from_secs_f64(s.max(0.0)))
+}
+
+/// `loopback --json`'s object (and `bench bridge --json`'s `workload`).
+pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value {
+    let overhead = (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0;
+    let tlps = tlp_totals(&o.host);
+    json!({
+        "verified": true,
+        "steps": o.bridged.steps.iter().map(|s| json!({"name": s.name, "bridged_seconds": s.seconds})).collect::<Vec<_>>(),
+        "tlps": tlps,
+        "tlps_host_to_box": o.host.tlps_sent,
+        "tlps_box_to_host": o.host.tlps_received,
+        "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
+        "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
+        "dma_h2d_gbps": gbps(o.bridged.h2d.0, o.bridged.h2d.1),
+        "dma_d2h_gbps": gbps(o.bridged.d2h.0, o.bridged.d2h.1),
+        "direct_dma_h2d_gbps": gbps(o.direct.h2d.0, o.direct.h2d.1),
+        "direct_dma_d2h_gbps": gbps(o.direct.d2h.0, o.direct.d2h.1),
+        "direct_seconds": o.direct.seconds,
+        "bridged_seconds": o.bridged.seconds,
+        "overhead_percent": overhead,
+        "interrupts": o.host.interrupts,
+        "retransmits": o.host.link.retransmits,
+        "link_driver": o.driver,
+        "poll": args.poll.name(),
+        "delay_us": args.delay_us,
+        "loss": args.loss,
+        "encrypted": args.encrypt,
+    })
 }

@@ -52,7 +52,8 @@ enum BenchCommand {
     /// kernel time — the baseline for bridged figures.
     Simgpu(bench::SimGpuBench),
     /// Both endpoints over UDP loopback: MMIO round trip against the bare ping-pong floor,
-    /// DMA throughput against bare sockets, the demo workload bridged against direct.
+    /// DMA throughput against bare sockets and the UDP GSO + GRO floor, the demo workload
+    /// bridged against direct (--json for scripts).
     Bridge(bench_bridge::BridgeBench),
     /// The vfio-user server without a VMM: register reads and DMA through it against the
     /// bridged device, guest memory shared as a file or reached by messages.

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use impair::{Impaired, Impairment};
-pub use portable::PortableUdp;
+pub use portable::{PortableUdp, set_udp_gro, set_udp_segment};
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};
 pub use uring::UringUdp;
 

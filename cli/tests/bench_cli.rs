@@ -1,0 +1,41 @@
+//! `dxpu bench bridge --json`: one JSON object on standard output with the fields scripts
+//! compare runs by, the human table on standard error. Small sizes: this checks the shape
+//! and that the figures are figures, not the machine's speed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+#[test]
+fn bench_bridge_json_is_one_object_with_every_row() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args(["bench", "bridge", "--json", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("(a) MMIO read round trip"), "the table goes to stderr: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["mtu"], 9000);
+    let mmio = v["mmio"].as_array().unwrap();
+    for (path, driver, poll) in
+        [("bare", "plain", "busy"), ("bare", "portable", "blocking"), ("bridged", "portable", "busy")]
+    {
+        let r = mmio
+            .iter()
+            .find(|r| r["path"] == path && r["driver"] == driver && r["poll"] == poll)
+            .unwrap_or_else(|| panic!("no mmio row {path}/{driver}/{poll}: {mmio:?}"));
+        let (p50, p99) = (r["p50_us"].as_f64().unwrap(), r["p99_us"].as_f64().unwrap());
+        assert!(p50 > 0.0 && p99 >= p50, "{r}");
+    }
+    let dma = v["dma"].as_array().unwrap();
+    for path in ["bare", "direct", "bridged"] {
+        let r = dma.iter().find(|r| r["path"] == path).unwrap_or_else(|| panic!("no dma row {path}"));
+        assert_eq!(r["bytes"], 1048576);
+        assert!(r["h2d_mb_s"].as_f64().unwrap() > 0.0 && r["d2h_mb_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
+    assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
+    assert!(v["floor_gso_mb_s"].is_null() || v["floor_gso_mb_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["workload"]["verified"], true);
+    assert!(v["workload"]["overhead_percent"].is_number());
+}
