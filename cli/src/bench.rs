@@ -36,6 +36,9 @@ pub(crate) struct LinkBench {
     /// The sessions' MTU (the link's default is 1472; 9000 for jumbo frames).
     #[arg(long, default_value_t = 1472, value_parser = clap::value_parser!(u32).range(512..=65507))]
     mtu: u32,
+    /// Print one JSON object on standard output (the table goes to standard error).
+    #[arg(long)]
+    json: bool,
 }
 
 const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
@@ -613,20 +616,34 @@ fn aead_cost(len: usize) -> f64 {
 pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
     let n = args.iterations.max(100);
     MTU.store(args.mtu as u64, Ordering::Relaxed);
-    println!("dxpu bench link — {n} round trips per case (after warm-up), UDP loopback, MTU {}", args.mtu);
+    // With --json the table goes to standard error and the object alone to standard output.
+    let json = args.json;
+    macro_rules! say {
+        ($($t:tt)*) => { if json { eprintln!($($t)*) } else { println!($($t)*) } };
+    }
+    let mut rtt_rows = Vec::new();
+    let mut stream_rows = Vec::new();
+    let mut cpu_rows = Vec::new();
+    say!("dxpu bench link — {n} round trips per case (after warm-up), UDP loopback, MTU {}", args.mtu);
     let uring = link::driver::UringUdp::probe();
     if let Err(e) = &uring {
-        println!("io_uring unavailable ({e}): its rows are skipped");
+        say!("io_uring unavailable ({e}): its rows are skipped");
     }
-    println!();
-    println!(
+    say!();
+    say!(
         "{:<44} {:>10} {:>10} {:>12}",
-        "round trip (64 B / one MRd→CplD)", "p50 µs", "p99 µs", "p50 / floor"
+        "round trip (64 B / one MRd→CplD)",
+        "p50 µs",
+        "p99 µs",
+        "p50 / floor"
     );
     let floors = [(true, bare_pingpong(true, true, n)?), (false, bare_pingpong(false, true, n)?)];
     for (busy, f) in &floors {
         let mode = if *busy { "busy-poll" } else { "blocking" };
-        println!(
+        let poll = if *busy { "busy" } else { "blocking" };
+        rtt_rows.push(serde_json::json!({"path": "bare", "driver": "plain", "poll": poll,
+            "p50_us": us(f.p50), "p99_us": us(f.p99)}));
+        say!(
             "{:<44} {:>10.1} {:>10.1} {:>12}",
             format!("bare UDP ping-pong, {mode} (floor)"),
             us(f.p50),
@@ -635,7 +652,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         );
         // For reference: what not connecting the client's socket costs.
         let unconnected = bare_pingpong(*busy, false, n)?;
-        println!(
+        say!(
             "{:<44} {:>10.1} {:>10.1} {:>12.2}",
             "  the same, client socket not connected",
             us(unconnected.p50),
@@ -649,12 +666,15 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         }
         for (busy, floor) in &floors {
             let rtt = session_rtt(driver, *busy, n)?;
+            rtt_rows.push(serde_json::json!({"path": "session", "driver": driver_name(driver),
+                "poll": if *busy { "busy" } else { "blocking" }, "p50_us": us(rtt.p50), "p99_us": us(rtt.p99),
+                "per_floor": us(rtt.p50) / us(floor.p50)}));
             let name = format!(
                 "session, {}, {}",
                 if driver == DriverKind::Portable { "portable" } else { "io_uring" },
                 if *busy { "busy-poll" } else { "blocking" }
             );
-            println!(
+            say!(
                 "{:<44} {:>10.1} {:>10.1} {:>12.2}",
                 name,
                 us(rtt.p50),
@@ -663,10 +683,10 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             );
         }
     }
-    println!();
+    say!();
     let size = 256;
     let tlp_len = write_tlp(size).len();
-    println!(
+    say!(
         "{:<44} {:>10} {:>10} {:>12}",
         format!("streaming {} × {size} B posted writes", args.stream),
         "MB/s",
@@ -684,19 +704,22 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         let (bare_s, bare_got) = bare_stream(s.datagrams, dgram)?;
         let mbps = (args.stream * size) as f64 / s.seconds / 1e6;
         let bare_mbps = (bare_got as f64 * per * size as f64) / bare_s / 1e6;
+        stream_rows.push(serde_json::json!({"driver": driver_name(driver), "tlp_bytes": size,
+            "tlps": args.stream, "tlps_per_datagram": per, "mb_s": mbps, "bare_mb_s": bare_mbps,
+            "datagrams": s.datagrams, "bare_lost": s.datagrams.saturating_sub(bare_got)}));
         let name = format!(
             "session, {} ({:.1} TLPs per datagram)",
             if driver == DriverKind::Portable { "portable" } else { "io_uring" },
             per
         );
-        println!(
+        say!(
             "{:<44} {:>10.0} {:>10.3} {:>12.2}",
             name,
             mbps,
             s.datagrams as f64 / s.seconds / 1e6,
             mbps / bare_mbps
         );
-        println!(
+        say!(
             "{:<44} {:>10.0} {:>10.3} {:>12}",
             format!("  bare sockets, same {} × {dgram} B datagrams", s.datagrams),
             bare_mbps,
@@ -704,27 +727,43 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             if bare_got < s.datagrams { format!("({} lost)", s.datagrams - bare_got) } else { "1.00".into() }
         );
     }
-    println!();
-    println!(
-        "frame MAC (AES-128-GMAC): {:.0} ns per 64-byte frame, {:.0} ns per 1472-byte frame",
-        mac_cost(64),
-        mac_cost(1472)
-    );
-    println!(
-        "frame AEAD (AES-128-GCM, body encrypted): {:.0} ns per 64-byte frame, {:.0} ns per 1472-byte frame",
-        aead_cost(64),
-        aead_cost(1472)
+    say!();
+    let (mac64, mac1472, aead64, aead1472) = (mac_cost(64), mac_cost(1472), aead_cost(64), aead_cost(1472));
+    say!("frame MAC (AES-128-GMAC): {mac64:.0} ns per 64-byte frame, {mac1472:.0} ns per 1472-byte frame");
+    say!(
+        "frame AEAD (AES-128-GCM, body encrypted): {aead64:.0} ns per 64-byte frame, {aead1472:.0} ns per \
+         1472-byte frame"
     );
     for (encrypt, what) in [(false, "tagged"), (true, "encrypted")] {
-        match session_cpu(size, encrypt) {
-            Some((rtt, tx, rx)) => println!(
+        let cpu = session_cpu(size, encrypt);
+        if let Some((rtt, tx, rx)) = cpu {
+            cpu_rows.push(serde_json::json!({"frames": what, "round_trip_ns": rtt, "send_frame_ns": tx,
+                "receive_frame_ns": rx}));
+        }
+        match cpu {
+            Some((rtt, tx, rx)) => say!(
                 "session CPU, in memory, frames {what}: {rtt:.0} ns per round trip (both sides); per \
                  streamed frame {tx:.0} ns sending, {rx:.0} ns receiving"
             ),
-            None => println!("session CPU, in memory, frames {what}: the sessions did not come up"),
+            None => say!("session CPU, in memory, frames {what}: the sessions did not come up"),
         }
     }
+    if json {
+        let report = serde_json::json!({
+            "mtu": args.mtu,
+            "round_trips": rtt_rows,
+            "streaming": stream_rows,
+            "mac_ns": {"64": mac64, "1472": mac1472},
+            "aead_ns": {"64": aead64, "1472": aead1472},
+            "session_cpu": cpu_rows,
+        });
+        println!("{report}");
+    }
     Ok(())
+}
+
+fn driver_name(driver: DriverKind) -> &'static str {
+    if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
 }
 
 /// Options of `dxpu bench simgpu`.

@@ -1,5 +1,5 @@
-//! `dxpu bench bridge --json`: one JSON object on standard output with the fields scripts
-//! compare runs by, the human table on standard error. Small sizes: this checks the shape
+//! `dxpu bench bridge --json` and `bench link --json`: one JSON object on standard output
+//! with the fields scripts compare runs by, the human table on standard error. Small sizes: this checks the shape
 //! and that the figures are figures, not the machine's speed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -38,4 +38,31 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     assert!(v["floor_gso_mb_s"].is_null() || v["floor_gso_mb_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["workload"]["verified"], true);
     assert!(v["workload"]["overhead_percent"].is_number());
+}
+
+#[test]
+fn bench_link_json_is_one_object_with_every_row() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args(["bench", "link", "--json", "--iterations", "200", "--stream", "2000"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("round trip (64 B / one MRd→CplD)"), "the table goes to stderr: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["mtu"], 1472);
+    let rtt = v["round_trips"].as_array().unwrap();
+    for (path, driver, poll) in [("bare", "plain", "busy"), ("session", "portable", "blocking")] {
+        let r = rtt
+            .iter()
+            .find(|r| r["path"] == path && r["driver"] == driver && r["poll"] == poll)
+            .unwrap_or_else(|| panic!("no round-trip row {path}/{driver}/{poll}: {rtt:?}"));
+        assert!(r["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let s = v["streaming"].as_array().unwrap();
+    let p = s.iter().find(|r| r["driver"] == "portable").expect("a portable streaming row");
+    assert_eq!(p["tlps"], 2000);
+    assert!(p["mb_s"].as_f64().unwrap() > 0.0 && p["tlps_per_datagram"].as_f64().unwrap() >= 1.0, "{p}");
+    assert!(v["mac_ns"]["64"].as_f64().unwrap() > 0.0 && v["aead_ns"]["1472"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["session_cpu"].as_array().unwrap().len(), 2);
 }
