@@ -17,7 +17,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 
 use crate::bench::{bare_gso_stream, bare_pingpong, bare_stream, driver_pingpong, us};
-use crate::loopback::{LocalBox, mmio_rtt};
+use crate::loopback::{Frames, LocalBox, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
 #[derive(Args, Debug)]
@@ -174,22 +174,29 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
         ));
     }
+    // With the link's tags (the default) and without them: what authentication costs in bulk.
     for &driver in &drivers {
-        let poll = PollMode::Busy { spin };
-        let gpu = LocalBox::start(driver, poll, Impairment::default())?;
-        let mut d = open(&gpu, driver, poll)?;
-        let (h2d, d2h) = copy(&mut d, args.copy_bytes).map_err(|e| match d.pci().removed() {
-            Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-            None => e,
-        })?;
-        dma.push(dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames));
-        say(format!(
-            "{:<48} {:>10.0} {:>10.0} {:>12}",
-            format!("through the bridges, {}, busy-poll", name(driver)),
-            h2d,
-            d2h,
-            format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
-        ));
+        for frames in [Frames::Tagged, Frames::Unauthenticated] {
+            let poll = PollMode::Busy { spin };
+            let gpu = LocalBox::start_with(driver, poll, Impairment::default(), frames)?;
+            let mut d = open(&gpu, driver, poll)?;
+            let (h2d, d2h) = copy(&mut d, args.copy_bytes).map_err(|e| match d.pci().removed() {
+                Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+                None => e,
+            })?;
+            dma.push(dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames));
+            say(format!(
+                "{:<48} {:>10.0} {:>10.0} {:>12}",
+                if frames == Frames::Tagged {
+                    format!("through the bridges, {}, busy-poll", name(driver))
+                } else {
+                    "  the same, frames untagged".to_string()
+                },
+                h2d,
+                d2h,
+                format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
+            ));
+        }
     }
 
     say(String::new());

@@ -122,6 +122,23 @@ fn random_key() -> PresharedKey {
     PresharedKey::new(&k).unwrap_or_else(|| unreachable!("32 bytes is a valid key length"))
 }
 
+/// How a loopback link protects its frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Frames {
+    /// Tagged (the link's default, `authenticate_frames`).
+    Tagged,
+    /// Bodies encrypted and tagged (`encrypt_frames`).
+    Encrypted,
+    /// Neither: for measuring what the tags cost (both ends must agree).
+    Unauthenticated,
+}
+
+impl Frames {
+    pub(crate) fn from_encrypt(encrypt: bool) -> Frames {
+        if encrypt { Frames::Encrypted } else { Frames::Tagged }
+    }
+}
+
 /// A GPU-box endpoint with one simgpu on its own thread, on 127.0.0.1.
 pub(crate) struct LocalBox {
     pub(crate) addr: SocketAddr,
@@ -137,21 +154,23 @@ impl LocalBox {
         poll: PollMode,
         impairment: Impairment,
     ) -> Result<LocalBox, String> {
-        LocalBox::start_with(driver, poll, impairment, false)
+        LocalBox::start_with(driver, poll, impairment, Frames::Tagged)
     }
 
-    /// [`LocalBox::start`], its link encrypting frames (`link.encrypt_frames`) or not.
+    /// [`LocalBox::start`], its link's frames protected as `frames` says.
     pub(crate) fn start_with(
         driver: DriverKind,
         poll: PollMode,
         impairment: Impairment,
-        encrypt: bool,
+        frames: Frames,
     ) -> Result<LocalBox, String> {
         let key = random_key();
         let mut link_cfg = link::Config::new(key.clone());
         // Loopback carries 4 KiB payloads in one datagram.
         link_cfg.mtu = 9000;
-        link_cfg.encrypt_frames = encrypt;
+        link_cfg.encrypt_frames = frames == Frames::Encrypted;
+        // Tags are on when either end asks for them: both ends here share this setting.
+        link_cfg.authenticate_frames = frames != Frames::Unauthenticated;
         let opts = GpuOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             link: link_cfg.clone(),
@@ -226,7 +245,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let driver = args.driver.kind();
     let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
-    let gpu = LocalBox::start_with(driver, poll, imp(11), args.encrypt)?;
+    let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
     progress("attaching gpu0 through the host endpoint");
     let mut o = gpu.attach_options(driver, poll, imp(12));
     // Distance adds to every round trip: keep the timeout above it.
@@ -271,7 +290,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
-    let gpu = LocalBox::start_with(driver, poll, imp(11), args.encrypt)?;
+    let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
     let mut o = gpu.attach_options(driver, poll, imp(12));
     o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
     // The VMM grants guest memory; the server thread drives the link.

@@ -35,6 +35,10 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     }
     let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
     assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
+    assert!(
+        dma.iter().any(|r| r["path"] == "bridged" && r["authenticated"] == false),
+        "a bridged row with the frames untagged, for what the tags cost: {dma:?}"
+    );
     assert!(v["floor_gso_mb_s"].is_null() || v["floor_gso_mb_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["workload"]["verified"], true);
     assert!(v["workload"]["overhead_percent"].is_number());
@@ -63,6 +67,8 @@ fn bench_link_json_is_one_object_with_every_row() {
     let p = s.iter().find(|r| r["driver"] == "portable").expect("a portable streaming row");
     assert_eq!(p["tlps"], 2000);
     assert!(p["mb_s"].as_f64().unwrap() > 0.0 && p["tlps_per_datagram"].as_f64().unwrap() >= 1.0, "{p}");
-    assert!(v["mac_ns"]["64"].as_f64().unwrap() > 0.0 && v["aead_ns"]["1472"].as_f64().unwrap() > 0.0);
+    for size in ["64", "1472", "9000"] {
+        assert!(v["mac_ns"][size].as_f64().unwrap() > 0.0 && v["aead_ns"][size].as_f64().unwrap() > 0.0);
+    }
     assert_eq!(v["session_cpu"].as_array().unwrap().len(), 2);
 }
