@@ -5,16 +5,19 @@
 
 use std::process::Command;
 
+/// Runs `dxpu bench ARGS --json`: the object on stdout, and the table on stderr.
+fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_dxpu")).arg("bench").args(args).arg("--json").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (serde_json::from_slice(&out.stdout).expect("stdout is one JSON object"), err)
+}
+
 #[test]
 fn bench_bridge_json_is_one_object_with_every_row() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
-        .args(["bench", "bridge", "--json", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (v, err) = bench_json(&["bridge", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"]);
     assert!(err.contains("(a) MMIO read round trip"), "the table goes to stderr: {err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
     assert_eq!(v["mtu"], 9000);
     let mmio = v["mmio"].as_array().unwrap();
     for (path, driver, poll) in
@@ -46,14 +49,8 @@ fn bench_bridge_json_is_one_object_with_every_row() {
 
 #[test]
 fn bench_link_json_is_one_object_with_every_row() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
-        .args(["bench", "link", "--json", "--iterations", "200", "--stream", "2000"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (v, err) = bench_json(&["link", "--iterations", "200", "--stream", "2000"]);
     assert!(err.contains("round trip (64 B / one MRd→CplD)"), "the table goes to stderr: {err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
     assert_eq!(v["mtu"], 1472);
     let rtt = v["round_trips"].as_array().unwrap();
     for (path, driver, poll) in [("bare", "plain", "busy"), ("session", "portable", "blocking")] {
