@@ -135,6 +135,8 @@ pub struct GpuStats {
     pub unowned_requests: u64,
     /// Control messages that did not parse.
     pub bad_control: u64,
+    /// TLPs from the hosts that did not parse (dropped by the dispatcher).
+    pub malformed_tlps: u64,
 }
 
 struct Export {
@@ -456,6 +458,7 @@ impl GpuEndpoint {
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.clone();
         s.exports = self.exports.iter().map(|e| (e.name.clone(), e.stats)).collect();
+        s.malformed_tlps = self.dispatcher.stats().malformed;
         s
     }
 

@@ -117,6 +117,7 @@ impl RemoteDevice {
         s.tlps_sent = g.sent.by_name();
         s.tlps_received = g.received.by_name();
         s.link = *g.link.session.stats();
+        s.malformed_tlps = g.dispatcher.stats().malformed;
         s
     }
 

@@ -34,6 +34,8 @@ pub struct HostStats {
     pub stray_completions: u64,
     /// MMIO to host addresses no BAR claims (all-ones, nothing sent).
     pub unclaimed_mmio: u64,
+    /// TLPs from the box that did not parse (dropped by the dispatcher).
+    pub malformed_tlps: u64,
     /// The session's counters.
     pub link: link::Stats,
 }

@@ -172,16 +172,26 @@ impl DmaArena {
     }
 }
 
+/// The most vectors a function has (MSI-X Table Size is 11 bits, PCIe 6.0 §7.7.2.2).
+pub const MAX_VECTORS: u16 = 2048;
+
 /// Interrupts that arrived and were not yet waited for, by vector.
 #[derive(Clone, Debug, Default)]
 pub struct Interrupts {
     pending: Vec<u64>,
     received: u64,
+    beyond: u64,
 }
 
 impl Interrupts {
-    /// `n` occurrences of `vector` arrived.
+    /// `n` occurrences of `vector` arrived. A vector no function can have (the message data
+    /// came from the device, or across the network) is counted apart and dropped, so that
+    /// the table never grows past [`MAX_VECTORS`] entries.
     pub fn signal(&mut self, vector: u16, n: u64) {
+        if vector >= MAX_VECTORS {
+            self.beyond += n;
+            return;
+        }
         let v = vector as usize;
         if self.pending.len() <= v {
             self.pending.resize(v + 1, 0);
@@ -204,6 +214,11 @@ impl Interrupts {
     /// Every occurrence seen since the platform opened.
     pub fn received(&self) -> u64 {
         self.received
+    }
+
+    /// Messages for vectors beyond [`MAX_VECTORS`], dropped.
+    pub fn beyond(&self) -> u64 {
+        self.beyond
     }
 }
 
@@ -337,6 +352,10 @@ mod tests {
         i.signal(3, 2);
         assert!(i.take(3) && i.take(3) && !i.take(3));
         assert_eq!(i.received(), 2);
+        i.signal(MAX_VECTORS, 1);
+        i.signal(u16::MAX, 1);
+        assert!(!i.take(u16::MAX));
+        assert_eq!((i.beyond(), i.pending.len()), (2, 4), "no table entry for a vector no function has");
     }
 
     #[test]

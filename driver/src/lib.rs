@@ -14,7 +14,7 @@ pub mod simgpu;
 pub mod vfio;
 
 pub use function::{
-    BusAddr, DmaArena, DmaBuf, Interrupts, MSI_BASE, MsixTableInfo, PciFunction, WaitStep, find_capability,
-    msix_table, wait_interrupt,
+    BusAddr, DmaArena, DmaBuf, Interrupts, MAX_VECTORS, MSI_BASE, MsixTableInfo, PciFunction, WaitStep,
+    find_capability, msix_table, wait_interrupt,
 };
 pub use simgpu::{Command, DriverError, SimGpuDriver, WaitMode};

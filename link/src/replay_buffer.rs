@@ -96,13 +96,11 @@ impl ReplayBuffer {
 
     /// The frame with sequence number `seq`, if it is held.
     pub(crate) fn find(&self, seq: SeqNum) -> Option<&Sent> {
-        // Consecutive sequence numbers from the front.
-        let first = self.unacked.front()?.seq;
-        let i = usize::try_from(seq.distance_from(first)).ok()?;
-        self.unacked.get(i).filter(|s| s.seq == seq)
+        self.unacked.get(self.index_of(seq)?)
     }
 
     fn index_of(&self, seq: SeqNum) -> Option<usize> {
+        // Consecutive sequence numbers from the front.
         let first = self.unacked.front()?.seq;
         let i = usize::try_from(seq.distance_from(first)).ok()?;
         self.unacked.get(i).filter(|s| s.seq == seq).map(|_| i)
