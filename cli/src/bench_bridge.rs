@@ -34,6 +34,38 @@ pub(crate) struct BridgeBench {
     /// Print one JSON object on standard output (the table goes to standard error).
     #[arg(long)]
     json: bool,
+    /// Copies timed per DMA row, after one untimed (VRAM and host pages touched); the row
+    /// shows their median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    copy_repeat: u32,
+    /// Run only these sections (repeat the option, or separate with commas); all by default.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+    /// Run the bridged rows with only this link driver; both (where io_uring exists) by
+    /// default.
+    #[arg(long, value_enum)]
+    driver: Option<DriverChoice>,
+}
+
+/// A part of `dxpu bench bridge`'s report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Section {
+    /// (a) register reads through the bridges against the ping-pong floors.
+    Mmio,
+    /// (b) DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
+    Dma,
+    /// (c) the demo workload bridged against direct.
+    Workload,
+}
+
+/// A link driver to bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DriverChoice {
+    /// recvmmsg/sendmmsg on a non-blocking socket.
+    Portable,
+    /// io_uring.
+    #[value(name = "io_uring", alias = "io-uring")]
+    IoUring,
 }
 
 fn name(driver: DriverKind) -> &'static str {
@@ -62,7 +94,39 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     let drivers: Vec<DriverKind> = [DriverKind::Portable, DriverKind::IoUring]
         .into_iter()
         .filter(|d| *d == DriverKind::Portable || uring.is_ok())
+        .filter(|d| match args.driver {
+            None => true,
+            Some(DriverChoice::Portable) => *d == DriverKind::Portable,
+            Some(DriverChoice::IoUring) => *d == DriverKind::IoUring,
+        })
         .collect();
+    let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
+    let say: &dyn Fn(String) = &say;
+    let mmio = if runs(Section::Mmio) { mmio_section(n, spin, &drivers, say)? } else { Vec::new() };
+    let (dma, gso) =
+        if runs(Section::Dma) { dma_section(&args, spin, &drivers, say)? } else { (Vec::new(), None) };
+    let workload =
+        if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
+    if args.json {
+        let report = json!({
+            "mtu": LINK_MTU,
+            "mmio": mmio,
+            "dma": dma,
+            "floor_gso_mb_s": gso,
+            "workload": workload,
+        });
+        println!("{report}");
+    }
+    Ok(())
+}
+
+/// (a): register reads through the bridges against the plain-socket and driver floors.
+fn mmio_section(
+    n: usize,
+    spin: Duration,
+    drivers: &[DriverKind],
+    say: &dyn Fn(String),
+) -> Result<Vec<serde_json::Value>, String> {
     let mut mmio = Vec::new();
     let row = |path: &str, driver: &str, poll: &str, p50: Duration, p99: Duration| json!({"path": path, "driver": driver, "poll": poll, "p50_us": us(p50), "p99_us": us(p99)});
     say(String::new());
@@ -87,7 +151,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             us(floor.p99),
             "1.00"
         ));
-        for &driver in &drivers {
+        for &driver in drivers {
             let dfloor = driver_pingpong(driver, busy, n).map_err(io)?;
             mmio.push(row("bare", name(driver), poll_name, dfloor.p50, dfloor.p99));
             say(format!(
@@ -114,6 +178,17 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         }
     }
 
+    Ok(mmio)
+}
+
+/// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
+fn dma_section(
+    args: &BridgeBench,
+    spin: Duration,
+    drivers: &[DriverKind],
+    say: &dyn Fn(String),
+) -> Result<(Vec<serde_json::Value>, Option<f64>), String> {
+    let io = |e: std::io::Error| e.to_string();
     say(String::new());
     let mb = args.copy_bytes as f64 / 1e6;
     say(format!(
@@ -166,8 +241,8 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         // Once each way first, as `bench simgpu` does: the pages of host memory and VRAM are
         // touched once, so the figure is the copy's, not the kernel zeroing fresh pages.
-        copy(&mut d, args.copy_bytes)?;
-        let (h2d, d2h) = copy(&mut d, args.copy_bytes)?;
+        let buf = pinned(&mut d, args.copy_bytes)?;
+        let (h2d, d2h) = timed_copies(&mut d, &buf, args.copy_repeat)?;
         dma.push(dma_row("direct", "none", h2d, d2h, false));
         say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
@@ -178,15 +253,17 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         ));
     }
     // With the link's tags (the default) and without them: what authentication costs in bulk.
-    for &driver in &drivers {
+    for &driver in drivers {
         for frames in [Frames::Tagged, Frames::Unauthenticated] {
             let poll = PollMode::Busy { spin };
             let gpu = LocalBox::start_with(driver, poll, Impairment::default(), frames)?;
             let mut d = open(&gpu, driver, poll)?;
-            let (h2d, d2h) = copy(&mut d, args.copy_bytes).map_err(|e| match d.pci().removed() {
-                Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-                None => e,
-            })?;
+            let buf = pinned(&mut d, args.copy_bytes)?;
+            let (h2d, d2h) =
+                timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
+                    Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+                    None => e,
+                })?;
             dma.push(dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames));
             say(format!(
                 "{:<48} {:>10.0} {:>10.0} {:>12}",
@@ -202,6 +279,11 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         }
     }
 
+    Ok((dma, gso))
+}
+
+/// (c): the demo workload bridged against direct.
+fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_json::Value, String> {
     say(String::new());
     let mut la = crate::loopback::LoopbackArgs::defaults();
     la.scale = args.scale;
@@ -214,20 +296,68 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         o.direct.seconds * 1e3,
         (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0
     ));
-    if args.json {
-        let report = json!({
-            "mtu": LINK_MTU,
-            "mmio": mmio,
-            "dma": dma,
-            "floor_gso_mb_s": gso,
-            "workload": crate::loopback::report_json(&la, &o),
-        });
-        println!("{report}");
-    }
-    Ok(())
+    Ok(crate::loopback::report_json(&la, &o))
 }
 
-/// Copies `bytes` host→VRAM and back through `d`, checks them, and returns MB/s each way.
+/// One untimed [`pinned_copy`], then `repeat` timed: the median rate each way.
+fn timed_copies<P: driver::PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    buf: &driver::DmaBuf,
+    repeat: u32,
+) -> Result<(f64, f64), String> {
+    let data = testbed::suite::pattern(buf.len, 3);
+    let mut back = vec![0xffu8; buf.len];
+    pinned_copy(d, buf, &data, &mut back)?;
+    let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
+    for _ in 0..repeat {
+        let (a, b) = pinned_copy(d, buf, &data, &mut back)?;
+        h2d.push(a);
+        d2h.push(b);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(h2d), median(d2h)))
+}
+
+/// A DMA buffer of `bytes` for [`pinned_copy`].
+fn pinned<P: driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Result<driver::DmaBuf, String> {
+    d.pci().dma_alloc(bytes).ok_or_else(|| format!("no {bytes} B of DMA memory for the copy"))
+}
+
+/// The device's DMA engine alone, as CUDA's `bandwidthTest --memory=pinned` measures it: the
+/// bytes already lie in a DMA buffer (`buf`), the device copies them to VRAM at 0 and back,
+/// the clock runs from each command's submission to its fence, and the bytes that came back
+/// (into `back`) are checked against `data` after. Returns MB/s each way.
+fn pinned_copy<P: driver::PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    buf: &driver::DmaBuf,
+    data: &[u8],
+    back: &mut [u8],
+) -> Result<(f64, f64), String> {
+    use driver::WaitMode;
+    use simgpu_abi::op;
+    let (bus, len) = (buf.bus.get(), buf.len as u64);
+    let mb = buf.len as f64 / 1e6;
+    d.pci().dma_write(buf, 0, data);
+    let t = Instant::now();
+    d.launch(op::COPY_H2V, [bus, 0, len, 0, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
+    let h2d = mb / t.elapsed().as_secs_f64();
+    back.fill(0xff);
+    d.pci().dma_write(buf, 0, back);
+    let t = Instant::now();
+    d.launch(op::COPY_V2H, [0, bus, len, 0, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
+    let d2h = mb / t.elapsed().as_secs_f64();
+    d.pci().dma_read(buf, 0, back);
+    if back != data {
+        return Err("DMA copy came back different".into());
+    }
+    Ok((h2d, d2h))
+}
+
+/// Copies `bytes` host→VRAM and back through `d` with the driver's `memcpy` (through its
+/// staging buffer), checks them, and returns MB/s each way.
 pub(crate) fn copy<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     bytes: usize,

@@ -33,7 +33,8 @@ pub fn config_space(p: &SimGpuParams) -> ConfigSpace {
     c.add_bar(Bar { index: 0, kind: BarKind::Memory64, prefetchable: false, size: BAR0_SIZE });
     c.add_bar(Bar { index: 2, kind: BarKind::Memory64, prefetchable: true, size: p.vram_bytes });
     c.add_power_management();
-    c.add_pcie(PcieCapability::default());
+    // Max_Payload_Size up to 4 KiB: bulk copies move in as few TLPs as the host allows.
+    c.add_pcie(PcieCapability { max_payload_supported: 5, ..PcieCapability::default() });
     c.add_msix(p.msix_vectors.max(4), 0, MSIX_TABLE_OFFSET, MSIX_PBA_OFFSET);
     c.add_serial_number(p.serial);
     c

@@ -6,8 +6,6 @@
 //! DMA sets ERROR, raises the error vector, and the processor goes on with the next command.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-
 use tlp::rules::{self, DwSpan, Rcb, TransferSize};
 use tlp::{Address, Body, CplStatus, Request, Tag, TlpRepr};
 
@@ -17,9 +15,14 @@ use crate::simgpu::{SimGpuParams, config_space};
 
 pub use simgpu_abi::{COMMAND_BYTES, ERROR_VECTOR, err, op, reg};
 
-/// DMA reads the device keeps in flight at most.
-pub const MAX_READS_IN_FLIGHT: usize = 32;
+/// DMA reads the device keeps in flight at most: 1 MiB at a Max_Read_Request_Size of 4 KiB,
+/// a link's bandwidth × delay at 10 GB/s and 100 µs. (10-bit tags allow 768 in flight.)
+pub const MAX_READS_IN_FLIGHT: usize = 256;
+/// Tags the device uses: 10-bit tags (PCIe 6.0 §2.2.6.2), the values 0..1024.
+const TAGS: usize = 1024;
 const PAGE: u64 = 4096;
+/// VRAM is backed in pages of this size, each allocated when first written.
+pub const VRAM_PAGE: u64 = 64 << 10;
 /// Largest buffer a command makes the device hold at once.
 const CHUNK: u64 = 1 << 20;
 /// Commands the command processor fetches in one DMA read at most (as many as are
@@ -32,26 +35,42 @@ pub const PREFETCH: u64 = 16;
 /// device owes waits behind no more than this.
 const COPY_OUT_STEP: u64 = 64 << 10;
 
-/// Sparse VRAM: pages exist once written; reads of untouched memory return zeros.
+type VramPage = Box<[u8; VRAM_PAGE as usize]>;
+
+/// Untouched VRAM reads as this.
+static ZERO_PAGE: [u8; VRAM_PAGE as usize] = [0; VRAM_PAGE as usize];
+
+/// Sparse VRAM: pages exist once written; reads of untouched memory return zeros. The page
+/// table is indexed by page number and grows to the highest page written (8 bytes per page
+/// below it: 8 MiB for a write at the top of 64 GiB).
 #[derive(Clone, Default)]
 struct Vram {
     size: u64,
-    pages: HashMap<u64, Box<[u8; PAGE as usize]>>,
+    pages: Vec<Option<VramPage>>,
+    resident: u64,
 }
 
 impl Vram {
     fn in_bounds(&self, off: u64, len: u64) -> bool {
         off.checked_add(len).is_some_and(|end| end <= self.size)
     }
+    /// The `len` bytes at `off` where they lie, if they lie in one page (untouched pages
+    /// read as zeros). The caller checked the bounds.
+    fn slice(&self, off: u64, len: usize) -> Option<&[u8]> {
+        let (page, at) = ((off / VRAM_PAGE) as usize, (off % VRAM_PAGE) as usize);
+        if at + len > VRAM_PAGE as usize {
+            return None;
+        }
+        let p = self.pages.get(page).and_then(|p| p.as_deref()).unwrap_or(&ZERO_PAGE);
+        Some(&p[at..at + len])
+    }
     fn read(&self, off: u64, out: &mut [u8]) {
         let mut done = 0;
         while done < out.len() {
             let a = off + done as u64;
-            let (page, at) = (a / PAGE, (a % PAGE) as usize);
-            let n = (PAGE as usize - at).min(out.len() - done);
-            match self.pages.get(&page) {
-                Some(p) => out[done..done + n].copy_from_slice(&p[at..at + n]),
-                None => out[done..done + n].fill(0),
+            let n = (VRAM_PAGE - a % VRAM_PAGE).min((out.len() - done) as u64) as usize;
+            if let Some(src) = self.slice(a, n) {
+                out[done..done + n].copy_from_slice(src);
             }
             done += n;
         }
@@ -60,12 +79,23 @@ impl Vram {
         let mut done = 0;
         while done < data.len() {
             let a = off + done as u64;
-            let (page, at) = (a / PAGE, (a % PAGE) as usize);
-            let n = (PAGE as usize - at).min(data.len() - done);
-            let p = self.pages.entry(page).or_insert_with(|| Box::new([0; PAGE as usize]));
+            let (page, at) = ((a / VRAM_PAGE) as usize, (a % VRAM_PAGE) as usize);
+            let n = (VRAM_PAGE as usize - at).min(data.len() - done);
+            if self.pages.len() <= page {
+                self.pages.resize_with(page + 1, || None);
+            }
+            let p = self.pages[page].get_or_insert_with(|| {
+                self.resident += VRAM_PAGE;
+                // Built on the heap: a 64 KiB array on the stack first is wasted work.
+                vec![0u8; VRAM_PAGE as usize].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
+            });
             p[at..at + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
+    }
+    fn clear(&mut self) {
+        self.pages = Vec::new();
+        self.resident = 0;
     }
     fn read_f32s(&self, off: u64, n: u64) -> Vec<f32> {
         let mut b = vec![0u8; n as usize * 4];
@@ -78,7 +108,7 @@ impl Vram {
     }
     /// Bytes actually backed by memory.
     fn resident(&self) -> u64 {
-        self.pages.len() as u64 * PAGE
+        self.resident
     }
 }
 
@@ -98,6 +128,15 @@ struct Outstanding {
     remaining: u64,
     /// Where the next received byte goes (prefetch buffer offset or VRAM offset).
     next: u64,
+}
+
+/// Where the bytes of a DMA write come from.
+#[derive(Clone, Copy)]
+enum DmaSource<'a> {
+    /// These bytes.
+    Bytes(&'a [u8]),
+    /// VRAM from this offset on.
+    Vram(u64),
 }
 
 /// The command processor's state.
@@ -135,7 +174,10 @@ pub struct SimGpu {
     fetched_first: u64,
     fetched_next: u64,
     fetched_end: u64,
-    outstanding: HashMap<u16, Outstanding>,
+    /// DMA reads in flight, by tag.
+    outstanding: Box<[Option<Outstanding>; TAGS]>,
+    /// How many of `outstanding` are in flight.
+    in_flight: usize,
     next_tag: u16,
     failed: bool,
     /// DMA completions that matched no outstanding read (dropped, counted).
@@ -144,8 +186,6 @@ pub struct SimGpu {
     pub max_reads_in_flight: usize,
     /// DMA reads that fetched ring entries.
     pub command_fetches: u64,
-    /// A VRAM→host copy's step, read from VRAM (kept to be reused).
-    copy_out: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -167,7 +207,7 @@ impl SimGpu {
         let vram_size = cfg.bar(2).map_or(params.vram_bytes, |b| b.size);
         SimGpu {
             function: Function::new(id, cfg),
-            vram: Vram { size: vram_size, pages: HashMap::new() },
+            vram: Vram { size: vram_size, ..Vram::default() },
             regs: Regs::default(),
             cp: Cp::Idle,
             command: [0; COMMAND_BYTES as usize],
@@ -175,13 +215,13 @@ impl SimGpu {
             fetched_first: 0,
             fetched_next: 0,
             fetched_end: 0,
-            outstanding: HashMap::new(),
+            outstanding: Box::new([None; TAGS]),
+            in_flight: 0,
             next_tag: 0,
             failed: false,
             stray_completions: 0,
             max_reads_in_flight: 0,
             command_fetches: 0,
-            copy_out: Vec::new(),
         }
     }
 
@@ -276,14 +316,21 @@ impl SimGpu {
     }
 
     fn alloc_tag(&mut self) -> Option<u16> {
-        for _ in 0..1024 {
+        for _ in 0..TAGS {
             let t = self.next_tag;
-            self.next_tag = (self.next_tag + 1) % 1024;
-            if !self.outstanding.contains_key(&t) {
+            self.next_tag = (self.next_tag + 1) % TAGS as u16;
+            if self.outstanding[t as usize].is_none() {
                 return Some(t);
             }
         }
         None
+    }
+
+    /// Ends the read with `tag`: its tag is free again.
+    fn retire(&mut self, tag: u16) {
+        if self.outstanding[tag as usize].take().is_some() {
+            self.in_flight -= 1;
+        }
     }
 
     fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
@@ -305,30 +352,43 @@ impl SimGpu {
             ReadPurpose::Commands => 0,
             ReadPurpose::Copy { vram } => vram,
         };
-        self.outstanding.insert(tag, Outstanding { purpose, remaining: len, next });
-        self.max_reads_in_flight = self.max_reads_in_flight.max(self.outstanding.len());
+        self.outstanding[tag as usize] = Some(Outstanding { purpose, remaining: len, next });
+        self.in_flight += 1;
+        self.max_reads_in_flight = self.max_reads_in_flight.max(self.in_flight);
         true
     }
 
-    fn dma_write(&mut self, addr: u64, data: &[u8], up: &mut dyn Upstream) {
+    /// Writes `len` bytes from `src` to host memory at `addr`, in memory writes of at most
+    /// Max_Payload_Size that cross no 4 KiB boundary. A piece whose bytes lie whole DWs in
+    /// one place (the command's bytes, or one VRAM page) is sent from where it lies; only
+    /// another is assembled first.
+    fn dma_write(&mut self, addr: u64, src: DmaSource<'_>, len: usize, up: &mut dyn Upstream) {
         let mps =
             TransferSize::from_bytes(self.function.config().max_payload()).unwrap_or(TransferSize::B128);
         let mut done = 0usize;
         // Room for a whole-DW payload of the largest Max_Payload_Size and its alignment.
         let mut padded = [0u8; 4096 + 8];
-        for (a, n) in rules::split(addr, data.len() as u64, mps) {
+        for (a, n) in rules::split(addr, len as u64, mps) {
             let span = DwSpan::for_bytes(a, n);
-            let bytes = &data[done..done + n as usize];
+            let n = n as usize;
             let lead = (a - span.address) as usize;
-            let len = span.length_dw as usize * 4;
-            // The payload is whole DWs; bytes outside the byte enables are zero. A DW-aligned
-            // piece is its own payload; another goes through `padded`.
-            let payload = if lead == 0 && len == bytes.len() {
-                bytes
-            } else {
-                padded[..len].fill(0);
-                padded[lead..lead + bytes.len()].copy_from_slice(bytes);
-                &padded[..len]
+            let dws = span.length_dw as usize * 4;
+            let direct = match src {
+                DmaSource::Bytes(d) => Some(&d[done..done + n]),
+                DmaSource::Vram(at) => self.vram.slice(at + done as u64, n),
+            };
+            // The payload is whole DWs; bytes outside the byte enables are zero.
+            let payload = match direct {
+                Some(bytes) if lead == 0 && dws == n => bytes,
+                _ => {
+                    padded[..dws].fill(0);
+                    let piece = &mut padded[lead..lead + n];
+                    match src {
+                        DmaSource::Bytes(d) => piece.copy_from_slice(&d[done..done + n]),
+                        DmaSource::Vram(at) => self.vram.read(at + done as u64, piece),
+                    }
+                    &padded[..dws]
+                }
             };
             up.send(&TlpRepr::new(Body::MemWrite {
                 req: Request {
@@ -341,7 +401,7 @@ impl SimGpu {
                 ph: 0,
                 data: payload,
             }));
-            done += n as usize;
+            done += n;
         }
     }
 
@@ -430,7 +490,7 @@ impl SimGpu {
                 }
             }
             op::FENCE if a.is_multiple_of(8) => {
-                self.dma_write(a, &b.to_le_bytes(), up);
+                self.dma_write(a, DmaSource::Bytes(&b.to_le_bytes()), 8, up);
                 self.regs.fence = b;
                 true
             }
@@ -584,12 +644,12 @@ impl Device for SimGpu {
     fn completion(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
         let Body::Completion { cpl, data, .. } = tlp.body else { return };
         let tag = cpl.tag.value();
-        let Some(mut o) = self.outstanding.get(&tag).copied() else {
+        let Some(mut o) = self.outstanding.get(tag as usize).copied().flatten() else {
             self.stray_completions += 1;
             return;
         };
         if cpl.status != CplStatus::Success || tlp.ep {
-            self.outstanding.remove(&tag);
+            self.retire(tag);
             self.failed = true;
             self.raise_error(err::DMA, up);
             return;
@@ -609,9 +669,9 @@ impl Device for SimGpu {
         o.next += n;
         o.remaining -= n;
         if o.remaining == 0 {
-            self.outstanding.remove(&tag);
+            self.retire(tag);
         } else {
-            self.outstanding.insert(tag, o);
+            self.outstanding[tag as usize] = Some(o);
         }
     }
 
@@ -654,7 +714,7 @@ impl Device for SimGpu {
                 true
             }
             Cp::Fetching => {
-                if !self.outstanding.is_empty() {
+                if self.in_flight > 0 {
                     return false;
                 }
                 if self.failed {
@@ -678,7 +738,7 @@ impl Device for SimGpu {
             }
             Cp::CopyIn { next_host, end_host, vram_at_next } => {
                 if self.failed {
-                    if self.outstanding.is_empty() {
+                    if self.in_flight == 0 {
                         self.finish_command();
                     }
                     return true;
@@ -688,7 +748,7 @@ impl Device for SimGpu {
                 let (mut host, mut vram) = (next_host, vram_at_next);
                 let mut issued = false;
                 for (a, n) in rules::split(host, end_host - host, mrrs) {
-                    if self.outstanding.len() >= MAX_READS_IN_FLIGHT
+                    if self.in_flight >= MAX_READS_IN_FLIGHT
                         || !self.dma_read(a, n as u64, ReadPurpose::Copy { vram }, up)
                     {
                         break;
@@ -697,7 +757,7 @@ impl Device for SimGpu {
                     vram += n as u64;
                     issued = true;
                 }
-                if host >= end_host && self.outstanding.is_empty() {
+                if host >= end_host && self.in_flight == 0 {
                     self.finish_command();
                     return true;
                 }
@@ -706,11 +766,7 @@ impl Device for SimGpu {
             }
             Cp::CopyOut { next_vram, end_vram, host_at_next } => {
                 let n = (end_vram - next_vram).min(COPY_OUT_STEP) as usize;
-                let mut buf = std::mem::take(&mut self.copy_out);
-                buf.resize(n, 0);
-                self.vram.read(next_vram, &mut buf);
-                self.dma_write(host_at_next, &buf, up);
-                self.copy_out = buf;
+                self.dma_write(host_at_next, DmaSource::Vram(next_vram), n, up);
                 let next_vram = next_vram + n as u64;
                 if next_vram >= end_vram {
                     self.finish_command();
@@ -724,10 +780,11 @@ impl Device for SimGpu {
 
     fn reset(&mut self) {
         self.function.reset();
-        self.vram.pages.clear();
+        self.vram.clear();
         self.regs = Regs::default();
         self.cp = Cp::Idle;
-        self.outstanding.clear();
+        self.outstanding.fill(None);
+        self.in_flight = 0;
         self.failed = false;
         self.forget_prefetched();
     }
