@@ -227,4 +227,8 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+
+    fn offload(&self) -> super::OffloadState {
+        self.inner.offload()
+    }
 }

@@ -5,6 +5,7 @@
 //! busy-poll or blocking mode.
 
 mod impair;
+mod offload;
 mod portable;
 mod runner;
 mod uring;
@@ -14,6 +15,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use impair::{Impaired, Impairment};
+pub use offload::{MAX_SEGMENTS, MAX_UNIT_BYTES, Offload, OffloadState, gro_segments, gso_unit};
 pub use portable::{PortableUdp, set_udp_gro, set_udp_segment};
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};
 pub use uring::UringUdp;
@@ -41,24 +43,37 @@ impl AnyUdp {
     /// Binds a socket with the chosen driver. `Auto` probes io_uring and falls back to the
     /// portable driver, reporting why through `log`.
     pub fn bind(addr: SocketAddr, kind: DriverKind, log: &mut dyn FnMut(&str)) -> io::Result<AnyUdp> {
-        match kind {
-            DriverKind::Portable => Ok(AnyUdp::Portable(Box::new(PortableUdp::bind(addr)?))),
-            DriverKind::IoUring => Ok(AnyUdp::Uring(Box::new(UringUdp::bind(addr)?))),
-            DriverKind::Auto => match UringUdp::bind(addr) {
+        AnyUdp::bind_with(addr, kind, Offload::AUTO, log)
+    }
+
+    /// [`AnyUdp::bind`] with the offloads `offload` asks for; the log line says which are
+    /// in use and why any is not.
+    pub fn bind_with(
+        addr: SocketAddr,
+        kind: DriverKind,
+        offload: Offload,
+        log: &mut dyn FnMut(&str),
+    ) -> io::Result<AnyUdp> {
+        let udp = match kind {
+            DriverKind::Portable => AnyUdp::Portable(Box::new(PortableUdp::bind_with(addr, offload)?)),
+            DriverKind::IoUring => AnyUdp::Uring(Box::new(UringUdp::bind_with(addr, offload)?)),
+            DriverKind::Auto => match UringUdp::bind_with(addr, offload) {
                 Ok(u) => {
                     log(
                         "link driver: io_uring (multishot RecvMsg into a provided buffer ring when sleeping, single-shot MSG_DONTWAIT RecvMsg when spinning, batched Send)",
                     );
-                    Ok(AnyUdp::Uring(Box::new(u)))
+                    AnyUdp::Uring(Box::new(u))
                 }
                 Err(e) => {
                     log(&format!(
                         "link driver: portable (recvmmsg/sendmmsg), because io_uring set-up failed: {e}"
                     ));
-                    Ok(AnyUdp::Portable(Box::new(PortableUdp::bind(addr)?)))
+                    AnyUdp::Portable(Box::new(PortableUdp::bind_with(addr, offload)?))
                 }
             },
-        }
+        };
+        log(&format!("link driver {}: {}", udp.name(), udp.offload().describe()));
+        Ok(udp)
     }
 }
 
@@ -128,6 +143,12 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.connect(peer),
         }
     }
+    fn offload(&self) -> OffloadState {
+        match self {
+            AnyUdp::Uring(u) => u.offload(),
+            AnyUdp::Portable(p) => p.offload(),
+        }
+    }
 }
 
 /// A datagram socket as a session runner uses it.
@@ -184,6 +205,14 @@ pub trait Datagrams {
     /// work, not on a descriptor); ask again before each wait.
     fn poll_fd(&self) -> Option<std::os::fd::RawFd> {
         None
+    }
+    /// GSO and GRO as this driver uses them, with the reasons for what is off.
+    fn offload(&self) -> OffloadState {
+        OffloadState {
+            gso_off: Some("this driver has none".into()),
+            gro_off: Some("this driver has none".into()),
+            ..OffloadState::default()
+        }
     }
 }
 

@@ -1,5 +1,8 @@
 //! The portable driver: a non-blocking UDP socket, `sendmmsg` / `recvmmsg` through libc to
-//! batch datagrams, `ppoll` to sleep. Runs on any Linux kernel.
+//! batch datagrams, `ppoll` to sleep. Runs on any Linux kernel. Where the kernel has them,
+//! runs of equal-sized frames leave as UDP GSO units (one `mmsghdr` with an iovec per frame
+//! and a `UDP_SEGMENT` control message) and reads come coalesced by UDP GRO, split back
+//! into frames (`offload.rs`).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -8,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use super::Datagrams;
+use super::offload::{Offload, OffloadState, gro_segments, gso_unit};
 
 /// Datagrams handled per system call.
 const BATCH: usize = 32;
@@ -38,6 +42,98 @@ pub struct PortableUdp {
     rx_busy: bool,
     /// The peer the socket is connected to: datagrams for it go without an address.
     connected: Option<SocketAddr>,
+    /// GSO and GRO as probed and used.
+    offload: OffloadState,
+    /// Receive control-message buffers, one per receive header (GRO's segment size).
+    #[allow(dead_code)]
+    rx_ctrl: Box<[ControlBuf]>,
+    /// Send control messages, one per GSO unit of a batch (`UDP_SEGMENT`).
+    tx_ctrl: Vec<ControlBuf>,
+    /// A batch's units: (first datagram, datagrams, segment size).
+    tx_units: Vec<(usize, usize, usize)>,
+}
+
+/// Room for one control message with an int, aligned for `cmsghdr`.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(8))]
+pub(super) struct ControlBuf(pub(super) [u8; 32]);
+
+/// `CMSG_SPACE` of `len` data bytes.
+fn cmsg_space(len: usize) -> usize {
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    unsafe { libc::CMSG_SPACE(len as u32) as usize }
+}
+
+/// Points `m` at `ctrl` holding one `UDP_SEGMENT` control message for `segment`.
+pub(super) fn set_segment_cmsg(m: &mut libc::msghdr, ctrl: &mut ControlBuf, segment: u16) {
+    m.msg_control = ctrl.0.as_mut_ptr() as *mut libc::c_void;
+    m.msg_controllen = cmsg_space(std::mem::size_of::<u16>()) as _;
+    // SAFETY: the control buffer is 32 bytes, aligned for cmsghdr, and CMSG_SPACE(2) = 24
+    // fits it: CMSG_FIRSTHDR returns its start, and the header and the u16 after it lie
+    // inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(m);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
+    }
+}
+
+/// The segment size of a GRO-coalesced read, from the `UDP_GRO` control message the kernel
+/// wrote into `m`'s control buffer (none: the read is one datagram).
+pub(super) fn gro_segment(m: &libc::msghdr) -> Option<usize> {
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return None;
+    }
+    // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed control messages into
+    // the buffer `msg_control` points at; CMSG_FIRSTHDR / CMSG_NXTHDR stay inside that
+    // length, and the int is read only when the header says it is there.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP
+                && (*c).cmsg_type == libc::UDP_GRO
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize
+            {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                return usize::try_from(v).ok().filter(|v| *v > 0);
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+    None
+}
+
+/// Probes and turns on what `want` asks for on `socket`: GSO by setting `UDP_SEGMENT` to 0
+/// (per-send control messages give the size; the option only proves the kernel has it),
+/// GRO by turning `UDP_GRO` on.
+pub(super) fn probe_offload(socket: &UdpSocket, want: Offload) -> OffloadState {
+    let mut st = OffloadState::default();
+    if want.gso {
+        match set_udp_segment(socket, 0) {
+            Ok(()) => st.gso = true,
+            Err(e) => st.gso_off = Some(format!("refused at start: {e}")),
+        }
+    } else {
+        st.gso_off = Some("not asked for".into());
+    }
+    if want.gro {
+        match set_udp_gro(socket, true) {
+            Ok(()) => st.gro = true,
+            Err(e) => st.gro_off = Some(format!("refused at start: {e}")),
+        }
+    } else {
+        st.gro_off = Some("not asked for".into());
+    }
+    st
+}
+
+/// Whether a send failed because of its `UDP_SEGMENT` (the device cannot segment or
+/// checksum it, or the size is refused): then the send is made again without GSO.
+pub(super) fn gso_refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT))
 }
 
 pub(super) fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -121,15 +217,29 @@ pub(super) fn enlarge_buffers(socket: &UdpSocket) {
 }
 
 impl PortableUdp {
-    /// Binds a non-blocking UDP socket.
+    /// Binds a non-blocking UDP socket, with GSO and GRO where the kernel has them.
     pub fn bind(addr: SocketAddr) -> io::Result<PortableUdp> {
-        PortableUdp::from_socket(UdpSocket::bind(addr)?)
+        PortableUdp::bind_with(addr, Offload::AUTO)
     }
 
-    /// Wraps a socket the caller bound (made non-blocking here).
+    /// Binds a non-blocking UDP socket, using of GSO and GRO what `offload` asks for and
+    /// the kernel allows ([`PortableUdp::offload`] says what and why not).
+    pub fn bind_with(addr: SocketAddr, offload: Offload) -> io::Result<PortableUdp> {
+        PortableUdp::from_socket_with(UdpSocket::bind(addr)?, offload)
+    }
+
+    /// Wraps a socket the caller bound (made non-blocking here), with GSO and GRO where the
+    /// kernel has them.
     pub fn from_socket(socket: UdpSocket) -> io::Result<PortableUdp> {
+        PortableUdp::from_socket_with(socket, Offload::AUTO)
+    }
+
+    /// [`PortableUdp::from_socket`] with the offloads `offload` asks for.
+    pub fn from_socket_with(socket: UdpSocket, offload: Offload) -> io::Result<PortableUdp> {
         socket.set_nonblocking(true)?;
         enlarge_buffers(&socket);
+        let offload = probe_offload(&socket, offload);
+        let mut rx_ctrl: Box<[ControlBuf]> = vec![ControlBuf::default(); BATCH].into_boxed_slice();
         let mut rx = vec![0u8; BATCH * MAX_DATAGRAM];
         let mut rx_iovs: Vec<libc::iovec> = rx
             .chunks_exact_mut(MAX_DATAGRAM)
@@ -145,6 +255,9 @@ impl PortableUdp {
                 m.msg_hdr.msg_name = &mut rx_addrs[i] as *mut _ as *mut libc::c_void;
                 m.msg_hdr.msg_iov = &mut rx_iovs[i];
                 m.msg_hdr.msg_iovlen = 1;
+                if offload.gro {
+                    m.msg_hdr.msg_control = rx_ctrl[i].0.as_mut_ptr() as *mut libc::c_void;
+                }
                 m
             })
             .collect();
@@ -164,6 +277,10 @@ impl PortableUdp {
             rx,
             rx_busy: false,
             connected: None,
+            offload,
+            rx_ctrl,
+            tx_ctrl: Vec::with_capacity(BATCH),
+            tx_units: Vec::with_capacity(BATCH),
         })
     }
 }
@@ -223,42 +340,71 @@ impl PortableUdp {
         }
     }
 
+    /// Sends datagrams `0..total` (see [`PortableUdp::outgoing`]) by `sendmmsg`, up to
+    /// `BATCH` headers a call, each header one GSO unit (a run of equal-sized datagrams for
+    /// one destination, the last perhaps shorter) or one datagram.
     fn send_many(&mut self, total: usize, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
         let mut done = 0;
         while done < total {
-            let batch = done..(done + BATCH).min(total);
-            // Addresses only for datagrams not bound for the connected peer.
+            let gso = self.offload.gso;
+            let mut units = std::mem::take(&mut self.tx_units);
+            units.clear();
+            let mut end = done;
+            while end < total && units.len() < BATCH {
+                let (count, segment) = if gso {
+                    gso_unit(end, total, &|k| {
+                        let (d, b) = self.outgoing(k, to, frames);
+                        (d, b.len())
+                    })
+                } else {
+                    (1, 0)
+                };
+                units.push((end, count, segment));
+                end += count;
+            }
+            // Addresses only for units not bound for the connected peer.
             let connected = self.connected;
             let mut addrs = std::mem::take(&mut self.tx_addrs);
             let mut iovs = std::mem::take(&mut self.tx_iovs);
+            let mut ctrl = std::mem::take(&mut self.tx_ctrl);
             addrs.clear();
             iovs.clear();
-            for i in batch.clone() {
-                let (dest, bytes) = self.outgoing(i, to, frames);
-                if connected != Some(dest) {
-                    addrs.push(sockaddr_of(&dest));
-                }
+            ctrl.clear();
+            for i in done..end {
+                let (_, bytes) = self.outgoing(i, to, frames);
                 iovs.push(libc::iovec {
                     iov_base: bytes.as_ptr() as *mut libc::c_void,
                     iov_len: bytes.len(),
                 });
             }
+            for &(first, count, _) in &units {
+                let dest = self.outgoing(first, to, frames).0;
+                if connected != Some(dest) {
+                    addrs.push(sockaddr_of(&dest));
+                }
+                ctrl.push(ControlBuf::default());
+                let _ = count;
+            }
             self.tx_msgs.clear();
             let mut addr = 0;
-            for (k, i) in batch.enumerate() {
+            for (k, &(first, count, segment)) in units.iter().enumerate() {
                 // SAFETY: mmsghdr is plain old data; zero is a valid starting value.
                 let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                if connected != Some(self.outgoing(i, to, frames).0) {
+                if connected != Some(self.outgoing(first, to, frames).0) {
                     m.msg_hdr.msg_name = &mut addrs[addr].0 as *mut _ as *mut libc::c_void;
                     m.msg_hdr.msg_namelen = addrs[addr].1;
                     addr += 1;
                 }
-                m.msg_hdr.msg_iov = &mut iovs[k];
-                m.msg_hdr.msg_iovlen = 1;
+                m.msg_hdr.msg_iov = &mut iovs[first - done];
+                m.msg_hdr.msg_iovlen = count as _;
+                if count > 1 {
+                    set_segment_cmsg(&mut m.msg_hdr, &mut ctrl[k], segment as u16);
+                }
                 self.tx_msgs.push(m);
             }
-            // SAFETY: every pointer in `tx_msgs` refers to `addrs`, `iovs`, `out_bytes` or
-            // `frames`, alive and unmoved until the call returns; the count matches.
+            // SAFETY: every pointer in `tx_msgs` refers to `addrs`, `iovs`, `ctrl`,
+            // `out_bytes` or `frames`, alive and unmoved until the call returns; the count
+            // matches.
             let n = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),
@@ -269,19 +415,30 @@ impl PortableUdp {
             };
             self.tx_addrs = addrs;
             self.tx_iovs = iovs;
+            self.tx_ctrl = ctrl;
+            let first_count = units.first().map_or(1, |u| u.1);
+            let sent: usize = units.iter().take(n.max(0) as usize).map(|u| u.1).sum();
+            self.offload.gso_sends += units.iter().take(n.max(0) as usize).filter(|u| u.1 > 1).count() as u64;
+            self.tx_units = units;
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.kind() {
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
                     // A datagram to an unreachable port is the network's loss, not ours.
                     io::ErrorKind::ConnectionRefused => {
-                        done += 1;
+                        done += first_count;
+                        continue;
+                    }
+                    _ if first_count > 1 && gso_refused(&e) => {
+                        // Sent again below, a datagram per header, and from now on.
+                        self.offload.gso = false;
+                        self.offload.gso_off = Some(format!("a GSO send was refused: {e}"));
                         continue;
                     }
                     _ => return Err(e),
                 }
             }
-            done += n as usize;
+            done += sent;
         }
         Ok(())
     }
@@ -320,6 +477,36 @@ impl Datagrams for PortableUdp {
         self.send_all(to, frames)
     }
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        if !self.rx_busy && self.offload.gro {
+            // Idle, with GRO: one recvmsg, whose control message says whether the read is
+            // coalesced.
+            let m = &mut self.rx_msgs[0].msg_hdr;
+            m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_controllen = std::mem::size_of::<ControlBuf>() as _;
+            // SAFETY: the header points into `rx_addrs`, `rx_iovs`, `rx_ctrl` and `rx`, owned
+            // by self and never moved.
+            let n = unsafe { libc::recvmsg(self.socket.as_raw_fd(), m, libc::MSG_DONTWAIT) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock
+                    | io::ErrorKind::Interrupted
+                    | io::ErrorKind::ConnectionRefused => Ok(0),
+                    _ => Err(e),
+                };
+            }
+            let segment = gro_segment(&self.rx_msgs[0].msg_hdr);
+            let mut got = 0;
+            if let Some(from) = addr_of(&self.rx_addrs[0]) {
+                self.offload.gro_reads += segment.is_some() as u64;
+                for frame in gro_segments(&self.rx[..(n as usize).min(MAX_DATAGRAM)], segment) {
+                    f(from, frame);
+                    got += 1;
+                }
+            }
+            self.rx_busy = true;
+            return Ok(got);
+        }
         if !self.rx_busy {
             // Idle: probe for one datagram with plain recvfrom, the kernel's shortest path.
             let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -353,8 +540,12 @@ impl Datagrams for PortableUdp {
         let mut total = 0;
         let vlen = BATCH;
         loop {
+            let gro = self.offload.gro;
             for m in &mut self.rx_msgs {
                 m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                if gro {
+                    m.msg_hdr.msg_controllen = std::mem::size_of::<ControlBuf>() as _;
+                }
                 m.msg_len = 0;
             }
             // SAFETY: the headers point into `rx_addrs`, `rx_iovs` and `rx`, owned by self and
@@ -379,13 +570,19 @@ impl Datagrams for PortableUdp {
                     _ => Err(e),
                 };
             }
+            let mut frames = 0;
             for i in 0..n as usize {
                 let len = (self.rx_msgs[i].msg_len as usize).min(MAX_DATAGRAM);
+                let segment = if gro { gro_segment(&self.rx_msgs[i].msg_hdr) } else { None };
                 if let Some(from) = addr_of(&self.rx_addrs[i]) {
-                    f(from, &self.rx[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len]);
+                    self.offload.gro_reads += segment.is_some() as u64;
+                    for frame in gro_segments(&self.rx[i * MAX_DATAGRAM..i * MAX_DATAGRAM + len], segment) {
+                        f(from, frame);
+                        frames += 1;
+                    }
                 }
             }
-            total += n as usize;
+            total += frames;
             if (n as usize) < vlen {
                 self.rx_busy = total > 1;
                 return Ok(total);
@@ -427,6 +624,10 @@ impl Datagrams for PortableUdp {
 
     fn name(&self) -> &'static str {
         "portable"
+    }
+
+    fn offload(&self) -> OffloadState {
+        self.offload.clone()
     }
 }
 

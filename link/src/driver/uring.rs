@@ -16,6 +16,10 @@
 //!
 //! The driver switches to sleeping when `wait` is called, and back to spinning (cancelling
 //! the multishot receive, whose last completions are still delivered in order) when told.
+//!
+//! Offloads (`offload.rs`): borrowed frames in runs of equal size leave as one SendMsg each
+//! with a `UDP_SEGMENT` control message (GSO); with GRO on, every receive is a RecvMsg with
+//! room for the `UDP_GRO` control message, and a coalesced read is split back into frames.
 #![allow(unsafe_code)]
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -29,12 +33,20 @@ use io_uring::types::{BufRingEntry, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, types};
 
 use super::Datagrams;
-use super::portable::{addr_of, enlarge_buffers, sockaddr_of};
+use super::offload::{Offload, OffloadState, gro_segments, gso_unit};
+use super::portable::{
+    ControlBuf, addr_of, enlarge_buffers, gro_segment, gso_refused, probe_offload, set_segment_cmsg,
+    sockaddr_of,
+};
 
 /// Provided receive buffers (a power of two).
 const RX_BUFFERS: u16 = 64;
-/// Bytes per receive buffer: the recvmsg header, the source address, one datagram.
-const RX_BUF_SIZE: usize = 16 + 128 + 65536;
+/// Bytes per receive buffer: the recvmsg header, the source address, the control message
+/// (GRO's segment size), one datagram (or a coalesced read). A multiple of 8: each buffer,
+/// and the control message in it, is aligned for `cmsghdr`.
+const RX_BUF_SIZE: usize = 16 + 128 + RX_CONTROL + 65536;
+/// Control-message room of a multishot receive.
+const RX_CONTROL: usize = std::mem::size_of::<ControlBuf>();
 /// Send operations in flight at most.
 const TX_SLOTS: usize = 64;
 /// Buffer group of the receive ring.
@@ -48,6 +60,8 @@ const POLL_BATCH: usize = 8;
 const CANCEL_TAG: u64 = u64::MAX - 2;
 /// Sends of borrowed frames (`send_borrowed`), waited for before it returns.
 const BORROWED_TAG: u64 = u64::MAX - 3;
+/// GSO sends of borrowed frames (a SendMsg carrying a run of them), waited for the same way.
+const BORROWED_GSO_TAG: u64 = u64::MAX - 4;
 /// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
 const SOCKET: types::Fixed = types::Fixed(0);
 
@@ -56,6 +70,7 @@ struct PollRecv {
     addr: libc::sockaddr_storage,
     iov: libc::iovec,
     msg: libc::msghdr,
+    control: ControlBuf,
 }
 
 struct SendSlot {
@@ -106,18 +121,33 @@ pub struct UringUdp {
     unsubmitted: usize,
     truncated: u64,
     send_errors: u64,
+    /// GSO and GRO as probed and used.
+    offload: OffloadState,
+    /// The GSO units of one `send_borrowed`: headers, iovecs and control messages the kernel
+    /// reads while they are in flight (sized before any is pushed, so they do not move).
+    gso_msgs: Vec<libc::msghdr>,
+    gso_iovs: Vec<libc::iovec>,
+    gso_ctrl: Vec<ControlBuf>,
 }
 
 // SAFETY: the raw pointer refers to memory this value owns exclusively.
 unsafe impl Send for UringUdp {}
 
 impl UringUdp {
-    /// Binds a UDP socket and sets up the ring, or says why io_uring cannot be used here.
+    /// Binds a UDP socket and sets up the ring, or says why io_uring cannot be used here;
+    /// with GSO and GRO where the kernel has them.
     pub fn bind(addr: SocketAddr) -> io::Result<UringUdp> {
+        UringUdp::bind_with(addr, Offload::AUTO)
+    }
+
+    /// [`UringUdp::bind`], using of GSO and GRO what `offload` asks for and the kernel
+    /// allows.
+    pub fn bind_with(addr: SocketAddr, offload: Offload) -> io::Result<UringUdp> {
         // Blocking on purpose: io_uring honours O_NONBLOCK, and would fail a send to a full
         // socket buffer with EAGAIN (and end the multishot receive) instead of waiting for room.
         let socket = UdpSocket::bind(addr)?;
         enlarge_buffers(&socket);
+        let offload = probe_offload(&socket, offload);
         // COOP_TASKRUN with TASKRUN_FLAG: the kernel does not interrupt this thread to post
         // completions (interrupts are slow on virtual machines); it raises a flag in shared
         // memory instead, and `reap` enters the kernel only when that flag is set. Older
@@ -138,6 +168,9 @@ impl UringUdp {
         // SAFETY: zeroed msghdr is valid; only msg_namelen matters to a multishot RecvMsg.
         let mut rx_msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
         rx_msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        if offload.gro {
+            rx_msg.msg_controllen = RX_CONTROL as _;
+        }
         let slots: Box<[SendSlot]> = (0..TX_SLOTS)
             .map(|_| SendSlot {
                 bytes: Vec::new(),
@@ -165,6 +198,7 @@ impl UringUdp {
                     iov: libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 },
                     // SAFETY: plain old data, zero is valid.
                     msg: unsafe { std::mem::zeroed() },
+                    control: ControlBuf::default(),
                 })
                 .collect(),
             polls_in_flight: 0,
@@ -180,6 +214,10 @@ impl UringUdp {
             unsubmitted: 0,
             truncated: 0,
             send_errors: 0,
+            offload,
+            gso_msgs: Vec::new(),
+            gso_iovs: Vec::new(),
+            gso_ctrl: Vec::new(),
         };
         // The socket as a fixed file: each operation skips a file-table lookup and its
         // reference count.
@@ -261,7 +299,14 @@ impl UringUdp {
             // The network's loss: the link layer replays what mattered.
             self.send_errors += 1;
         }
-        if user_data == BORROWED_TAG {
+        if user_data == BORROWED_GSO_TAG && result < 0 && gso_refused(&io::Error::from_raw_os_error(-result))
+        {
+            // Its frames are lost (the link replays them); later ones go without GSO.
+            self.offload.gso = false;
+            self.offload.gso_off =
+                Some(format!("a GSO send was refused: {}", io::Error::from_raw_os_error(-result)));
+        }
+        if user_data == BORROWED_TAG || user_data == BORROWED_GSO_TAG {
             // Saturating: after a failed wait the count was given up (see `send_borrowed`).
             self.borrowed_in_flight = self.borrowed_in_flight.saturating_sub(1);
         } else {
@@ -275,7 +320,7 @@ impl UringUdp {
         loop {
             let Some(c) = self.ring.completion().next() else { break };
             let (t, result, flags) = (c.user_data(), c.result(), c.flags());
-            if t == BORROWED_TAG || t < TX_SLOTS as u64 {
+            if t == BORROWED_TAG || t == BORROWED_GSO_TAG || t < TX_SLOTS as u64 {
                 self.send_done(t, result);
             } else {
                 self.deferred.push_back((t, result, flags));
@@ -325,7 +370,13 @@ impl UringUdp {
         p.msg.msg_iov = &mut p.iov;
         p.msg.msg_iovlen = 1;
         p.msg.msg_flags = 0;
-        let op = if self.connected.is_some() {
+        if self.offload.gro {
+            p.msg.msg_control = p.control.0.as_mut_ptr() as *mut libc::c_void;
+            p.msg.msg_controllen = std::mem::size_of::<ControlBuf>() as _;
+        }
+        // A plain Recv to the connected peer saves the msghdr, unless GRO's control message
+        // must come back.
+        let op = if self.connected.is_some() && !self.offload.gro {
             opcode::Recv::new(SOCKET, p.bytes.as_mut_ptr(), p.bytes.len() as u32)
                 .flags(libc::MSG_DONTWAIT)
                 .build()
@@ -372,15 +423,19 @@ impl UringUdp {
                         if p.msg.msg_flags & libc::MSG_TRUNC != 0 {
                             self.truncated += 1;
                         } else if let Some(from) = self.connected.or_else(|| addr_of(&p.addr)) {
-                            f(from, &p.bytes[..result as usize]);
-                            received += 1;
+                            let segment = if self.offload.gro { gro_segment(&p.msg) } else { None };
+                            self.offload.gro_reads += segment.is_some() as u64;
+                            for frame in gro_segments(&p.bytes[..result as usize], segment) {
+                                f(from, frame);
+                                received += 1;
+                            }
                         }
                     } else if result < 0 && -result != libc::EAGAIN {
                         error = Some(io::Error::from_raw_os_error(-result));
                     }
                 }
                 CANCEL_TAG => {}
-                BORROWED_TAG => self.send_done(BORROWED_TAG, result),
+                BORROWED_TAG | BORROWED_GSO_TAG => self.send_done(user_data, result),
                 RECV_TAG => {
                     if !cqueue::more(flags) {
                         self.recv_armed = false;
@@ -410,9 +465,22 @@ impl UringUdp {
                             unsafe {
                                 std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n)
                             };
+                            let segment = if self.offload.gro {
+                                let control = out.control_data();
+                                // SAFETY: plain old data, zero is valid.
+                                let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                                m.msg_control = control.as_ptr() as *mut libc::c_void;
+                                m.msg_controllen = control.len() as _;
+                                gro_segment(&m)
+                            } else {
+                                None
+                            };
                             if let Some(from) = addr_of(&ss) {
-                                f(from, out.payload_data());
-                                received += 1;
+                                self.offload.gro_reads += segment.is_some() as u64;
+                                for frame in gro_segments(out.payload_data(), segment) {
+                                    f(from, frame);
+                                    received += 1;
+                                }
                             }
                         }
                     }
@@ -514,22 +582,76 @@ impl Datagrams for UringUdp {
             len
         };
         let mut result = Ok(());
-        for f in frames {
-            let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
-            let op = if connected {
+        // The GSO units first, all of them, so that the headers, iovecs and control messages
+        // the kernel reads are in place (and stay put) before any send is pushed.
+        let mut units: [(usize, usize, usize); 64] = [(0, 0, 0); 64];
+        let mut n_units = 0;
+        self.gso_msgs.clear();
+        self.gso_iovs.clear();
+        self.gso_ctrl.clear();
+        let mut i = 0;
+        while i < frames.len() {
+            let (count, segment) = if self.offload.gso && n_units < units.len() {
+                gso_unit(i, frames.len(), &|k| (to, frames[k].len()))
+            } else {
+                (1, 0)
+            };
+            if count > 1 && n_units < units.len() {
+                units[n_units] = (i, count, segment);
+                n_units += 1;
+            }
+            i += count;
+        }
+        self.gso_iovs.extend(
+            units[..n_units]
+                .iter()
+                .flat_map(|&(first, count, _)| &frames[first..first + count])
+                .map(|f| libc::iovec { iov_base: f.as_ptr() as *mut libc::c_void, iov_len: f.len() }),
+        );
+        self.gso_ctrl.resize(n_units, ControlBuf::default());
+        let mut at = 0;
+        for (k, &(_, count, segment)) in units[..n_units].iter().enumerate() {
+            // SAFETY: plain old data, zero is valid.
+            let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+            if !connected {
+                m.msg_name = &mut self.borrowed_addr as *mut _ as *mut libc::c_void;
+                m.msg_namelen = len;
+            }
+            m.msg_iov = &mut self.gso_iovs[at];
+            m.msg_iovlen = count as _;
+            set_segment_cmsg(&mut m, &mut self.gso_ctrl[k], segment as u16);
+            self.gso_msgs.push(m);
+            at += count;
+        }
+        let (mut i, mut unit) = (0, 0);
+        while i < frames.len() {
+            let op = if unit < n_units && units[unit].0 == i {
+                let op =
+                    opcode::SendMsg::new(SOCKET, &self.gso_msgs[unit]).build().user_data(BORROWED_GSO_TAG);
+                i += units[unit].1;
+                unit += 1;
                 op
             } else {
-                op.dest_addr(&self.borrowed_addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
+                let f = frames[i];
+                i += 1;
+                let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
+                let op = if connected {
+                    op
+                } else {
+                    op.dest_addr(&self.borrowed_addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
+                };
+                op.build().user_data(BORROWED_TAG)
             };
-            // SAFETY (for `push`): `f` and `borrowed_addr` stay valid and unchanged until
-            // the completion, which this function waits for before returning — also when
-            // it fails (below).
-            if let Err(e) = self.push(op.build().user_data(BORROWED_TAG)) {
+            // SAFETY (for `push`): the frames, `borrowed_addr` and the GSO headers, iovecs
+            // and control messages stay valid and unchanged until the completion, which
+            // this function waits for before returning — also when it fails (below).
+            if let Err(e) = self.push(op) {
                 result = Err(e);
                 break;
             }
             self.borrowed_in_flight += 1;
         }
+        self.offload.gso_sends += unit as u64;
         if self.unsubmitted > 0 {
             match self.ring.submit() {
                 Ok(_) => self.unsubmitted = 0,
@@ -615,6 +737,10 @@ impl Datagrams for UringUdp {
 
     fn name(&self) -> &'static str {
         "io_uring"
+    }
+
+    fn offload(&self) -> OffloadState {
+        self.offload.clone()
     }
 }
 
