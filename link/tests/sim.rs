@@ -447,3 +447,20 @@ fn an_encrypted_session_updating_its_keys_loses_nothing_on_a_bad_network() {
     assert_eq!((s.peer_key_updates, c.peer_key_updates), (c.key_updates, s.key_updates));
     assert_eq!(p.server_session().unwrap().frame_protection(), (true, true));
 }
+
+/// Found by the GSO tests: with the default credits (64 KiB of posted data) and 1 KiB writes,
+/// writes run out of credits and are held back; a read held back behind them took the later
+/// reads into its chunk, and that chunk — older than the writes held back after it — left
+/// before them: 61 reads passed writes issued before them.
+#[test]
+fn reads_held_back_with_stalled_writes_never_pass_them() {
+    let mut cfg = config(key());
+    cfg.window = 128;
+    cfg.credits = link::CreditGrant::default();
+    cfg.max_queued = 256;
+    let mut p = Pair::new(7, clean(), cfg.clone(), cfg, plan(3000, 50, 7));
+    p.write_size = 1024;
+    p.sapp = ServerApp::new(256);
+    assert!(p.run_until(Duration::from_secs(10), |p| p.capp.done()));
+    assert!(p.sapp.violations.is_empty(), "{} {:?}", p.sapp.violations.len(), p.sapp.violations.first());
+}

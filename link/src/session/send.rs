@@ -57,10 +57,16 @@ impl Session {
             && self.stalled[class].is_empty()
             && self.tx_credits.covers(class, 1, data);
         let (cap_h, cap_d) = self.tx_credits.chunk_cap(class, data);
-        let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
-        let joins = queue.back().is_some_and(|c| {
-            c.end + 2 + len <= BODY_AT + room && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d))
+        // A held-back read or completion may join the last held-back chunk of its class only
+        // if no posted request was held back after that chunk began: the chunk goes out
+        // before such a request (it is older), and the TLP joining it would pass it.
+        let posted_since =
+            |c: &Chunk| class != 0 && self.stalled[0].back().is_some_and(|p| p.order > c.order);
+        let joins = (if now { self.ready.back() } else { self.stalled[class].back() }).is_some_and(|c| {
+            c.end + 2 + len <= BODY_AT + room
+                && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d && !posted_since(c)))
         });
+        let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
         if !joins {
             let mut buf = self.replay.take_buffer();
             if buf.len() < self.mtu {
