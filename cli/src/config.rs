@@ -18,6 +18,10 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub(crate) struct LinkSection {
     mtu: Option<usize>,
+    /// The path's bandwidth in Gbit/s and round trip in µs: the window and the credits are
+    /// sized from them (`link::Config::size_for_path`).
+    bandwidth_gbit: Option<u64>,
+    rtt_us: Option<u64>,
     window: Option<u32>,
     max_queued: Option<usize>,
     replay_timeout_us: Option<u64>,
@@ -290,6 +294,8 @@ impl LinkSection {
         )?;
         within("link.ack_delay_us", self.ack_delay_us, 0..=100_000, "µs")?;
         within("link.spin_us", self.spin_us, 0..=1_000_000, "µs")?;
+        within("link.bandwidth_gbit", self.bandwidth_gbit, 1..=1600, "Gbit/s")?;
+        within("link.rtt_us", self.rtt_us, 1..=1_000_000, "µs")?;
         let keepalive = within("link.keepalive_ms", self.keepalive_ms, 1..=60_000, "ms")?.unwrap_or(100);
         let idle = within("link.idle_timeout_ms", self.idle_timeout_ms, 2..=3_600_000, "ms")?.unwrap_or(1000);
         within("link.handshake_timeout_ms", self.handshake_timeout_ms, 100..=600_000, "ms")?;
@@ -313,6 +319,10 @@ impl LinkSection {
         if let Some(v) = self.mtu {
             c.mtu = v;
         }
+        // The window and credits for this path at this MTU (an explicit window wins).
+        let bandwidth = self.bandwidth_gbit.map_or(link::DEFAULT_PATH_BANDWIDTH, |g| g * 1_000_000_000 / 8);
+        let rtt = self.rtt_us.map_or(link::DEFAULT_PATH_RTT, Duration::from_micros);
+        c.size_for_path(bandwidth, rtt);
         if let Some(v) = self.window {
             c.window = v;
         }

@@ -168,6 +168,7 @@ impl LocalBox {
         let mut link_cfg = link::Config::new(key.clone());
         // Loopback carries 4 KiB payloads in one datagram.
         link_cfg.mtu = 9000;
+        link_cfg.size_for_path(link::DEFAULT_PATH_BANDWIDTH, link::DEFAULT_PATH_RTT);
         link_cfg.encrypt_frames = frames == Frames::Encrypted;
         // Tags are on when either end asks for them: both ends here share this setting.
         link_cfg.authenticate_frames = frames != Frames::Unauthenticated;

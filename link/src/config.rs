@@ -26,6 +26,12 @@ impl Default for CreditGrant {
     }
 }
 
+/// The path [`Config::new`] sizes the window and credits for: 25 Gbit/s (in bytes per
+/// second) ...
+pub const DEFAULT_PATH_BANDWIDTH: u64 = 25_000_000_000 / 8;
+/// ... and a 100 µs round trip (a datacenter's, with the endpoints' own turnaround).
+pub const DEFAULT_PATH_RTT: Duration = Duration::from_micros(100);
+
 /// Everything a session needs to know. Bounds on memory follow from `window`, `mtu`,
 /// `max_queued` and `credits`: replay buffer ≤ window × MTU, out-of-order buffer ≤ window ×
 /// MTU, send queues ≤ 3 × max_queued TLPs, delivered-but-unread TLPs ≤ the credits granted.
@@ -70,9 +76,11 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for a datacenter network with the given key.
+    /// Defaults for a datacenter network with the given key: MTU 1472, window and credits
+    /// sized for [`DEFAULT_PATH_BANDWIDTH`] and [`DEFAULT_PATH_RTT`]
+    /// ([`Config::size_for_path`]).
     pub fn new(psk: PresharedKey) -> Config {
-        Config {
+        let mut c = Config {
             psk,
             mtu: 1472,
             window: 128,
@@ -88,7 +96,27 @@ impl Config {
             authenticate_frames: true,
             encrypt_frames: false,
             key_update_frames: crate::keys::DEFAULT_KEY_UPDATE_FRAMES,
-        }
+        };
+        c.size_for_path(DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT);
+        c
+    }
+
+    /// Sizes what may be in flight for a path of `bandwidth` bytes per second and round trip
+    /// `rtt` at this MTU: twice bandwidth × delay — the pipe full, and as much again for the
+    /// receiver's turnaround and a delayed acknowledgement — in unacknowledged frames
+    /// (`window`, 128..=4096) and in the credits granted each class (data credits of 16
+    /// bytes, at least 64 KiB; header credits one per 256 bytes, at least 256). A bulk
+    /// transfer's rate is bounded by in-flight bytes ÷ round trip; with 64 KiB of credits
+    /// the bridges carried at most ≈ 1.6 GB/s on loopback (docs/performance.md).
+    pub fn size_for_path(&mut self, bandwidth: u64, rtt: Duration) {
+        let in_flight = (2 * bandwidth as u128 * rtt.as_nanos() / 1_000_000_000).max(64 << 10) as u64;
+        let payload =
+            self.mtu.saturating_sub(crate::wire::BODY_AT + crate::wire::TRAILER_LEN).max(256) as u64;
+        self.window = in_flight.div_ceil(payload).clamp(128, 4096) as u32;
+        let data = in_flight.div_ceil(16).clamp(4096, 1 << 28) as u32;
+        let header = (in_flight / 256).clamp(256, 1 << 20) as u32;
+        self.credits =
+            CreditGrant { posted: (header, data), non_posted: (header, data), completion: (header, data) };
     }
 
     /// Checks every setting, naming the one at fault.

@@ -102,7 +102,10 @@ fn a_tlp_is_sent_from_where_it_was_written() {
 /// credits come; the posted writes queued behind a held-back read pass it.
 #[test]
 fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
-    let (mut c, mut s) = pair();
+    // 256 header credits a class: fewer than the send queue's limit.
+    let mut cfg = test_config();
+    cfg.credits = crate::CreditGrant::default();
+    let (mut c, mut s) = pair_with(cfg.clone(), cfg);
     let nph = c.tx_credits.grant().get(credits::index(tlp::FcClass::NonPosted)).header;
     let read = TlpRepr::new(Body::MemRead {
         req: Request { requester: Bdf::new(0, 1, 0), tag: Tag::default(), first_be: 0xf, last_be: 0 },
