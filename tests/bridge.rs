@@ -224,3 +224,23 @@ fn an_encrypted_link_updating_its_keys_carries_the_workload() {
     assert!(s.key_updates > 10, "{s:?}");
     assert_eq!(s.dropped_bad_mac, 0, "{s:?}");
 }
+
+/// A caller that keeps entering the device without driving the link — writing host memory
+/// every few milliseconds for three idle timeouts — keeps it: the service thread pumps when
+/// nobody has for its interval, however often the caller enters (it used to stand aside
+/// whenever the caller had entered within the interval, and the box timed the host out).
+#[test]
+fn a_caller_that_only_writes_host_memory_keeps_its_link() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    let buf = d.pci().dma_alloc(4096).unwrap();
+    let until = std::time::Instant::now() + 3 * dxpu_tests::test_link(key_a()).idle_timeout;
+    while std::time::Instant::now() < until {
+        d.pci().dma_write(&buf, 0, &[0x5a; 64]);
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    assert!(d.pci().removed().is_none(), "{:?}", d.pci().removed());
+    d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
+}

@@ -137,6 +137,9 @@ pub struct GpuStats {
     pub bad_control: u64,
     /// TLPs from the hosts that did not parse (dropped by the dispatcher).
     pub malformed_tlps: u64,
+    /// The largest data payload a host sent (bytes): at most the Max_Payload_Size the
+    /// attach negotiated.
+    pub largest_payload_received: u32,
 }
 
 struct Export {
@@ -459,6 +462,7 @@ impl GpuEndpoint {
         let mut s = self.stats.clone();
         s.exports = self.exports.iter().map(|e| (e.name.clone(), e.stats)).collect();
         s.malformed_tlps = self.dispatcher.stats().malformed;
+        s.largest_payload_received = self.dispatcher.stats().largest_payload;
         s
     }
 

@@ -67,6 +67,8 @@ pub(crate) struct DeviceState {
     pub sent: KindCounts,
     pub received: KindCounts,
     pub stats: HostStats,
+    /// When the link was last driven (`pump`), for the service thread.
+    pub last_pump: link::Time,
 }
 
 impl DeviceState {

@@ -166,12 +166,13 @@ impl DmaWindows {
         self.windows.len()
     }
 
-    /// Zeroed memory from the arena.
-    pub(crate) fn alloc(&mut self, len: usize) -> Option<DmaBuf> {
+    /// Memory from the arena, not zeroed: the caller zeroes it (in steps, serving the link
+    /// between them — see `RemoteDevice::dma_alloc`).
+    pub(crate) fn reserve(&mut self, len: usize) -> Option<DmaBuf> {
         let arena = self.arena.as_mut()?;
-        let w = self.windows.get_mut(&arena.base())?;
-        let Memory::Local(mem) = &mut w.mem else { return None };
-        arena.alloc_zeroed(mem, len)
+        let w = self.windows.get(&arena.base())?;
+        let Memory::Local(_) = &w.mem else { return None };
+        arena.alloc(len).map(|(buf, _)| buf)
     }
 
     /// The window that holds `len` bytes at `addr` and allows the access.
@@ -319,7 +320,7 @@ mod tests {
         w.map(BusAddr(0x1000), mem(0x1000), true, true).unwrap();
         w.unmap_all();
         assert_eq!(w.len(), 1);
-        let b = w.alloc(100).unwrap();
+        let b = w.reserve(100).unwrap();
         assert_eq!(b.bus, base);
         assert_eq!(
             w.unmap(BusAddr(0x1000), Some(0x1000)),

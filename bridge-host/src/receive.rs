@@ -75,6 +75,7 @@ impl DeviceState {
 
     /// [`DeviceState::pump`] at `now`, a time the caller read just before.
     pub(crate) fn pump_at(&mut self, now: Time) -> bool {
+        self.last_pump = now;
         let DeviceState {
             link,
             windows,

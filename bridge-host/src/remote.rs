@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,9 +31,6 @@ pub struct RemoteDevice {
     stop: Arc<AtomicBool>,
     service: Option<JoinHandle<()>>,
     abandoned: bool,
-    clock: Clock,
-    /// When the caller last entered (nanoseconds on `clock`), for the service thread.
-    last_call: Arc<AtomicU64>,
 }
 
 fn lock(m: &Mutex<DeviceState>) -> MutexGuard<'_, DeviceState> {
@@ -83,25 +80,23 @@ impl RemoteDevice {
             sent: KindCounts::default(),
             received: KindCounts::default(),
             stats: HostStats::default(),
+            last_pump: clock.now(),
         };
         state.learn_max_payload();
         let inner = Arc::new(Mutex::new(state));
         let stop = Arc::new(AtomicBool::new(false));
-        let last_call = Arc::new(AtomicU64::new(0));
         let service = match opts.service_interval {
             Some(every) => Some(
-                spawn_service(&opts.device, every, inner.clone(), stop.clone(), last_call.clone(), clock)
+                spawn_service(&opts.device, every, inner.clone(), stop.clone(), clock)
                     .map_err(AttachError::Socket)?,
             ),
             None => None,
         };
-        Ok(RemoteDevice { inner, stop, service, abandoned: false, clock, last_call })
+        Ok(RemoteDevice { inner, stop, service, abandoned: false })
     }
 
-    /// Locks the device's state for a call from the driver, noting the time for the service
-    /// thread.
+    /// Locks the device's state for a call from the driver.
     fn enter(&self) -> MutexGuard<'_, DeviceState> {
-        self.last_call.store(self.clock.now().as_nanos(), Ordering::Relaxed);
         lock(&self.inner)
     }
 
@@ -117,7 +112,10 @@ impl RemoteDevice {
         s.tlps_sent = g.sent.by_name();
         s.tlps_received = g.received.by_name();
         s.link = *g.link.session.stats();
-        s.malformed_tlps = g.dispatcher.stats().malformed;
+        let d = g.dispatcher.stats();
+        s.malformed_tlps = d.malformed;
+        s.largest_payload_received = d.largest_payload;
+        s.largest_read_request_received = d.largest_read_request;
         s
     }
 
@@ -321,24 +319,26 @@ impl Drop for RemoteDevice {
     }
 }
 
-/// The service thread: every `every`, one pump — only when the caller has not been driving
-/// the link itself (taking the lock under a busy caller would only delay its next access).
+/// The service thread: every `every`, one pump — only when nobody drove the link for that
+/// long (a caller polling drives it itself; one that only enters — writing host memory,
+/// reading counters — does not, and once starved the link of its keepalives and
+/// acknowledgements until the peer's idle timeout took the device away). It never waits
+/// for the lock: a caller holding it is about to drive the link or done in a moment.
 fn spawn_service(
     device: &str,
     every: Duration,
     inner: Arc<Mutex<DeviceState>>,
     stop: Arc<AtomicBool>,
-    last_call: Arc<AtomicU64>,
     clock: Clock,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(format!("dxpu-host-{device}")).spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(every);
-            let idle = clock.now().as_nanos().saturating_sub(last_call.load(Ordering::Relaxed));
-            if idle >= every.as_nanos() as u64
-                && let Ok(mut g) = inner.try_lock()
-            {
-                g.pump();
+            if let Ok(mut g) = inner.try_lock() {
+                let now = clock.now();
+                if now.since(g.last_pump) >= every {
+                    g.pump_at(now);
+                }
             }
         }
     })
@@ -357,8 +357,25 @@ impl PciFunction for RemoteDevice {
     fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
         self.enter().mmio(addr, len, Some(value));
     }
+    /// The buffer is zeroed in steps of 16 MiB with a pump after each: zeroing a GiB (its
+    /// first touch faults every page in) took longer than the link's idle timeout, and
+    /// held the lock the service thread needs meanwhile (the box took the device away).
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
-        self.enter().windows.alloc(len)
+        const STEP: usize = 16 << 20;
+        let mut g = self.enter();
+        let buf = g.windows.reserve(len)?;
+        let mut done = 0;
+        while done < len {
+            let n = STEP.min(len - done);
+            if let Some(m) = g.windows.local(buf.bus + done as u64, n, true) {
+                m.fill(0);
+            }
+            done += n;
+            if done < len {
+                g.pump();
+            }
+        }
+        Some(buf)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
         let mut g = self.enter();

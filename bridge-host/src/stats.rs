@@ -36,6 +36,11 @@ pub struct HostStats {
     pub unclaimed_mmio: u64,
     /// TLPs from the box that did not parse (dropped by the dispatcher).
     pub malformed_tlps: u64,
+    /// The largest data payload the device sent (bytes): at most its Max_Payload_Size.
+    pub largest_payload_received: u32,
+    /// The largest memory read the device asked for (bytes): at most its
+    /// Max_Read_Request_Size.
+    pub largest_read_request_received: u32,
     /// The session's counters.
     pub link: link::Stats,
 }

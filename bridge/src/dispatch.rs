@@ -43,11 +43,16 @@ enum Item {
     BadControl(ControlError),
 }
 
-/// Counts of what the dispatcher dropped.
+/// Counts of what the dispatcher dropped, and the largest TLPs it saw: what the peer sent
+/// against the Max_Payload_Size and Max_Read_Request_Size it was given.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DispatchStats {
     /// TLPs that did not parse.
     pub malformed: u64,
+    /// The largest data payload of a TLP that parsed, in bytes.
+    pub largest_payload: u32,
+    /// The largest memory read request that parsed, in bytes.
+    pub largest_read_request: u32,
 }
 
 /// Routes received TLPs by class (see the module's description). `L` labels each TLP with
@@ -79,6 +84,12 @@ impl<L: Copy> Dispatcher<L> {
             self.stats.malformed += 1;
             return true;
         };
+        if let Some(d) = t.data() {
+            self.stats.largest_payload = self.stats.largest_payload.max(d.len() as u32);
+        }
+        if let tlp::Body::MemRead { length_dw, .. } = t.body {
+            self.stats.largest_read_request = self.stats.largest_read_request.max(length_dw as u32 * 4);
+        }
         match t.fc_class() {
             FcClass::Completion => now(label, &t),
             FcClass::Posted => match Control::from_repr(&t) {
