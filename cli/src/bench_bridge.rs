@@ -250,7 +250,8 @@ fn dma_section(
         // Once each way first, as `bench simgpu` does: the pages of host memory and VRAM are
         // touched once, so the figure is the copy's, not the kernel zeroing fresh pages.
         let buf = pinned(&mut d, args.copy_bytes)?;
-        let (h2d, d2h) = timed_copies(&mut d, &buf, args.copy_repeat)?;
+        let c = timed_copies(&mut d, &buf, args.copy_repeat)?;
+        let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
         dma.push(dma_row("direct", "none", h2d, d2h, false));
         say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
@@ -261,28 +262,51 @@ fn dma_section(
         ));
     }
     // With the link's tags (the default) and without them: what authentication costs in bulk.
+    let mut cpu = Vec::new();
     for &driver in drivers {
         for frames in [Frames::Tagged, Frames::Unauthenticated] {
             let poll = PollMode::Busy { spin };
             let gpu = LocalBox::start_with(driver, poll, Impairment::default(), frames)?;
             let mut d = open(&gpu, driver, poll)?;
             let buf = pinned(&mut d, args.copy_bytes)?;
-            let (h2d, d2h) =
-                timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
-                    Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-                    None => e,
-                })?;
-            dma.push(dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames));
+            let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
+                Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+                None => e,
+            })?;
+            let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
+            let mut row = dma_row("bridged", name(driver), h2d, d2h, gpu.link.authenticate_frames);
+            row["host_cpu_s_per_gib"] = json!({"h2d": c.host_cpu[0], "d2h": c.host_cpu[1]});
+            row["box_cpu_s_per_gib"] = json!({"h2d": c.box_cpu[0], "d2h": c.box_cpu[1]});
+            if let Some(f) = gso {
+                row["vs_gso_floor"] = json!({"h2d": h2d / f, "d2h": d2h / f});
+            }
+            dma.push(row);
+            let label = if frames == Frames::Tagged {
+                format!("through the bridges, {}, busy-poll", name(driver))
+            } else {
+                "  the same, frames untagged".to_string()
+            };
+            cpu.push((label.clone(), c));
             say(format!(
-                "{:<48} {:>10.0} {:>10.0} {:>12}",
-                if frames == Frames::Tagged {
-                    format!("through the bridges, {}, busy-poll", name(driver))
-                } else {
-                    "  the same, frames untagged".to_string()
-                },
+                "{:<48} {:>10.0} {:>10.0} {:>12}{}",
+                label,
                 h2d,
                 d2h,
-                format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
+                format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
+                gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f))
+            ));
+        }
+    }
+    if !cpu.is_empty() {
+        say(String::new());
+        say(format!(
+            "{:<48} {:>10} {:>10} {:>10} {:>10}",
+            "    CPU seconds per GiB moved", "host h→d", "box h→d", "host d→h", "box d→h"
+        ));
+        for (label, c) in &cpu {
+            say(format!(
+                "{:<48} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+                label, c.host_cpu[0], c.box_cpu[0], c.host_cpu[1], c.box_cpu[1]
             ));
         }
     }
@@ -307,26 +331,48 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
     Ok(crate::loopback::report_json(&la, &o))
 }
 
-/// One untimed [`pinned_copy`], then `repeat` timed: the median rate each way.
+/// One copy each way, as [`pinned_copy`] measured it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Copied {
+    h2d_mb_s: f64,
+    d2h_mb_s: f64,
+    /// CPU seconds per GiB moved: the calling thread (the host endpoint, which the driver's
+    /// polling drives) and the rest of the process (the box endpoint's thread), h→d then d→h.
+    host_cpu: [f64; 2],
+    box_cpu: [f64; 2],
+}
+
+/// CPU time of the calling thread and of the whole process so far.
+fn cpu_now() -> (Duration, Duration) {
+    use rustix::time::{ClockId, clock_gettime};
+    let d = |t: rustix::time::Timespec| Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
+    (d(clock_gettime(ClockId::ThreadCPUTime)), d(clock_gettime(ClockId::ProcessCPUTime)))
+}
+
+/// One untimed [`pinned_copy`], then `repeat` timed: the median of each figure.
 fn timed_copies<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     buf: &driver::DmaBuf,
     repeat: u32,
-) -> Result<(f64, f64), String> {
+) -> Result<Copied, String> {
     let data = testbed::suite::pattern(buf.len, 3);
     let mut back = vec![0xffu8; buf.len];
     pinned_copy(d, buf, &data, &mut back)?;
-    let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
+    let mut runs = Vec::new();
     for _ in 0..repeat {
-        let (a, b) = pinned_copy(d, buf, &data, &mut back)?;
-        h2d.push(a);
-        d2h.push(b);
+        runs.push(pinned_copy(d, buf, &data, &mut back)?);
     }
-    let median = |mut v: Vec<f64>| {
+    let median = |f: &dyn Fn(&Copied) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((median(h2d), median(d2h)))
+    Ok(Copied {
+        h2d_mb_s: median(&|c| c.h2d_mb_s),
+        d2h_mb_s: median(&|c| c.d2h_mb_s),
+        host_cpu: [median(&|c| c.host_cpu[0]), median(&|c| c.host_cpu[1])],
+        box_cpu: [median(&|c| c.box_cpu[0]), median(&|c| c.box_cpu[1])],
+    })
 }
 
 /// A DMA buffer of `bytes` for [`pinned_copy`].
@@ -337,31 +383,42 @@ fn pinned<P: driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Resu
 /// The device's DMA engine alone, as CUDA's `bandwidthTest --memory=pinned` measures it: the
 /// bytes already lie in a DMA buffer (`buf`), the device copies them to VRAM at 0 and back,
 /// the clock runs from each command's submission to its fence, and the bytes that came back
-/// (into `back`) are checked against `data` after. Returns MB/s each way.
+/// (into `back`) are checked against `data` after. Returns the rate and CPU time each way.
 fn pinned_copy<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     buf: &driver::DmaBuf,
     data: &[u8],
     back: &mut [u8],
-) -> Result<(f64, f64), String> {
+) -> Result<Copied, String> {
     use driver::WaitMode;
     use simgpu_abi::op;
     let (bus, len) = (buf.bus.get(), buf.len as u64);
     let mb = buf.len as f64 / 1e6;
+    let gib = buf.len as f64 / (1u64 << 30) as f64;
+    let mut c = Copied::default();
+    let mut timed = |d: &mut SimGpuDriver<P>, op: u32, args: [u64; 5], i: usize| -> Result<f64, String> {
+        let (thread0, process0) = cpu_now();
+        let t = Instant::now();
+        d.launch(op, args, WaitMode::Poll).map_err(|e| e.to_string())?;
+        let rate = mb / t.elapsed().as_secs_f64();
+        let (thread1, process1) = cpu_now();
+        let host = (thread1 - thread0).as_secs_f64();
+        c.host_cpu[i] = host / gib;
+        c.box_cpu[i] = ((process1 - process0).as_secs_f64() - host).max(0.0) / gib;
+        Ok(rate)
+    };
     d.pci().dma_write(buf, 0, data);
-    let t = Instant::now();
-    d.launch(op::COPY_H2V, [bus, 0, len, 0, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
-    let h2d = mb / t.elapsed().as_secs_f64();
+    let h2d = timed(d, op::COPY_H2V, [bus, 0, len, 0, 0], 0)?;
     back.fill(0xff);
     d.pci().dma_write(buf, 0, back);
-    let t = Instant::now();
-    d.launch(op::COPY_V2H, [0, bus, len, 0, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
-    let d2h = mb / t.elapsed().as_secs_f64();
+    let d2h = timed(d, op::COPY_V2H, [0, bus, len, 0, 0], 1)?;
     d.pci().dma_read(buf, 0, back);
     if back != data {
         return Err("DMA copy came back different".into());
     }
-    Ok((h2d, d2h))
+    c.h2d_mb_s = h2d;
+    c.d2h_mb_s = d2h;
+    Ok(c)
 }
 
 /// Copies `bytes` host→VRAM and back through `d` with the driver's `memcpy` (through its

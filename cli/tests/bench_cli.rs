@@ -38,6 +38,11 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     }
     let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
     assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
+    for side in ["host_cpu_s_per_gib", "box_cpu_s_per_gib"] {
+        for way in ["h2d", "d2h"] {
+            assert!(bridged[side][way].as_f64().unwrap() > 0.0, "{side}.{way}: {bridged}");
+        }
+    }
     assert!(
         dma.iter().any(|r| r["path"] == "bridged" && r["authenticated"] == false),
         "a bridged row with the frames untagged, for what the tags cost: {dma:?}"
