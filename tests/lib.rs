@@ -51,6 +51,7 @@ pub fn gpu_options(listen: SocketAddr) -> GpuOptions {
             allow: vec!["host-a".into(), "host-b".into()],
         }],
         driver: DriverKind::Auto,
+        offload: link::driver::Offload::AUTO,
         poll: PollMode::Blocking,
         impairment: Impairment::default(),
     }

@@ -22,7 +22,9 @@ use bridge::attach::{BarInfo, Control};
 use bridge::{Dispatcher, Kept};
 use hw::simgpu::SimGpuParams;
 use hw::{Device, SimGpu, TlpQueue, Upstream};
-use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, ServerRunner};
+use link::driver::{
+    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, ServerRunner,
+};
 use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
 
@@ -71,6 +73,8 @@ pub struct GpuOptions {
     pub exports: Vec<ExportSpec>,
     /// Which UDP driver.
     pub driver: DriverKind,
+    /// UDP GSO / GRO and zero-copy sends, as far as the kernel allows (logged at start).
+    pub offload: Offload,
     /// Busy-poll or blocking.
     pub poll: PollMode,
     /// Emulated network impairment on what this endpoint sends.
@@ -434,7 +438,7 @@ impl GpuEndpoint {
         for h in &opts.hosts[1..] {
             endpoint.add_key(h.key.clone());
         }
-        let sock = AnyUdp::bind(opts.listen, opts.driver, &mut |m| log::info!("{m}"))
+        let sock = AnyUdp::bind_with(opts.listen, opts.driver, opts.offload, &mut |m| log::info!("{m}"))
             .map_err(|error| GpuError::Socket { addr: opts.listen, error })?;
         if !opts.impairment.is_none() {
             log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bridge::attach::{BarInfo, Control};
-use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, PollMode, SessionRunner};
+use link::driver::{
+    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, SessionRunner,
+};
 use link::{DownReason, Event, PresharedKey, Session};
 use tlp::Bdf;
 
@@ -30,6 +32,8 @@ pub struct AttachOptions {
     pub bind: Option<SocketAddr>,
     /// Which UDP driver.
     pub driver: DriverKind,
+    /// UDP GSO / GRO and zero-copy sends, as far as the kernel allows (logged at attach).
+    pub offload: Offload,
     /// Busy-poll or blocking.
     pub poll: PollMode,
     /// Emulated network impairment on what this side sends.
@@ -72,6 +76,7 @@ impl AttachOptions {
             link: link::Config::new(key),
             bind: None,
             driver: DriverKind::Auto,
+            offload: Offload::AUTO,
             poll: PollMode::Blocking,
             impairment: Impairment::default(),
             host_id: Bdf::new(0, 0, 0),
@@ -133,7 +138,8 @@ fn open_link(opts: &AttachOptions) -> Result<Link, AttachError> {
         SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
         SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
     });
-    let sock = AnyUdp::bind(bind, opts.driver, &mut |m| log::info!("{m}")).map_err(AttachError::Socket)?;
+    let sock = AnyUdp::bind_with(bind, opts.driver, opts.offload, &mut |m| log::info!("{m}"))
+        .map_err(AttachError::Socket)?;
     if !opts.impairment.is_none() {
         log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
     }

@@ -254,11 +254,22 @@ fn dma_section(
     }
     // With the link's tags (the default) and without them: what authentication costs in bulk.
     // Printed once the floor's samples are in.
+    // io_uring also with zero-copy sends, to see whether they win here.
     let mut bridged = Vec::new();
+    let auto = link::driver::Offload::AUTO;
+    let zero_copy = link::driver::Offload { zero_copy_send: true, ..auto };
+    let mut variants = Vec::new();
     for &driver in drivers {
-        for frames in [Frames::Tagged, Frames::Unauthenticated] {
+        variants.push((driver, Frames::Tagged, auto));
+        variants.push((driver, Frames::Unauthenticated, auto));
+        if driver == DriverKind::IoUring {
+            variants.push((driver, Frames::Tagged, zero_copy));
+        }
+    }
+    {
+        for (driver, frames, offload) in variants {
             let poll = PollMode::Busy { spin };
-            let gpu = LocalBox::start_with(driver, poll, Impairment::default(), frames)?;
+            let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload)?;
             let mut d = open(&gpu, driver, poll)?;
             let buf = pinned(&mut d, args.copy_bytes)?;
             let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
@@ -268,12 +279,14 @@ fn dma_section(
             let link = d.pci().stats().link;
             drop(d);
             drop(gpu);
-            let label = if frames == Frames::Tagged {
+            let label = if offload.zero_copy_send {
+                "  the same, zero-copy sends".to_string()
+            } else if frames == Frames::Tagged {
                 format!("through the bridges, {}, busy-poll", name(driver))
             } else {
                 "  the same, frames untagged".to_string()
             };
-            bridged.push((label, driver, frames != Frames::Unauthenticated, c, link));
+            bridged.push((label, driver, frames != Frames::Unauthenticated, offload.zero_copy_send, c, link));
             if gso_refused.is_none() {
                 floors.push(bare_gso_stream(args.copy_bytes, LINK_MTU).map_err(io)?);
             }
@@ -301,9 +314,10 @@ fn dma_section(
         (None, None) => {}
     }
     let mut cpu = Vec::new();
-    for (label, driver, authenticated, c, link) in bridged {
+    for (label, driver, authenticated, zero_copy, c, link) in bridged {
         let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
         let mut row = dma_row("bridged", name(driver), h2d, d2h, authenticated);
+        row["zero_copy_send"] = json!(zero_copy);
         row["host_cpu_s_per_gib"] = json!({"h2d": c.host_cpu[0], "d2h": c.host_cpu[1]});
         row["box_cpu_s_per_gib"] = json!({"h2d": c.box_cpu[0], "d2h": c.box_cpu[1]});
         row["retransmits"] = json!(link.retransmits);

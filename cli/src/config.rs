@@ -37,6 +37,10 @@ pub(crate) struct LinkSection {
     /// `blocking` or `busy`.
     pub(crate) poll: Option<String>,
     spin_us: Option<u64>,
+    /// UDP GSO / GRO (on where the kernel has them), zero-copy sends (io_uring; off).
+    gso: Option<bool>,
+    gro: Option<bool>,
+    zero_copy_send: Option<bool>,
 }
 
 /// `[impairment]`: what the endpoint does to what it sends.
@@ -265,6 +269,7 @@ pub(crate) fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, 
 pub(crate) struct LinkSettings {
     pub(crate) config: link::Config,
     pub(crate) driver: DriverKind,
+    pub(crate) offload: link::driver::Offload,
     pub(crate) poll: PollMode,
 }
 
@@ -359,7 +364,13 @@ impl LinkSection {
         let driver = driver_kind("link.driver", self.driver.as_deref().unwrap_or("auto"))?;
         let spin = Duration::from_micros(self.spin_us.unwrap_or(1000));
         let poll = poll_mode("link.poll", self.poll.as_deref().unwrap_or("blocking"), spin)?;
-        Ok(LinkSettings { config: c, driver, poll })
+        let auto = link::driver::Offload::AUTO;
+        let offload = link::driver::Offload {
+            gso: self.gso.unwrap_or(auto.gso),
+            gro: self.gro.unwrap_or(auto.gro),
+            zero_copy_send: self.zero_copy_send.unwrap_or(auto.zero_copy_send),
+        };
+        Ok(LinkSettings { config: c, driver, offload, poll })
     }
 }
 
@@ -504,6 +515,7 @@ impl GpuFile {
             hosts,
             exports,
             driver: link.driver,
+            offload: link.offload,
             poll: link.poll,
             impairment: self.impairment.impairment()?,
         })
@@ -560,6 +572,7 @@ impl HostFile {
             let mut o = AttachOptions::new(addr, &a.device, k);
             o.link = link.config;
             o.driver = link.driver;
+            o.offload = link.offload;
             o.poll = link.poll;
             o.impairment = imp;
             if let Some(ms) = a.completion_timeout_ms {
@@ -647,6 +660,10 @@ mod tests {
             key_update_frames = 100000
             poll = "busy"
             spin_us = 50
+            gro = false
+            zero_copy_send = true
+            bandwidth_gbit = 100
+            rtt_us = 20
             [[host]]
             name = "a"
             key = "{KEY}"
@@ -662,6 +679,10 @@ mod tests {
         assert_eq!(o.link.key_update_frames, 100_000);
         assert_eq!(o.poll, PollMode::Busy { spin: Duration::from_micros(50) });
         assert!(matches!(&o.exports[0].device, DeviceSpec::Sim(p) if p.vram_bytes == 1 << 30));
+        assert_eq!(o.offload, link::driver::Offload { gso: true, gro: false, zero_copy_send: true });
+        // 100 Gbit/s × 20 µs × 2 = 500 KB in flight: 31,250 data credits, 62 frames → 128.
+        assert_eq!(o.link.credits.posted.1, 31_250);
+        assert_eq!(o.link.window, 128);
     }
 
     #[test]

@@ -144,6 +144,8 @@ pub(crate) struct LocalBox {
     pub(crate) addr: SocketAddr,
     pub(crate) key: PresharedKey,
     pub(crate) link: link::Config,
+    /// The offloads both endpoints ask their drivers for.
+    pub(crate) offload: link::driver::Offload,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -164,6 +166,17 @@ impl LocalBox {
         impairment: Impairment,
         frames: Frames,
     ) -> Result<LocalBox, String> {
+        LocalBox::start_offload(driver, poll, impairment, frames, link::driver::Offload::AUTO)
+    }
+
+    /// [`LocalBox::start_with`], both endpoints' drivers asked for `offload`.
+    pub(crate) fn start_offload(
+        driver: DriverKind,
+        poll: PollMode,
+        impairment: Impairment,
+        frames: Frames,
+        offload: link::driver::Offload,
+    ) -> Result<LocalBox, String> {
         let key = random_key();
         let mut link_cfg = link::Config::new(key.clone());
         // Loopback carries 4 KiB payloads in one datagram.
@@ -182,6 +195,7 @@ impl LocalBox {
                 allow: vec!["loopback-host".into()],
             }],
             driver,
+            offload,
             poll,
             impairment,
         };
@@ -205,7 +219,7 @@ impl LocalBox {
             })
             .map_err(|e| format!("starting the GPU-box endpoint: {e}"))?;
         let addr = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
-        Ok(LocalBox { addr, key, link: link_cfg, stop, thread: Some(thread) })
+        Ok(LocalBox { addr, key, link: link_cfg, offload, stop, thread: Some(thread) })
     }
 
     /// Options for attaching its gpu0.
@@ -218,6 +232,7 @@ impl LocalBox {
         let mut o = AttachOptions::new(self.addr, "gpu0", self.key.clone());
         o.link = self.link.clone();
         o.driver = driver;
+        o.offload = self.offload;
         o.poll = poll;
         o.impairment = impairment;
         o.dma_memory = 256 << 20;

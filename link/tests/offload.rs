@@ -291,3 +291,21 @@ fn a_forged_frame_inside_a_coalesced_read_is_rejected_alone() {
         assert_eq!(o.client.naks_received, 3, "{d:?}: {:?}", o.client);
     }
 }
+
+#[test]
+fn zero_copy_sends_deliver_the_frames_and_end_the_borrow_only_once_the_kernel_is_done() {
+    if !drivers().contains(&DriverKind::IoUring) {
+        return;
+    }
+    let zc = Offload { zero_copy_send: true, ..Offload::AUTO };
+    let sent = frames(&[4000, 4000, 4000, 1200, 64, 9000, 9000]);
+    for rx_offload in [Offload::AUTO, Offload::OFF] {
+        let (mut tx, mut rx) = (bind(DriverKind::IoUring, zc), bind(DriverKind::Portable, rx_offload));
+        assert!(tx.offload().zero_copy_send, "{:?}", tx.offload());
+        let got = exchange(&mut tx, &mut rx, &sent);
+        assert!(got == sent, "the frames in order, byte for byte");
+        // The borrow ended: the frames may change now without changing what was sent.
+        let again = exchange(&mut tx, &mut rx, &frames(&[100, 100]));
+        assert_eq!(again, frames(&[100, 100]));
+    }
+}

@@ -26,13 +26,18 @@ pub struct Offload {
     pub gso: bool,
     /// Receive with UDP GRO and split coalesced reads.
     pub gro: bool,
+    /// io_uring only: send borrowed DATA frames with zero-copy sends (`SEND_ZC`,
+    /// `SENDMSG_ZC`), the kernel reading them from where they lie until it says it is done.
+    /// Off by default: on loopback the kernel copies anyway and the notifications cost more
+    /// than they save (docs/performance.md).
+    pub zero_copy_send: bool,
 }
 
 impl Offload {
-    /// Both, where the kernel has them.
-    pub const AUTO: Offload = Offload { gso: true, gro: true };
+    /// GSO and GRO, where the kernel has them.
+    pub const AUTO: Offload = Offload { gso: true, gro: true, zero_copy_send: false };
     /// Neither: a datagram per system call slot each way, as before offload.
-    pub const OFF: Offload = Offload { gso: false, gro: false };
+    pub const OFF: Offload = Offload { gso: false, gro: false, zero_copy_send: false };
 }
 
 impl Default for Offload {
@@ -56,6 +61,10 @@ pub struct OffloadState {
     pub gso_sends: u64,
     /// Coalesced reads split back into frames.
     pub gro_reads: u64,
+    /// Zero-copy sends in use (io_uring, when asked for).
+    pub zero_copy_send: bool,
+    /// Zero-copy sends whose notification said the kernel copied after all.
+    pub zero_copy_copied: u64,
 }
 
 impl OffloadState {
@@ -66,7 +75,12 @@ impl OffloadState {
             (false, Some(w)) => format!("{name} off ({w})"),
             (false, None) => format!("{name} off"),
         };
-        format!("{}, {}", part("UDP GSO", self.gso, &self.gso_off), part("UDP GRO", self.gro, &self.gro_off))
+        let zc = if self.zero_copy_send { ", zero-copy sends" } else { "" };
+        format!(
+            "{}, {}{zc}",
+            part("UDP GSO", self.gso, &self.gso_off),
+            part("UDP GRO", self.gro, &self.gro_off)
+        )
     }
 }
 

@@ -62,6 +62,12 @@ const CANCEL_TAG: u64 = u64::MAX - 2;
 const BORROWED_TAG: u64 = u64::MAX - 3;
 /// GSO sends of borrowed frames (a SendMsg carrying a run of them), waited for the same way.
 const BORROWED_GSO_TAG: u64 = u64::MAX - 4;
+/// Zero-copy sends of borrowed frames (`SEND_ZC`, `SENDMSG_ZC`): each completes twice, with
+/// its result and then (flagged MORE first) with the notification that the kernel is done
+/// with the bytes; the borrow lasts until the second.
+const BORROWED_ZC_TAG: u64 = u64::MAX - 5;
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the kernel copied after all.
+const ZC_REPORT_USAGE: u16 = 1 << 3;
 /// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
 const SOCKET: types::Fixed = types::Fixed(0);
 
@@ -147,7 +153,9 @@ impl UringUdp {
         // socket buffer with EAGAIN (and end the multishot receive) instead of waiting for room.
         let socket = UdpSocket::bind(addr)?;
         enlarge_buffers(&socket);
-        let offload = probe_offload(&socket, offload);
+        let mut offload_state = probe_offload(&socket, offload);
+        offload_state.zero_copy_send = offload.zero_copy_send;
+        let offload = offload_state;
         // COOP_TASKRUN with TASKRUN_FLAG: the kernel does not interrupt this thread to post
         // completions (interrupts are slow on virtual machines); it raises a flag in shared
         // memory instead, and `reap` enters the kernel only when that flag is set. Older
@@ -306,11 +314,30 @@ impl UringUdp {
             self.offload.gso_off =
                 Some(format!("a GSO send was refused: {}", io::Error::from_raw_os_error(-result)));
         }
-        if user_data == BORROWED_TAG || user_data == BORROWED_GSO_TAG {
+        if user_data == BORROWED_TAG || user_data == BORROWED_GSO_TAG || user_data == BORROWED_ZC_TAG {
             // Saturating: after a failed wait the count was given up (see `send_borrowed`).
             self.borrowed_in_flight = self.borrowed_in_flight.saturating_sub(1);
         } else {
             self.free.push(user_data as usize);
+        }
+    }
+
+    /// A zero-copy send's completion: its result (the borrow goes on if a notification is to
+    /// follow), or the notification (the kernel is done with the bytes).
+    fn zero_copy_done(&mut self, result: i32, flags: u32) {
+        if cqueue::notif(flags) {
+            // The notification's high bit (IORING_NOTIF_USAGE_ZC_COPIED) says the kernel
+            // copied the bytes after all.
+            if result as u32 & 1 << 31 != 0 {
+                self.offload.zero_copy_copied += 1;
+            }
+            self.borrowed_in_flight = self.borrowed_in_flight.saturating_sub(1);
+        } else if cqueue::more(flags) {
+            if result < 0 {
+                self.send_errors += 1;
+            }
+        } else {
+            self.send_done(BORROWED_ZC_TAG, result);
         }
     }
 
@@ -320,7 +347,9 @@ impl UringUdp {
         loop {
             let Some(c) = self.ring.completion().next() else { break };
             let (t, result, flags) = (c.user_data(), c.result(), c.flags());
-            if t == BORROWED_TAG || t == BORROWED_GSO_TAG || t < TX_SLOTS as u64 {
+            if t == BORROWED_ZC_TAG {
+                self.zero_copy_done(result, flags);
+            } else if t == BORROWED_TAG || t == BORROWED_GSO_TAG || t < TX_SLOTS as u64 {
                 self.send_done(t, result);
             } else {
                 self.deferred.push_back((t, result, flags));
@@ -436,6 +465,7 @@ impl UringUdp {
                 }
                 CANCEL_TAG => {}
                 BORROWED_TAG | BORROWED_GSO_TAG => self.send_done(user_data, result),
+                BORROWED_ZC_TAG => self.zero_copy_done(result, flags),
                 RECV_TAG => {
                     if !cqueue::more(flags) {
                         self.recv_armed = false;
@@ -625,22 +655,34 @@ impl Datagrams for UringUdp {
         }
         let (mut i, mut unit) = (0, 0);
         while i < frames.len() {
+            let zc = self.offload.zero_copy_send;
             let op = if unit < n_units && units[unit].0 == i {
-                let op =
-                    opcode::SendMsg::new(SOCKET, &self.gso_msgs[unit]).build().user_data(BORROWED_GSO_TAG);
+                let msg = &self.gso_msgs[unit];
+                let op = if zc {
+                    opcode::SendMsgZc::new(SOCKET, msg)
+                        .ioprio(ZC_REPORT_USAGE)
+                        .build()
+                        .user_data(BORROWED_ZC_TAG)
+                } else {
+                    opcode::SendMsg::new(SOCKET, msg).build().user_data(BORROWED_GSO_TAG)
+                };
                 i += units[unit].1;
                 unit += 1;
                 op
             } else {
                 let f = frames[i];
                 i += 1;
-                let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
-                let op = if connected {
-                    op
+                let to = &self.borrowed_addr as *const _ as *const libc::sockaddr;
+                if zc {
+                    let op =
+                        opcode::SendZc::new(SOCKET, f.as_ptr(), f.len() as u32).zc_flags(ZC_REPORT_USAGE);
+                    let op = if connected { op } else { op.dest_addr(to).dest_addr_len(len) };
+                    op.build().user_data(BORROWED_ZC_TAG)
                 } else {
-                    op.dest_addr(&self.borrowed_addr as *const _ as *const libc::sockaddr).dest_addr_len(len)
-                };
-                op.build().user_data(BORROWED_TAG)
+                    let op = opcode::Send::new(SOCKET, f.as_ptr(), f.len() as u32);
+                    let op = if connected { op } else { op.dest_addr(to).dest_addr_len(len) };
+                    op.build().user_data(BORROWED_TAG)
+                }
             };
             // SAFETY (for `push`): the frames, `borrowed_addr` and the GSO headers, iovecs
             // and control messages stay valid and unchanged until the completion, which
