@@ -125,6 +125,19 @@ impl RemoteDevice {
         lock(&self.inner).link.sock.inner().name()
     }
 
+    /// GSO, GRO and zero-copy sends as the session's driver uses them.
+    pub fn offload(&self) -> link::driver::OffloadState {
+        use link::driver::Datagrams;
+        lock(&self.inner).link.sock.offload()
+    }
+
+    /// The link's MTU and the largest payload a TLP to or from the device carries now (its
+    /// Max_Payload_Size as set, lowered to what one frame carries).
+    pub fn payload_sizes(&self) -> (usize, u32) {
+        let g = lock(&self.inner);
+        (g.link.session.mtu(), g.view.max_payload().bytes())
+    }
+
     /// The device's BDF on the box.
     pub fn box_id(&self) -> Bdf {
         lock(&self.inner).id.box_id

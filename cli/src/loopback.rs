@@ -113,6 +113,9 @@ pub(crate) struct Outcome {
     direct_rtt: (Duration, Duration),
     host: HostStats,
     driver: String,
+    offload: link::driver::OffloadState,
+    /// The link's MTU and the device's Max_Payload_Size through it.
+    sizes: (usize, u32),
 }
 
 fn random_key() -> PresharedKey {
@@ -269,6 +272,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
     let driver_name = remote.driver_name().to_string();
     let mut d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+    let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
     progress("timing MMIO reads");
     let rtt = mmio_rtt(&mut d, args.rtt_samples);
     let size = WorkloadSize::scaled(args.scale);
@@ -284,7 +288,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
     let direct_report = workload::run(&mut direct, size, &mut |s| progress(&format!("direct: {s}")))
         .map_err(|e| format!("direct workload: {e}"))?;
-    Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name })
+    Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name, offload, sizes })
 }
 
 fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
@@ -405,6 +409,13 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         );
     }
     println!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
+    println!(
+        "  link: {} driver, MTU {}, Max_Payload_Size {} B, {}",
+        o.driver,
+        o.sizes.0,
+        o.sizes.1,
+        o.offload.describe()
+    );
     println!();
     println!(
         "  MMIO read round trip: p50 {:.1} µs, p99 {:.1} µs   (direct: p50 {:.2} µs)",
@@ -453,6 +464,10 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "interrupts": o.host.interrupts,
         "retransmits": o.host.link.retransmits,
         "link_driver": o.driver,
+        "mtu": o.sizes.0,
+        "max_payload": o.sizes.1,
+        "gso": o.offload.gso,
+        "gro": o.offload.gro,
         "poll": args.poll.name(),
         "delay_us": args.delay_us,
         "loss": args.loss,
