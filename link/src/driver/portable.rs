@@ -477,49 +477,29 @@ impl Datagrams for PortableUdp {
         self.send_all(to, frames)
     }
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
-        if !self.rx_busy && self.offload.gro {
-            // Idle, with GRO: one recvmsg, whose control message says whether the read is
-            // coalesced.
-            let m = &mut self.rx_msgs[0].msg_hdr;
-            m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            m.msg_controllen = std::mem::size_of::<ControlBuf>() as _;
-            // SAFETY: the header points into `rx_addrs`, `rx_iovs`, `rx_ctrl` and `rx`, owned
-            // by self and never moved.
-            let n = unsafe { libc::recvmsg(self.socket.as_raw_fd(), m, libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                return match e.kind() {
-                    io::ErrorKind::WouldBlock
-                    | io::ErrorKind::Interrupted
-                    | io::ErrorKind::ConnectionRefused => Ok(0),
-                    _ => Err(e),
-                };
-            }
-            let segment = gro_segment(&self.rx_msgs[0].msg_hdr);
-            let mut got = 0;
-            if let Some(from) = addr_of(&self.rx_addrs[0]) {
-                self.offload.gro_reads += segment.is_some() as u64;
-                for frame in gro_segments(&self.rx[..(n as usize).min(MAX_DATAGRAM)], segment) {
-                    f(from, frame);
-                    got += 1;
-                }
-            }
-            self.rx_busy = true;
-            return Ok(got);
-        }
         if !self.rx_busy {
-            // Idle: probe for one datagram with plain recvfrom, the kernel's shortest path.
-            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            // SAFETY: the buffer and address storage are valid for the lengths given.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.socket.as_raw_fd(),
-                    self.rx.as_mut_ptr() as *mut libc::c_void,
-                    MAX_DATAGRAM,
-                    libc::MSG_DONTWAIT,
-                    &mut self.rx_addrs[0] as *mut _ as *mut libc::sockaddr,
-                    &mut len,
-                )
+            // Idle: probe for one datagram, by the kernel's shortest path — recvfrom, or with
+            // GRO one recvmsg, whose control message says whether the read is coalesced.
+            let n = if self.offload.gro {
+                let m = &mut self.rx_msgs[0].msg_hdr;
+                m.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                m.msg_controllen = std::mem::size_of::<ControlBuf>() as _;
+                // SAFETY: the header points into `rx_addrs`, `rx_iovs`, `rx_ctrl` and `rx`,
+                // owned by self and never moved.
+                unsafe { libc::recvmsg(self.socket.as_raw_fd(), m, libc::MSG_DONTWAIT) }
+            } else {
+                let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                // SAFETY: the buffer and address storage are valid for the lengths given.
+                unsafe {
+                    libc::recvfrom(
+                        self.socket.as_raw_fd(),
+                        self.rx.as_mut_ptr() as *mut libc::c_void,
+                        MAX_DATAGRAM,
+                        libc::MSG_DONTWAIT,
+                        &mut self.rx_addrs[0] as *mut _ as *mut libc::sockaddr,
+                        &mut len,
+                    )
+                }
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
@@ -530,12 +510,18 @@ impl Datagrams for PortableUdp {
                     _ => Err(e),
                 };
             }
+            let segment = if self.offload.gro { gro_segment(&self.rx_msgs[0].msg_hdr) } else { None };
+            let mut got = 0;
             if let Some(from) = addr_of(&self.rx_addrs[0]) {
-                f(from, &self.rx[..n as usize]);
+                self.offload.gro_reads += segment.is_some() as u64;
+                for frame in gro_segments(&self.rx[..(n as usize).min(MAX_DATAGRAM)], segment) {
+                    f(from, frame);
+                    got += 1;
+                }
             }
             // More may be waiting: take a batch next.
             self.rx_busy = true;
-            return Ok(1);
+            return Ok(got);
         }
         let mut total = 0;
         let vlen = BATCH;
