@@ -360,12 +360,16 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
     la.scale = args.scale;
     la.rtt_samples = 200;
     let o = crate::loopback::run(&la, &mut |_| {})?;
+    let ((b, d), overhead) = (o.seconds(), o.overhead());
     say(format!(
-        "(c) demo workload (scale {}): bridged {:.2} ms, direct {:.2} ms, overhead {:.0} %",
+        "(c) demo workload (scale {}, medians of {} runs each way in turns): bridged {:.2} ms, direct {:.2} ms, overhead {:.0} % ({:.0} to {:.0} %)",
         args.scale,
-        o.bridged.seconds * 1e3,
-        o.direct.seconds * 1e3,
-        (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0
+        la.repeat,
+        b.median * 1e3,
+        d.median * 1e3,
+        overhead.median,
+        overhead.min,
+        overhead.max
     ));
     Ok(crate::loopback::report_json(&la, &o))
 }

@@ -1,7 +1,8 @@
 //! `dxpu loopback`: both endpoints and a simulated GPU on one machine, over real UDP
 //! loopback. The simgpu driver runs the demo workload through the bridges (every result
-//! checked against the CPU), then the same workload on a directly attached simgpu, and the
-//! report compares them.
+//! checked against the CPU) and the same workload on a directly attached simgpu, in turns,
+//! `--repeat` times each, and the report compares their medians (with the spread): on a
+//! shared two-core machine one run of each told the overhead anywhere from 9 to 155 %.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,6 +31,13 @@ pub(crate) struct LoopbackArgs {
     /// Workload size, 1..=32: MiB copied each way, ×64 Ki-element vectors.
     #[arg(long, default_value_t = 4)]
     pub(crate) scale: u32,
+    /// The workload.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Demo)]
+    pub(crate) workload: WorkloadArg,
+    /// Runs of the workload each way, bridged and direct in turns (1..=1000); the report
+    /// gives the medians and their spread.
+    #[arg(long, default_value_t = DEFAULT_REPEAT, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) repeat: u32,
     /// UDP driver.
     #[arg(long, value_enum, default_value_t = DriverArg::Auto)]
     driver: DriverArg,
@@ -66,6 +74,30 @@ pub(crate) struct LoopbackArgs {
     log_level: String,
 }
 
+/// Runs each way by default: enough that invocations in a row agree on the median overhead
+/// within ±5 percentage points on the 2-core development machine (docs/performance.md: 9
+/// did not, nor did 41 through one attachment).
+pub(crate) const DEFAULT_REPEAT: u32 = 15;
+
+/// Bridged runs made through one attachment before the next (see `run`).
+const RUNS_PER_SESSION: u32 = 3;
+
+/// The workloads `dxpu loopback` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum WorkloadArg {
+    /// Copies each way, a fill, vector kernels, a matrix multiply, fences by polling and by
+    /// interrupt (`testbed::workload`).
+    Demo,
+}
+
+impl WorkloadArg {
+    fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::Demo => "demo",
+        }
+    }
+}
+
 impl LoopbackArgs {
     /// The impairment the options ask for, seeded.
     fn impairment(&self, seed: u64) -> Impairment {
@@ -82,6 +114,8 @@ impl LoopbackArgs {
     pub(crate) fn defaults() -> LoopbackArgs {
         LoopbackArgs {
             scale: 4,
+            workload: WorkloadArg::Demo,
+            repeat: DEFAULT_REPEAT,
             driver: DriverArg::Auto,
             poll: PollArg::Busy,
             spin_us: 2000,
@@ -97,6 +131,37 @@ impl LoopbackArgs {
     }
 }
 
+impl Outcome {
+    /// Seconds of the whole workload, bridged and direct.
+    pub(crate) fn seconds(&self) -> (Spread, Spread) {
+        (
+            Spread::of(self.bridged.iter().map(|r| r.seconds)),
+            Spread::of(self.direct.iter().map(|r| r.seconds)),
+        )
+    }
+
+    /// The overhead in percent, bridged against direct, of each pair of runs made in turn.
+    pub(crate) fn overhead(&self) -> Spread {
+        Spread::of(self.bridged.iter().zip(&self.direct).map(|(b, d)| (b.seconds / d.seconds - 1.0) * 100.0))
+    }
+
+    /// Step `i`'s seconds, bridged and direct.
+    fn step(&self, i: usize) -> (Spread, Spread) {
+        let of = |runs: &[WorkloadReport]| {
+            Spread::of(runs.iter().filter_map(|r| r.steps.get(i)).map(|s| s.seconds))
+        };
+        (of(&self.bridged), of(&self.direct))
+    }
+
+    /// Gbit/s of the workload's copies, (host→device, device→host), medians.
+    fn dma(runs: &[WorkloadReport]) -> (f64, f64) {
+        (
+            Spread::of(runs.iter().map(|r| gbps(r.h2d.0, r.h2d.1))).median,
+            Spread::of(runs.iter().map(|r| gbps(r.d2h.0, r.d2h.1))).median,
+        )
+    }
+}
+
 fn us(d: Duration) -> f64 {
     d.as_nanos() as f64 / 1000.0
 }
@@ -105,10 +170,34 @@ fn gbps(bytes: usize, seconds: f64) -> f64 {
     if seconds > 0.0 { bytes as f64 * 8.0 / seconds / 1e9 } else { 0.0 }
 }
 
-/// What one run found.
+/// A figure over the runs: its median and its spread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Spread {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+}
+
+impl Spread {
+    fn of(values: impl Iterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = values.collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => Spread { median: 0.0, min: 0.0, max: 0.0 },
+            // The middle one, or the mean of the middle two.
+            n => Spread {
+                median: if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 },
+                min: v[0],
+                max: v[n - 1],
+            },
+        }
+    }
+}
+
+/// What the runs found: the workload through the bridges and directly, in turns.
 pub(crate) struct Outcome {
-    pub(crate) bridged: WorkloadReport,
-    pub(crate) direct: WorkloadReport,
+    pub(crate) bridged: Vec<WorkloadReport>,
+    pub(crate) direct: Vec<WorkloadReport>,
     rtt: (Duration, Duration),
     direct_rtt: (Duration, Duration),
     host: HostStats,
@@ -264,31 +353,91 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let driver = args.driver.kind();
     let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
-    let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
-    progress("attaching gpu0 through the host endpoint");
-    let mut o = gpu.attach_options(driver, poll, imp(12));
-    // Distance adds to every round trip: keep the timeout above it.
-    o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
-    let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
-    let driver_name = remote.driver_name().to_string();
-    let mut d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+    // A box and an attachment of their own for every RUNS_PER_SESSION bridged runs, each
+    // attachment warmed by one run not counted: sessions differ from one to the next (on
+    // this machine some run whole copies at half the rate of others), and a figure over one
+    // session says more about that session than about the bridges.
+    let attach = |progress: &mut dyn FnMut(&str)| -> Result<(LocalBox, SimGpuDriver<RemoteDevice>), String> {
+        let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
+        progress("attaching gpu0 through the host endpoint");
+        let mut o = gpu.attach_options(driver, poll, imp(12));
+        // Distance adds to every round trip: keep the timeout above it.
+        o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+        let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+        let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+        Ok((gpu, d))
+    };
+    let (gpu, mut d) = attach(progress)?;
+    let driver_name = d.pci().driver_name().to_string();
     let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
     progress("timing MMIO reads");
     let rtt = mmio_rtt(&mut d, args.rtt_samples);
-    let size = WorkloadSize::scaled(args.scale);
-    let bridged = workload::run(&mut d, size, &mut |s| progress(&format!("bridged: {s}")))
-        .map_err(|e| format!("bridged workload: {e}"))?;
-    let host = d.pci().stats();
-    d.into_pci().detach();
-    drop(gpu);
-
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
         .map_err(|e| format!("opening the direct simgpu: {e}"))?;
     let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
-    let direct_report = workload::run(&mut direct, size, &mut |s| progress(&format!("direct: {s}")))
-        .map_err(|e| format!("direct workload: {e}"))?;
-    Ok(Outcome { bridged, direct: direct_report, rtt, direct_rtt, host, driver: driver_name, offload, sizes })
+    let size = WorkloadSize::scaled(args.scale);
+    // The first attachment is warmed by the round-trip samples' session and one run.
+    warm_up(&mut d, size, "bridged", progress)?;
+    warm_up(&mut direct, size, "direct", progress)?;
+    // In turns, so that what the machine does meanwhile falls on both alike.
+    let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
+    let mut current = Some((gpu, d));
+    let mut host = HostStats::default();
+    for i in 1..=args.repeat {
+        let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
+        let (gpu, mut d) = match current.take() {
+            Some(c) => c,
+            None => {
+                let (gpu, mut d) = attach(progress)?;
+                warm_up(&mut d, size, "bridged", progress)?;
+                (gpu, d)
+            }
+        };
+        let before = d.pci().stats();
+        bridged.push(
+            workload::run(&mut d, size, &mut |s| progress(&format!("bridged{of}: {s}")))
+                .map_err(|e| format!("bridged workload{of}: {e}"))?,
+        );
+        // What one run sent and received: the last one's.
+        host = one_run(&before, &d.pci().stats());
+        direct_runs.push(
+            workload::run(&mut direct, size, &mut |s| progress(&format!("direct{of}: {s}")))
+                .map_err(|e| format!("direct workload{of}: {e}"))?,
+        );
+        if i % RUNS_PER_SESSION == 0 || i == args.repeat {
+            d.into_pci().detach();
+            drop(gpu);
+        } else {
+            current = Some((gpu, d));
+        }
+    }
+    Ok(Outcome { bridged, direct: direct_runs, rtt, direct_rtt, host, driver: driver_name, offload, sizes })
+}
+
+/// One run of the workload through `d`, verified and not counted.
+fn warm_up<P: driver::PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    size: WorkloadSize,
+    what: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    workload::run(d, size, &mut |s| progress(&format!("{what} (warm-up): {s}")))
+        .map(|_| ())
+        .map_err(|e| format!("{what} workload (warm-up): {e}"))
+}
+
+/// The counters the report shows, as far as they moved from `before` to `after`.
+fn one_run(before: &HostStats, after: &HostStats) -> HostStats {
+    let diff = |a: &BTreeMap<&'static str, u64>, b: &BTreeMap<&'static str, u64>| {
+        b.iter().map(|(k, v)| (*k, v - a.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect()
+    };
+    let mut h = after.clone();
+    h.tlps_sent = diff(&before.tlps_sent, &after.tlps_sent);
+    h.tlps_received = diff(&before.tlps_received, &after.tlps_received);
+    h.interrupts = after.interrupts - before.interrupts;
+    h.link.retransmits = after.link.retransmits - before.link.retransmits;
+    h
 }
 
 fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
@@ -373,7 +522,8 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let overhead = (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0;
+    let overhead = o.overhead();
+    let (bridged, direct) = o.seconds();
     let tlps = tlp_totals(&o.host);
     if args.json {
         let report = report_json(&args, &o);
@@ -393,13 +543,30 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         if args.encrypt { "encrypted" } else { "authenticated" }
     );
     println!();
-    println!("  workload (every result checked against the CPU)          bridged      direct");
-    for (b, d) in o.bridged.steps.iter().zip(&o.direct.steps) {
-        println!("    {:<52} {:>9}  {:>9}", b.name, fmt_s(b.seconds), fmt_s(d.seconds));
+    let runs = o.bridged.len();
+    if runs > 1 {
+        println!(
+            "  workload {} (every result checked against the CPU), medians of {runs} runs each way, in turns, and their spread",
+            args.workload.name()
+        );
+        println!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
+    } else {
+        println!(
+            "  workload {} (every result checked against the CPU)       bridged      direct",
+            args.workload.name()
+        );
+    }
+    for (i, step) in o.bridged[0].steps.iter().enumerate() {
+        let (b, d) = o.step(i);
+        if runs > 1 {
+            println!("    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
+        } else {
+            println!("    {:<52} {:>9}  {:>9}", step.name, fmt_s(b.median), fmt_s(d.median));
+        }
     }
     println!("  all results verified: yes");
     println!();
-    println!("  TLPs by kind (host→box / box→host):");
+    println!("  TLPs by kind in one run (the last; host→box / box→host):");
     for k in tlps.keys() {
         println!(
             "    {:<8} {:>9} / {}",
@@ -423,18 +590,28 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         us(o.rtt.1),
         us(o.direct_rtt.0)
     );
+    let (bh, bd) = Outcome::dma(&o.bridged);
+    let (dh, dd) = Outcome::dma(&o.direct);
     println!(
-        "  DMA host→device {:.2} Gbit/s, device→host {:.2} Gbit/s   (direct: {:.2} / {:.2})",
-        gbps(o.bridged.h2d.0, o.bridged.h2d.1),
-        gbps(o.bridged.d2h.0, o.bridged.d2h.1),
-        gbps(o.direct.h2d.0, o.direct.h2d.1),
-        gbps(o.direct.d2h.0, o.direct.d2h.1)
+        "  DMA host→device {bh:.2} Gbit/s, device→host {bd:.2} Gbit/s   (direct: {dh:.2} / {dd:.2}; the workload's copies, medians)"
     );
-    println!(
-        "  workload: bridged {}, direct {}, overhead {overhead:.0} %",
-        fmt_s(o.bridged.seconds),
-        fmt_s(o.direct.seconds)
-    );
+    if runs > 1 {
+        println!(
+            "  workload: bridged {}, direct {}, overhead {:.0} % (median of {runs} pairs; {:.0} to {:.0} %)",
+            fmt_spread(bridged),
+            fmt_spread(direct),
+            overhead.median,
+            overhead.min,
+            overhead.max
+        );
+    } else {
+        println!(
+            "  workload: bridged {}, direct {}, overhead {:.0} %",
+            fmt_s(bridged.median),
+            fmt_s(direct.median),
+            overhead.median
+        );
+    }
     ExitCode::SUCCESS
 }
 
@@ -442,25 +619,52 @@ fn fmt_s(s: f64) -> String {
     workload::human(Duration::from_secs_f64(s.max(0.0)))
 }
 
+/// `median (min–max)`.
+fn fmt_spread(s: Spread) -> String {
+    format!("{} ({}–{})", fmt_s(s.median), fmt_s(s.min), fmt_s(s.max))
+}
+
 /// `loopback --json`'s object (and `bench bridge --json`'s `workload`).
 pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value {
-    let overhead = (o.bridged.seconds / o.direct.seconds - 1.0) * 100.0;
+    let overhead = o.overhead();
+    let (bridged, direct) = o.seconds();
+    let (bh, bd) = Outcome::dma(&o.bridged);
+    let (dh, dd) = Outcome::dma(&o.direct);
     let tlps = tlp_totals(&o.host);
+    let steps: Vec<_> = o.bridged[0]
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (b, d) = o.step(i);
+            json!({"name": s.name, "bridged_seconds": b.median, "bridged_seconds_min": b.min,
+                   "bridged_seconds_max": b.max, "direct_seconds": d.median,
+                   "direct_seconds_min": d.min, "direct_seconds_max": d.max})
+        })
+        .collect();
     json!({
         "verified": true,
-        "steps": o.bridged.steps.iter().map(|s| json!({"name": s.name, "bridged_seconds": s.seconds})).collect::<Vec<_>>(),
+        "workload": args.workload.name(),
+        "repeat": o.bridged.len(),
+        "steps": steps,
         "tlps": tlps,
         "tlps_host_to_box": o.host.tlps_sent,
         "tlps_box_to_host": o.host.tlps_received,
         "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
         "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
-        "dma_h2d_gbps": gbps(o.bridged.h2d.0, o.bridged.h2d.1),
-        "dma_d2h_gbps": gbps(o.bridged.d2h.0, o.bridged.d2h.1),
-        "direct_dma_h2d_gbps": gbps(o.direct.h2d.0, o.direct.h2d.1),
-        "direct_dma_d2h_gbps": gbps(o.direct.d2h.0, o.direct.d2h.1),
-        "direct_seconds": o.direct.seconds,
-        "bridged_seconds": o.bridged.seconds,
-        "overhead_percent": overhead,
+        "dma_h2d_gbps": bh,
+        "dma_d2h_gbps": bd,
+        "direct_dma_h2d_gbps": dh,
+        "direct_dma_d2h_gbps": dd,
+        "direct_seconds": direct.median,
+        "direct_seconds_min": direct.min,
+        "direct_seconds_max": direct.max,
+        "bridged_seconds": bridged.median,
+        "bridged_seconds_min": bridged.min,
+        "bridged_seconds_max": bridged.max,
+        "overhead_percent": overhead.median,
+        "overhead_percent_min": overhead.min,
+        "overhead_percent_max": overhead.max,
         "interrupts": o.host.interrupts,
         "retransmits": o.host.link.retransmits,
         "link_driver": o.driver,

@@ -174,7 +174,18 @@ fn bad_configuration_is_refused_naming_the_key() {
 fn loopback_json_report_has_its_keys() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let out = dxpu()
-        .args(["loopback", "--json", "--scale", "1", "--poll", "blocking", "--rtt-samples", "200"])
+        .args([
+            "loopback",
+            "--json",
+            "--scale",
+            "1",
+            "--poll",
+            "blocking",
+            "--rtt-samples",
+            "200",
+            "--repeat",
+            "3",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -189,6 +200,17 @@ fn loopback_json_report_has_its_keys() {
         assert!(v[k].is_number(), "{k} missing: {v}");
     }
     assert!(v["dma_h2d_gbps"].as_f64().unwrap() > 0.0);
+    // Three runs each way: the medians inside their spreads.
+    assert_eq!((v["repeat"].as_u64(), v["workload"].as_str()), (Some(3), Some("demo")));
+    for k in ["overhead_percent", "bridged_seconds", "direct_seconds"] {
+        let lo = v[format!("{k}_min")].as_f64().unwrap();
+        let hi = v[format!("{k}_max")].as_f64().unwrap();
+        let mid = v[k].as_f64().unwrap();
+        assert!(lo <= mid && mid <= hi, "{k}: {lo} {mid} {hi}");
+    }
+    let step = &v["steps"][0];
+    assert!(step["bridged_seconds_min"].as_f64() <= step["bridged_seconds"].as_f64(), "{step}");
+    assert!(step["direct_seconds"].as_f64().unwrap() > 0.0, "{step}");
     // Impossible options are refused.
     let out = dxpu().args(["loopback", "--scale", "99"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
