@@ -66,6 +66,21 @@ const BORROWED_GSO_TAG: u64 = u64::MAX - 4;
 /// its result and then (flagged MORE first) with the notification that the kernel is done
 /// with the bytes; the borrow lasts until the second.
 const BORROWED_ZC_TAG: u64 = u64::MAX - 5;
+/// Pages a zero-copy GSO unit may span: the kernel's `MAX_SKB_FRAGS` (17), less one for the
+/// headers' own.
+const ZC_MAX_PAGES: usize = 16;
+
+/// The 4 KiB pages `frames` lie in, counted per frame (each is its own run of fragments).
+fn pages_spanned(frames: &[&[u8]]) -> usize {
+    frames
+        .iter()
+        .map(|f| {
+            let start = f.as_ptr() as usize;
+            (start + f.len().max(1) - 1) / 4096 - start / 4096 + 1
+        })
+        .sum()
+}
+
 /// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the kernel copied after all.
 const ZC_REPORT_USAGE: u16 = 1 << 3;
 /// The socket, registered with the ring as fixed file 0 (no file lookup per operation).
@@ -621,11 +636,18 @@ impl Datagrams for UringUdp {
         self.gso_ctrl.clear();
         let mut i = 0;
         while i < frames.len() {
-            let (count, segment) = if self.offload.gso && n_units < units.len() {
+            let (mut count, segment) = if self.offload.gso && n_units < units.len() {
                 gso_unit(i, frames.len(), &|k| (to, frames[k].len()))
             } else {
                 (1, 0)
             };
+            if self.offload.zero_copy_send {
+                // A zero-copy send pins the frames' pages as the skb's fragments, at most
+                // MAX_SKB_FRAGS of them: a unit spanning more fails with EMSGSIZE.
+                while count > 1 && pages_spanned(&frames[i..i + count]) > ZC_MAX_PAGES {
+                    count -= 1;
+                }
+            }
             if count > 1 && n_units < units.len() {
                 units[n_units] = (i, count, segment);
                 n_units += 1;
