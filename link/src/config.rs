@@ -32,6 +32,10 @@ pub const DEFAULT_PATH_BANDWIDTH: u64 = 25_000_000_000 / 8;
 /// ... and a 100 µs round trip (a datacenter's, with the endpoints' own turnaround).
 pub const DEFAULT_PATH_RTT: Duration = Duration::from_micros(100);
 
+/// The most [`Config::size_for_path`] lets be in flight, per class: what a receiver may
+/// have to buffer for its peer (delivered TLPs wait within the credits granted).
+pub const MAX_IN_FLIGHT: u64 = 64 << 20;
+
 /// Everything a session needs to know. Bounds on memory follow from `window`, `mtu`,
 /// `max_queued` and `credits`: replay buffer ≤ window × MTU, out-of-order buffer ≤ window ×
 /// MTU, send queues ≤ 3 × max_queued TLPs, delivered-but-unread TLPs ≤ the credits granted.
@@ -107,14 +111,17 @@ impl Config {
     /// (`window`, 128..=4096) and in the credits granted each class (data credits of 16
     /// bytes, at least 64 KiB; header credits one per 256 bytes, at least 256). A bulk
     /// transfer's rate is bounded by in-flight bytes ÷ round trip; with 64 KiB of credits
-    /// the bridges carried at most ≈ 1.6 GB/s on loopback (docs/performance.md).
+    /// the bridges carried at most ≈ 1.6 GB/s on loopback (docs/performance.md). At most
+    /// [`MAX_IN_FLIGHT`] per class, whatever the path says.
     pub fn size_for_path(&mut self, bandwidth: u64, rtt: Duration) {
-        let in_flight = (2 * bandwidth as u128 * rtt.as_nanos() / 1_000_000_000).max(64 << 10) as u64;
+        let in_flight = (2u128.saturating_mul(bandwidth as u128).saturating_mul(rtt.as_nanos())
+            / 1_000_000_000)
+            .clamp(64 << 10, MAX_IN_FLIGHT as u128) as u64;
         let payload =
             self.mtu.saturating_sub(crate::wire::BODY_AT + crate::wire::TRAILER_LEN).max(256) as u64;
         self.window = in_flight.div_ceil(payload).clamp(128, 4096) as u32;
-        let data = in_flight.div_ceil(16).clamp(4096, 1 << 28) as u32;
-        let header = (in_flight / 256).clamp(256, 1 << 20) as u32;
+        let data = in_flight.div_ceil(16).max(4096) as u32;
+        let header = (in_flight / 256).max(256) as u32;
         self.credits =
             CreditGrant { posted: (header, data), non_posted: (header, data), completion: (header, data) };
     }
@@ -181,5 +188,48 @@ impl Config {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(mtu: usize) -> Config {
+        let mut c = Config::new(
+            PresharedKey::new(b"0123456789abcdef0123456789abcdef").unwrap_or_else(|| unreachable!()),
+        );
+        c.mtu = mtu;
+        c
+    }
+
+    #[test]
+    fn the_path_sizes_window_and_credits_to_twice_bandwidth_times_delay() {
+        let mut c = cfg(9000);
+        // 25 Gbit/s × 100 µs × 2 = 625,000 bytes: 39,063 data credits, 2,441 headers, 76
+        // frames of 8,9xx bytes (the window stays at its floor of 128).
+        c.size_for_path(DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT);
+        assert_eq!(c.credits.posted, (2441, 39_063));
+        assert_eq!(c.credits.completion, c.credits.posted);
+        assert_eq!(c.window, 128);
+        let mut c = cfg(1472);
+        c.size_for_path(DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT);
+        assert_eq!(
+            c.window,
+            625_000u64.div_ceil(1472 - (crate::wire::BODY_AT + crate::wire::TRAILER_LEN) as u64) as u32
+        );
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_path_at_the_edges_sizes_within_the_bounds() {
+        for (bw, rtt) in [(0, Duration::ZERO), (u64::MAX, Duration::MAX), (1, Duration::from_nanos(1))] {
+            let mut c = cfg(1472);
+            c.size_for_path(bw, rtt);
+            assert!(c.validate().is_ok(), "{bw} {rtt:?}: {:?}", c.validate());
+            assert!((128..=4096).contains(&c.window));
+            let (h, d) = c.credits.posted;
+            assert!(d as u64 * 16 <= MAX_IN_FLIGHT + 16 && d >= 4096 && h >= 256, "{bw} {rtt:?}: {h} {d}");
+        }
     }
 }
