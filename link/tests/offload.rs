@@ -313,3 +313,62 @@ fn zero_copy_sends_deliver_the_frames_and_end_the_borrow_only_once_the_kernel_is
         assert_eq!(again, frames(&[100, 100]));
     }
 }
+
+/// Receives what arrives at `rx` within `wait`.
+fn received_within(rx: &mut AnyUdp, wait: Duration, want: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + wait;
+    while got.len() < want && Instant::now() < deadline {
+        rx.recv(&mut |_, d| got.push(d.to_vec())).unwrap();
+    }
+    got
+}
+
+/// Where the kernel refuses a GSO send — here because the segments (3000 bytes) are larger
+/// than the path's MTU (a veth pair's 1500), which it refuses with EINVAL rather than
+/// fragment them — the driver turns GSO off and says why, and frames go one by one from then
+/// on (IP fragments them). The portable driver sends the refused unit again at once; the
+/// io_uring driver learns of the refusal from the completion, after the unit is gone, and
+/// leaves its frames to the link's replay.
+#[test]
+fn a_gso_send_the_kernel_refuses_turns_gso_off_and_the_frames_still_go() {
+    let ns = match netns::Netns::create("gso", [10, 79, 3]) {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("skipping: network namespaces unavailable here ({e})");
+            return;
+        }
+    };
+    for &d in &drivers() {
+        let (a, b, addr_a, addr_b) = (ns.a.clone(), ns.b.clone(), ns.addr_a(), ns.addr_b());
+        std::thread::spawn(move || {
+            // Each socket is made in its namespace and stays there.
+            netns::enter(&b).unwrap();
+            let mut rx =
+                AnyUdp::bind_with(SocketAddr::from((addr_b, 0)), d, Offload::AUTO, &mut |_| {}).unwrap();
+            netns::enter(&a).unwrap();
+            let mut tx =
+                AnyUdp::bind_with(SocketAddr::from((addr_a, 0)), d, Offload::AUTO, &mut |_| {}).unwrap();
+            if !tx.offload().gso {
+                eprintln!("skipped {d:?}: GSO refused at start here");
+                return;
+            }
+            let sent = frames(&[3000, 3000, 3000, 3000]);
+            let refs: Vec<&[u8]> = sent.iter().map(|f| f.as_slice()).collect();
+            let to = rx.local_addr().unwrap();
+            tx.send_borrowed(to, &refs).unwrap();
+            let first = received_within(&mut rx, Duration::from_secs(1), sent.len());
+            let st = tx.offload();
+            assert!(!st.gso, "{d:?}: GSO still on after the kernel refused it: {st:?}");
+            assert!(st.gso_off.as_deref().is_some_and(|w| w.contains("refused")), "{d:?}: {st:?}");
+            if d == DriverKind::Portable {
+                assert!(first == sent, "{d:?}: the refused unit went again, frame by frame");
+            }
+            tx.send_borrowed(to, &refs).unwrap();
+            let again = received_within(&mut rx, Duration::from_secs(5), sent.len());
+            assert!(again == sent, "{d:?}: without GSO every frame arrives");
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -131,9 +131,14 @@ pub(super) fn probe_offload(socket: &UdpSocket, want: Offload) -> OffloadState {
 }
 
 /// Whether a send failed because of its `UDP_SEGMENT` (the device cannot segment or
-/// checksum it, or the size is refused): then the send is made again without GSO.
+/// checksum it, or the segment size is refused — EMSGSIZE where a segment is larger than
+/// the path's MTU, which the kernel would fragment without GSO but refuses with it): then
+/// the send is made again without GSO.
 pub(super) fn gso_refused(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+    )
 }
 
 pub(super) fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
