@@ -17,7 +17,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 
 use crate::bench::{bare_gso_stream, bare_pingpong, bare_stream, driver_pingpong, us};
-use crate::loopback::{Frames, LocalBox, mmio_rtt};
+use crate::loopback::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
 #[derive(Args, Debug)]
@@ -266,45 +266,40 @@ fn dma_section(
             variants.push((driver, Frames::Tagged, zero_copy));
         }
     }
-    {
-        for (driver, frames, offload) in variants {
-            let poll = PollMode::Busy { spin };
-            let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload)?;
-            let mut d = open(&gpu, driver, poll)?;
-            let buf = pinned(&mut d, args.copy_bytes)?;
-            let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
-                Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-                None => e,
-            })?;
-            let link = d.pci().stats().link;
-            drop(d);
-            drop(gpu);
-            let label = if offload.zero_copy_send {
-                "  the same, zero-copy sends".to_string()
-            } else if frames == Frames::Tagged {
-                format!("through the bridges, {}, busy-poll", name(driver))
-            } else {
-                "  the same, frames untagged".to_string()
-            };
-            bridged.push((label, driver, frames != Frames::Unauthenticated, offload.zero_copy_send, c, link));
-            if gso_refused.is_none() {
-                floors.push(bare_gso_stream(args.copy_bytes, LINK_MTU).map_err(io)?);
-            }
+    for (driver, frames, offload) in variants {
+        let poll = PollMode::Busy { spin };
+        let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload)?;
+        let mut d = open(&gpu, driver, poll)?;
+        let buf = pinned(&mut d, args.copy_bytes)?;
+        let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
+            Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+            None => e,
+        })?;
+        let link = d.pci().stats().link;
+        drop(d);
+        drop(gpu);
+        let label = if offload.zero_copy_send {
+            "  the same, zero-copy sends".to_string()
+        } else if frames == Frames::Tagged {
+            format!("through the bridges, {}, busy-poll", name(driver))
+        } else {
+            "  the same, frames untagged".to_string()
+        };
+        bridged.push((label, driver, frames != Frames::Unauthenticated, offload.zero_copy_send, c, link));
+        if gso_refused.is_none() {
+            floors.push(bare_gso_stream(args.copy_bytes, LINK_MTU).map_err(io)?);
         }
     }
-    let gso = (!floors.is_empty()).then(|| {
-        let mut f = floors.clone();
-        f.sort_by(f64::total_cmp);
-        f[f.len() / 2]
-    });
+    let floor = Spread::of(floors.iter().copied());
+    let gso = (!floors.is_empty()).then_some(floor.median);
     match (gso, &gso_refused) {
         (Some(f), _) => say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}",
             format!(
                 "bare sockets, UDP GSO + GRO, {LINK_MTU} B segs: median of {} ({:.0}–{:.0})",
                 floors.len(),
-                floors.iter().copied().fold(f64::INFINITY, f64::min),
-                floors.iter().copied().fold(0.0, f64::max)
+                floor.min,
+                floor.max
             ),
             f,
             f,
@@ -405,11 +400,7 @@ fn timed_copies<P: driver::PciFunction>(
     for _ in 0..repeat {
         runs.push(pinned_copy(d, buf, &data, &mut back)?);
     }
-    let median = |f: &dyn Fn(&Copied) -> f64| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let median = |f: &dyn Fn(&Copied) -> f64| Spread::of(runs.iter().map(f)).median;
     Ok(Copied {
         h2d_mb_s: median(&|c| c.h2d_mb_s),
         d2h_mb_s: median(&|c| c.d2h_mb_s),

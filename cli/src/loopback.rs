@@ -179,7 +179,7 @@ pub(crate) struct Spread {
 }
 
 impl Spread {
-    fn of(values: impl Iterator<Item = f64>) -> Spread {
+    pub(crate) fn of(values: impl Iterator<Item = f64>) -> Spread {
         let mut v: Vec<f64> = values.collect();
         v.sort_by(f64::total_cmp);
         match v.len() {

@@ -382,14 +382,13 @@ impl PortableUdp {
                     iov_len: bytes.len(),
                 });
             }
-            for &(first, count, _) in &units {
+            for &(first, ..) in &units {
                 let dest = self.outgoing(first, to, frames).0;
                 if connected != Some(dest) {
                     addrs.push(sockaddr_of(&dest));
                 }
-                ctrl.push(ControlBuf::default());
-                let _ = count;
             }
+            ctrl.resize(units.len(), ControlBuf::default());
             self.tx_msgs.clear();
             let mut addr = 0;
             for (k, &(first, count, segment)) in units.iter().enumerate() {
