@@ -694,6 +694,10 @@ mod tests {
         };
         let cases = [
             (base("[link]\nmtu = 100", "sim = {}"), "mtu"),
+            (base("[link]\nbandwidth_gbit = 0", "sim = {}"), "link.bandwidth_gbit"),
+            (base("[link]\nbandwidth_gbit = 1601", "sim = {}"), "link.bandwidth_gbit"),
+            (base("[link]\nrtt_us = 0", "sim = {}"), "link.rtt_us"),
+            (base("[link]\ngso = \"yes\"", "sim = {}"), "gso"),
             (base("[link]\ndriver = \"dpdk\"", "sim = {}"), "link.driver"),
             (base("[link]\nmtuu = 1", "sim = {}"), "mtuu"),
             (base("", "sim = { vram_mib = 3 }"), "device[0].sim.vram_mib"),

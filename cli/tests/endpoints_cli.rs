@@ -212,6 +212,11 @@ fn loopback_json_report_has_its_keys() {
     assert!(step["bridged_seconds_min"].as_f64() <= step["bridged_seconds"].as_f64(), "{step}");
     assert!(step["direct_seconds"].as_f64().unwrap() > 0.0, "{step}");
     // Impossible options are refused.
+    for bad in [["--repeat", "0"], ["--repeat", "1001"], ["--workload", "training"]] {
+        let out = dxpu().arg("loopback").args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(bad[0]), "{bad:?}");
+    }
     let out = dxpu().args(["loopback", "--scale", "99"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--scale"));
