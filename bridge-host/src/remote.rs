@@ -410,14 +410,15 @@ impl PciFunction for RemoteDevice {
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
         let mut g = self.enter();
-        wait_interrupt(timeout, |_| {
+        wait_interrupt(timeout, |left| {
             if g.interrupts.take(vector) {
                 WaitStep::Fired
             } else if g.cancelled() {
                 WaitStep::Gone
             } else {
-                // Time passes for the link whether or not it is busy: the timeout holds.
-                if !g.pump() {
+                // Time passes for the link whether or not it is busy: the timeout holds. A
+                // look with no time left (is it pending?) pumps once and does not wait.
+                if !g.pump() && !left.is_zero() {
                     let _ = g.link.wait();
                 }
                 WaitStep::Idle

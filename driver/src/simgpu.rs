@@ -69,7 +69,8 @@ const RING_ENTRIES: u64 = 64;
 /// PCIe 6.0 §7.5.3.4): the device's copies from host memory keep 32 reads in flight, and
 /// the larger each read, the more bytes are on their way per round trip.
 const MAX_READ_REQUEST: u32 = 5;
-/// How often a fence wait asks the device whether it stopped on an error.
+/// How often a fence wait, once the device raised its error interrupt, asks whether it
+/// stopped (ERROR set, STATUS not busy).
 const ERROR_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 /// Vector the driver uses for command completion.
 pub const DONE_VECTOR: u16 = 0;
@@ -96,8 +97,46 @@ pub struct SimGpuDriver<P: PciFunction> {
     head: u64,
     fence: DmaBuf,
     next_fence: u64,
+    /// RING_TAIL as published with the last fence: later, the device has more to do.
+    fence_published: u64,
     timeout: Duration,
     staging: Option<DmaBuf>,
+    /// Host buffers the device reads and writes directly, by index ([`Self::pinned`]).
+    pinned: Vec<Option<DmaBuf>>,
+    stats: DriverStats,
+}
+
+/// What the driver asked of the device: the software side of a workload's transaction
+/// profile (the platform counts the TLPs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Commands written into the ring (fences and interrupts included).
+    pub commands: u64,
+    /// RING_TAIL writes each followed by a doorbell: each lets the device fetch what waits.
+    pub doorbells: u64,
+    /// Fence waits by polling host memory.
+    pub waits_polled: u64,
+    /// Fence waits by interrupt.
+    pub waits_interrupt: u64,
+    /// Waits for the last fence published with nothing published after it: the device is
+    /// idle from its fence until the host publishes more, the fence's way to the host and
+    /// the next doorbell's to the device (a round trip through a bridge). A wait for an
+    /// earlier fence, more work queued behind it, leaves the device busy.
+    pub waits_idle: u64,
+}
+
+impl DriverStats {
+    /// What was counted since `before` (an earlier reading of the same driver's).
+    pub fn since(&self, before: &DriverStats) -> DriverStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        DriverStats {
+            commands: d(self.commands, before.commands),
+            doorbells: d(self.doorbells, before.doorbells),
+            waits_polled: d(self.waits_polled, before.waits_polled),
+            waits_interrupt: d(self.waits_interrupt, before.waits_interrupt),
+            waits_idle: d(self.waits_idle, before.waits_idle),
+        }
+    }
 }
 
 /// Sizes a 64-bit memory BAR by probing; returns (address, size).
@@ -172,8 +211,11 @@ impl<P: PciFunction> SimGpuDriver<P> {
             head: 0,
             fence,
             next_fence: 0,
+            fence_published: 0,
             timeout: Duration::from_secs(5),
             staging: None,
+            pinned: Vec::new(),
+            stats: DriverStats::default(),
         };
         d.write_reg(reg::RING_BASE, ring.bus.get());
         d.write_reg(reg::RING_SIZE, RING_ENTRIES);
@@ -206,11 +248,24 @@ impl<P: PciFunction> SimGpuDriver<P> {
         self.pci.mmio_write(self.bar0 + r, 8, v)
     }
 
+    /// What the driver has asked of the device since it opened.
+    pub fn stats(&self) -> DriverStats {
+        self.stats
+    }
+
     /// Queues one command and rings the doorbell.
     pub fn submit(&mut self, c: Command) -> Result<(), DriverError> {
         self.queue(c)?;
         self.publish();
         Ok(())
+    }
+
+    /// Queues one command without telling the device: commands queued together are
+    /// published by the next [`Self::fence`] (or [`Self::sync`], [`Self::submit`]) with one
+    /// RING_TAIL write and one doorbell, and fetched together — as a GPU stack queues a
+    /// stream's copies and kernels and synchronizes once.
+    pub fn enqueue(&mut self, c: Command) -> Result<(), DriverError> {
+        self.queue(c)
     }
 
     /// Tells the device about the commands written since the last time: RING_TAIL, then
@@ -221,6 +276,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             self.write_reg(reg::RING_TAIL, self.tail);
             self.write_reg(reg::DOORBELL, 1);
             self.published = self.tail;
+            self.stats.doorbells += 1;
         }
     }
 
@@ -245,12 +301,21 @@ impl<P: PciFunction> SimGpuDriver<P> {
         let ring = self.ring;
         self.pci.dma_write(&ring, (self.tail * COMMAND_BYTES) as usize, &b);
         self.tail = (self.tail + 1) % RING_ENTRIES;
+        self.stats.commands += 1;
         Ok(())
     }
 
     /// Queues a fence (and, waiting by interrupt, an INTERRUPT), publishes them with what
     /// was queued before, and waits until the device has executed everything before it.
     pub fn sync(&mut self, mode: WaitMode) -> Result<(), DriverError> {
+        let value = self.fence(mode)?;
+        self.wait(value, mode)
+    }
+
+    /// Queues a fence (and, for `WaitMode::Interrupt`, an INTERRUPT on the completion vector)
+    /// and publishes it with everything queued before; returns the value to [`Self::wait`]
+    /// for. The host goes on meanwhile (fills the next buffer, queues the next batch).
+    pub fn fence(&mut self, mode: WaitMode) -> Result<u64, DriverError> {
         self.next_fence += 1;
         let value = self.next_fence;
         self.queue(Command { opcode: op::FENCE, args: [self.fence.bus.get(), value, 0, 0, 0] })?;
@@ -258,24 +323,57 @@ impl<P: PciFunction> SimGpuDriver<P> {
             self.queue(Command { opcode: op::INTERRUPT, args: [DONE_VECTOR as u64, 0, 0, 0, 0] })?;
         }
         self.publish();
-        if mode == WaitMode::Interrupt && !self.pci.wait_interrupt(DONE_VECTOR, self.timeout) {
-            pci_gone(&self.pci)?;
-            return Err(DriverError::Timeout { value, timeout: self.timeout });
-        }
+        self.fence_published = self.published;
+        Ok(value)
+    }
+
+    /// The fence word in host memory: the value of the last FENCE the device executed.
+    fn fence_value(&mut self) -> u64 {
+        let mut f = [0u8; 8];
+        let fence = self.fence;
+        self.pci.dma_read(&fence, 0, &mut f);
+        u64::from_le_bytes(f)
+    }
+
+    /// Whether the device raised its error interrupt (consumed): it does for every error, so
+    /// a wait learns of one without reading a register (a network round trip on a remote
+    /// device) — the interrupt is a posted write sent before any later fence's, and arrives
+    /// before it.
+    fn error_raised(&mut self) -> bool {
+        self.pci.wait_interrupt(ERROR_VECTOR, Duration::ZERO)
+    }
+
+    /// Waits until the device has executed the fence `value` (from [`Self::fence`], queued
+    /// with the same `mode`), then reports ERROR if the device raised its error interrupt.
+    /// The fence word is watched in host memory (where the device's write lands); no
+    /// register is read unless the device raised an error.
+    pub fn wait(&mut self, value: u64, mode: WaitMode) -> Result<(), DriverError> {
         let start = std::time::Instant::now();
-        let mut next_error_check = start;
-        loop {
-            let mut f = [0u8; 8];
-            let fence = self.fence;
-            self.pci.dma_read(&fence, 0, &mut f);
-            if u64::from_le_bytes(f) >= value {
-                break;
+        match mode {
+            WaitMode::Poll => self.stats.waits_polled += 1,
+            WaitMode::Interrupt => self.stats.waits_interrupt += 1,
+        }
+        if value == self.next_fence && self.published == self.fence_published {
+            self.stats.waits_idle += 1;
+        }
+        if mode == WaitMode::Interrupt {
+            // One interrupt per fence queued so: those of earlier fences may still be pending.
+            while self.fence_value() < value {
+                let left = self.timeout.saturating_sub(start.elapsed());
+                if !self.pci.wait_interrupt(DONE_VECTOR, left) {
+                    pci_gone(&self.pci)?;
+                    return Err(DriverError::Timeout { value, timeout: self.timeout });
+                }
             }
-            // A device that stopped on an error never writes the fence. Asked now and then,
-            // not on every look at the fence word (host memory, where the device's write
-            // lands): on a remote device each register read is a network round trip.
+        }
+        let mut errored = false;
+        let mut next_error_check = start;
+        while self.fence_value() < value {
+            errored = errored || self.error_raised();
+            // A device that stopped on an error (the ring misconfigured) never writes the
+            // fence: once it raised an error, ask now and then whether it stopped.
             let now = std::time::Instant::now();
-            if now >= next_error_check {
+            if errored && now >= next_error_check {
                 if self.read_reg(reg::ERROR) != 0 && self.read_reg(reg::STATUS) & 1 == 0 {
                     break;
                 }
@@ -287,15 +385,17 @@ impl<P: PciFunction> SimGpuDriver<P> {
                 return Err(DriverError::Timeout { value, timeout: self.timeout });
             }
         }
-        let error = self.read_reg(reg::ERROR);
         pci_gone(&self.pci)?;
-        match error {
+        if !errored && !self.error_raised() {
+            return Ok(());
+        }
+        // Every error raised its interrupt: take them all, one report.
+        while self.error_raised() {}
+        match self.read_reg(reg::ERROR) {
             0 => Ok(()),
             code => {
                 self.write_reg(reg::ERROR, code);
                 self.write_reg(reg::INT_STATUS, 2);
-                // The error interrupt was raised too; consume it.
-                let _ = self.pci.wait_interrupt(ERROR_VECTOR, Duration::ZERO);
                 Err(DriverError::Device { code })
             }
         }
@@ -309,6 +409,27 @@ impl<P: PciFunction> SimGpuDriver<P> {
             _ => {
                 let b = self.pci.dma_alloc(len).ok_or(DriverError::NoMemory(len))?;
                 self.staging = Some(b);
+                Ok(b)
+            }
+        }
+    }
+
+    /// Host buffer `index` (0..16), of at least `len` bytes: DMA memory the caller fills and
+    /// the device copies from, or the device copies into, as CUDA's pinned host memory.
+    /// Kept by the driver and reused (grown when too small), so that a workload run again
+    /// does not use up the platform's DMA memory; its contents are whatever was last there.
+    pub fn pinned(&mut self, index: usize, len: usize) -> Result<DmaBuf, DriverError> {
+        if index >= 16 {
+            return Err(DriverError::Unusable("pinned buffer index above 15"));
+        }
+        if self.pinned.len() <= index {
+            self.pinned.resize(index + 1, None);
+        }
+        match self.pinned[index] {
+            Some(b) if b.len >= len => Ok(DmaBuf { bus: b.bus, len }),
+            _ => {
+                let b = self.pci.dma_alloc(len).ok_or(DriverError::NoMemory(len))?;
+                self.pinned[index] = Some(b);
                 Ok(b)
             }
         }
