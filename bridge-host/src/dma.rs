@@ -236,6 +236,7 @@ impl DmaWindows {
             }
         }
         stats.dma_writes += 1;
+        stats.dma_write_bytes += n as u64;
     }
 
     /// Serves the device's memory read `t` from a window that allows it: its completions,
@@ -273,6 +274,7 @@ impl DmaWindows {
         };
         rules::complete_read(t, completer, data, Rcb::B64, max_payload, send);
         stats.dma_reads += 1;
+        stats.dma_read_bytes += len as u64;
         true
     }
 }

@@ -17,6 +17,10 @@ pub struct HostStats {
     pub dma_reads: u64,
     /// Device DMA writes into granted windows.
     pub dma_writes: u64,
+    /// Bytes the device read from granted windows (the requests' lengths).
+    pub dma_read_bytes: u64,
+    /// Bytes the device wrote into granted windows.
+    pub dma_write_bytes: u64,
     /// Device DMA reads outside every window (answered UR).
     pub dma_read_refused: u64,
     /// Device DMA writes outside every window (dropped).

@@ -41,6 +41,54 @@ struct HostPort {
     completions: VecDeque<Vec<u8>>,
     dma_read_refused: u64,
     dma_write_dropped: u64,
+    counts: PlatformCounts,
+    /// A read of the device's was completed since the device last ran (its `poll` or a
+    /// request): reads it sends now may be the refill of a pipeline, not a new dependency.
+    completed_since_run: bool,
+}
+
+/// What crossed the platform between the driver and the device: the hardware side of a
+/// workload's transaction profile (`testbed::model::Profile`), counted as the host
+/// endpoint counts the same TLPs on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlatformCounts {
+    /// Memory reads of the device's BARs by the driver: each blocks the driver for a round
+    /// trip.
+    pub register_reads: u64,
+    /// Memory writes to the device's BARs (posted).
+    pub register_writes: u64,
+    /// Memory reads of host memory by the device.
+    pub device_reads: u64,
+    /// Bytes those reads asked for.
+    pub device_read_bytes: u64,
+    /// Device reads sent while no other read of the device's was outstanding and none had
+    /// completed since the device last ran: the first of each chain of reads the device
+    /// waits on (a command fetch, the start of a copy), each a round trip on its critical
+    /// path through a bridge. The reads that keep a copy's window full are not.
+    pub dependent_reads: u64,
+    /// Memory writes into host memory by the device (MSI-X messages not included).
+    pub device_writes: u64,
+    /// Bytes of those writes.
+    pub device_write_bytes: u64,
+    /// MSI-X messages.
+    pub interrupts: u64,
+}
+
+impl PlatformCounts {
+    /// What was counted since `before` (an earlier reading of the same counters).
+    pub fn since(&self, before: &PlatformCounts) -> PlatformCounts {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        PlatformCounts {
+            register_reads: d(self.register_reads, before.register_reads),
+            register_writes: d(self.register_writes, before.register_writes),
+            device_reads: d(self.device_reads, before.device_reads),
+            device_read_bytes: d(self.device_read_bytes, before.device_read_bytes),
+            dependent_reads: d(self.dependent_reads, before.dependent_reads),
+            device_writes: d(self.device_writes, before.device_writes),
+            device_write_bytes: d(self.device_write_bytes, before.device_write_bytes),
+            interrupts: d(self.interrupts, before.interrupts),
+        }
+    }
 }
 
 impl HostPort {
@@ -58,14 +106,24 @@ impl Upstream for HostPort {
                 if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
                     let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
                     self.interrupts.signal(v, 1);
+                    self.counts.interrupts += 1;
                 } else if let Some(off) = self.in_memory(a, data.len() as u64) {
                     let dst = &mut self.mem[off..off + data.len()];
                     rules::write_enabled_bytes(dst, data, req.first_be, req.last_be);
+                    self.counts.device_writes += 1;
+                    self.counts.device_write_bytes += data.len() as u64;
                 } else {
                     self.dma_write_dropped += 1;
                 }
             }
-            Body::MemRead { .. } => self.reads.push_back(tlp.with_data(&[])),
+            Body::MemRead { length_dw, .. } => {
+                self.counts.device_reads += 1;
+                self.counts.device_read_bytes += length_dw as u64 * 4;
+                if self.reads.is_empty() && !self.completed_since_run {
+                    self.counts.dependent_reads += 1;
+                }
+                self.reads.push_back(tlp.with_data(&[]))
+            }
             Body::Completion { .. } => self.completions.push_back(emit(tlp)),
             // Nothing else a device sends (messages, atomics) is acted on here.
             _ => {}
@@ -130,6 +188,11 @@ impl<D: Device> DirectAttach<D> {
         self.host.dma_write_dropped
     }
 
+    /// What crossed the platform since it was attached.
+    pub fn counts(&self) -> PlatformCounts {
+        self.host.counts
+    }
+
     fn tag(&mut self) -> Tag {
         self.next_tag = (self.next_tag + 1) % 1024;
         Tag::from_bits(self.next_tag)
@@ -138,6 +201,7 @@ impl<D: Device> DirectAttach<D> {
     /// Sends one host request to the device and serves everything that follows.
     fn request(&mut self, tlp: &TlpRepr<'_>) {
         self.dev.request(tlp, &mut self.host);
+        self.host.completed_since_run = false;
         self.serve_reads();
     }
 
@@ -160,6 +224,7 @@ impl<D: Device> DirectAttach<D> {
     fn serve_reads(&mut self) {
         while let Some(t) = self.host.reads.pop_front() {
             let Body::MemRead { address, length_dw, .. } = t.body else { continue };
+            self.host.completed_since_run = true;
             let mps = TransferSize::from_bytes(self.dev.max_payload()).unwrap_or(TransferSize::B128);
             match self.host.in_memory(address.value(), length_dw as u64 * 4) {
                 Some(off) => {
@@ -189,6 +254,7 @@ impl<D: Device> DirectAttach<D> {
         let mut any = false;
         for _ in 0..1_000_000 {
             let did = self.dev.poll(&mut self.host);
+            self.host.completed_since_run = false;
             self.serve_reads();
             if !did {
                 break;
@@ -242,6 +308,7 @@ impl<D: Device> PciFunction for DirectAttach<D> {
         self.config_request(offset, Some(value.to_le_bytes()));
     }
     fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
+        self.host.counts.register_reads += 1;
         let tag = self.memory_request(addr, None, (len / 4).max(1) as u16);
         match self.completion_for(tag) {
             Some((CplStatus::Success, v)) => {
@@ -255,6 +322,7 @@ impl<D: Device> PciFunction for DirectAttach<D> {
         }
     }
     fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
+        self.host.counts.register_writes += 1;
         let b = value.to_le_bytes();
         self.memory_request(addr, Some(&b[..len.min(8)]), (len / 4).max(1) as u16);
         self.run();

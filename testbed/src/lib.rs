@@ -5,13 +5,18 @@
 //!   are compared with, and the platform the driver tests run on;
 //! - [`suite`]: the simgpu driver's checks, generic over the platform, so the same checks run
 //!   directly, through the bridges and inside a VM;
-//! - [`workload`]: the demo workload `dxpu loopback` runs;
+//! - [`workload`]: the demo workload `dxpu loopback` runs, and [`workload::Workload`] to
+//!   name any of them;
+//! - [`ai`]: workloads shaped like AI work (inference, training, data loading);
+//! - [`model`]: the performance model, a bridged time predicted from a transaction profile;
 //! - [`vfio_user_client`]: a vfio-user client, the VMM's side of the protocol, for tests
 //!   and `dxpu bench vfio-user` to reach the host endpoint's server without QEMU.
 // `unsafe` lives only in the vfio-user client (mapping the memory file it shares).
 #![deny(unsafe_code)]
 
+pub mod ai;
 pub mod direct;
+pub mod model;
 pub mod suite;
 #[cfg(feature = "vfio-user-client")]
 pub mod vfio_user_client;

@@ -32,6 +32,59 @@ impl WorkloadSize {
     }
 }
 
+/// A workload and its size: the demo or one shaped like AI work ([`crate::ai`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Copies each way, every kernel, fences by polling and by interrupt ([`run`]).
+    Demo(WorkloadSize),
+    /// Weights resident, requests through a chain of kernels ([`crate::ai::inference`]).
+    Inference(crate::ai::InferenceSize),
+    /// Forward, backward, reduction, optimizer, loss and checkpoints ([`crate::ai::training`]).
+    Training(crate::ai::TrainingSize),
+    /// A bulk host→device stream under kernels ([`crate::ai::data_loading`]).
+    DataLoading(crate::ai::DataLoadingSize),
+}
+
+impl Workload {
+    /// The workloads' names, as `dxpu loopback --workload` takes them.
+    pub const NAMES: [&'static str; 4] = ["demo", "inference", "training", "data-loading"];
+
+    /// Workload `name` at `scale` (1..=32), or `None` for a name not in [`Self::NAMES`].
+    pub fn named(name: &str, scale: u32) -> Option<Workload> {
+        Some(match name {
+            "demo" => Workload::Demo(WorkloadSize::scaled(scale)),
+            "inference" => Workload::Inference(crate::ai::InferenceSize::scaled(scale)),
+            "training" => Workload::Training(crate::ai::TrainingSize::scaled(scale)),
+            "data-loading" => Workload::DataLoading(crate::ai::DataLoadingSize::scaled(scale)),
+            _ => return None,
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::Demo(_) => "demo",
+            Workload::Inference(_) => "inference",
+            Workload::Training(_) => "training",
+            Workload::DataLoading(_) => "data-loading",
+        }
+    }
+
+    /// Runs it on an opened driver, every result checked against the CPU.
+    pub fn run<P: PciFunction>(
+        &self,
+        d: &mut SimGpuDriver<P>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<WorkloadReport, WorkloadError> {
+        match *self {
+            Workload::Demo(s) => run(d, s, progress),
+            Workload::Inference(s) => crate::ai::inference(d, s, progress),
+            Workload::Training(s) => crate::ai::training(d, s, progress),
+            Workload::DataLoading(s) => crate::ai::data_loading(d, s, progress),
+        }
+    }
+}
+
 /// One step and how long it took.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
@@ -46,9 +99,11 @@ pub struct Step {
 pub struct WorkloadReport {
     /// Every step, in order, each verified against the CPU.
     pub steps: Vec<Step>,
-    /// Bytes and seconds of the host→device copy.
+    /// Bytes and seconds of the host→device copy (the demo's; an AI workload's bulk upload
+    /// or stream).
     pub h2d: (usize, f64),
-    /// Bytes and seconds of the device→host copy.
+    /// Bytes and seconds of the device→host copy (the demo's; (0, 0) where none stands
+    /// alone).
     pub d2h: (usize, f64),
     /// Wall time of the whole workload.
     pub seconds: f64,
@@ -79,7 +134,11 @@ pub enum WorkloadError {
     },
 }
 
-fn check<T: PartialEq + std::fmt::Debug>(step: &str, got: &[T], want: &[T]) -> Result<(), WorkloadError> {
+pub(crate) fn check<T: PartialEq + std::fmt::Debug>(
+    step: &str,
+    got: &[T],
+    want: &[T],
+) -> Result<(), WorkloadError> {
     let index = match got.iter().zip(want).position(|(a, b)| a != b) {
         Some(i) => i,
         None if got.len() == want.len() => return Ok(()),

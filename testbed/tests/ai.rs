@@ -1,0 +1,160 @@
+//! The AI-shaped workloads (`testbed::ai`) on a directly attached simgpu, each verified
+//! against its CPU reference, and the transaction profile the platform and the driver count
+//! for the performance model (`testbed::model`): its counts follow from what each workload
+//! does, and a copy's window of reads counts once, not once per read.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use driver::{Command, SimGpuDriver, WaitMode};
+use hw::SimGpu;
+use hw::simgpu::SimGpuParams;
+use simgpu_abi::op;
+use testbed::ai::{DataLoadingSize, InferenceSize, TrainingSize};
+use testbed::direct::DirectAttach;
+use testbed::model::Profile;
+use testbed::workload::{Workload, WorkloadError};
+use tlp::Bdf;
+
+fn open() -> SimGpuDriver<DirectAttach<SimGpu>> {
+    let dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
+    SimGpuDriver::open(DirectAttach::new(dev, 128 << 20)).unwrap()
+}
+
+/// Runs `w` once and counts its profile.
+fn profiled(d: &mut SimGpuDriver<DirectAttach<SimGpu>>, w: Workload) -> Profile {
+    let before = (d.pci().counts(), d.stats());
+    w.run(d, &mut |_| {}).unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+    Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1))
+}
+
+#[test]
+fn every_workload_is_verified_and_runs_again_on_the_same_driver() {
+    let mut d = open();
+    for name in Workload::NAMES {
+        let w = Workload::named(name, 1).unwrap();
+        for _ in 0..2 {
+            let r = w.run(&mut d, &mut |_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!r.steps.is_empty() && r.seconds > 0.0, "{name}: {r:?}");
+        }
+    }
+    assert!(Workload::named("mining", 1).is_none());
+}
+
+#[test]
+fn other_shapes_are_verified_too() {
+    let mut d = open();
+    let shapes = [
+        Workload::Inference(InferenceSize { batch: 1, layers: 1, dim: 8, requests: 3 }),
+        Workload::Inference(InferenceSize { batch: 7, layers: 5, dim: 33, requests: 2 }),
+        Workload::Training(TrainingSize {
+            batch: 5,
+            dim: 9,
+            micro_batches: 3,
+            steps: 7,
+            loss_every: 3,
+            checkpoint_every: 2,
+        }),
+        Workload::Training(TrainingSize {
+            batch: 16,
+            dim: 16,
+            micro_batches: 1,
+            steps: 3,
+            loss_every: 1,
+            checkpoint_every: 5,
+        }),
+        Workload::DataLoading(DataLoadingSize { batch_bytes: 4096, batches: 1 }),
+        Workload::DataLoading(DataLoadingSize { batch_bytes: 12 << 10, batches: 5 }),
+    ];
+    for w in shapes {
+        w.run(&mut d, &mut |_| {}).unwrap_or_else(|e| panic!("{w:?}: {e}"));
+    }
+}
+
+#[test]
+fn sizes_out_of_range_are_refused_naming_the_workload() {
+    let mut d = open();
+    let bad = [
+        Workload::Inference(InferenceSize { batch: 0, layers: 1, dim: 8, requests: 1 }),
+        Workload::Inference(InferenceSize { batch: 1, layers: 33, dim: 8, requests: 1 }),
+        Workload::Inference(InferenceSize { batch: 1, layers: 1, dim: 257, requests: 1 }),
+        Workload::Training(TrainingSize {
+            batch: 4,
+            dim: 4,
+            micro_batches: 5,
+            steps: 1,
+            loss_every: 1,
+            checkpoint_every: 1,
+        }),
+        Workload::Training(TrainingSize {
+            batch: 4,
+            dim: 4,
+            micro_batches: 1,
+            steps: 1,
+            loss_every: 0,
+            checkpoint_every: 1,
+        }),
+        Workload::DataLoading(DataLoadingSize { batch_bytes: 4094, batches: 1 }),
+        Workload::DataLoading(DataLoadingSize { batch_bytes: 17 << 20, batches: 1 }),
+        Workload::DataLoading(DataLoadingSize { batch_bytes: 4096, batches: 0 }),
+    ];
+    for w in bad {
+        match w.run(&mut d, &mut |_| {}) {
+            Err(WorkloadError::Driver { step, .. }) => assert_eq!(step, w.name(), "{w:?}"),
+            other => panic!("{w:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn inference_profile_counts_what_each_request_does() {
+    let mut d = open();
+    let s = InferenceSize { batch: 4, layers: 3, dim: 32, requests: 5 };
+    let p = profiled(&mut d, Workload::Inference(s));
+    let io = (s.batch * s.dim * 4) as u64;
+    // Two synchronous copies per layer to upload, one fence per request.
+    let waits = 2 * s.layers as u64 + s.requests as u64;
+    assert_eq!(p.waits(), waits, "{p:?}");
+    assert_eq!(p.driver.waits_idle, waits, "every wait is for the last fence: {p:?}");
+    assert_eq!(p.driver.doorbells, waits);
+    assert_eq!(p.platform.interrupts, s.requests as u64);
+    assert_eq!(p.platform.register_reads, 0, "no register read per wait: {p:?}");
+    // Doorbell: RING_TAIL and DOORBELL.
+    assert_eq!(p.platform.register_writes, 2 * waits);
+    // Each request's output, and one 8-byte fence per wait.
+    assert_eq!(p.platform.device_write_bytes, s.requests as u64 * io + 8 * waits);
+    // Each wait: its fetch and its copy in's first read (an upload's copy, a request's input;
+    // the output is written, not read).
+    assert_eq!(p.platform.dependent_reads, 2 * waits, "{p:?}");
+    let weights = (s.layers * (s.dim * s.dim + s.batch * s.dim) * 4) as u64;
+    assert!(p.platform.device_read_bytes >= weights + s.requests as u64 * io, "{p:?}");
+}
+
+#[test]
+fn a_copys_window_of_reads_is_one_dependency_and_an_overlapped_wait_none() {
+    let mut d = open();
+    let before = (d.pci().counts(), d.stats());
+    let buf = d.pinned(0, 4 << 20).unwrap();
+    // 4 MiB in 4 KiB reads, 256 in flight: four windows, one round trip to start them.
+    d.enqueue(Command { opcode: op::COPY_H2V, args: [buf.bus.get(), 0, 4 << 20, 0, 0] }).unwrap();
+    let first = d.fence(WaitMode::Poll).unwrap();
+    d.enqueue(Command { opcode: op::NOP, args: [0; 5] }).unwrap();
+    let second = d.fence(WaitMode::Poll).unwrap();
+    d.wait(first, WaitMode::Poll).unwrap();
+    d.wait(second, WaitMode::Poll).unwrap();
+    let p = Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1));
+    assert_eq!(p.platform.device_read_bytes, (4 << 20) + 64 * 2 + 64 * 2, "{p:?}");
+    // Two fetches (one per doorbell) and the copy's start.
+    assert_eq!(p.platform.dependent_reads, 3, "{p:?}");
+    assert_eq!((p.waits(), p.driver.waits_idle), (2, 1), "{p:?}");
+}
+
+#[test]
+fn data_loading_waits_behind_the_next_batch_are_not_idle() {
+    let mut d = open();
+    let s = DataLoadingSize { batch_bytes: 64 << 10, batches: 6 };
+    let p = profiled(&mut d, Workload::DataLoading(s));
+    // One wait per batch, and the two read-backs; only the last batch's and the read-backs'
+    // leave the device idle.
+    assert_eq!(p.waits(), s.batches as u64 + 2, "{p:?}");
+    assert_eq!(p.driver.waits_idle, 3, "{p:?}");
+    assert!(p.platform.device_read_bytes >= (s.batch_bytes * s.batches) as u64);
+}
