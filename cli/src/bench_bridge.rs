@@ -353,6 +353,7 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
     say(String::new());
     let mut la = crate::loopback::LoopbackArgs::defaults();
     la.scale = args.scale;
+    la.workload = Some(crate::loopback::WorkloadArg::Demo);
     la.rtt_samples = 200;
     let o = crate::loopback::run(&la, &mut |_| {})?;
     let ((b, d), overhead) = (o.seconds(), o.overhead());

@@ -1,8 +1,11 @@
 //! `dxpu loopback`: both endpoints and a simulated GPU on one machine, over real UDP
-//! loopback. The simgpu driver runs the demo workload through the bridges (every result
-//! checked against the CPU) and the same workload on a directly attached simgpu, in turns,
-//! `--repeat` times each, and the report compares their medians (with the spread): on a
-//! shared two-core machine one run of each told the overhead anywhere from 9 to 155 %.
+//! loopback. The simgpu driver runs a workload (the demo, or one shaped like AI work)
+//! through the bridges (every result checked against the CPU) and the same workload on a
+//! directly attached simgpu, in turns, `--repeat` times each, and the report compares their
+//! medians (with the spread): on a shared two-core machine one run of each told the
+//! overhead anywhere from 9 to 155 %. The direct runs count the workload's transaction
+//! profile, and the performance model (`testbed::model`) predicts the bridged time from it
+//! and the link's round trip and bulk rates, measured before the runs.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,19 +24,28 @@ use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 use testbed::direct::DirectAttach;
-use testbed::workload::{self, WorkloadReport, WorkloadSize};
+use testbed::model::{self, LinkParams, Prediction, Profile};
+use testbed::workload::{self, Workload, WorkloadReport};
 
 use crate::config::{DriverArg, PollArg};
 
 /// Options of `dxpu loopback`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct LoopbackArgs {
-    /// Workload size, 1..=32: MiB copied each way, ×64 Ki-element vectors.
+    /// Workload size, 1..=32: the demo's MiB copied each way (×64 Ki-element vectors); the
+    /// AI workloads' requests, steps or batches, 2 per unit.
     #[arg(long, default_value_t = 4)]
     pub(crate) scale: u32,
-    /// The workload.
-    #[arg(long, value_enum, default_value_t = WorkloadArg::Demo)]
-    pub(crate) workload: WorkloadArg,
+    /// The workload; every one in turn unless given, and a summary of their overheads.
+    #[arg(long, value_enum)]
+    pub(crate) workload: Option<WorkloadArg>,
+    /// Rows per request (`inference`, 1..=256; 16 unless given) or per micro-batch
+    /// (`training`, 1..=256; 64).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub(crate) batch: Option<u16>,
+    /// Layers in each request's chain of kernels (`inference`, 1..=32; 4 unless given).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
+    pub(crate) layers: Option<u16>,
     /// Runs of the workload each way, bridged and direct in turns (1..=1000); the report
     /// gives the medians and their spread.
     #[arg(long, default_value_t = DEFAULT_REPEAT, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -49,7 +61,7 @@ pub(crate) struct LoopbackArgs {
     spin_us: u64,
     /// Added one-way delay in each direction, µs (emulates distance).
     #[arg(long, default_value_t = 0)]
-    delay_us: u64,
+    pub(crate) delay_us: u64,
     /// Random extra delay per datagram, up to this many µs (reorders).
     #[arg(long, default_value_t = 0)]
     jitter_us: u64,
@@ -88,12 +100,44 @@ pub(crate) enum WorkloadArg {
     /// Copies each way, a fill, vector kernels, a matrix multiply, fences by polling and by
     /// interrupt (`testbed::workload`).
     Demo,
+    /// Weights resident in VRAM; per request a small input copy, MATMUL + VADD per layer, a
+    /// small output copy, one fence waited by interrupt (`testbed::ai`).
+    Inference,
+    /// Per step forward and backward MATMULs per micro-batch, a gradient reduction, a SAXPY
+    /// update; the loss read every 2 steps, a checkpoint every 4.
+    Training,
+    /// 2 MiB batches streamed host→device through two pinned buffers under kernels.
+    DataLoading,
 }
 
 impl WorkloadArg {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             WorkloadArg::Demo => "demo",
+            WorkloadArg::Inference => "inference",
+            WorkloadArg::Training => "training",
+            WorkloadArg::DataLoading => "data-loading",
+        }
+    }
+
+    pub(crate) const ALL: [WorkloadArg; 4] =
+        [WorkloadArg::Demo, WorkloadArg::Inference, WorkloadArg::Training, WorkloadArg::DataLoading];
+
+    /// The workload at `scale`, with `--batch` and `--layers` where they apply.
+    pub(crate) fn workload(self, scale: u32, batch: Option<u16>, layers: Option<u16>) -> Workload {
+        let w = Workload::named(self.name(), scale)
+            .unwrap_or_else(|| unreachable!("every WorkloadArg names a workload"));
+        match w {
+            Workload::Inference(mut s) => {
+                s.batch = batch.map_or(s.batch, usize::from);
+                s.layers = layers.map_or(s.layers, usize::from);
+                Workload::Inference(s)
+            }
+            Workload::Training(mut s) => {
+                s.batch = batch.map_or(s.batch, usize::from);
+                Workload::Training(s)
+            }
+            w => w,
         }
     }
 }
@@ -114,7 +158,9 @@ impl LoopbackArgs {
     pub(crate) fn defaults() -> LoopbackArgs {
         LoopbackArgs {
             scale: 4,
-            workload: WorkloadArg::Demo,
+            workload: None,
+            batch: None,
+            layers: None,
             repeat: DEFAULT_REPEAT,
             driver: DriverArg::Auto,
             poll: PollArg::Busy,
@@ -205,6 +251,27 @@ pub(crate) struct Outcome {
     offload: link::driver::OffloadState,
     /// The link's MTU and the device's Max_Payload_Size through it.
     sizes: (usize, u32),
+    /// The workload's transaction profile, counted on the direct platform (one run, the
+    /// last), with that platform's copy rates.
+    pub(crate) profile: Profile,
+    /// The link as measured before the runs: MMIO round trip p50 and bulk rates.
+    pub(crate) link: LinkParams,
+    pub(crate) workload: WorkloadArg,
+}
+
+/// Bytes of the copies that measure bulk rates before the runs.
+const RATE_BYTES: usize = 16 << 20;
+
+impl Outcome {
+    /// What the model predicts for the measured link, and the round trip (µs) at which it
+    /// predicts 10 %.
+    pub(crate) fn prediction(&self) -> (Prediction, Option<f64>) {
+        let direct = self.seconds().1.median;
+        (
+            model::predict(&self.profile, direct, &self.link),
+            model::crossing_rtt(&self.profile, direct, &self.link, 10.0).map(|s| s * 1e6),
+        )
+    }
 }
 
 fn random_key() -> PresharedKey {
@@ -370,13 +437,19 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let (gpu, mut d) = attach(progress)?;
     let driver_name = d.pci().driver_name().to_string();
     let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
-    progress("timing MMIO reads");
+    progress("timing MMIO reads and bulk copies");
     let rtt = mmio_rtt(&mut d, args.rtt_samples);
+    let (h2d, d2h) = model::copy_rates(&mut d, RATE_BYTES, 3).map_err(|e| format!("bridged copies: {e}"))?;
+    let link =
+        LinkParams { rtt_s: rtt.0.as_secs_f64(), h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: 0.0 };
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
         .map_err(|e| format!("opening the direct simgpu: {e}"))?;
     let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
-    let size = WorkloadSize::scaled(args.scale);
+    let direct_rates =
+        model::copy_rates(&mut direct, RATE_BYTES, 3).map_err(|e| format!("direct copies: {e}"))?;
+    let w = args.workload.ok_or("no workload chosen")?;
+    let size = w.workload(args.scale, args.batch, args.layers);
     // The first attachment is warmed by the round-trip samples' session and one run.
     warm_up(&mut d, size, "bridged", progress)?;
     warm_up(&mut direct, size, "direct", progress)?;
@@ -384,6 +457,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
     let mut current = Some((gpu, d));
     let mut host = HostStats::default();
+    let mut profile = Profile::default();
     for i in 1..=args.repeat {
         let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
         let (gpu, mut d) = match current.take() {
@@ -396,15 +470,19 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         };
         let before = d.pci().stats();
         bridged.push(
-            workload::run(&mut d, size, &mut |s| progress(&format!("bridged{of}: {s}")))
+            size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
                 .map_err(|e| format!("bridged workload{of}: {e}"))?,
         );
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
+        let before = (direct.pci().counts(), direct.stats());
         direct_runs.push(
-            workload::run(&mut direct, size, &mut |s| progress(&format!("direct{of}: {s}")))
+            size.run(&mut direct, &mut |s| progress(&format!("direct{of}: {s}")))
                 .map_err(|e| format!("direct workload{of}: {e}"))?,
         );
+        profile =
+            Profile::from_counts(direct.pci().counts().since(&before.0), direct.stats().since(&before.1));
+        (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
         if i % RUNS_PER_SESSION == 0 || i == args.repeat {
             d.into_pci().detach();
             drop(gpu);
@@ -412,17 +490,29 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
             current = Some((gpu, d));
         }
     }
-    Ok(Outcome { bridged, direct: direct_runs, rtt, direct_rtt, host, driver: driver_name, offload, sizes })
+    Ok(Outcome {
+        bridged,
+        direct: direct_runs,
+        rtt,
+        direct_rtt,
+        host,
+        driver: driver_name,
+        offload,
+        sizes,
+        profile,
+        link,
+        workload: w,
+    })
 }
 
 /// One run of the workload through `d`, verified and not counted.
 fn warm_up<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
-    size: WorkloadSize,
+    size: Workload,
     what: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), String> {
-    workload::run(d, size, &mut |s| progress(&format!("{what} (warm-up): {s}")))
+    size.run(d, &mut |s| progress(&format!("{what} (warm-up): {s}")))
         .map(|_| ())
         .map_err(|e| format!("{what} workload (warm-up): {e}"))
 }
@@ -511,25 +601,83 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             eprintln!("[{:6.2} s] {s}", start.elapsed().as_secs_f64());
         }
     };
-    let o = match run(&args, &mut progress) {
-        Ok(o) => o,
-        Err(e) => {
-            if args.json {
-                println!("{}", json!({ "verified": false, "error": e }));
-            } else {
-                eprintln!("dxpu loopback: {e}");
+    let workloads = args.workload.map_or(WorkloadArg::ALL.to_vec(), |w| vec![w]);
+    let mut outcomes = Vec::new();
+    for w in workloads {
+        let mut one = args.clone();
+        one.workload = Some(w);
+        match run(&one, &mut progress) {
+            Ok(o) => outcomes.push(o),
+            Err(e) => {
+                if args.json {
+                    println!("{}", json!({ "verified": false, "workload": w.name(), "error": e }));
+                } else {
+                    eprintln!("dxpu loopback: {}: {e}", w.name());
+                }
+                return ExitCode::FAILURE;
             }
-            return ExitCode::FAILURE;
         }
-    };
+    }
+    if args.json {
+        match outcomes.as_slice() {
+            [o] => println!("{}", report_json(&args, o)),
+            all => {
+                let each: Vec<_> = all.iter().map(|o| report_json(&args, o)).collect();
+                println!("{}", json!({ "verified": true, "workloads": each }));
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    for (i, o) in outcomes.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_report(&args, o);
+    }
+    if outcomes.len() > 1 {
+        print_summary(&outcomes);
+    }
+    ExitCode::SUCCESS
+}
+
+/// Every workload's overhead beside the model's prediction, one line each.
+fn print_summary(outcomes: &[Outcome]) {
+    println!();
+    println!(
+        "  summary: overhead through the bridges against direct (median of the pairs, their spread), and the model"
+    );
+    println!(
+        "    {:<13} {:>9} {:>16} {:>10} {:>9}   model: 10 % at a round trip of",
+        "workload", "overhead", "spread", "RTT µs", "model"
+    );
+    for o in outcomes {
+        let (overhead, (pred, crossing)) = (o.overhead(), o.prediction());
+        println!(
+            "    {:<13} {:>7.1} % {:>7.0} to {:>4.0} % {:>10.1} {:>7.1} %   {}",
+            o.workload.name(),
+            overhead.median,
+            overhead.min,
+            overhead.max,
+            o.link.rtt_s * 1e6,
+            pred.overhead_percent,
+            crossing_text(crossing)
+        );
+    }
+}
+
+fn crossing_text(crossing: Option<f64>) -> String {
+    match crossing {
+        Some(0.0) => "any (its bandwidth term alone is over 10 %)".to_string(),
+        Some(x) => format!("{x:.0} µs"),
+        None => "never".to_string(),
+    }
+}
+
+/// One workload's report.
+fn print_report(args: &LoopbackArgs, o: &Outcome) {
     let overhead = o.overhead();
     let (bridged, direct) = o.seconds();
     let tlps = tlp_totals(&o.host);
-    if args.json {
-        let report = report_json(&args, &o);
-        println!("{report}");
-        return ExitCode::SUCCESS;
-    }
     println!(
         "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
     );
@@ -547,13 +695,13 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     if runs > 1 {
         println!(
             "  workload {} (every result checked against the CPU), medians of {runs} runs each way, in turns, and their spread",
-            args.workload.name()
+            o.workload.name()
         );
         println!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
     } else {
         println!(
             "  workload {} (every result checked against the CPU)       bridged      direct",
-            args.workload.name()
+            o.workload.name()
         );
     }
     for (i, step) in o.bridged[0].steps.iter().enumerate() {
@@ -612,7 +760,25 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             overhead.median
         );
     }
-    ExitCode::SUCCESS
+    let (pred, crossing) = o.prediction();
+    let p = &o.profile;
+    println!(
+        "  profile (a direct run): {} register reads, {} dependent device reads, {} idle waits, {} KiB to the device, {} KiB from it",
+        p.platform.register_reads,
+        p.platform.dependent_reads,
+        p.driver.waits_idle,
+        p.platform.device_read_bytes >> 10,
+        p.platform.device_write_bytes >> 10
+    );
+    println!(
+        "  model: at the measured round trip ({:.1} µs) and bulk rates ({:.2} / {:.2} Gbit/s) it predicts bridged {}, overhead {:.0} %; 10 % at a round trip of {}",
+        o.link.rtt_s * 1e6,
+        o.link.h2d_bytes_per_s * 8e-9,
+        o.link.d2h_bytes_per_s * 8e-9,
+        fmt_s(pred.bridged_seconds),
+        pred.overhead_percent,
+        crossing_text(crossing)
+    );
 }
 
 fn fmt_s(s: f64) -> String {
@@ -642,9 +808,21 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
                    "direct_seconds_min": d.min, "direct_seconds_max": d.max})
         })
         .collect();
+    let (pred, crossing) = o.prediction();
     json!({
         "verified": true,
-        "workload": args.workload.name(),
+        "workload": o.workload.name(),
+        "profile": crate::model::profile_json(&o.profile),
+        "model": {
+            "rtt_us": o.link.rtt_s * 1e6,
+            "h2d_bytes_per_s": o.link.h2d_bytes_per_s,
+            "d2h_bytes_per_s": o.link.d2h_bytes_per_s,
+            "predicted_bridged_seconds": pred.bridged_seconds,
+            "predicted_overhead_percent": pred.overhead_percent,
+            "latency_seconds": pred.latency_seconds,
+            "bandwidth_seconds": pred.bandwidth_seconds,
+            "crosses_10_percent_at_rtt_us": crossing,
+        },
         "repeat": o.bridged.len(),
         "steps": steps,
         "tlps": tlps,
@@ -662,6 +840,8 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "bridged_seconds": bridged.median,
         "bridged_seconds_min": bridged.min,
         "bridged_seconds_max": bridged.max,
+        "bridged_runs_seconds": o.bridged.iter().map(|r| r.seconds).collect::<Vec<_>>(),
+        "direct_runs_seconds": o.direct.iter().map(|r| r.seconds).collect::<Vec<_>>(),
         "overhead_percent": overhead.median,
         "overhead_percent_min": overhead.min,
         "overhead_percent_max": overhead.max,

@@ -3,10 +3,12 @@
 
 mod bench;
 mod bench_bridge;
+mod bench_model;
 mod bench_vfio_user;
 mod config;
 mod daemon;
 mod loopback;
+mod model;
 mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;
@@ -25,9 +27,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Both endpoints and a simulated GPU on this machine: the demo workload through the
-    /// bridges over UDP loopback, verified, compared with a directly attached simgpu.
+    /// Both endpoints and a simulated GPU on this machine: a workload (the demo, inference,
+    /// training, data loading) through the bridges over UDP loopback, verified, compared
+    /// with a directly attached simgpu, and with what the performance model predicts.
     Loopback(loopback::LoopbackArgs),
+    /// The performance model: a workload's bridged time and overhead predicted at each
+    /// round-trip time, from its transaction profile and the link's bandwidth.
+    Model(model::ModelArgs),
     /// The GPU-box endpoint: export devices to hosts.
     Gpu(daemon::GpuArgs),
     /// The host endpoint: attach remote devices.
@@ -58,12 +64,16 @@ enum BenchCommand {
     /// The vfio-user server without a VMM: register reads and DMA through it against the
     /// bridged device, guest memory shared as a file or reached by messages.
     VfioUser(bench_vfio_user::VfioUserBench),
+    /// Every workload at added one-way delays: measured overhead (median, spread) beside
+    /// the performance model's prediction; a table, DIR/model.json and a plot per workload.
+    Model(bench_model::ModelBench),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Loopback(args) => loopback::run_loopback(args),
+        Command::Model(args) => model::run_model(args),
         Command::Gpu(args) => daemon::run_gpu(args),
         Command::Host(args) => daemon::run_host(args),
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
@@ -89,6 +99,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench bridge: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Bench(BenchCommand::Model(args)) => match bench_model::run_model_bench(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench model: {e}");
                 ExitCode::FAILURE
             }
         },

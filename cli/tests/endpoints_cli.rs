@@ -177,6 +177,8 @@ fn loopback_json_report_has_its_keys() {
         .args([
             "loopback",
             "--json",
+            "--workload",
+            "demo",
             "--scale",
             "1",
             "--poll",
@@ -212,7 +214,24 @@ fn loopback_json_report_has_its_keys() {
     assert!(step["bridged_seconds_min"].as_f64() <= step["bridged_seconds"].as_f64(), "{step}");
     assert!(step["direct_seconds"].as_f64().unwrap() > 0.0, "{step}");
     // Impossible options are refused.
-    for bad in [["--repeat", "0"], ["--repeat", "1001"], ["--workload", "training"]] {
+    // The profile the direct runs counted, and what the model made of it.
+    let profile = &v["profile"];
+    for k in ["register_reads", "dependent_reads", "waits_idle", "device_read_bytes", "device_write_bytes"] {
+        assert!(profile[k].is_u64(), "profile.{k} missing: {profile}");
+    }
+    assert!(profile["device_read_bytes"].as_u64().unwrap() >= 1 << 20, "{profile}");
+    assert!(profile["round_trips"].as_u64().unwrap() > 0, "{profile}");
+    let model = &v["model"];
+    assert!(model["predicted_bridged_seconds"].as_f64().unwrap() >= v["direct_seconds"].as_f64().unwrap());
+    assert!(model["rtt_us"].as_f64().unwrap() > 0.0, "{model}");
+    assert_eq!(v["bridged_runs_seconds"].as_array().map(Vec::len), Some(3));
+    for bad in [
+        ["--repeat", "0"],
+        ["--repeat", "1001"],
+        ["--workload", "mining"],
+        ["--batch", "0"],
+        ["--layers", "33"],
+    ] {
         let out = dxpu().arg("loopback").args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains(bad[0]), "{bad:?}");
@@ -220,6 +239,36 @@ fn loopback_json_report_has_its_keys() {
     let out = dxpu().args(["loopback", "--scale", "99"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--scale"));
+}
+
+#[test]
+fn loopback_runs_every_workload_unless_told_one() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out = dxpu()
+        .args(["loopback", "--json", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verified"], true);
+    let names: Vec<_> = v["workloads"].as_array().unwrap().iter().map(|w| w["workload"].clone()).collect();
+    assert_eq!(names, ["demo", "inference", "training", "data-loading"]);
+    for w in v["workloads"].as_array().unwrap() {
+        assert_eq!(w["verified"], true, "{w}");
+        assert!(w["profile"]["waits"].as_u64().unwrap() > 0, "{w}");
+        assert!(w["model"]["predicted_overhead_percent"].is_number(), "{w}");
+    }
+    // The human report ends with every workload's overhead beside the model's.
+    let out = dxpu()
+        .args(["loopback", "--scale", "1", "--repeat", "1", "--rtt-samples", "50", "--poll", "blocking"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = &text[text.find("summary:").expect("a summary")..];
+    for name in ["demo", "inference", "training", "data-loading"] {
+        assert!(summary.contains(name), "{summary}");
+    }
 }
 
 #[test]

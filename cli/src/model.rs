@@ -1,0 +1,303 @@
+//! `dxpu model`: a workload's bridged time and overhead predicted at a list of round-trip
+//! times, from its transaction profile — counted here with runs on a directly attached
+//! simgpu, or read from `dxpu loopback --json` — and the link's bandwidth and per-TLP cost
+//! (`testbed::model`; docs/performance-model.md).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use driver::DriverStats;
+use driver::SimGpuDriver;
+use hw::SimGpu;
+use hw::simgpu::SimGpuParams;
+use serde_json::{Value, json};
+use testbed::direct::{DirectAttach, PlatformCounts};
+use testbed::model::{self, LinkParams, Profile};
+
+use crate::loopback::{Spread, WorkloadArg};
+
+/// Options of `dxpu model`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ModelArgs {
+    /// The workload whose profile to count, with runs on a directly attached simgpu
+    /// (`demo` unless `--profile` is given).
+    #[arg(long, value_enum, conflicts_with = "profile")]
+    workload: Option<WorkloadArg>,
+    /// Read the profile and the direct time from this file, as `dxpu loopback --json` writes
+    /// it, instead of counting them.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<std::path::PathBuf>,
+    /// Workload size, as `dxpu loopback --scale` (1..=32).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
+    scale: u32,
+    /// Rows per request or micro-batch, as `dxpu loopback --batch`.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    batch: Option<u16>,
+    /// Layers per inference request, as `dxpu loopback --layers`.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
+    layers: Option<u16>,
+    /// Direct runs counted (after one warm-up); the median time is the baseline (1..=100).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
+    /// Round-trip times to predict at, µs, comma-separated (each 0..=1000000).
+    #[arg(long, value_delimiter = ',', default_value = "0,5,10,20,50,100,200", value_parser = parse_rtt)]
+    rtt_us: Vec<f64>,
+    /// The link's bulk rate each way, Gbit/s (0.001..=1600): what the bridges move, not the
+    /// wire's line rate.
+    #[arg(long, default_value_t = 25.0, value_parser = parse_bandwidth)]
+    bandwidth_gbit: f64,
+    /// The host's cost of sending one posted TLP, µs (0..=1000).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_per_tlp)]
+    per_tlp_us: f64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_in(s: &str, what: &str, lo: f64, hi: f64) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{what} {s:?}: not a number"))?;
+    if !v.is_finite() || !(lo..=hi).contains(&v) {
+        return Err(format!("{what} {s}: must be {lo}..={hi}"));
+    }
+    Ok(v)
+}
+
+fn parse_rtt(s: &str) -> Result<f64, String> {
+    parse_in(s, "round-trip time (µs)", 0.0, 1e6)
+}
+
+fn parse_bandwidth(s: &str) -> Result<f64, String> {
+    parse_in(s, "bandwidth (Gbit/s)", 0.001, 1600.0)
+}
+
+fn parse_per_tlp(s: &str) -> Result<f64, String> {
+    parse_in(s, "per-TLP cost (µs)", 0.0, 1000.0)
+}
+
+/// The profile as `loopback --json` carries it under `profile`.
+pub(crate) fn profile_json(p: &Profile) -> Value {
+    json!({
+        "register_reads": p.platform.register_reads,
+        "register_writes": p.platform.register_writes,
+        "device_reads": p.platform.device_reads,
+        "device_read_bytes": p.platform.device_read_bytes,
+        "dependent_reads": p.platform.dependent_reads,
+        "device_writes": p.platform.device_writes,
+        "device_write_bytes": p.platform.device_write_bytes,
+        "interrupts": p.platform.interrupts,
+        "commands": p.driver.commands,
+        "doorbells": p.driver.doorbells,
+        "waits": p.waits(),
+        "waits_polled": p.driver.waits_polled,
+        "waits_interrupt": p.driver.waits_interrupt,
+        "waits_idle": p.driver.waits_idle,
+        "round_trips": p.round_trips(),
+        "direct_h2d_bytes_per_s": p.direct_h2d_bytes_per_s,
+        "direct_d2h_bytes_per_s": p.direct_d2h_bytes_per_s,
+    })
+}
+
+/// A profile from [`profile_json`]'s object; the error names the field.
+pub(crate) fn profile_from_json(v: &Value) -> Result<Profile, String> {
+    let count = |k: &str| {
+        v.get(k).and_then(Value::as_u64).ok_or_else(|| format!("profile.{k}: missing or not a count"))
+    };
+    let rate = |k: &str| match v.get(k).and_then(Value::as_f64) {
+        Some(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!("profile.{k}: missing or not a rate ≥ 0")),
+    };
+    Ok(Profile {
+        platform: PlatformCounts {
+            register_reads: count("register_reads")?,
+            register_writes: count("register_writes")?,
+            device_reads: count("device_reads")?,
+            device_read_bytes: count("device_read_bytes")?,
+            dependent_reads: count("dependent_reads")?,
+            device_writes: count("device_writes")?,
+            device_write_bytes: count("device_write_bytes")?,
+            interrupts: count("interrupts")?,
+        },
+        driver: DriverStats {
+            commands: count("commands")?,
+            doorbells: count("doorbells")?,
+            waits_polled: count("waits_polled")?,
+            waits_interrupt: count("waits_interrupt")?,
+            waits_idle: count("waits_idle")?,
+        },
+        direct_h2d_bytes_per_s: rate("direct_h2d_bytes_per_s")?,
+        direct_d2h_bytes_per_s: rate("direct_d2h_bytes_per_s")?,
+    })
+}
+
+/// A workload's profile and direct time, counted with runs on a directly attached simgpu.
+pub(crate) fn count_direct(
+    workload: testbed::workload::Workload,
+    repeat: u32,
+) -> Result<(Profile, Spread), String> {
+    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut d = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
+        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
+    let rates = model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("direct copies: {e}"))?;
+    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload (warm-up): {e}"))?;
+    let (mut seconds, mut profile) = (Vec::new(), Profile::default());
+    for _ in 0..repeat.max(1) {
+        let before = (d.pci().counts(), d.stats());
+        let r = workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload: {e}"))?;
+        seconds.push(r.seconds);
+        profile = Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1));
+    }
+    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = rates;
+    Ok((profile, Spread::of(seconds.into_iter())))
+}
+
+/// What `dxpu model` found: the workload, its profile, direct time and predictions.
+pub(crate) struct ModelReport {
+    pub(crate) workload: String,
+    pub(crate) profile: Profile,
+    pub(crate) direct_seconds: f64,
+    pub(crate) link: LinkParams,
+    /// (RTT µs, prediction).
+    pub(crate) points: Vec<(f64, model::Prediction)>,
+    pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
+}
+
+impl ModelReport {
+    pub(crate) fn json(&self) -> Value {
+        let points: Vec<Value> = self
+            .points
+            .iter()
+            .map(|(rtt, p)| {
+                json!({"rtt_us": rtt, "predicted_overhead_percent": p.overhead_percent,
+                       "predicted_bridged_seconds": p.bridged_seconds})
+            })
+            .collect();
+        json!({
+            "workload": self.workload,
+            "direct_seconds": self.direct_seconds,
+            "bandwidth_gbit": self.link.h2d_bytes_per_s * 8.0 / 1e9,
+            "per_tlp_us": self.link.per_tlp_s * 1e6,
+            "profile": profile_json(&self.profile),
+            "points": points,
+            "crosses_10_percent_at_rtt_us": self.crosses_10_percent_at_rtt_us,
+        })
+    }
+}
+
+fn predict_all(
+    workload: String,
+    profile: Profile,
+    direct_seconds: f64,
+    args: &ModelArgs,
+) -> Result<ModelReport, String> {
+    if direct_seconds.is_nan() || direct_seconds <= 0.0 || !direct_seconds.is_finite() {
+        return Err(format!("direct time {direct_seconds} s: must be > 0"));
+    }
+    let bw = args.bandwidth_gbit * 1e9 / 8.0;
+    let base = LinkParams {
+        rtt_s: 0.0,
+        h2d_bytes_per_s: bw,
+        d2h_bytes_per_s: bw,
+        per_tlp_s: args.per_tlp_us * 1e-6,
+    };
+    let points = args
+        .rtt_us
+        .iter()
+        .map(|&rtt| {
+            (rtt, model::predict(&profile, direct_seconds, &LinkParams { rtt_s: rtt * 1e-6, ..base }))
+        })
+        .collect();
+    let crosses = model::crossing_rtt(&profile, direct_seconds, &base, 10.0).map(|s| s * 1e6);
+    Ok(ModelReport {
+        workload,
+        profile,
+        direct_seconds,
+        link: base,
+        points,
+        crosses_10_percent_at_rtt_us: crosses,
+    })
+}
+
+/// The profile, direct time and workload name from a `loopback --json` file.
+fn read_profile(path: &std::path::Path) -> Result<(String, Profile, f64), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--profile {}: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("--profile {}: not JSON: {e}", path.display()))?;
+    let at = |e: String| format!("--profile {}: {e}", path.display());
+    let profile =
+        profile_from_json(v.get("profile").ok_or_else(|| at("no \"profile\" object".into()))?).map_err(at)?;
+    let direct = v
+        .get("direct_seconds")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("--profile {}: no \"direct_seconds\" number", path.display()))?;
+    let workload = v.get("workload").and_then(Value::as_str).unwrap_or("unnamed").to_string();
+    Ok((workload, profile, direct))
+}
+
+fn run(args: &ModelArgs) -> Result<ModelReport, String> {
+    if args.rtt_us.is_empty() {
+        return Err("--rtt-us: give at least one round-trip time".into());
+    }
+    match &args.profile {
+        Some(path) => {
+            let (workload, profile, direct) = read_profile(path)?;
+            predict_all(workload, profile, direct, args)
+        }
+        None => {
+            let w = args.workload.unwrap_or(WorkloadArg::Demo);
+            let (profile, direct) =
+                count_direct(w.workload(args.scale, args.batch, args.layers), args.repeat)?;
+            predict_all(w.name().to_string(), profile, direct.median, args)
+        }
+    }
+}
+
+fn fmt_s(s: f64) -> String {
+    testbed::workload::human(Duration::from_secs_f64(s.max(0.0)))
+}
+
+pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
+    let r = match run(&args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("dxpu model: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        println!("{}", r.json());
+        return ExitCode::SUCCESS;
+    }
+    let p = &r.profile;
+    println!("dxpu model — workload {}: direct {} per run", r.workload, fmt_s(r.direct_seconds));
+    println!(
+        "  profile (one run): {} register reads, {} posted register writes, {} device reads ({} dependent, {} KiB), {} device writes ({} KiB), {} interrupts, {} waits ({} with the device idle)",
+        p.platform.register_reads,
+        p.platform.register_writes,
+        p.platform.device_reads,
+        p.platform.dependent_reads,
+        p.platform.device_read_bytes >> 10,
+        p.platform.device_writes,
+        p.platform.device_write_bytes >> 10,
+        p.platform.interrupts,
+        p.waits(),
+        p.driver.waits_idle
+    );
+    println!(
+        "  round trips on the critical path: {}; link {:.1} Gbit/s each way, {:.2} µs per posted TLP",
+        p.round_trips(),
+        args.bandwidth_gbit,
+        args.per_tlp_us
+    );
+    println!();
+    println!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
+    for (rtt, pr) in &r.points {
+        println!("  {:>10.1}  {:>14}  {:>9.1} %", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
+    }
+    match r.crosses_10_percent_at_rtt_us {
+        Some(0.0) => println!("  over 10 % at any round trip: the bandwidth term alone exceeds it"),
+        Some(x) => println!("  crosses 10 % at a round trip of {x:.1} µs"),
+        None => println!("  never crosses 10 %: nothing on its critical path crosses the link"),
+    }
+    ExitCode::SUCCESS
+}

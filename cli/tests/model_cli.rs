@@ -1,0 +1,147 @@
+//! `dxpu model`: predictions from a profile with known answers (no round trip, no cost; a
+//! workload of blocking reads only scales exactly with the round trip), a profile counted
+//! by direct runs, and bad values refused with messages that name them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+fn dxpu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxpu"))
+}
+
+fn profile(fields: &[(&str, u64)]) -> Value {
+    let mut p = json!({
+        "register_reads": 0, "register_writes": 0, "device_reads": 0, "device_read_bytes": 0,
+        "dependent_reads": 0, "device_writes": 0, "device_write_bytes": 0, "interrupts": 0,
+        "commands": 0, "doorbells": 0, "waits": 0, "waits_polled": 0, "waits_interrupt": 0,
+        "waits_idle": 0,
+        "direct_h2d_bytes_per_s": 0.0, "direct_d2h_bytes_per_s": 0.0,
+    });
+    for (k, v) in fields {
+        p[*k] = json!(v);
+    }
+    p
+}
+
+fn model_json(file: &Value, args: &[&str]) -> Value {
+    let path =
+        std::env::temp_dir().join(format!("dxpu-model-{}-{}.json", std::process::id(), args.join("_")));
+    std::fs::write(&path, file.to_string()).unwrap();
+    let out = dxpu().args(["model", "--json", "--profile"]).arg(&path).args(args).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn blocking_reads_alone_scale_exactly_with_the_round_trip() {
+    let file = json!({"workload": "reads", "direct_seconds": 0.001, "profile": profile(&[("register_reads", 1000)])});
+    let v = model_json(&file, &["--rtt-us", "0,1,10,100"]);
+    assert_eq!(v["workload"], "reads");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4);
+    for p in points {
+        let rtt = p["rtt_us"].as_f64().unwrap();
+        let want = 0.001 + 1000.0 * rtt * 1e-6;
+        let got = p["predicted_bridged_seconds"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-12, "{p}");
+        let overhead = p["predicted_overhead_percent"].as_f64().unwrap();
+        assert!((overhead - rtt * 100.0).abs() < 1e-6, "{p}");
+    }
+    // Zero round trip, zero overhead.
+    assert_eq!(points[0]["predicted_overhead_percent"].as_f64(), Some(0.0));
+    // 10 % of 1 ms over 1000 reads: 0.1 µs each.
+    let x = v["crosses_10_percent_at_rtt_us"].as_f64().unwrap();
+    assert!((x - 0.1).abs() < 1e-9, "{x}");
+}
+
+#[test]
+fn a_profile_with_nothing_on_its_critical_path_never_crosses() {
+    let file = json!({"workload": "compute", "direct_seconds": 0.5, "profile": profile(&[("commands", 10)])});
+    let v = model_json(&file, &["--rtt-us", "0,1000000"]);
+    assert!(v["crosses_10_percent_at_rtt_us"].is_null(), "{v}");
+    for p in v["points"].as_array().unwrap() {
+        assert_eq!(p["predicted_overhead_percent"].as_f64(), Some(0.0), "{p}");
+    }
+    // Bytes over a link slower than the platform: the bandwidth term, at any round trip.
+    let p = profile(&[("device_read_bytes", 1_000_000_000)]);
+    let file = json!({"workload": "copy", "direct_seconds": 1.0, "profile": p});
+    let v = model_json(&file, &["--rtt-us", "0", "--bandwidth-gbit", "8"]);
+    let got = v["points"][0]["predicted_bridged_seconds"].as_f64().unwrap();
+    assert!((got - 2.0).abs() < 1e-9, "1 GB at 1 GB/s adds 1 s: {v}");
+    assert_eq!(v["crosses_10_percent_at_rtt_us"].as_f64(), Some(0.0));
+}
+
+#[test]
+fn a_workload_counted_by_direct_runs_has_a_profile_and_a_crossing() {
+    let out = dxpu()
+        .args([
+            "model",
+            "--workload",
+            "inference",
+            "--scale",
+            "1",
+            "--repeat",
+            "1",
+            "--json",
+            "--rtt-us",
+            "0,20",
+        ])
+        // A link faster than the platform's own copies: no bandwidth term.
+        .args(["--bandwidth-gbit", "1600"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["workload"], "inference");
+    assert_eq!(v["points"][0]["predicted_overhead_percent"].as_f64(), Some(0.0), "{v}");
+    let at20 = v["points"][1]["predicted_overhead_percent"].as_f64().unwrap();
+    assert!(at20 > 0.0, "{v}");
+    assert!(v["crosses_10_percent_at_rtt_us"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["profile"]["waits_idle"].as_u64().unwrap() > 0);
+    // The human table names each round trip.
+    let out = dxpu().args(["model", "--workload", "demo", "--scale", "1", "--repeat", "1"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("RTT µs") && text.contains("10 %"), "{text}");
+}
+
+#[test]
+fn bad_values_are_refused_naming_them() {
+    for (args, says) in [
+        (&["--rtt-us", "abc"][..], "abc"),
+        (&["--rtt-us", "-5"], "-5"),
+        (&["--rtt-us", "10,2000000"], "2000000"),
+        (&["--rtt-us", "nan"], "nan"),
+        (&["--workload", "mining"], "mining"),
+        (&["--bandwidth-gbit", "0"], "bandwidth"),
+        (&["--per-tlp-us", "-1"], "-1"),
+        (&["--scale", "0"], "--scale"),
+    ] {
+        let out = dxpu().arg("model").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // A profile file that is missing, not JSON, or lacks a count.
+    let dir = std::env::temp_dir();
+    let missing = dir.join(format!("dxpu-model-missing-{}.json", std::process::id()));
+    let bad = dir.join(format!("dxpu-model-bad-{}.json", std::process::id()));
+    let short = dir.join(format!("dxpu-model-short-{}.json", std::process::id()));
+    std::fs::write(&bad, "not json").unwrap();
+    let mut p = profile(&[]);
+    p.as_object_mut().unwrap().remove("waits_idle");
+    std::fs::write(&short, json!({"direct_seconds": 1.0, "profile": p}).to_string()).unwrap();
+    for (path, says) in [(&missing, "No such file"), (&bad, "not JSON"), (&short, "profile.waits_idle")] {
+        let out = dxpu().args(["model", "--profile"]).arg(path).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{path:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.contains(path.to_str().unwrap()), "{err}");
+    }
+    let _ = (std::fs::remove_file(&bad), std::fs::remove_file(&short));
+    // --workload and --profile together.
+    let out = dxpu().args(["model", "--workload", "demo", "--profile", "x.json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
