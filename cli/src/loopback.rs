@@ -439,9 +439,12 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
     progress("timing MMIO reads and bulk copies");
     let rtt = mmio_rtt(&mut d, args.rtt_samples);
-    let (h2d, d2h) = model::copy_rates(&mut d, RATE_BYTES, 3).map_err(|e| format!("bridged copies: {e}"))?;
-    let link =
-        LinkParams { rtt_s: rtt.0.as_secs_f64(), h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: 0.0 };
+    // Bulk rates differ from one session to the next (docs/performance.md, "slow
+    // sessions"): measured on every attachment the runs use, the model takes their medians.
+    let rates_of = |d: &mut SimGpuDriver<RemoteDevice>| {
+        model::copy_rates(d, RATE_BYTES, 1).map_err(|e| format!("bridged copies: {e}"))
+    };
+    let mut session_rates = vec![rates_of(&mut d)?];
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
         .map_err(|e| format!("opening the direct simgpu: {e}"))?;
@@ -465,6 +468,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
             None => {
                 let (gpu, mut d) = attach(progress)?;
                 warm_up(&mut d, size, "bridged", progress)?;
+                session_rates.push(rates_of(&mut d)?);
                 (gpu, d)
             }
         };
@@ -490,6 +494,12 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
             current = Some((gpu, d));
         }
     }
+    let link = LinkParams {
+        rtt_s: rtt.0.as_secs_f64(),
+        h2d_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.0)).median,
+        d2h_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.1)).median,
+        per_tlp_s: 0.0,
+    };
     Ok(Outcome {
         bridged,
         direct: direct_runs,

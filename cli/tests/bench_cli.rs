@@ -74,3 +74,57 @@ fn bench_link_json_is_one_object_with_every_row() {
     }
     assert_eq!(v["session_cpu"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn bench_model_writes_its_table_json_and_plots() {
+    let font = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+    if !std::path::Path::new(font).exists() {
+        eprintln!(
+            "skipped: no {font} for the plots' text (Debian package fonts-dejavu-core; .ci/run installs it)"
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dxpu-bench-model-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args(["bench", "model", "--delays-us", "0,10", "--repeat", "1", "--scale", "1"])
+        .args(["--workloads", "inference,data-loading", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("inference") && table.contains("holds"), "{table}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap();
+    assert_eq!(v["points"], 4);
+    let workloads = v["workloads"].as_array().unwrap();
+    assert_eq!(workloads.len(), 2);
+    for w in workloads {
+        let points = w["points"].as_array().unwrap();
+        assert_eq!(points.iter().map(|p| p["delay_us"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 10]);
+        // Ten µs each way lengthen the measured round trip by about twenty.
+        assert!(points[1]["rtt_us"].as_f64() > points[0]["rtt_us"].as_f64(), "{w}");
+        for p in points {
+            for k in ["overhead_percent", "predicted_overhead_percent", "predicted_bridged_seconds"] {
+                assert!(p[k].is_number(), "{k}: {p}");
+            }
+        }
+        let name = w["workload"].as_str().unwrap();
+        let svg = std::fs::read_to_string(dir.join(format!("{name}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("overhead"), "{name}.svg");
+        let png = std::fs::read(dir.join(format!("{name}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}.png");
+    }
+    // A font that is not one is refused naming it.
+    let bad = dir.join("model.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args(["bench", "model", "--out"])
+        .arg(&dir)
+        .arg("--font")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model.json"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
