@@ -58,6 +58,33 @@ fn blocking_reads_alone_scale_exactly_with_the_round_trip() {
 }
 
 #[test]
+fn counts_at_the_edge_of_their_range_do_not_overflow() {
+    let huge = u64::MAX;
+    let p = profile(&[
+        ("register_reads", huge),
+        ("dependent_reads", huge),
+        ("waits_idle", huge),
+        ("waits_polled", huge),
+        ("waits_interrupt", huge),
+    ]);
+    let file = json!({"workload": "edge", "direct_seconds": 1e-9, "profile": p});
+    let v = model_json(&file, &["--rtt-us", "0,1000000"]);
+    let top = v["points"][1]["predicted_overhead_percent"].as_f64().unwrap();
+    assert!(top.is_finite() && top > 1e20, "{v}");
+    assert_eq!(v["profile"]["round_trips"].as_u64(), Some(huge));
+    // A direct time of zero, negative or not a number is refused.
+    for direct in [json!(0.0), json!(-1.0), json!("fast")] {
+        let path = std::env::temp_dir().join(format!("dxpu-model-direct-{}.json", std::process::id()));
+        std::fs::write(&path, json!({"direct_seconds": direct, "profile": profile(&[])}).to_string())
+            .unwrap();
+        let out = dxpu().args(["model", "--profile"]).arg(&path).output().unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(out.status.code(), Some(1), "{direct}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("direct"), "{direct}");
+    }
+}
+
+#[test]
 fn a_profile_with_nothing_on_its_critical_path_never_crosses() {
     let file = json!({"workload": "compute", "direct_seconds": 0.5, "profile": profile(&[("commands", 10)])});
     let v = model_json(&file, &["--rtt-us", "0,1000000"]);

@@ -53,12 +53,13 @@ impl Profile {
 
     /// Round trips on the critical path: R + D + W.
     pub fn round_trips(&self) -> u64 {
-        self.platform.register_reads + self.platform.dependent_reads + self.driver.waits_idle
+        let p = &self.platform;
+        p.register_reads.saturating_add(p.dependent_reads).saturating_add(self.driver.waits_idle)
     }
 
     /// Fence waits, by polling and by interrupt.
     pub fn waits(&self) -> u64 {
-        self.driver.waits_polled + self.driver.waits_interrupt
+        self.driver.waits_polled.saturating_add(self.driver.waits_interrupt)
     }
 }
 
