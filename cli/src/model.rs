@@ -44,9 +44,18 @@ pub(crate) struct ModelArgs {
     #[arg(long, value_delimiter = ',', default_value = "0,5,10,20,50,100,200", value_parser = parse_rtt)]
     rtt_us: Vec<f64>,
     /// The link's bulk rate each way, Gbit/s (0.001..=1600): what the bridges move, not the
-    /// wire's line rate.
-    #[arg(long, default_value_t = 25.0, value_parser = parse_bandwidth)]
-    bandwidth_gbit: f64,
+    /// wire's line rate. 25 unless given, or what `--measure-link` measured.
+    #[arg(long, value_parser = parse_bandwidth)]
+    bandwidth_gbit: Option<f64>,
+    /// Measure the link as well: both endpoints over UDP loopback (with `--delay-us` added
+    /// each way), the register read round trip (p50 of 500) and one 16 MiB copy each way
+    /// (median of 3); the prediction at that round trip is added to the points, and the
+    /// measured bulk rates are used unless `--bandwidth-gbit` is given.
+    #[arg(long)]
+    measure_link: bool,
+    /// With `--measure-link`: added one-way delay each way, µs (0..=10000).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    delay_us: u64,
     /// The host's cost of sending one posted TLP, µs (0..=1000).
     #[arg(long, default_value_t = 0.0, value_parser = parse_per_tlp)]
     per_tlp_us: f64,
@@ -151,12 +160,37 @@ pub(crate) fn count_direct(
     Ok((profile, Spread::of(seconds.into_iter())))
 }
 
+/// `--bandwidth-gbit` unless given: the path bandwidth the link's configuration assumes.
+const DEFAULT_BANDWIDTH_GBIT: f64 = 25.0;
+
+/// The link through both endpoints over UDP loopback, `delay_us` added each way: register
+/// read round trip (p50 of 500) and bulk rates (one 16 MiB copy each way, median of 3).
+fn measure_link(delay_us: u64) -> Result<LinkParams, String> {
+    use link::driver::{DriverKind, Impairment, PollMode};
+    let poll = PollMode::Busy { spin: Duration::from_micros(2000) };
+    let imp = |seed| Impairment { delay: Duration::from_micros(delay_us), seed, ..Impairment::default() };
+    let gpu = crate::loopback::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
+    let mut o = gpu.attach_options(DriverKind::Auto, poll, imp(22));
+    o.completion_timeout += 4 * Duration::from_micros(delay_us);
+    let remote = bridge_host::RemoteDevice::attach(o).map_err(|e| format!("--measure-link: {e}"))?;
+    let mut d =
+        SimGpuDriver::open(remote).map_err(|e| format!("--measure-link: opening the remote simgpu: {e}"))?;
+    let (p50, _) = crate::loopback::mmio_rtt(&mut d, 500);
+    let (h2d, d2h) =
+        model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("--measure-link: copies: {e}"))?;
+    d.into_pci().detach();
+    drop(gpu);
+    Ok(LinkParams { rtt_s: p50.as_secs_f64(), h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: 0.0 })
+}
+
 /// What `dxpu model` found: the workload, its profile, direct time and predictions.
 pub(crate) struct ModelReport {
     pub(crate) workload: String,
     pub(crate) profile: Profile,
     pub(crate) direct_seconds: f64,
     pub(crate) link: LinkParams,
+    /// The link `--measure-link` measured.
+    pub(crate) measured: Option<LinkParams>,
     /// (RTT µs, prediction).
     pub(crate) points: Vec<(f64, model::Prediction)>,
     pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
@@ -176,6 +210,13 @@ impl ModelReport {
             "workload": self.workload,
             "direct_seconds": self.direct_seconds,
             "bandwidth_gbit": self.link.h2d_bytes_per_s * 8.0 / 1e9,
+            "h2d_bytes_per_s": self.link.h2d_bytes_per_s,
+            "d2h_bytes_per_s": self.link.d2h_bytes_per_s,
+            "measured_link": self.measured.map(|m| json!({
+                "rtt_us": m.rtt_s * 1e6,
+                "h2d_bytes_per_s": m.h2d_bytes_per_s,
+                "d2h_bytes_per_s": m.d2h_bytes_per_s,
+            })),
             "per_tlp_us": self.link.per_tlp_s * 1e6,
             "profile": profile_json(&self.profile),
             "points": points,
@@ -193,15 +234,24 @@ fn predict_all(
     if direct_seconds.is_nan() || direct_seconds <= 0.0 || !direct_seconds.is_finite() {
         return Err(format!("direct time {direct_seconds} s: must be > 0"));
     }
-    let bw = args.bandwidth_gbit * 1e9 / 8.0;
+    let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
+    let bw = args.bandwidth_gbit.unwrap_or(DEFAULT_BANDWIDTH_GBIT) * 1e9 / 8.0;
+    let (h2d, d2h) = match (args.bandwidth_gbit, &measured) {
+        (None, Some(m)) => (m.h2d_bytes_per_s, m.d2h_bytes_per_s),
+        _ => (bw, bw),
+    };
     let base = LinkParams {
         rtt_s: 0.0,
-        h2d_bytes_per_s: bw,
-        d2h_bytes_per_s: bw,
+        h2d_bytes_per_s: h2d,
+        d2h_bytes_per_s: d2h,
         per_tlp_s: args.per_tlp_us * 1e-6,
     };
-    let points = args
-        .rtt_us
+    let mut rtts = args.rtt_us.clone();
+    if let Some(m) = &measured {
+        rtts.push(m.rtt_s * 1e6);
+        rtts.sort_by(f64::total_cmp);
+    }
+    let points = rtts
         .iter()
         .map(|&rtt| {
             (rtt, model::predict(&profile, direct_seconds, &LinkParams { rtt_s: rtt * 1e-6, ..base }))
@@ -213,6 +263,7 @@ fn predict_all(
         profile,
         direct_seconds,
         link: base,
+        measured,
         points,
         crosses_10_percent_at_rtt_us: crosses,
     })
@@ -284,15 +335,26 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         p.driver.waits_idle
     );
     println!(
-        "  round trips on the critical path: {}; link {:.1} Gbit/s each way, {:.2} µs per posted TLP",
+        "  round trips on the critical path: {}; link {:.1} / {:.1} Gbit/s, {:.2} µs per posted TLP",
         p.round_trips(),
-        args.bandwidth_gbit,
+        r.link.h2d_bytes_per_s * 8e-9,
+        r.link.d2h_bytes_per_s * 8e-9,
         args.per_tlp_us
     );
+    if let Some(m) = &r.measured {
+        println!(
+            "  link measured over UDP loopback (+{} µs each way): round trip {:.1} µs, bulk {:.1} / {:.1} Gbit/s",
+            args.delay_us,
+            m.rtt_s * 1e6,
+            m.h2d_bytes_per_s * 8e-9,
+            m.d2h_bytes_per_s * 8e-9
+        );
+    }
     println!();
     println!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
     for (rtt, pr) in &r.points {
-        println!("  {:>10.1}  {:>14}  {:>9.1} %", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
+        let mark = if r.measured.is_some_and(|m| m.rtt_s * 1e6 == *rtt) { "  (measured)" } else { "" };
+        println!("  {:>10.1}  {:>14}  {:>9.1} %{mark}", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
     }
     match r.crosses_10_percent_at_rtt_us {
         Some(0.0) => println!("  over 10 % at any round trip: the bandwidth term alone exceeds it"),

@@ -128,6 +128,22 @@ fn a_workload_counted_by_direct_runs_has_a_profile_and_a_crossing() {
     assert!(at20 > 0.0, "{v}");
     assert!(v["crosses_10_percent_at_rtt_us"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["profile"]["waits_idle"].as_u64().unwrap() > 0);
+    // The link measured through both endpoints: its round trip joins the points, its bulk
+    // rates are the ones used.
+    let out = dxpu()
+        .args(["model", "--workload", "training", "--scale", "1", "--repeat", "1", "--json"])
+        .args(["--measure-link", "--delay-us", "20", "--rtt-us", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["measured_link"];
+    let rtt = m["rtt_us"].as_f64().unwrap();
+    assert!(rtt >= 40.0, "20 µs each way: {v}");
+    let points: Vec<f64> =
+        v["points"].as_array().unwrap().iter().map(|p| p["rtt_us"].as_f64().unwrap()).collect();
+    assert_eq!(points, [0.0, rtt]);
+    assert_eq!(v["h2d_bytes_per_s"], m["h2d_bytes_per_s"]);
     // The human table names each round trip.
     let out = dxpu().args(["model", "--workload", "demo", "--scale", "1", "--repeat", "1"]).output().unwrap();
     assert!(out.status.success());
