@@ -23,6 +23,7 @@ use hw::simgpu::SimGpuParams;
 use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
+use testbed::concurrent::ConcurrentAttach;
 use testbed::direct::DirectAttach;
 use testbed::model::{self, LinkParams, Prediction, Profile};
 use testbed::workload::{self, Workload, WorkloadReport};
@@ -46,6 +47,10 @@ pub(crate) struct LoopbackArgs {
     /// Layers in each request's chain of kernels (`inference`, 1..=32; 4 unless given).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
     pub(crate) layers: Option<u16>,
+    /// How the directly attached simgpu the bridged runs are compared with runs: inside the
+    /// driver's calls (synchronous) or on a thread of its own (concurrent).
+    #[arg(long, value_enum, default_value_t = BaselineArg::Synchronous)]
+    pub(crate) baseline: BaselineArg,
     /// Runs of the workload each way, bridged and direct in turns (1..=1000); the report
     /// gives the medians and their spread.
     #[arg(long, default_value_t = DEFAULT_REPEAT, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -161,6 +166,7 @@ impl LoopbackArgs {
             workload: None,
             batch: None,
             layers: None,
+            baseline: BaselineArg::Synchronous,
             repeat: DEFAULT_REPEAT,
             driver: DriverArg::Auto,
             poll: PollArg::Busy,
@@ -445,22 +451,20 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         model::copy_rates(d, RATE_BYTES, 1).map_err(|e| format!("bridged copies: {e}"))
     };
     let mut session_rates = vec![rates_of(&mut d)?];
-    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-    let mut direct = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
-        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
-    let direct_rtt = mmio_rtt(&mut direct, args.rtt_samples);
-    let direct_rates =
-        model::copy_rates(&mut direct, RATE_BYTES, 3).map_err(|e| format!("direct copies: {e}"))?;
+    let mut direct = Baseline::open(args.baseline)?;
+    let direct_rtt = direct.mmio_rtt(args.rtt_samples);
+    let direct_rates = direct.copy_rates()?;
     let w = args.workload.ok_or("no workload chosen")?;
     let size = w.workload(args.scale, args.batch, args.layers);
+    let mut profile = crate::model::count_profile(size)?;
+    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
     // The first attachment is warmed by the round-trip samples' session and one run.
     warm_up(&mut d, size, "bridged", progress)?;
-    warm_up(&mut direct, size, "direct", progress)?;
+    direct.run(size, &mut |s| progress(&format!("direct (warm-up): {s}")))?;
     // In turns, so that what the machine does meanwhile falls on both alike.
     let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
     let mut current = Some((gpu, d));
     let mut host = HostStats::default();
-    let mut profile = Profile::default();
     for i in 1..=args.repeat {
         let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
         let (gpu, mut d) = match current.take() {
@@ -479,14 +483,11 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         );
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
-        let before = (direct.pci().counts(), direct.stats());
         direct_runs.push(
-            size.run(&mut direct, &mut |s| progress(&format!("direct{of}: {s}")))
+            direct
+                .run(size, &mut |s| progress(&format!("direct{of}: {s}")))
                 .map_err(|e| format!("direct workload{of}: {e}"))?,
         );
-        profile =
-            Profile::from_counts(direct.pci().counts().since(&before.0), direct.stats().since(&before.1));
-        (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
         if i % RUNS_PER_SESSION == 0 || i == args.repeat {
             d.into_pci().detach();
             drop(gpu);
@@ -513,6 +514,64 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         link,
         workload: w,
     })
+}
+
+/// The directly attached simgpu the bridged runs are compared with.
+enum Baseline {
+    /// The device runs inside the driver's calls (`testbed::direct`).
+    Synchronous(Box<SimGpuDriver<DirectAttach<SimGpu>>>),
+    /// The device runs on a thread of its own (`testbed::concurrent`).
+    Concurrent(Box<SimGpuDriver<ConcurrentAttach<SimGpu>>>),
+}
+
+impl Baseline {
+    fn open(kind: BaselineArg) -> Result<Baseline, String> {
+        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+        let opened = |e: driver::DriverError| format!("opening the direct simgpu: {e}");
+        Ok(match kind {
+            BaselineArg::Synchronous => Baseline::Synchronous(Box::new(
+                SimGpuDriver::open(DirectAttach::new(dev, 256 << 20)).map_err(opened)?,
+            )),
+            BaselineArg::Concurrent => {
+                let pci = ConcurrentAttach::new(dev, 256 << 20)
+                    .map_err(|e| format!("starting the direct simgpu's thread: {e}"))?;
+                Baseline::Concurrent(Box::new(SimGpuDriver::open(pci).map_err(opened)?))
+            }
+        })
+    }
+
+    fn run(&mut self, w: Workload, progress: &mut dyn FnMut(&str)) -> Result<WorkloadReport, String> {
+        match self {
+            Baseline::Synchronous(d) => w.run(d, progress),
+            Baseline::Concurrent(d) => w.run(d, progress),
+        }
+        .map_err(|e| format!("direct workload: {e}"))
+    }
+
+    fn mmio_rtt(&mut self, n: usize) -> (Duration, Duration) {
+        match self {
+            Baseline::Synchronous(d) => mmio_rtt(d, n),
+            Baseline::Concurrent(d) => mmio_rtt(d, n),
+        }
+    }
+
+    fn copy_rates(&mut self) -> Result<(f64, f64), String> {
+        match self {
+            Baseline::Synchronous(d) => model::copy_rates(d, RATE_BYTES, 3),
+            Baseline::Concurrent(d) => model::copy_rates(d, RATE_BYTES, 3),
+        }
+        .map_err(|e| format!("direct copies: {e}"))
+    }
+}
+
+/// `--baseline`: how the directly attached simgpu runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BaselineArg {
+    /// Inside the driver's calls, on the driver's thread: one thread busy.
+    Synchronous,
+    /// On a thread of its own beside the driver's, as a GPU beside the CPU: two threads
+    /// busy, as through the bridges.
+    Concurrent,
 }
 
 /// One run of the workload through `d`, verified and not counted.
@@ -863,6 +922,10 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "gso": o.offload.gso,
         "gro": o.offload.gro,
         "poll": args.poll.name(),
+        "baseline": match args.baseline {
+            BaselineArg::Synchronous => "synchronous",
+            BaselineArg::Concurrent => "concurrent",
+        },
         "delay_us": args.delay_us,
         "loss": args.loss,
         "encrypted": args.encrypt,

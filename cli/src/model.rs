@@ -139,24 +139,36 @@ pub(crate) fn profile_from_json(v: &Value) -> Result<Profile, String> {
     })
 }
 
-/// A workload's profile and direct time, counted with runs on a directly attached simgpu.
+/// A workload's transaction profile: one run, after a warm-up, on the synchronous direct
+/// platform (which sees what the device waits on); its rates unknown.
+pub(crate) fn count_profile(workload: testbed::workload::Workload) -> Result<Profile, String> {
+    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut d = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
+        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
+    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload (warm-up): {e}"))?;
+    let before = (d.pci().counts(), d.stats());
+    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload: {e}"))?;
+    Ok(Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1)))
+}
+
+/// A workload's profile and its direct time: the median of `repeat` runs after a warm-up on
+/// the synchronous direct platform, `dxpu loopback`'s default baseline.
 pub(crate) fn count_direct(
     workload: testbed::workload::Workload,
     repeat: u32,
 ) -> Result<(Profile, Spread), String> {
+    let mut profile = count_profile(workload)?;
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut d = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
         .map_err(|e| format!("opening the direct simgpu: {e}"))?;
-    let rates = model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("direct copies: {e}"))?;
+    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) =
+        model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("direct copies: {e}"))?;
     workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload (warm-up): {e}"))?;
-    let (mut seconds, mut profile) = (Vec::new(), Profile::default());
+    let mut seconds = Vec::new();
     for _ in 0..repeat.max(1) {
-        let before = (d.pci().counts(), d.stats());
         let r = workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload: {e}"))?;
         seconds.push(r.seconds);
-        profile = Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1));
     }
-    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = rates;
     Ok((profile, Spread::of(seconds.into_iter())))
 }
 

@@ -258,6 +258,16 @@ fn loopback_runs_every_workload_unless_told_one() {
         assert!(w["profile"]["waits"].as_u64().unwrap() > 0, "{w}");
         assert!(w["model"]["predicted_overhead_percent"].is_number(), "{w}");
     }
+    // The baseline on a thread of its own.
+    let out = dxpu()
+        .args(["loopback", "--json", "--scale", "1", "--repeat", "2", "--rtt-samples", "50"])
+        .args(["--workload", "training", "--baseline", "concurrent"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["verified"].as_bool(), v["baseline"].as_str()), (Some(true), Some("concurrent")));
+    assert_eq!(v["direct_runs_seconds"].as_array().map(Vec::len), Some(2));
     // The human report ends with every workload's overhead beside the model's.
     let out = dxpu()
         .args(["loopback", "--scale", "1", "--repeat", "1", "--rtt-samples", "50", "--poll", "blocking"])

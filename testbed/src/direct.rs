@@ -34,10 +34,10 @@ pub const BAR2_BASE: u64 = 0x40_0000_0000;
 /// (completing it calls the device, which is busy while it sends). Completions for the
 /// host's own requests are kept as bytes for the request waiting on them.
 #[derive(Default)]
-struct HostPort {
-    mem: Vec<u8>,
-    interrupts: Interrupts,
-    reads: VecDeque<TlpRepr<'static>>,
+pub(crate) struct HostPort {
+    pub(crate) mem: Vec<u8>,
+    pub(crate) interrupts: Interrupts,
+    pub(crate) reads: VecDeque<TlpRepr<'static>>,
     completions: VecDeque<Vec<u8>>,
     dma_read_refused: u64,
     dma_write_dropped: u64,
@@ -92,7 +92,24 @@ impl PlatformCounts {
 }
 
 impl HostPort {
-    fn in_memory(&self, addr: u64, len: u64) -> Option<usize> {
+    pub(crate) fn with_memory(len: usize) -> HostPort {
+        HostPort { mem: vec![0; len], ..HostPort::default() }
+    }
+
+    /// Takes the completion for `tag`, if it has arrived.
+    pub(crate) fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)> {
+        let i = self.completions.iter().position(|b| {
+            TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|c| c.requester_tag().1 == tag)
+        })?;
+        let b = self.completions.remove(i)?;
+        let c = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
+        match c.body {
+            Body::Completion { cpl, data, .. } => Some((cpl.status, data.unwrap_or(&[]).to_vec())),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn in_memory(&self, addr: u64, len: u64) -> Option<usize> {
         let off = addr.checked_sub(HOST_MEMORY_BASE)?;
         (off.checked_add(len)? <= self.mem.len() as u64).then_some(off as usize)
     }
@@ -131,7 +148,7 @@ impl Upstream for HostPort {
     }
 }
 
-fn emit(tlp: &TlpRepr<'_>) -> Vec<u8> {
+pub(crate) fn emit(tlp: &TlpRepr<'_>) -> Vec<u8> {
     let mut b = vec![0u8; tlp.buffer_len()];
     let n = tlp.emit(&mut b).unwrap_or(0);
     b.truncate(n);
@@ -162,14 +179,11 @@ impl<D: Device> DirectAttach<D> {
     pub fn new(dev: D, host_memory: usize) -> DirectAttach<D> {
         let mut d = DirectAttach {
             dev,
-            host: HostPort { mem: vec![0; host_memory], ..HostPort::default() },
+            host: HostPort::with_memory(host_memory),
             arena: DmaArena::new(BusAddr(HOST_MEMORY_BASE), host_memory),
             next_tag: 0,
         };
-        d.config_write(0x10, BAR0_BASE as u32);
-        d.config_write(0x14, (BAR0_BASE >> 32) as u32);
-        d.config_write(0x18, BAR2_BASE as u32);
-        d.config_write(0x1c, (BAR2_BASE >> 32) as u32);
+        place_bars(&mut d);
         d
     }
 
@@ -193,11 +207,6 @@ impl<D: Device> DirectAttach<D> {
         self.host.counts
     }
 
-    fn tag(&mut self) -> Tag {
-        self.next_tag = (self.next_tag + 1) % 1024;
-        Tag::from_bits(self.next_tag)
-    }
-
     /// Sends one host request to the device and serves everything that follows.
     fn request(&mut self, tlp: &TlpRepr<'_>) {
         self.dev.request(tlp, &mut self.host);
@@ -205,48 +214,11 @@ impl<D: Device> DirectAttach<D> {
         self.serve_reads();
     }
 
-    /// Takes the completion for `tag` (after serving).
-    fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)> {
-        let i = self.host.completions.iter().position(|b| {
-            TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|c| c.requester_tag().1 == tag)
-        })?;
-        let b = self.host.completions.remove(i)?;
-        let c = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
-        match c.body {
-            Body::Completion { cpl, data, .. } => Some((cpl.status, data.unwrap_or(&[]).to_vec())),
-            _ => None,
-        }
-    }
-
     /// Completes the device's reads of host memory, oldest first, until none is left (a
     /// completion may make the device send more): each from where its bytes lie, the
     /// completions built over host memory and handed to the device.
     fn serve_reads(&mut self) {
-        while let Some(t) = self.host.reads.pop_front() {
-            let Body::MemRead { address, length_dw, .. } = t.body else { continue };
-            self.host.completed_since_run = true;
-            let mps = TransferSize::from_bytes(self.dev.max_payload()).unwrap_or(TransferSize::B128);
-            match self.host.in_memory(address.value(), length_dw as u64 * 4) {
-                Some(off) => {
-                    // Host memory is lent while the device takes the bytes; what it sends
-                    // meanwhile waits, in order, and arrives after.
-                    let mut later = Later::default();
-                    let data = &self.host.mem[off..off + length_dw as usize * 4];
-                    let dev = &mut self.dev;
-                    rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, &mut later));
-                    for b in later.0 {
-                        if let Ok(t) = TlpRepr::parse_bytes(&b, &ParseConfig::default()) {
-                            self.host.send(&t);
-                        }
-                    }
-                }
-                None => {
-                    self.host.dma_read_refused += 1;
-                    let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
-                    self.dev.completion(&cpl, &mut self.host);
-                }
-            }
-        }
+        serve_reads(&mut self.host, &mut self.dev);
     }
 
     /// Lets the device work until it has nothing left to do (bounded).
@@ -263,68 +235,22 @@ impl<D: Device> DirectAttach<D> {
         }
         any
     }
-
-    fn memory_request(&mut self, addr: BusAddr, data: Option<&[u8]>, length_dw: u16) -> Tag {
-        let tag = self.tag();
-        let be = |n: u16| if n > 1 { (0xf, 0xf) } else { (0xf, 0) };
-        let (first_be, last_be) = be(length_dw);
-        let req = Request { requester: HOST_ID, tag, first_be, last_be };
-        let body = match data {
-            Some(d) => Body::MemWrite { req, address: Address::new(addr.get()), ph: 0, data: d },
-            None => Body::MemRead { req, address: Address::new(addr.get()), ph: 0, length_dw, locked: false },
-        };
-        let t = TlpRepr::new(body);
-        self.request(&t);
-        tag
-    }
-
-    fn config_request(&mut self, reg: u16, data: Option<[u8; 4]>) -> u32 {
-        let tag = self.tag();
-        let req = Request { requester: HOST_ID, tag, first_be: 0xf, last_be: 0 };
-        let cfg = ConfigTarget { type1: false, target: self.dev.id(), register: reg & 0xffc };
-        let d;
-        let body = match data {
-            Some(bytes) => {
-                d = bytes;
-                Body::CfgWrite { req, cfg, data: &d }
-            }
-            None => Body::CfgRead { req, cfg },
-        };
-        let t = TlpRepr::new(body);
-        self.request(&t);
-        match self.completion_for(tag) {
-            Some((CplStatus::Success, v)) if v.len() >= 4 => u32::from_le_bytes([v[0], v[1], v[2], v[3]]),
-            Some((CplStatus::Success, _)) => 0,
-            _ => u32::MAX,
-        }
-    }
 }
 
 impl<D: Device> PciFunction for DirectAttach<D> {
     fn config_read(&mut self, offset: u16) -> u32 {
-        self.config_request(offset, None)
+        config_request(self, offset, None)
     }
     fn config_write(&mut self, offset: u16, value: u32) {
-        self.config_request(offset, Some(value.to_le_bytes()));
+        config_request(self, offset, Some(value.to_le_bytes()));
     }
     fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
         self.host.counts.register_reads += 1;
-        let tag = self.memory_request(addr, None, (len / 4).max(1) as u16);
-        match self.completion_for(tag) {
-            Some((CplStatus::Success, v)) => {
-                let mut b = [0u8; 8];
-                let n = v.len().min(len).min(8);
-                b[..n].copy_from_slice(&v[..n]);
-                u64::from_le_bytes(b)
-            }
-            // A failed read returns all-ones, as real hardware does.
-            _ => u64::MAX,
-        }
+        mmio_read(self, addr, len)
     }
     fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
         self.host.counts.register_writes += 1;
-        let b = value.to_le_bytes();
-        self.memory_request(addr, Some(&b[..len.min(8)]), (len / 4).max(1) as u16);
+        mmio_write(self, addr, len, value);
         self.run();
     }
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf> {
@@ -347,5 +273,127 @@ impl<D: Device> PciFunction for DirectAttach<D> {
                 WaitStep::Idle
             }
         })
+    }
+}
+
+/// The host's side of requests to a device: a platform sends them and takes their
+/// completions; [`config_request`], [`mmio_read`] and [`mmio_write`] build the TLPs.
+pub(crate) trait Requester {
+    /// The device's ID (the target of configuration requests).
+    fn target(&self) -> Bdf;
+    /// A fresh tag.
+    fn next_tag(&mut self) -> Tag;
+    /// Sends a request to the device.
+    fn send_request(&mut self, tlp: &TlpRepr<'_>);
+    /// The completion for `tag`, once it is there (`None`: it never came).
+    fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)>;
+}
+
+impl<D: Device> Requester for DirectAttach<D> {
+    fn target(&self) -> Bdf {
+        self.dev.id()
+    }
+    fn next_tag(&mut self) -> Tag {
+        self.next_tag = (self.next_tag + 1) % 1024;
+        Tag::from_bits(self.next_tag)
+    }
+    fn send_request(&mut self, tlp: &TlpRepr<'_>) {
+        self.request(tlp);
+    }
+    fn completion_for(&mut self, tag: Tag) -> Option<(CplStatus, Vec<u8>)> {
+        self.host.completion_for(tag)
+    }
+}
+
+/// Places BAR0 and BAR2 where [`BAR0_BASE`] and [`BAR2_BASE`] say, as firmware would.
+pub(crate) fn place_bars<P: PciFunction>(d: &mut P) {
+    d.config_write(0x10, BAR0_BASE as u32);
+    d.config_write(0x14, (BAR0_BASE >> 32) as u32);
+    d.config_write(0x18, BAR2_BASE as u32);
+    d.config_write(0x1c, (BAR2_BASE >> 32) as u32);
+}
+
+fn memory_request<R: Requester>(r: &mut R, addr: BusAddr, data: Option<&[u8]>, length_dw: u16) -> Tag {
+    let tag = r.next_tag();
+    let be = |n: u16| if n > 1 { (0xf, 0xf) } else { (0xf, 0) };
+    let (first_be, last_be) = be(length_dw);
+    let req = Request { requester: HOST_ID, tag, first_be, last_be };
+    let body = match data {
+        Some(d) => Body::MemWrite { req, address: Address::new(addr.get()), ph: 0, data: d },
+        None => Body::MemRead { req, address: Address::new(addr.get()), ph: 0, length_dw, locked: false },
+    };
+    r.send_request(&TlpRepr::new(body));
+    tag
+}
+
+/// A memory read of `len` bytes at `addr` (all-ones if it fails, as hardware reads).
+pub(crate) fn mmio_read<R: Requester>(r: &mut R, addr: BusAddr, len: usize) -> u64 {
+    let tag = memory_request(r, addr, None, (len / 4).max(1) as u16);
+    match r.completion_for(tag) {
+        Some((CplStatus::Success, v)) => {
+            let mut b = [0u8; 8];
+            let n = v.len().min(len).min(8);
+            b[..n].copy_from_slice(&v[..n]);
+            u64::from_le_bytes(b)
+        }
+        // A failed read returns all-ones, as real hardware does.
+        _ => u64::MAX,
+    }
+}
+
+/// A posted memory write of the low `len` bytes of `value` at `addr`.
+pub(crate) fn mmio_write<R: Requester>(r: &mut R, addr: BusAddr, len: usize, value: u64) {
+    let b = value.to_le_bytes();
+    memory_request(r, addr, Some(&b[..len.min(8)]), (len / 4).max(1) as u16);
+}
+
+/// A configuration read (`data` None) or write of register `reg`.
+pub(crate) fn config_request<R: Requester>(r: &mut R, reg: u16, data: Option<[u8; 4]>) -> u32 {
+    let tag = r.next_tag();
+    let req = Request { requester: HOST_ID, tag, first_be: 0xf, last_be: 0 };
+    let cfg = ConfigTarget { type1: false, target: r.target(), register: reg & 0xffc };
+    let d;
+    let body = match data {
+        Some(bytes) => {
+            d = bytes;
+            Body::CfgWrite { req, cfg, data: &d }
+        }
+        None => Body::CfgRead { req, cfg },
+    };
+    r.send_request(&TlpRepr::new(body));
+    match r.completion_for(tag) {
+        Some((CplStatus::Success, v)) if v.len() >= 4 => u32::from_le_bytes([v[0], v[1], v[2], v[3]]),
+        Some((CplStatus::Success, _)) => 0,
+        _ => u32::MAX,
+    }
+}
+
+/// Completes the device's reads of host memory, oldest first, until none is left (a
+/// completion may make the device send more): each from where its bytes lie, the
+/// completions built over host memory and handed to the device.
+pub(crate) fn serve_reads<D: Device>(host: &mut HostPort, dev: &mut D) {
+    while let Some(t) = host.reads.pop_front() {
+        let Body::MemRead { address, length_dw, .. } = t.body else { continue };
+        host.completed_since_run = true;
+        let mps = TransferSize::from_bytes(dev.max_payload()).unwrap_or(TransferSize::B128);
+        match host.in_memory(address.value(), length_dw as u64 * 4) {
+            Some(off) => {
+                // Host memory is lent while the device takes the bytes; what it sends
+                // meanwhile waits, in order, and arrives after.
+                let mut later = Later::default();
+                let data = &host.mem[off..off + length_dw as usize * 4];
+                rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, &mut later));
+                for b in later.0 {
+                    if let Ok(t) = TlpRepr::parse_bytes(&b, &ParseConfig::default()) {
+                        host.send(&t);
+                    }
+                }
+            }
+            None => {
+                host.dma_read_refused += 1;
+                let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
+                dev.completion(&cpl, host);
+            }
+        }
     }
 }

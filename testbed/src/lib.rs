@@ -3,6 +3,8 @@
 //!
 //! - [`direct`]: a device attached directly, with no bridge — the baseline bridged figures
 //!   are compared with, and the platform the driver tests run on;
+//! - [`concurrent`]: the same, the device on a thread of its own as a GPU beside the CPU
+//!   (the baseline of `dxpu loopback` and `bench model`);
 //! - [`suite`]: the simgpu driver's checks, generic over the platform, so the same checks run
 //!   directly, through the bridges and inside a VM;
 //! - [`workload`]: the demo workload `dxpu loopback` runs, and [`workload::Workload`] to
@@ -15,6 +17,7 @@
 #![deny(unsafe_code)]
 
 pub mod ai;
+pub mod concurrent;
 pub mod direct;
 pub mod model;
 pub mod suite;

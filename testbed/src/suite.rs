@@ -17,6 +17,18 @@ pub struct Check<P: PciFunction> {
     pub run: fn(&mut SimGpuDriver<P>) -> Result<(), String>,
 }
 
+/// Runs every check, each on a driver `open` gives it; the failures, named.
+pub fn failures<P: PciFunction>(mut open: impl FnMut() -> SimGpuDriver<P>) -> Vec<String> {
+    let mut failed = Vec::new();
+    for c in checks() {
+        let mut d = open();
+        if let Err(e) = (c.run)(&mut d) {
+            failed.push(format!("{}: {e}", c.name));
+        }
+    }
+    failed
+}
+
 /// Every platform-independent check of the driver.
 pub fn checks<P: PciFunction>() -> Vec<Check<P>> {
     vec![

@@ -24,13 +24,7 @@ use testbed::suite::pattern;
 
 #[test]
 fn driver_suite_on_a_directly_attached_simgpu() {
-    let mut failed = Vec::new();
-    for c in testbed::suite::checks() {
-        let mut d = open();
-        if let Err(e) = (c.run)(&mut d) {
-            failed.push(format!("{}: {e}", c.name));
-        }
-    }
+    let failed = testbed::suite::failures(open);
     assert!(failed.is_empty(), "{failed:#?}");
 }
 
