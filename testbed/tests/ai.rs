@@ -158,3 +158,73 @@ fn data_loading_waits_behind_the_next_batch_are_not_idle() {
     assert_eq!(p.driver.waits_idle, 3, "{p:?}");
     assert!(p.platform.device_read_bytes >= (s.batch_bytes * s.batches) as u64);
 }
+
+/// A simgpu whose writes into host memory of 256 bytes or more have one byte flipped from
+/// the `after`-th on: a device (or a path) that corrupts data the workloads read back.
+struct Corrupting {
+    inner: SimGpu,
+    after: usize,
+    seen: usize,
+}
+
+struct Flip<'a> {
+    up: &'a mut dyn hw::Upstream,
+    after: usize,
+    seen: &'a mut usize,
+}
+
+impl hw::Upstream for Flip<'_> {
+    fn send(&mut self, tlp: &tlp::TlpRepr<'_>) {
+        if let tlp::Body::MemWrite { data, .. } = tlp.body
+            && data.len() >= 256
+        {
+            *self.seen += 1;
+            if *self.seen > self.after {
+                let mut bad = data.to_vec();
+                bad[100] ^= 0x40;
+                return self.up.send(&tlp.with_data(&bad));
+            }
+        }
+        self.up.send(tlp)
+    }
+}
+
+impl hw::Device for Corrupting {
+    fn id(&self) -> Bdf {
+        self.inner.id()
+    }
+    fn max_payload(&self) -> u32 {
+        self.inner.max_payload()
+    }
+    fn request(&mut self, t: &tlp::TlpRepr<'_>, up: &mut dyn hw::Upstream) {
+        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
+        self.inner.request(t, &mut f)
+    }
+    fn completion(&mut self, t: &tlp::TlpRepr<'_>, up: &mut dyn hw::Upstream) {
+        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
+        self.inner.completion(t, &mut f)
+    }
+    fn poll(&mut self, up: &mut dyn hw::Upstream) -> bool {
+        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
+        self.inner.poll(&mut f)
+    }
+    fn reset(&mut self) {
+        self.inner.reset()
+    }
+}
+
+#[test]
+fn a_corrupted_result_fails_every_workload_naming_where() {
+    for name in Workload::NAMES {
+        let dev =
+            Corrupting { inner: SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()), after: 0, seen: 0 };
+        let mut d = SimGpuDriver::open(DirectAttach::new(dev, 128 << 20)).unwrap();
+        match Workload::named(name, 1).unwrap().run(&mut d, &mut |_| {}) {
+            Err(e @ WorkloadError::Mismatch { .. }) => {
+                let said = e.to_string();
+                assert!(said.contains("differs from the CPU reference at element"), "{name}: {said}");
+            }
+            other => panic!("{name}: a corrupted result must be caught, got {other:?}"),
+        }
+    }
+}
