@@ -128,22 +128,34 @@ impl WorkloadArg {
     pub(crate) const ALL: [WorkloadArg; 4] =
         [WorkloadArg::Demo, WorkloadArg::Inference, WorkloadArg::Training, WorkloadArg::DataLoading];
 
-    /// The workload at `scale`, with `--batch` and `--layers` where they apply.
-    pub(crate) fn workload(self, scale: u32, batch: Option<u16>, layers: Option<u16>) -> Workload {
+    /// The workload at `scale`, with `--batch` and `--layers`; either given to a workload it
+    /// does not apply to is refused (it would change nothing).
+    pub(crate) fn workload(
+        self,
+        scale: u32,
+        batch: Option<u16>,
+        layers: Option<u16>,
+    ) -> Result<Workload, String> {
         let w = Workload::named(self.name(), scale)
             .unwrap_or_else(|| unreachable!("every WorkloadArg names a workload"));
-        match w {
+        let refused = |what: &str| format!("{what} does not apply to the {} workload", self.name());
+        Ok(match w {
             Workload::Inference(mut s) => {
                 s.batch = batch.map_or(s.batch, usize::from);
                 s.layers = layers.map_or(s.layers, usize::from);
                 Workload::Inference(s)
             }
             Workload::Training(mut s) => {
+                if layers.is_some() {
+                    return Err(refused("--layers (inference only)"));
+                }
                 s.batch = batch.map_or(s.batch, usize::from);
                 Workload::Training(s)
             }
+            _ if batch.is_some() => return Err(refused("--batch (inference and training only)")),
+            _ if layers.is_some() => return Err(refused("--layers (inference only)")),
             w => w,
-        }
+        })
     }
 }
 
@@ -455,7 +467,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let direct_rtt = direct.mmio_rtt(args.rtt_samples);
     let direct_rates = direct.copy_rates()?;
     let w = args.workload.ok_or("no workload chosen")?;
-    let size = w.workload(args.scale, args.batch, args.layers);
+    let size = w.workload(args.scale, args.batch, args.layers)?;
     let mut profile = crate::model::count_profile(size)?;
     (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
     // The first attachment is warmed by the round-trip samples' session and one run.

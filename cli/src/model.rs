@@ -309,7 +309,7 @@ fn run(args: &ModelArgs) -> Result<ModelReport, String> {
         None => {
             let w = args.workload.unwrap_or(WorkloadArg::Demo);
             let (profile, direct) =
-                count_direct(w.workload(args.scale, args.batch, args.layers), args.repeat)?;
+                count_direct(w.workload(args.scale, args.batch, args.layers)?, args.repeat)?;
             predict_all(w.name().to_string(), profile, direct.median, args)
         }
     }

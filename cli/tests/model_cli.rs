@@ -184,6 +184,16 @@ fn bad_values_are_refused_naming_them() {
         assert!(err.contains(says) && err.contains(path.to_str().unwrap()), "{err}");
     }
     let _ = (std::fs::remove_file(&bad), std::fs::remove_file(&short));
+    // A shape option given to a workload it does not apply to.
+    for (args, says) in [
+        (&["--workload", "demo", "--batch", "8"][..], "--batch"),
+        (&["--workload", "training", "--layers", "2"], "--layers"),
+    ] {
+        let out = dxpu().arg("model").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.contains("does not apply"), "{args:?}: {err}");
+    }
     // --workload and --profile together.
     let out = dxpu().args(["model", "--workload", "demo", "--profile", "x.json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
