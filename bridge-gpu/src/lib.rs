@@ -31,6 +31,53 @@ use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
 
+/// How long an attach waits for the pool to confirm its claim before it is refused.
+pub const CLAIM_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// What the pool says of a claim (`ClaimCheck::verdict`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimVerdict {
+    /// The pool holds this claim: the host may attach (or keep) the device.
+    Valid,
+    /// The pool holds no such claim (another host's, a newer one, or none): refused, why.
+    Refused(String),
+    /// The pool has not seen that far yet (the token is newer than what it has read).
+    Unknown,
+}
+
+/// The box's view of a pool's claims (`docs/pool.md`): with one set
+/// ([`GpuEndpoint::set_claims`]), an attach is accepted only with the token of a claim the
+/// pool holds for that host on that device, and an owner whose claim goes is cut off and the
+/// device reset. The datapath never waits on it: it is asked from the poll loop, and must
+/// answer from what it has (a lock and a map, no I/O).
+pub trait ClaimCheck: Send {
+    /// A number that changes whenever the claims may have changed (read every poll).
+    fn generation(&self) -> u64;
+    /// Whether `host` holds the claim on `device` with fencing token `token`. With the
+    /// `ticket` of a look-up asked after the attach arrived and since answered, a token
+    /// still unknown is one etcd never issued (the look-up read a revision at least as new
+    /// as any claim the host could hold then): refused, not waited on.
+    fn verdict(&self, device: &str, host: &str, token: u64, ticket: Option<u64>) -> ClaimVerdict;
+    /// Asks the pool to read `device`'s claim now (an attach is waiting on a token it has
+    /// not seen); the answer comes as a new generation. Returns the look-up's ticket.
+    fn look_up(&self, device: &str) -> u64;
+}
+
+/// One change of a device's owner, as the box made it (its ownership log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnershipEvent {
+    /// The export.
+    pub device: String,
+    /// The host.
+    pub host: String,
+    /// The claim's fencing token, for a pool device.
+    pub token: Option<u64>,
+    /// Attached (true) or released (false).
+    pub attached: bool,
+    /// Why it was released.
+    pub why: String,
+}
+
 /// A host allowed to attach devices, known by its key.
 #[derive(Clone, Debug)]
 pub struct HostKey {
@@ -124,6 +171,25 @@ pub struct ExportStats {
     pub too_large: u64,
     /// Function-level resets done on release.
     pub resets: u64,
+    /// Owners cut off because their pool claim went (released, expired, revoked).
+    pub claims_revoked: u64,
+    /// Attaches refused because the pool did not hold the claim they named.
+    pub stale_tokens: u64,
+}
+
+/// What a pool's inventory says of an export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportIdentity {
+    /// PCI Vendor ID.
+    pub vendor_id: u16,
+    /// PCI Device ID.
+    pub device_id: u16,
+    /// Class code (base, sub-class, programming interface).
+    pub class: u32,
+    /// The largest BAR's size in bytes (a GPU's VRAM aperture).
+    pub largest_bar: u64,
+    /// The hosts that may attach it.
+    pub allow: Vec<String>,
 }
 
 /// What the endpoint counted.
@@ -152,7 +218,7 @@ struct Export {
     dev: Box<dyn Device>,
     bars: [BarInfo; 6],
     base: u64,
-    owner: Option<(u32, String)>,
+    owner: Option<Owner>,
     out: Outbox,
     stats: ExportStats,
 }
@@ -261,6 +327,58 @@ struct SessionInfo {
     device: Option<usize>,
 }
 
+/// Who holds an export: the session, its host, and the claim's token (pool devices).
+struct Owner {
+    sid: u32,
+    host: String,
+    token: Option<u64>,
+}
+
+/// An attach waiting for the pool to confirm its claim.
+struct PendingAttach {
+    sid: u32,
+    device: String,
+    token: u64,
+    ticket: u64,
+    since: std::time::Instant,
+}
+
+/// The pool's claims as this endpoint uses them.
+struct Claims {
+    check: Box<dyn ClaimCheck>,
+    generation: u64,
+    pending: Vec<PendingAttach>,
+}
+
+/// What the attach path needs besides the session and the exports.
+struct AttachCtx<'a> {
+    claims: &'a mut Option<Claims>,
+    journal: &'a mut Journal,
+}
+
+/// Where [`GpuEndpoint::set_ownership_sink`] sends ownership changes.
+pub type OwnershipSink = Box<dyn FnMut(&OwnershipEvent) + Send>;
+
+/// Where ownership changes go.
+#[derive(Default)]
+struct Journal {
+    sink: Option<OwnershipSink>,
+}
+
+impl Journal {
+    fn record(&mut self, device: &str, owner: &Owner, attached: bool, why: &str) {
+        if let Some(sink) = &mut self.sink {
+            sink(&OwnershipEvent {
+                device: device.to_string(),
+                host: owner.host.clone(),
+                token: owner.token,
+                attached,
+                why: why.to_string(),
+            });
+        }
+    }
+}
+
 /// The GPU-box endpoint.
 pub struct GpuEndpoint {
     runner: ServerRunner<Impaired<AnyUdp>>,
@@ -273,6 +391,9 @@ pub struct GpuEndpoint {
     dispatcher: Dispatcher<u32>,
     /// When a failed handshake was last logged, and how many more failed since.
     failure_log: Option<(std::time::Instant, u64)>,
+    /// The pool's claims, if the box serves a pool.
+    claims: Option<Claims>,
+    journal: Journal,
 }
 
 /// Sends one config request to `dev` and returns the completion's data (all-ones if none).
@@ -453,6 +574,40 @@ impl GpuEndpoint {
             stats: GpuStats::default(),
             dispatcher: Dispatcher::new(),
             failure_log: None,
+            claims: None,
+            journal: Journal::default(),
+        })
+    }
+
+    /// Serves a pool from now on: attaches need a claim `check` confirms, and owners whose
+    /// claim goes are cut off (their session closed) and the device reset.
+    pub fn set_claims(&mut self, check: Box<dyn ClaimCheck>) {
+        self.claims =
+            Some(Claims { generation: check.generation().wrapping_sub(1), check, pending: Vec::new() });
+    }
+
+    /// Sends every change of owner to `sink` (the box's ownership log).
+    pub fn set_ownership_sink(&mut self, sink: OwnershipSink) {
+        self.journal.sink = Some(sink);
+    }
+
+    /// The exports' names, in order.
+    pub fn export_names(&self) -> Vec<String> {
+        self.exports.iter().map(|e| e.name.clone()).collect()
+    }
+
+    /// Export `name`'s vendor and device IDs, class code and the size of its largest BAR
+    /// (config space as the box reads it), for a pool's inventory.
+    pub fn export_identity(&mut self, name: &str) -> Option<ExportIdentity> {
+        let e = self.exports.iter_mut().find(|e| e.name == name)?;
+        let ids = config_access(e.dev.as_mut(), 0, None);
+        let class = config_access(e.dev.as_mut(), 8, None) >> 8;
+        Some(ExportIdentity {
+            vendor_id: ids as u16,
+            device_id: (ids >> 16) as u16,
+            class,
+            largest_bar: e.bars.iter().map(|b| b.size).max().unwrap_or(0),
+            allow: e.allow.clone(),
         })
     }
 
@@ -472,12 +627,72 @@ impl GpuEndpoint {
 
     /// The host that owns export `name`, if any.
     pub fn owner(&self, name: &str) -> Option<&str> {
-        self.exports.iter().find(|e| e.name == name)?.owner.as_ref().map(|(_, h)| h.as_str())
+        self.exports.iter().find(|e| e.name == name)?.owner.as_ref().map(|o| o.host.as_str())
+    }
+
+    /// Acts on what the pool's claims say now: pending attaches confirmed or refused, owners
+    /// whose claim went cut off. Cheap when nothing changed (one generation compare).
+    fn reconcile_claims(&mut self) -> bool {
+        let GpuEndpoint { runner, exports, sessions, claims, journal, .. } = self;
+        let Some(c) = claims else { return false };
+        let generation = c.check.generation();
+        if generation == c.generation && c.pending.is_empty() {
+            return false;
+        }
+        let changed = generation != c.generation;
+        c.generation = generation;
+        let mut active = false;
+        if changed {
+            for e in exports.iter_mut() {
+                let Some(Owner { sid, host, token: Some(token) }) = &e.owner else { continue };
+                let (sid, token) = (*sid, *token);
+                if let ClaimVerdict::Refused(why) = c.check.verdict(&e.name, host, token, None) {
+                    let why = format!("claim {token} gone: {why}");
+                    log::warn!("{}: cutting {host} off: {why}", e.name);
+                    e.stats.claims_revoked += 1;
+                    release(e, &why, journal);
+                    if let Some(info) = sessions.get_mut(&sid) {
+                        info.device = None;
+                    }
+                    // The host learns it from its session going down; until then what it
+                    // still sends is answered Unsupported Request.
+                    if let Some(s) = runner.endpoint.session(sid) {
+                        s.close(runner.clock.now());
+                    }
+                    active = true;
+                }
+            }
+        }
+        let now = std::time::Instant::now();
+        let pending = std::mem::take(&mut c.pending);
+        for p in pending {
+            let (Some(s), Some(info)) = (runner.endpoint.session(p.sid), sessions.get_mut(&p.sid)) else {
+                continue;
+            };
+            let verdict = c.check.verdict(&p.device, &info.host, p.token, Some(p.ticket));
+            let timed_out = now.duration_since(p.since) >= CLAIM_CONFIRM_TIMEOUT;
+            match verdict {
+                ClaimVerdict::Unknown if !timed_out => c.pending.push(p),
+                v => {
+                    let verdict = match v {
+                        ClaimVerdict::Unknown => ClaimVerdict::Refused(format!(
+                            "the pool could not confirm claim {} within {CLAIM_CONFIRM_TIMEOUT:?} (etcd unreachable?)",
+                            p.token
+                        )),
+                        v => v,
+                    };
+                    let mut ctx = AttachCtx { claims: &mut None, journal };
+                    finish_attach(p.sid, s, info, &p.device, Some(p.token), verdict, exports, &mut ctx);
+                    active = true;
+                }
+            }
+        }
+        active
     }
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats, dispatcher, .. } = self;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, dispatcher, claims, journal, .. } = self;
         // The dispatcher hands over the hosts' posted writes (into BARs) and the completions
         // for the devices' DMA reads where they lie in the receive buffer: their payload is
         // copied once, into the device. What the device sends meanwhile waits in its outbox
@@ -511,7 +726,8 @@ impl GpuEndpoint {
         active |= !dispatcher.is_empty();
         dispatcher.drain(|sid, kept| {
             if let Some(s) = runner.endpoint.session(sid) {
-                handle_kept(sid, s, kept, exports, sessions, stats);
+                let mut ctx = AttachCtx { claims, journal };
+                handle_kept(sid, s, kept, exports, sessions, stats, &mut ctx);
             }
         });
         for (id, _, s) in runner.endpoint.sessions() {
@@ -531,7 +747,7 @@ impl GpuEndpoint {
                         if let Some(info) = sessions.remove(&id) {
                             log::info!("host {} gone (session {id:#010x}): {reason}", info.host);
                             if let Some(d) = info.device {
-                                release(&mut exports[d], reason_text(reason));
+                                release(&mut exports[d], reason_text(reason), journal);
                             }
                         }
                     }
@@ -545,7 +761,7 @@ impl GpuEndpoint {
         }
         let mut devices_worked = false;
         for e in exports.iter_mut() {
-            let Some((sid, _)) = e.owner else { continue };
+            let Some(Owner { sid, .. }) = e.owner else { continue };
             let Some(s) = runner.endpoint.session(sid) else { continue };
             devices_worked |= e.out.flush(s);
             // Let the device work while its upstream has room; bounded per pass so that
@@ -568,6 +784,10 @@ impl GpuEndpoint {
         }
         runner.endpoint.reap();
         self.log_failed_handshakes();
+        if self.reconcile_claims() {
+            active = true;
+            self.runner.transmit()?;
+        }
         Ok(active)
     }
 
@@ -614,7 +834,7 @@ impl GpuEndpoint {
         self.runner.transmit()?;
         for e in &mut self.exports {
             if e.owner.is_some() {
-                release(e, "endpoint stopping");
+                release(e, "endpoint stopping", &mut self.journal);
             }
         }
         Ok(())
@@ -637,7 +857,7 @@ fn reason_text(r: DownReason) -> &'static str {
 
 /// Gives the device back: function-level reset, in-flight DMA dropped and counted, BARs
 /// placed again (the reset cleared them).
-fn release(e: &mut Export, why: &str) {
+fn release(e: &mut Export, why: &str, journal: &mut Journal) {
     let dropped = e.out.reads.len() + e.out.queue.len();
     e.stats.dma_dropped += dropped as u64;
     e.out.reads.clear();
@@ -645,8 +865,9 @@ fn release(e: &mut Export, why: &str) {
     e.dev.reset();
     e.stats.resets += 1;
     e.bars = place_bars(e.dev.as_mut(), e.base);
-    if let Some((_, host)) = e.owner.take() {
-        log::info!("{}: released by {host} ({why}); reset, {dropped} in-flight DMA dropped", e.name);
+    if let Some(owner) = e.owner.take() {
+        log::info!("{}: released by {} ({why}); reset, {dropped} in-flight DMA dropped", e.name, owner.host);
+        journal.record(&e.name, &owner, false, why);
     }
 }
 
@@ -662,14 +883,17 @@ fn handle_kept(
     exports: &mut [Export],
     sessions: &mut HashMap<u32, SessionInfo>,
     stats: &mut GpuStats,
+    ctx: &mut AttachCtx<'_>,
 ) {
     let Some(info) = sessions.get_mut(&sid) else { return };
     let t = match kept {
-        Kept::Control(Control::Attach { device }) => return attach(sid, s, info, &device, exports),
+        Kept::Control(Control::Attach { device, token }) => {
+            return attach(sid, s, info, &device, token, exports, ctx);
+        }
         Kept::Control(Control::Detach { device }) => {
             if let Some(d) = info.device.take() {
                 if exports[d].name == device {
-                    release(&mut exports[d], "detached");
+                    release(&mut exports[d], "detached", ctx.journal);
                 } else {
                     info.device = Some(d);
                 }
@@ -707,7 +931,52 @@ fn emit(t: &TlpRepr<'_>) -> Vec<u8> {
     b
 }
 
-fn attach(sid: u32, s: &mut Session, info: &mut SessionInfo, device: &str, exports: &mut [Export]) {
+/// An ATTACH: refused at once where the device is not this host's to take; in a pool,
+/// accepted only once the pool confirms the claim (at once, or from the poll loop).
+fn attach(
+    sid: u32,
+    s: &mut Session,
+    info: &mut SessionInfo,
+    device: &str,
+    token: Option<u64>,
+    exports: &mut [Export],
+    ctx: &mut AttachCtx<'_>,
+) {
+    let verdict = match (ctx.claims.as_mut(), token) {
+        (None, _) => ClaimVerdict::Valid,
+        (Some(_), None) => ClaimVerdict::Refused(
+            "this box serves a pool: an attach needs a claim's token (dxpu host with a [pool] section)"
+                .into(),
+        ),
+        (Some(c), Some(t)) => match c.check.verdict(device, &info.host, t, None) {
+            ClaimVerdict::Unknown if exports.iter().any(|e| e.name == device) => {
+                let ticket = c.check.look_up(device);
+                c.pending.push(PendingAttach {
+                    sid,
+                    device: device.to_string(),
+                    token: t,
+                    ticket,
+                    since: std::time::Instant::now(),
+                });
+                return;
+            }
+            v => v,
+        },
+    };
+    finish_attach(sid, s, info, device, token, verdict, exports, ctx);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_attach(
+    sid: u32,
+    s: &mut Session,
+    info: &mut SessionInfo,
+    device: &str,
+    token: Option<u64>,
+    verdict: ClaimVerdict,
+    exports: &mut [Export],
+    ctx: &mut AttachCtx<'_>,
+) {
     let refuse = |s: &mut Session, reason: String| {
         log::warn!("attach of {device} by {} refused: {reason}", info.host);
         reply(s, Control::Refused { device: device.to_string(), reason });
@@ -721,10 +990,16 @@ fn attach(sid: u32, s: &mut Session, info: &mut SessionInfo, device: &str, expor
         e.stats.refusals += 1;
         return refuse(s, format!("host '{}' may not attach '{device}'", info.host));
     }
+    if let ClaimVerdict::Refused(why) = verdict {
+        e.stats.refusals += 1;
+        e.stats.stale_tokens += 1;
+        let t = token.map_or_else(|| "none".to_string(), |t| t.to_string());
+        return refuse(s, format!("claim token {t} refused: {why}"));
+    }
     match &e.owner {
-        Some((owner, host)) if *owner != sid => {
+        Some(o) if o.sid != sid => {
             e.stats.refusals += 1;
-            let reason = format!("'{device}' is attached to host '{host}'");
+            let reason = format!("'{device}' is attached to host '{}'", o.host);
             return refuse(s, reason);
         }
         _ => {}
@@ -741,10 +1016,15 @@ fn attach(sid: u32, s: &mut Session, info: &mut SessionInfo, device: &str, expor
         );
     }
     let e = &mut exports[d];
-    e.owner = Some((sid, info.host.clone()));
+    let owner = Owner { sid, host: info.host.clone(), token };
+    ctx.journal.record(&e.name, &owner, true, "attached");
+    e.owner = Some(owner);
     info.device = Some(d);
     e.stats.attaches += 1;
-    log::info!("{device} attached by {} (session {sid:#010x})", info.host);
+    match token {
+        Some(t) => log::info!("{device} attached by {} (session {sid:#010x}, claim {t})", info.host),
+        None => log::info!("{device} attached by {} (session {sid:#010x})", info.host),
+    }
     // The largest payload a TLP may carry and still fit one frame of this session.
     let room = s
         .mtu()

@@ -18,6 +18,7 @@ use link::{DownReason, Event, PresharedKey, Session};
 use tlp::Bdf;
 
 use crate::config_view::ConfigView;
+use crate::fence::Fence;
 
 /// How to attach a remote device.
 #[derive(Clone, Debug)]
@@ -65,6 +66,11 @@ pub struct AttachOptions {
     /// [`AttachError::Cancelled`] within a poll; an attached device then counts as removed
     /// ("cancelled") and every wait on it ends at once. The device can still be detached.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// The fencing token of the pool claim this attach is made under (sent with ATTACH; a
+    /// box serving a pool refuses an attach without the claim's current token).
+    pub token: Option<u64>,
+    /// A fence another thread may raise to take the device away at once (`Fence`).
+    pub fence: Option<Fence>,
 }
 
 impl AttachOptions {
@@ -86,6 +92,8 @@ impl AttachOptions {
             dma_memory: 64 << 20,
             service_interval: Some(Duration::from_millis(10)),
             cancel: None,
+            token: None,
+            fence: None,
         }
     }
 }
@@ -113,6 +121,7 @@ fn give_up<D: Datagrams>(runner: &mut SessionRunner<D>, e: AttachError) -> Attac
 impl AttachOptions {
     fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+            || self.fence.as_ref().is_some_and(Fence::is_raised)
     }
 
     fn link_error(&self, reason: String) -> AttachError {
@@ -183,7 +192,9 @@ fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
 /// Phase 3: ATTACH, and the box's ATTACHED (its BDF, Max_Payload_Size, BARs) or REFUSED.
 /// Nothing else is expected on the session yet; anything else that arrives is dropped.
 fn request_device(link: &mut Link, opts: &AttachOptions) -> Result<(Bdf, u16, [BarInfo; 6]), AttachError> {
-    let _ = link.session.send_tlp(&Control::Attach { device: opts.device.clone() }.to_tlp(opts.host_id));
+    let _ = link
+        .session
+        .send_tlp(&Control::Attach { device: opts.device.clone(), token: opts.token }.to_tlp(opts.host_id));
     let mut answer = None;
     let done = link
         .run_until(opts.attach_timeout, |s| {

@@ -20,6 +20,7 @@ use crate::addr::{BoxAddr, BusAddr};
 use crate::attach::Link;
 use crate::config_view::{ConfigView, Routed};
 use crate::dma::DmaWindows;
+use crate::fence::Fence;
 use crate::requester::{Completed, MAX_READ, Outstanding, Requester, TimerCheck};
 use crate::stats::{HostStats, KindCounts};
 
@@ -64,6 +65,8 @@ pub(crate) struct DeviceState {
     pub removed: Option<String>,
     /// `AttachOptions::cancel`.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// `AttachOptions::fence`.
+    pub fence: Option<Fence>,
     pub sent: KindCounts,
     pub received: KindCounts,
     pub stats: HostStats,
@@ -75,12 +78,33 @@ impl DeviceState {
     /// Whether the caller gave up (`AttachOptions::cancel`): then the device counts as
     /// removed, so that every wait ends.
     pub(crate) fn cancelled(&mut self) -> bool {
+        if self.removed.is_none()
+            && let Some(why) = self.fence.as_ref().and_then(Fence::reason)
+        {
+            self.fenced(&why);
+        }
         if self.removed.is_none() && self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
             log::info!("{} ({}): cancelled; its accesses fail from now on", self.id.name, self.id.device_id);
             self.removed = Some("cancelled: the endpoint is stopping".into());
             self.fail_pending();
         }
         self.removed.is_some()
+    }
+
+    /// The fence was raised: the device is gone for its users, and the session is closed so
+    /// that nothing more goes to the box for it (no request, no completion, no ACK).
+    fn fenced(&mut self, why: &str) {
+        log::error!("{} ({}): surprise removal: fenced: {why}", self.id.name, self.id.device_id);
+        self.removed = Some(format!("fenced: {why}"));
+        self.fail_pending();
+        let now = self.link.clock.now();
+        self.link.session.close(now);
+        let _ = self.link.transmit_at(now);
+    }
+
+    /// Whether the fence is raised and not yet acted on (one atomic load).
+    pub(crate) fn fence_raised(&self) -> bool {
+        self.removed.is_none() && self.fence.as_ref().is_some_and(Fence::is_raised)
     }
 
     fn fail_pending(&mut self) {
@@ -336,7 +360,8 @@ impl DeviceState {
         last_be: u8,
         write: Option<&[u8]>,
     ) -> Option<[u8; MAX_READ]> {
-        if self.removed.is_some() {
+        if self.removed.is_some() || self.fence_raised() {
+            self.cancelled();
             self.stats.failed_requests += write.is_none() as u64;
             return None;
         }

@@ -59,6 +59,7 @@ mod config_view;
 mod device;
 mod dma;
 mod error;
+mod fence;
 mod receive;
 mod remote;
 mod requester;
@@ -71,7 +72,8 @@ pub use config_view::{BAR32_BASE, BAR64_BASE, BarView};
 pub use dma::{ClientMemory, DMA_ARENA_BASE};
 pub use driver::MSI_BASE;
 pub use error::HostError;
-pub use remote::RemoteDevice;
+pub use fence::Fence;
+pub use remote::{RemoteDevice, RemovalWatch};
 pub use stats::HostStats;
 
 pub(crate) use device::Access;

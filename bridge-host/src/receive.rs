@@ -76,6 +76,11 @@ impl DeviceState {
     /// [`DeviceState::pump`] at `now`, a time the caller read just before.
     pub(crate) fn pump_at(&mut self, now: Time) -> bool {
         self.last_pump = now;
+        if self.fence_raised() {
+            // Fenced between calls (the service thread pumps every few ms): act on it now.
+            self.cancelled();
+            return false;
+        }
         let DeviceState {
             link,
             windows,

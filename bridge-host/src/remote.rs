@@ -77,6 +77,7 @@ impl RemoteDevice {
             dispatcher: Dispatcher::new(),
             removed: None,
             cancel: opts.cancel.clone(),
+            fence: opts.fence.clone(),
             sent: KindCounts::default(),
             received: KindCounts::default(),
             stats: HostStats::default(),
@@ -103,6 +104,12 @@ impl RemoteDevice {
     /// Why the device counts as surprise-removed, if it does.
     pub fn removed(&self) -> Option<String> {
         lock(&self.inner).removed.clone()
+    }
+
+    /// A handle that tells from another thread whether the device was removed (for a device
+    /// handed to a vfio-user server's thread).
+    pub fn removal_watch(&self) -> RemovalWatch {
+        RemovalWatch(self.inner.clone())
     }
 
     /// Counters.
@@ -323,6 +330,16 @@ impl RemoteDevice {
         let now = g.link.clock.now();
         g.link.session.close(now);
         let _ = g.link.transmit();
+    }
+}
+
+/// [`RemoteDevice::removal_watch`].
+pub struct RemovalWatch(Arc<Mutex<DeviceState>>);
+
+impl RemovalWatch {
+    /// Why the device counts as surprise-removed, if it does.
+    pub fn removed(&self) -> Option<String> {
+        lock(&self.0).removed.clone()
     }
 }
 

@@ -11,7 +11,7 @@ fn main() {
     let mut bars = [BarInfo::default(); 6];
     bars[0] = BarInfo { address: 1 << 40, size: 1 << 16, memory: true, is_64: true, prefetchable: false };
     let msgs = [
-        Control::Attach { device: "gpu0".into() },
+        Control::Attach { device: "gpu0".into(), token: None },
         Control::Attached { device: "gpu0".into(), box_id: Bdf::new(1, 0, 0), max_payload: 1024, bars },
         Control::Refused { device: "gpu0".into(), reason: "'gpu0' is attached to host 'a'".into() },
         Control::Detach { device: "gpu0".into() },

@@ -8,13 +8,17 @@
 //!
 //! | op | message | direction | fields |
 //! |---|---|---|---|
-//! | 1 | ATTACH | host → box | device name |
+//! | 1 | ATTACH | host → box | device name, then optionally `1 u8 ‖ fencing token u64` |
 //! | 2 | ATTACHED | box → host | device name, box BDF u16, Max_Payload_Size u16, 6 × BAR |
 //! | 3 | REFUSED | box → host | device name, reason |
 //! | 4 | DETACH | host → box | device name |
 //!
 //! A BAR is `address u64 ‖ size u64 ‖ flags u8` (bit 0 memory, bit 1 64-bit, bit 2
 //! prefetchable; size 0: no BAR), the address being where the box placed it.
+//!
+//! The fencing token is the etcd revision of the host's claim on the device (`docs/pool.md`):
+//! a box serving a pool attaches only a host whose claim etcd holds with that revision. A
+//! host outside a pool sends none; the byte after the name is then padding (0) or absent.
 #![forbid(unsafe_code)]
 
 use tlp::{Bdf, Body, Message, MessageCode, MsgRouting, ParseConfig, Tag, TlpRepr};
@@ -48,6 +52,8 @@ pub enum Control {
     Attach {
         /// Device name as the box exports it.
         device: String,
+        /// The claim's fencing token (its etcd revision), for a device taken from a pool.
+        token: Option<u64>,
     },
     /// The device is this session's.
     Attached {
@@ -134,9 +140,13 @@ impl Control {
     fn payload(&self) -> Vec<u8> {
         let mut p = Vec::with_capacity(160);
         match self {
-            Control::Attach { device } => {
+            Control::Attach { device, token } => {
                 p.push(1);
                 put_text(&mut p, device);
+                if let Some(t) = token {
+                    p.push(1);
+                    p.extend_from_slice(&t.to_be_bytes());
+                }
             }
             Control::Attached { device, box_id, max_payload, bars } => {
                 p.push(2);
@@ -193,7 +203,19 @@ impl Control {
         }
         let mut r = Reader { b: data, at: 0 };
         match r.u8()? {
-            1 => Ok(Control::Attach { device: r.text()? }),
+            1 => {
+                let device = r.text()?;
+                // Padding (0) or the end of the payload: no token.
+                let token = match r.b.get(r.at) {
+                    Some(1) => {
+                        r.at += 1;
+                        Some(r.u64()?)
+                    }
+                    Some(0) | None => None,
+                    Some(_) => return Err(ControlError::Malformed(r.at)),
+                };
+                Ok(Control::Attach { device, token })
+            }
             2 => {
                 let device = r.text()?;
                 let box_id = Bdf::from_raw(r.u16()?);
@@ -237,7 +259,10 @@ mod tests {
         bars[2] =
             BarInfo { address: 0x40_0000_0000, size: 1 << 28, memory: true, is_64: true, prefetchable: true };
         let msgs = [
-            Control::Attach { device: "gpu0".into() },
+            Control::Attach { device: "gpu0".into(), token: None },
+            Control::Attach { device: "gpu0".into(), token: Some(0x0123_4567_89ab_cdef) },
+            Control::Attach { device: "gpu".into(), token: Some(u64::MAX) },
+            Control::Attach { device: "gpu".into(), token: None },
             Control::Attached { device: "gpu0".into(), box_id: Bdf::new(3, 0, 0), max_payload: 256, bars },
             Control::Refused { device: "gpu0".into(), reason: "attached to host-a".into() },
             Control::Detach { device: "gpu0".into() },
@@ -251,9 +276,21 @@ mod tests {
 
     #[test]
     fn other_tlps_and_damaged_payloads_are_refused_without_panic() {
-        let b = Control::Attach { device: "x".repeat(300) }.to_tlp(Bdf::new(0, 0, 0));
+        let b = Control::Attach { device: "x".repeat(300), token: None }.to_tlp(Bdf::new(0, 0, 0));
         // Cut at 255 bytes.
-        assert_eq!(Control::from_tlp(&b), Ok(Control::Attach { device: "x".repeat(255) }));
+        assert_eq!(Control::from_tlp(&b), Ok(Control::Attach { device: "x".repeat(255), token: None }));
+        // A token cut short, or a flag byte that is neither padding nor a token.
+        let mut short = Control::Attach { device: "g".into(), token: Some(7) }.to_tlp(Bdf::new(0, 0, 0));
+        let len = short.len();
+        short.truncate(len - 4);
+        short[3] -= 1; // one DW less in the header's Length
+        assert!(matches!(
+            Control::from_tlp(&short),
+            Err(ControlError::Malformed(_) | ControlError::NotControl)
+        ));
+        let mut flag = Control::Attach { device: "g".into(), token: Some(7) }.to_tlp(Bdf::new(0, 0, 0));
+        flag[16 + 3] = 2;
+        assert!(matches!(Control::from_tlp(&flag), Err(ControlError::Malformed(3))));
         let mut other = Control::Detach { device: "g".into() }.to_tlp(Bdf::new(0, 0, 0));
         other[10] ^= 0xff; // Vendor ID
         assert_eq!(Control::from_tlp(&other), Err(ControlError::NotControl));
@@ -271,7 +308,7 @@ mod tests {
         assert!(matches!(Control::from_tlp(&cut), Err(ControlError::Malformed(_))));
         assert_eq!(Control::from_tlp(&[0x40, 0, 0]), Err(ControlError::NotControl));
         let multibyte = "é".repeat(200);
-        let b = Control::Attach { device: multibyte }.to_tlp(Bdf::new(0, 0, 0));
-        assert!(matches!(Control::from_tlp(&b), Ok(Control::Attach { device }) if device.len() <= 255));
+        let b = Control::Attach { device: multibyte, token: None }.to_tlp(Bdf::new(0, 0, 0));
+        assert!(matches!(Control::from_tlp(&b), Ok(Control::Attach { device, .. }) if device.len() <= 255));
     }
 }

@@ -181,7 +181,7 @@ mod tests {
             ph: 0,
             data: &[0xab; 32],
         }));
-        let attach = Control::Attach { device: "gpu0".into() }.to_tlp(Bdf::new(0, 0, 0));
+        let attach = Control::Attach { device: "gpu0".into(), token: None }.to_tlp(Bdf::new(0, 0, 0));
         let mut d = Dispatcher::<u32>::new();
         let mut now = Vec::new();
         for (label, b) in [(1, &mwr), (1, &mrd), (2, &attach), (1, &cpl), (3, &cas)] {
@@ -202,7 +202,7 @@ mod tests {
             kept,
             vec![
                 (1, "MRd32 None".to_string()),
-                (2, r#"Attach { device: "gpu0" }"#.to_string()),
+                (2, r#"Attach { device: "gpu0", token: None }"#.to_string()),
                 (3, "CAS32 Some(32)".to_string()),
             ]
         );
