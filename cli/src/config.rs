@@ -94,6 +94,110 @@ pub(crate) struct GpuFile {
     host: Vec<HostSection>,
     #[serde(default)]
     device: Vec<DeviceSection>,
+    /// `[pool]`: the box registers its devices in a pool and serves claims only.
+    pub(crate) pool: Option<GpuPoolSection>,
+}
+
+/// `[pool]` of `dxpu gpu`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GpuPoolSection {
+    etcd: Vec<String>,
+    #[serde(rename = "box")]
+    box_name: String,
+    advertise: String,
+    lease_ttl_s: Option<u64>,
+    prefix: Option<String>,
+    /// Where each change of owner is appended as a JSON line.
+    pub(crate) ownership_log: Option<PathBuf>,
+}
+
+/// `[pool]` of `dxpu host`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HostPoolSection {
+    etcd: Vec<String>,
+    host: String,
+    key: Option<String>,
+    key_file: Option<PathBuf>,
+    want: usize,
+    vendor_id: Option<u16>,
+    device_id: Option<u16>,
+    #[serde(default)]
+    boxes: Vec<String>,
+    lease_ttl_s: Option<u64>,
+    prefix: Option<String>,
+    pub(crate) vfio_user_dir: Option<PathBuf>,
+}
+
+/// What `[pool]` of `dxpu gpu` says.
+pub(crate) struct GpuPool {
+    pub(crate) config: pool::PoolConfig,
+    pub(crate) box_name: String,
+    pub(crate) advertise: SocketAddr,
+    pub(crate) ownership_log: Option<PathBuf>,
+}
+
+/// What `[pool]` of `dxpu host` says.
+pub(crate) struct HostPool {
+    pub(crate) config: pool::PoolConfig,
+    pub(crate) agent: pool::HostAgentOptions,
+    /// Attach options every claimed device starts from (server and device set per claim).
+    pub(crate) template: AttachOptions,
+    pub(crate) vfio_user_dir: Option<PathBuf>,
+}
+
+fn pool_config(
+    etcd: &[String],
+    ttl: Option<u64>,
+    prefix: &Option<String>,
+) -> Result<pool::PoolConfig, String> {
+    let mut c = pool::PoolConfig::new(etcd.to_vec());
+    if let Some(t) = ttl {
+        within("pool.lease_ttl_s", Some(t), 2..=3600, "s")?;
+        c.lease_ttl = Duration::from_secs(t);
+    }
+    if let Some(p) = prefix {
+        c.prefix = p.clone();
+    }
+    c.validate().map_err(|e| format!("pool.{e}"))?;
+    Ok(c)
+}
+
+impl GpuPoolSection {
+    pub(crate) fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, String> {
+        let config = pool_config(&self.etcd, self.lease_ttl_s, &self.prefix)?;
+        if !pool::valid_name(&self.box_name) {
+            return Err(bad(
+                "pool.box",
+                format!("\"{}\"", self.box_name),
+                "must be 1-64 of A-Z a-z 0-9 - _ .",
+            ));
+        }
+        let advertise = socket_addr("pool.advertise", &self.advertise)?;
+        if advertise.port() == 0 || advertise.ip().is_unspecified() {
+            return Err(bad(
+                "pool.advertise",
+                format!("\"{}\"", self.advertise),
+                "hosts must reach the box there: a real address and port",
+            ));
+        }
+        for (i, e) in exports.iter().enumerate() {
+            if !pool::valid_name(&e.name) {
+                return Err(bad(
+                    &format!("device[{i}].name"),
+                    format!("\"{}\"", e.name),
+                    "a pool device's name is 1-64 of A-Z a-z 0-9 - _ . (it is part of an etcd key)",
+                ));
+            }
+        }
+        Ok(GpuPool {
+            config,
+            box_name: self.box_name.clone(),
+            advertise,
+            ownership_log: self.ownership_log.clone(),
+        })
+    }
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -120,6 +224,48 @@ pub(crate) struct HostFile {
     impairment: ImpairmentSection,
     #[serde(default)]
     attach: Vec<AttachSection>,
+    /// `[pool]`: devices claimed from a pool, attached and released at run time.
+    pub(crate) pool: Option<HostPoolSection>,
+}
+
+impl HostFile {
+    /// `[pool]`, if the file has one.
+    pub(crate) fn pool(&self) -> Result<Option<HostPool>, String> {
+        let Some(p) = &self.pool else { return Ok(None) };
+        let config = pool_config(&p.etcd, p.lease_ttl_s, &p.prefix)?;
+        if !pool::valid_name(&p.host) {
+            return Err(bad("pool.host", format!("\"{}\"", p.host), "must be 1-64 of A-Z a-z 0-9 - _ ."));
+        }
+        if !(1..=64).contains(&p.want) {
+            return Err(bad("pool.want", p.want, "must be 1..=64 devices"));
+        }
+        for (i, b) in p.boxes.iter().enumerate() {
+            if !pool::valid_name(b) {
+                return Err(bad(&format!("pool.boxes[{i}]"), format!("\"{b}\""), "not a box name"));
+            }
+        }
+        if let Some(d) = &p.vfio_user_dir
+            && !d.is_dir()
+        {
+            return Err(bad("pool.vfio_user_dir", d.display(), "not a directory"));
+        }
+        let k = key("pool", &p.key, &p.key_file)?;
+        let link = self.link.settings(k.clone())?;
+        // The server is each claim's box; this one is replaced.
+        let mut o = AttachOptions::new(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)), "", k);
+        o.link = link.config;
+        o.driver = link.driver;
+        o.offload = link.offload;
+        o.poll = link.poll;
+        o.impairment = self.impairment.impairment()?;
+        let agent = pool::HostAgentOptions {
+            host: p.host.clone(),
+            want: p.want,
+            filter: pool::Filter { vendor_id: p.vendor_id, device_id: p.device_id, boxes: p.boxes.clone() },
+            cool_down: Duration::from_secs(2),
+        };
+        Ok(Some(HostPool { config, agent, template: o, vfio_user_dir: p.vfio_user_dir.clone() }))
+    }
 }
 
 fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> String {
@@ -537,8 +683,10 @@ impl HostFile {
         &self,
         server: Option<&str>,
     ) -> Result<Vec<(AttachOptions, Option<PathBuf>)>, String> {
-        if self.attach.is_empty() {
-            return Err("attach: at least one [[attach]] with server, device and key is needed".into());
+        if self.attach.is_empty() && self.pool.is_none() {
+            return Err(
+                "attach: at least one [[attach]] with server, device and key (or a [pool]) is needed".into(),
+            );
         }
         let imp = self.impairment.impairment()?;
         let mut out = Vec::new();

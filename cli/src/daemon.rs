@@ -109,6 +109,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("gpu", e),
     };
+    let opts_exports = opts.exports.clone();
     let mut ep = match GpuEndpoint::new(opts) {
         Ok(ep) => ep,
         Err(e) => return fail("gpu", e),
@@ -117,7 +118,19 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         Ok(a) => log::info!("listening on {a}"),
         Err(e) => return fail("gpu", e),
     }
-    if let Err(e) = ep.run(&stop) {
+    let agent = match &file.pool {
+        Some(p) => match p.pool(&opts_exports).and_then(|gp| crate::pool_run::start_box(&mut ep, &gp)) {
+            Ok(a) => Some(a),
+            Err(e) => return fail("gpu", format!("{}: {e}", args.config.display())),
+        },
+        None => None,
+    };
+    let served = ep.run(&stop);
+    // The devices leave the pool at once (their lease revoked) rather than at its expiry.
+    if let Some(a) = agent {
+        a.stop();
+    }
+    if let Err(e) = served {
         return fail("gpu", e);
     }
     for (name, s) in ep.stats().exports {
@@ -152,10 +165,22 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
     };
+    let pool = match file.pool() {
+        Ok(p) => p,
+        Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
+    };
     let stop = match stop_flag() {
         Ok(s) => s,
         Err(e) => return fail("host", e),
     };
+    if let Some(hp) = pool {
+        if !all.is_empty() {
+            return fail("host", format!("{}: give [[attach]] or [pool], not both", args.config.display()));
+        }
+        let ok = crate::pool_run::run_host(hp, stop, args.workload);
+        log::info!("stopped");
+        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
     let mut devices = Vec::new();
     let mut servers = Vec::new();
     for (mut o, socket) in all {

@@ -9,6 +9,8 @@ mod config;
 mod daemon;
 mod loopback;
 mod model;
+mod pool_cmd;
+mod pool_run;
 mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;
@@ -38,6 +40,8 @@ enum Command {
     Gpu(daemon::GpuArgs),
     /// The host endpoint: attach remote devices.
     Host(daemon::HostArgs),
+    /// A GPU pool on etcd: list its devices, drain, undrain, revoke, watch changes.
+    Pool(pool_cmd::PoolArgs),
     /// Decode and encode PCIe Transaction Layer Packets.
     #[command(subcommand)]
     Tlp(tlp_cmd::TlpCommand),
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         Command::Model(args) => model::run_model(args),
         Command::Gpu(args) => daemon::run_gpu(args),
         Command::Host(args) => daemon::run_host(args),
+        Command::Pool(args) => pool_cmd::run(args),
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
         Command::Sim(cmd) => {
             sim_cmd::run(cmd);

@@ -1,0 +1,135 @@
+//! `dxpu pool`: the operators' view of a pool on etcd (`docs/pool.md`).
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use pool::{PoolConfig, admin};
+
+/// Options of `dxpu pool`.
+#[derive(Args, Debug)]
+pub(crate) struct PoolArgs {
+    /// etcd client URLs, comma-separated (`http://127.0.0.1:2379,http://10.0.0.2:2379`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The pool's key prefix.
+    #[arg(long, default_value = "/dxpu")]
+    prefix: String,
+    #[command(subcommand)]
+    command: PoolCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum PoolCommand {
+    /// Every device of the pool: box, device, IDs, state (free, claimed, draining,
+    /// unhealthy), the host holding it and since when.
+    Ls {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// No new claims on BOX/DEVICE; its current owner keeps it.
+    Drain {
+        /// The device, as BOX/DEVICE.
+        target: String,
+    },
+    /// Claims on BOX/DEVICE allowed again.
+    Undrain {
+        /// The device, as BOX/DEVICE.
+        target: String,
+    },
+    /// Deletes the claim on BOX/DEVICE: its box cuts the owner off and resets the device.
+    Revoke {
+        /// The device, as BOX/DEVICE.
+        target: String,
+    },
+    /// Prints the pool's changes as they happen, until interrupted.
+    Watch {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("dxpu pool: {e}");
+    ExitCode::FAILURE
+}
+
+pub(crate) fn run(args: PoolArgs) -> ExitCode {
+    let mut cfg = PoolConfig::new(args.etcd);
+    cfg.prefix = args.prefix;
+    cfg.request_timeout = std::time::Duration::from_secs(3);
+    if let Err(e) = cfg.validate() {
+        return fail(format!("--{e}"));
+    }
+    let r = pool::block_on(async {
+        let mut client = pool::connect(&cfg).await?;
+        match args.command {
+            PoolCommand::Ls { json } => {
+                let list = admin::ls(&mut client, &cfg).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+                } else {
+                    print_table(&list);
+                }
+            }
+            PoolCommand::Drain { target } => {
+                let (b, d) = admin::parse_target(&target)?;
+                admin::drain(&mut client, &cfg, &b, &d).await?;
+                println!("{b}/{d}: draining (no new claims; its owner keeps it)");
+            }
+            PoolCommand::Undrain { target } => {
+                let (b, d) = admin::parse_target(&target)?;
+                let was = admin::undrain(&mut client, &cfg, &b, &d).await?;
+                println!("{b}/{d}: {}", if was { "claims allowed again" } else { "was not draining" });
+            }
+            PoolCommand::Revoke { target } => {
+                let (b, d) = admin::parse_target(&target)?;
+                match admin::revoke(&mut client, &cfg, &b, &d).await? {
+                    Some((host, token)) => println!("{b}/{d}: claim {token} of {host} revoked"),
+                    None => println!("{b}/{d}: was not claimed"),
+                }
+            }
+            PoolCommand::Watch { json } => {
+                admin::watch(&mut client, &cfg, &mut |c| {
+                    if json {
+                        println!("{}", serde_json::to_string(c).unwrap_or_default());
+                    } else {
+                        let host = c.host.as_deref().map(|h| format!(" ({h})")).unwrap_or_default();
+                        println!(
+                            "{:>8} {} {} {}/{}{host}",
+                            c.revision, c.kind, c.event, c.box_name, c.device
+                        );
+                    }
+                    use std::io::Write;
+                    std::io::stdout().flush().is_ok()
+                })
+                .await?;
+            }
+        }
+        Ok::<(), pool::PoolError>(())
+    });
+    match r {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) | Err(e) => fail(e),
+    }
+}
+
+fn print_table(list: &[admin::Entry]) {
+    println!(
+        "{:<12} {:<12} {:<6} {:<6} {:<10} {:<12} since",
+        "box", "device", "vendor", "device", "state", "host"
+    );
+    for e in list {
+        let since = e.since;
+        println!(
+            "{:<12} {:<12} {:04x}   {:04x}   {:<10} {:<12} {since}",
+            e.box_name,
+            e.device,
+            e.vendor_id,
+            e.device_id,
+            e.state,
+            e.host.as_deref().unwrap_or("-"),
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! The pool in the endpoints (`[pool]` of `dxpu gpu` and `dxpu host`, `docs/pool.md`): the
+//! box registers its devices and serves claims only; the host claims devices, attaches each
+//! at run time (its own vfio-user socket, where a directory is given), gives back those that
+//! are gone, and fences every device claimed under a lease it could not renew.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bridge_gpu::GpuEndpoint;
+use bridge_host::vfio_user::VfioUserServer;
+use bridge_host::{Fence, RemoteDevice, RemovalWatch};
+use driver::SimGpuDriver;
+use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
+
+use crate::config::{GpuPool, HostPool};
+
+/// Registers the endpoint's exports in the pool and makes it serve claims only.
+pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String> {
+    let mut devices = Vec::new();
+    for name in ep.export_names() {
+        let Some(id) = ep.export_identity(&name) else { continue };
+        devices.push((
+            name,
+            DeviceRecord {
+                advertise: gp.advertise.to_string(),
+                vendor_id: id.vendor_id,
+                device_id: id.device_id,
+                class: id.class,
+                vram_bytes: id.largest_bar,
+                health: "ok".into(),
+                allow: id.allow,
+                since: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            },
+        ));
+    }
+    if let Some(path) = &gp.ownership_log {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("pool.ownership_log = {}: {e}", path.display()))?;
+        let epoch = Instant::now();
+        ep.set_ownership_sink(Box::new(move |ev| {
+            let line = serde_json::json!({
+                "t_us": epoch.elapsed().as_micros() as u64,
+                "device": ev.device,
+                "host": ev.host,
+                "token": ev.token,
+                "event": if ev.attached { "attached" } else { "released" },
+                "why": ev.why,
+            });
+            // One line per change, written whole and at once (a reader tails it).
+            let _ = writeln!(f, "{line}").and_then(|_| f.flush());
+        }));
+    }
+    let agent = BoxAgent::start(gp.config.clone(), &gp.box_name, devices).map_err(|e| e.to_string())?;
+    ep.set_claims(agent.claim_check());
+    log::info!(
+        "pool: box {} at {} serves claims only ({})",
+        gp.box_name,
+        gp.advertise,
+        gp.config.etcd.join(",")
+    );
+    Ok(agent)
+}
+
+/// A claimed device, attached.
+struct Held {
+    claim: Claim,
+    lease: i64,
+    use_: Use,
+}
+
+enum Use {
+    /// Kept here (no vfio-user directory): for `--workload`, or idle until released.
+    Local(RemoteDevice),
+    /// Served to a VMM on its own socket by its own thread.
+    Served { watch: RemovalWatch, stop: Arc<AtomicBool>, thread: JoinHandle<RemoteDevice>, path: PathBuf },
+}
+
+impl Held {
+    fn removed(&self) -> Option<String> {
+        match &self.use_ {
+            Use::Local(d) => d.removed(),
+            Use::Served { watch, .. } => watch.removed(),
+        }
+    }
+
+    /// Detaches (a fenced device sends nothing: it only closes what is left locally).
+    fn detach(self) {
+        match self.use_ {
+            Use::Local(d) => d.detach(),
+            Use::Served { stop, thread, path, .. } => {
+                stop.store(true, Ordering::Relaxed);
+                match thread.join() {
+                    Ok(d) => d.detach(),
+                    Err(_) => log::error!("{}: the vfio-user thread panicked", path.display()),
+                }
+            }
+        }
+    }
+}
+
+/// The fences, one per lease: raised by the agent's watchdog.
+type Fences = Arc<Mutex<HashMap<i64, Fence>>>;
+
+fn fence_for(fences: &Fences, lease: i64) -> Fence {
+    fences.lock().unwrap_or_else(|p| p.into_inner()).entry(lease).or_default().clone()
+}
+
+fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) -> Result<Use, String> {
+    let server = claim.record.advertise.parse().map_err(|_| {
+        format!("{}: the box advertises {:?}, not an address:port", claim.name(), claim.record.advertise)
+    })?;
+    let mut o = hp.template.clone();
+    o.server = server;
+    o.device = claim.device.clone();
+    o.token = Some(claim.token);
+    o.fence = Some(fence);
+    o.cancel = Some(stop.clone());
+    let socket =
+        hp.vfio_user_dir.as_ref().map(|d| d.join(format!("{}-{}.sock", claim.box_name, claim.device)));
+    if socket.is_some() {
+        // The VMM grants guest memory and the server's thread drives the link.
+        o.dma_memory = 0;
+        o.service_interval = None;
+    }
+    let wait = o.poll;
+    let d = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+    let Some(path) = socket else { return Ok(Use::Local(d)) };
+    let watch = d.removal_watch();
+    let mut server =
+        VfioUserServer::bind(&path, d, wait).map_err(|e| format!("{}: vfio-user: {e}", path.display()))?;
+    let own_stop = Arc::new(AtomicBool::new(false));
+    let s = own_stop.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("dxpu-vfio-user-{}", claim.device))
+        .spawn(move || {
+            // Until this device is released or the endpoint stops (which releases it).
+            if let Err(e) = server.serve(&s) {
+                log::error!("vfio-user {}: {e}", server.path().display());
+            }
+            server.into_device()
+        })
+        .map_err(|e| format!("starting the vfio-user thread: {e}"))?;
+    log::info!("{}: served on {}", claim.name(), path.display());
+    Ok(Use::Served { watch, stop: own_stop, thread, path })
+}
+
+/// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
+/// runs the workload on every device once `want` are held, releases them and ends.
+pub(crate) fn run_host(hp: HostPool, stop: Arc<AtomicBool>, workload: bool) -> bool {
+    let fences: Fences = Arc::default();
+    let on_fence = {
+        let fences = fences.clone();
+        Box::new(move |lease: i64, why: &str| fence_for(&fences, lease).raise(why))
+    };
+    let agent = match HostAgent::start(hp.config.clone(), hp.agent.clone(), on_fence) {
+        Ok(a) => a,
+        Err(e) => {
+            log::error!("pool: {e}");
+            return false;
+        }
+    };
+    let mut held: Vec<Held> = Vec::new();
+    let mut ok = true;
+    let started = Instant::now();
+    let workload_wait = Duration::from_secs(30);
+    while !stop.load(Ordering::Relaxed) {
+        while let Ok(ev) = agent.events().recv_timeout(Duration::from_millis(20)) {
+            match ev {
+                HostEvent::Claimed { claim, lease } => {
+                    match attach(&hp, &claim, fence_for(&fences, lease), &stop) {
+                        Ok(use_) => held.push(Held { claim, lease, use_ }),
+                        Err(e) => {
+                            log::warn!("pool: {}: not attached: {e}; released", claim.name());
+                            agent.release(claim, true);
+                        }
+                    }
+                }
+                HostEvent::Fenced { lease, why } => {
+                    let (gone, kept): (Vec<_>, Vec<_>) = held.drain(..).partition(|h| h.lease == lease);
+                    held = kept;
+                    for h in gone {
+                        log::warn!("pool: {}: fenced ({why}); its claim is void", h.claim.name());
+                        h.detach();
+                    }
+                }
+            }
+        }
+        // Devices gone (box lost, claim revoked and the box cut us off): given back, and
+        // another claimed in their place.
+        let (gone, kept): (Vec<_>, Vec<_>) = held.drain(..).partition(|h| h.removed().is_some());
+        held = kept;
+        for h in gone {
+            log::warn!(
+                "pool: {}: removed ({}); releasing it",
+                h.claim.name(),
+                h.removed().unwrap_or_default()
+            );
+            let claim = h.claim.clone();
+            h.detach();
+            agent.release(claim, true);
+        }
+        if workload && (held.len() >= hp.agent.want || started.elapsed() > workload_wait) {
+            if held.len() < hp.agent.want {
+                log::error!(
+                    "pool: {} of {} device(s) claimed within {workload_wait:?}",
+                    held.len(),
+                    hp.agent.want
+                );
+                ok = false;
+            }
+            for h in held.drain(..) {
+                ok &= run_workload(h, &agent, &stop);
+            }
+            break;
+        }
+    }
+    for h in held {
+        h.detach();
+    }
+    agent.stop();
+    ok
+}
+
+fn run_workload(h: Held, agent: &HostAgent, stop: &AtomicBool) -> bool {
+    let name = h.claim.name();
+    let Use::Local(d) = h.use_ else {
+        log::warn!("{name}: served over vfio-user; --workload runs on the others only");
+        h.detach_and_release(agent);
+        return true;
+    };
+    let mut drv = match SimGpuDriver::open(d) {
+        Ok(drv) => drv,
+        Err(e) => {
+            log::error!("{name}: {e}");
+            agent.release(h.claim, true);
+            return false;
+        }
+    };
+    let size = testbed::workload::WorkloadSize::scaled(1);
+    let ok = match testbed::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
+        Ok(r) => {
+            log::info!("{name}: workload verified in {:.3} s", r.seconds);
+            true
+        }
+        Err(e) if stop.load(Ordering::Relaxed) => {
+            log::error!("{name}: workload stopped by a signal ({e})");
+            false
+        }
+        Err(e) => {
+            log::error!("{name}: {e}");
+            false
+        }
+    };
+    drv.into_pci().detach();
+    agent.release(h.claim, false);
+    ok
+}
+
+impl Held {
+    fn detach_and_release(self, agent: &HostAgent) {
+        let claim = self.claim.clone();
+        self.detach();
+        agent.release(claim, false);
+    }
+}

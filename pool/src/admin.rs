@@ -1,0 +1,204 @@
+//! What `dxpu pool` runs: the inventory, drain / undrain, revoke, and the changes as they
+//! happen.
+
+use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use serde::Serialize;
+
+use crate::claim::snapshot;
+use crate::{
+    ClaimRecord, DeviceRecord, DrainRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error,
+};
+
+/// One device of the pool, as `dxpu pool ls` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    /// The box.
+    #[serde(rename = "box")]
+    pub box_name: String,
+    /// The device.
+    pub device: String,
+    /// PCI Vendor ID.
+    pub vendor_id: u16,
+    /// PCI Device ID.
+    pub device_id: u16,
+    /// `free`, `claimed`, `draining` or `unhealthy`.
+    pub state: String,
+    /// The claiming host, if any.
+    pub host: Option<String>,
+    /// Since when (Unix seconds) the device is in that state.
+    pub since: u64,
+    /// The claim's fencing token, if claimed.
+    pub token: Option<u64>,
+}
+
+/// A device's state from its record, claim and drain.
+fn state(
+    r: &DeviceRecord,
+    claim: Option<&(ClaimRecord, u64)>,
+    drain: Option<&DrainRecord>,
+) -> (&'static str, u64) {
+    if r.health != "ok" {
+        ("unhealthy", r.since)
+    } else if let Some(d) = drain {
+        ("draining", d.since)
+    } else if let Some((c, _)) = claim {
+        ("claimed", c.since)
+    } else {
+        ("free", r.since)
+    }
+}
+
+/// The pool's devices, by box and device name.
+pub async fn ls(client: &mut Client, cfg: &PoolConfig) -> Result<Vec<Entry>, PoolError> {
+    let s = snapshot(client, cfg, None).await?;
+    let mut out: Vec<Entry> = s
+        .devices
+        .iter()
+        .map(|(k, r)| {
+            let claim = s.claims.get(k);
+            let (state, since) = state(r, claim, s.drains.get(k));
+            Entry {
+                box_name: k.0.clone(),
+                device: k.1.clone(),
+                vendor_id: r.vendor_id,
+                device_id: r.device_id,
+                state: state.into(),
+                host: claim.map(|(c, _)| c.host.clone()),
+                since,
+                token: claim.map(|(_, t)| *t),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.box_name, &a.device).cmp(&(&b.box_name, &b.device)));
+    Ok(out)
+}
+
+/// Splits `BOX/DEVICE`.
+pub fn parse_target(s: &str) -> Result<(String, String), PoolError> {
+    match s.split_once('/') {
+        Some((b, d)) if crate::keys::valid_name(b) && crate::keys::valid_name(d) => Ok((b.into(), d.into())),
+        _ => Err(PoolError::Config(format!("{s:?}: give the device as BOX/DEVICE (box-a/gpu0)"))),
+    }
+}
+
+async fn require_device(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) -> Result<(), PoolError> {
+    let keys = Keys::new(&cfg.prefix);
+    let got =
+        client.get(keys.device(b, d), None).await.map_err(|e| etcd_error(cfg, "reading the device", e))?;
+    if got.kvs().is_empty() {
+        return Err(PoolError::NotFound(format!(
+            "{b}/{d}: no such device in the pool (dxpu pool ls lists them)"
+        )));
+    }
+    Ok(())
+}
+
+/// No new claims on `b/d`; its owner, if any, keeps it.
+pub async fn drain(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) -> Result<(), PoolError> {
+    require_device(client, cfg, b, d).await?;
+    let key = Keys::new(&cfg.prefix).drain(b, d);
+    // Only if not draining already: the first drain's time stays.
+    let txn = Txn::new().when([Compare::version(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+        key,
+        encode(&DrainRecord { since: crate::unix_now() }),
+        None::<PutOptions>,
+    )]);
+    client.txn(txn).await.map_err(|e| etcd_error(cfg, "draining", e))?;
+    Ok(())
+}
+
+/// Claims on `b/d` allowed again. Whether it was draining.
+pub async fn undrain(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) -> Result<bool, PoolError> {
+    let key = Keys::new(&cfg.prefix).drain(b, d);
+    let r = client.delete(key, None).await.map_err(|e| etcd_error(cfg, "undraining", e))?;
+    Ok(r.deleted() > 0)
+}
+
+/// Deletes the claim on `b/d`: its box cuts the owner off and resets the device. The claim
+/// that was revoked (host, token), if there was one.
+pub async fn revoke(
+    client: &mut Client,
+    cfg: &PoolConfig,
+    b: &str,
+    d: &str,
+) -> Result<Option<(String, u64)>, PoolError> {
+    require_device(client, cfg, b, d).await?;
+    let key = Keys::new(&cfg.prefix).claim(b, d);
+    let r = client
+        .delete(key, Some(etcd_client::DeleteOptions::new().with_prev_key()))
+        .await
+        .map_err(|e| etcd_error(cfg, "revoking", e))?;
+    Ok(r.prev_kvs()
+        .first()
+        .and_then(|kv| decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))))
+}
+
+/// One change, as `dxpu pool watch` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// etcd's revision of the change.
+    pub revision: i64,
+    /// `device`, `claim` or `drain`.
+    pub kind: String,
+    /// `put` or `delete`.
+    pub event: String,
+    /// The box.
+    #[serde(rename = "box")]
+    pub box_name: String,
+    /// The device.
+    pub device: String,
+    /// The claiming host (claims).
+    pub host: Option<String>,
+}
+
+/// Calls `each` with every change under the prefix from now on, until it returns false or
+/// the watch fails.
+pub async fn watch(
+    client: &mut Client,
+    cfg: &PoolConfig,
+    each: &mut dyn FnMut(&Change) -> bool,
+) -> Result<(), PoolError> {
+    let keys = Keys::new(&cfg.prefix);
+    let (_w, mut stream) = client
+        .watch(format!("{}/", cfg.prefix), Some(WatchOptions::new().with_prefix().with_prev_key()))
+        .await
+        .map_err(|e| etcd_error(cfg, "watching", e))?
+        .split();
+    loop {
+        let resp = match stream.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(etcd_error(cfg, "watching", e)),
+        };
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let (kind, under) =
+                [("device", keys.devices()), ("claim", keys.claims()), ("drain", keys.drains())]
+                    .into_iter()
+                    .find(|(_, p)| kv.key().starts_with(p.as_bytes()))
+                    .unwrap_or(("?", String::new()));
+            let Some((b, d)) = keys.split(&under, kv.key()) else { continue };
+            let host = match (kind, ev.event_type()) {
+                ("claim", EventType::Put) => decode::<ClaimRecord>(kv).ok().map(|c| c.host),
+                ("claim", EventType::Delete) => {
+                    ev.prev_kv().and_then(|p| decode::<ClaimRecord>(p).ok()).map(|c| c.host)
+                }
+                _ => None,
+            };
+            let c = Change {
+                revision: kv.mod_revision(),
+                kind: kind.into(),
+                event: match ev.event_type() {
+                    EventType::Put => "put".into(),
+                    EventType::Delete => "delete".into(),
+                },
+                box_name: b.into(),
+                device: d.into(),
+                host,
+            };
+            if !each(&c) {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! The box side: registration under a lease kept alive, and the claims on the box's devices
+//! as etcd holds them, kept current by a watch ([`ClaimTable`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bridge_gpu::{ClaimCheck, ClaimVerdict};
+use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use tokio::sync::mpsc;
+
+use crate::{ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error};
+
+/// The claims on one box's devices, as far as the box has read etcd.
+#[derive(Debug, Default)]
+pub struct ClaimTable {
+    inner: Mutex<TableInner>,
+    generation: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct TableInner {
+    /// device → (host, token).
+    claims: HashMap<String, (String, u64)>,
+    /// device → the revision through which its claim is known (a look-up, an event).
+    known: HashMap<String, i64>,
+    /// The revision through which every claim of the box is known (snapshot, watch).
+    revision: i64,
+    /// Look-up tickets issued.
+    tickets: u64,
+    /// device → (the last ticket answered for it, the revision its answer read).
+    answered: HashMap<String, (u64, i64)>,
+}
+
+impl ClaimTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Everything anew, as read at `revision`.
+    fn reset(&self, claims: HashMap<String, (String, u64)>, revision: i64) {
+        let mut g = self.lock();
+        g.claims = claims;
+        g.known.clear();
+        g.revision = revision;
+        drop(g);
+        self.bump();
+    }
+
+    fn ticket(&self) -> u64 {
+        let mut g = self.lock();
+        g.tickets += 1;
+        g.tickets
+    }
+
+    /// The answer to look-up `ticket`: `device`'s claim as etcd held it at `revision`.
+    fn answer(&self, device: &str, ticket: u64, claim: Option<(String, u64)>, revision: i64) {
+        {
+            let mut g = self.lock();
+            let a = g.answered.entry(device.to_string()).or_insert((0, 0));
+            if ticket > a.0 {
+                *a = (ticket, revision);
+            }
+        }
+        self.apply(device, claim, revision);
+        self.bump();
+    }
+
+    /// `device`'s claim as of `revision` (an event, or a look-up), unless already known
+    /// through a later one.
+    fn apply(&self, device: &str, claim: Option<(String, u64)>, revision: i64) {
+        let mut g = self.lock();
+        let known = g.known.get(device).copied().unwrap_or(0).max(g.revision);
+        if revision <= known {
+            return;
+        }
+        match claim {
+            Some(c) => g.claims.insert(device.to_string(), c),
+            None => g.claims.remove(device),
+        };
+        g.known.insert(device.to_string(), revision);
+        drop(g);
+        self.bump();
+    }
+
+    /// Every claim of the box is known through `revision` (a watch response's header).
+    fn advance(&self, revision: i64) {
+        let mut g = self.lock();
+        if revision > g.revision {
+            g.revision = revision;
+            drop(g);
+            self.bump();
+        }
+    }
+
+    /// The claim on `device`: host and token.
+    pub fn current(&self, device: &str) -> Option<(String, u64)> {
+        self.lock().claims.get(device).cloned()
+    }
+
+    /// Whether `host` holds `device` with `token`, as far as etcd has been read; with a
+    /// look-up's `ticket`, once it is answered, no token is unknown any more
+    /// (`bridge_gpu::ClaimCheck::verdict`).
+    pub fn verdict(&self, device: &str, host: &str, token: u64, ticket: Option<u64>) -> ClaimVerdict {
+        let g = self.lock();
+        let held = g.claims.get(device);
+        if held.is_some_and(|(h, t)| h == host && *t == token) {
+            return ClaimVerdict::Valid;
+        }
+        let known = g.known.get(device).copied().unwrap_or(0).max(g.revision);
+        if known >= token as i64 {
+            ClaimVerdict::Refused(match held {
+                Some((h, t)) if *t > token => format!("stale: etcd holds a newer claim ({t}, by {h})"),
+                Some((h, t)) => format!("etcd holds claim {t} by {h}"),
+                None => format!("etcd holds no claim on it (as of revision {known})"),
+            })
+        } else if let (Some(t), Some((answered, read))) = (ticket, g.answered.get(device))
+            && *answered >= t
+        {
+            ClaimVerdict::Refused(format!(
+                "etcd never issued token {token}: a look-up made after the attach read revision {read}"
+            ))
+        } else {
+            ClaimVerdict::Unknown
+        }
+    }
+}
+
+/// What the endpoint holds: the table and a way to ask for a look-up.
+struct ClaimView {
+    table: Arc<ClaimTable>,
+    lookups: mpsc::UnboundedSender<(String, u64)>,
+}
+
+impl ClaimCheck for ClaimView {
+    fn generation(&self) -> u64 {
+        self.table.generation.load(Ordering::Acquire)
+    }
+    fn verdict(&self, device: &str, host: &str, token: u64, ticket: Option<u64>) -> ClaimVerdict {
+        self.table.verdict(device, host, token, ticket)
+    }
+    fn look_up(&self, device: &str) -> u64 {
+        let ticket = self.table.ticket();
+        let _ = self.lookups.send((device.to_string(), ticket));
+        ticket
+    }
+}
+
+/// The box's agent: registers the devices, keeps the lease alive, watches the claims.
+pub struct BoxAgent {
+    table: Arc<ClaimTable>,
+    lookups: mpsc::UnboundedSender<(String, u64)>,
+    stop: Arc<tokio::sync::Notify>,
+    stopping: Arc<AtomicBool>,
+    registered: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BoxAgent {
+    /// Starts the agent's thread. It registers `devices` (name, record) under `box_name` and
+    /// keeps trying while etcd is unreachable (said in the log); [`BoxAgent::registered`]
+    /// tells when it has.
+    pub fn start(
+        cfg: PoolConfig,
+        box_name: &str,
+        devices: Vec<(String, DeviceRecord)>,
+    ) -> Result<BoxAgent, PoolError> {
+        cfg.validate().map_err(PoolError::Config)?;
+        for (d, _) in &devices {
+            if !crate::keys::valid_name(d) {
+                return Err(PoolError::Config(format!(
+                    "device {d:?}: a pool device name is 1-64 of A-Z a-z 0-9 - _ ."
+                )));
+            }
+        }
+        if !crate::keys::valid_name(box_name) {
+            return Err(PoolError::Config(format!("box = {box_name:?}: 1-64 of A-Z a-z 0-9 - _ .")));
+        }
+        let table = Arc::new(ClaimTable::default());
+        let (lookups, rx) = mpsc::unbounded_channel();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let registered = Arc::new(AtomicBool::new(false));
+        let rt = crate::runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
+        let run = Run {
+            cfg,
+            keys: Keys::new("/"),
+            box_name: box_name.to_string(),
+            devices,
+            table: table.clone(),
+            stop: stop.clone(),
+            stopping: stopping.clone(),
+            registered: registered.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("dxpu-pool-box".into())
+            .spawn(move || rt.block_on(run.main(rx)))
+            .map_err(|e| PoolError::Config(format!("starting the pool thread: {e}")))?;
+        Ok(BoxAgent { table, lookups, stop, stopping, registered, thread: Some(thread) })
+    }
+
+    /// Whether the devices are registered (with the current lease).
+    pub fn registered(&self) -> bool {
+        self.registered.load(Ordering::Acquire)
+    }
+
+    /// The claims, for `bridge_gpu::GpuEndpoint::set_claims`.
+    pub fn claim_check(&self) -> Box<dyn ClaimCheck> {
+        Box::new(ClaimView { table: self.table.clone(), lookups: self.lookups.clone() })
+    }
+
+    /// The table itself.
+    pub fn table(&self) -> Arc<ClaimTable> {
+        self.table.clone()
+    }
+
+    /// Revokes the lease (the devices leave the pool at once) and ends the thread.
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        self.stop.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for BoxAgent {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+struct Run {
+    cfg: PoolConfig,
+    keys: Keys,
+    box_name: String,
+    devices: Vec<(String, DeviceRecord)>,
+    table: Arc<ClaimTable>,
+    stop: Arc<tokio::sync::Notify>,
+    stopping: Arc<AtomicBool>,
+    registered: Arc<AtomicBool>,
+}
+
+impl Run {
+    async fn main(mut self, mut lookups: mpsc::UnboundedReceiver<(String, u64)>) {
+        self.keys = Keys::new(&self.cfg.prefix);
+        let mut failures = 0u32;
+        while !self.stopping.load(Ordering::Acquire) {
+            match self.session(&mut lookups).await {
+                Ok(()) => break,
+                Err(e) => {
+                    self.registered.store(false, Ordering::Release);
+                    // The first failure at once, then one in ten.
+                    if failures.is_multiple_of(10) {
+                        log::warn!("pool: {e}; retrying");
+                    }
+                    failures += 1;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                        _ = self.stop.notified() => break,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One connection's life: register, read the claims, watch them and keep the lease
+    /// alive until something fails (Err: start again) or the agent stops (Ok).
+    async fn session(
+        &mut self,
+        lookups: &mut mpsc::UnboundedReceiver<(String, u64)>,
+    ) -> Result<(), PoolError> {
+        let cfg = &self.cfg;
+        let mut client = crate::connect(cfg).await?;
+        let ttl = cfg.lease_ttl.as_secs() as i64;
+        let lease =
+            client.lease_grant(ttl, None).await.map_err(|e| etcd_error(cfg, "granting a lease", e))?.id();
+        let puts: Vec<TxnOp> = self
+            .devices
+            .iter()
+            .map(|(d, r)| {
+                TxnOp::put(
+                    self.keys.device(&self.box_name, d),
+                    encode(r),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            })
+            .collect();
+        client
+            .txn(Txn::new().and_then(puts))
+            .await
+            .map_err(|e| etcd_error(cfg, "registering the devices", e))?;
+        let prefix = self.keys.box_claims(&self.box_name);
+        let got = client
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| etcd_error(cfg, "reading the claims", e))?;
+        let revision = got.header().map_or(0, |h| h.revision());
+        let mut claims = HashMap::new();
+        for kv in got.kvs() {
+            if let (Some((_, d)), Ok(c)) =
+                (self.keys.split(&self.keys.claims(), kv.key()), decode::<ClaimRecord>(kv))
+            {
+                claims.insert(d.to_string(), (c.host, kv.create_revision() as u64));
+            }
+        }
+        self.table.reset(claims, revision);
+        let (_watcher, mut watch) = client
+            .watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1)))
+            .await
+            .map_err(|e| etcd_error(cfg, "watching the claims", e))?
+            .split();
+        let (mut keeper, mut alive) = client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(|e| etcd_error(cfg, "keeping the lease alive", e))?;
+        self.registered.store(true, Ordering::Release);
+        log::info!(
+            "pool: box {} registered {} device(s) with lease {lease:x} ({ttl} s)",
+            self.box_name,
+            self.devices.len()
+        );
+        let mut renew = tokio::time::interval(cfg.lease_ttl / 3);
+        loop {
+            tokio::select! {
+                _ = renew.tick() => {
+                    keeper.keep_alive().await.map_err(|e| etcd_error(cfg, "renewing the lease", e))?;
+                    match tokio::time::timeout(cfg.request_timeout, alive.message()).await {
+                        Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                        Ok(Ok(Some(_))) => return Err(PoolError::NotFound(format!("lease {lease:x} expired; registering again"))),
+                        Ok(Ok(None)) => return Err(PoolError::NotFound("the lease stream ended".into())),
+                        Ok(Err(e)) => return Err(etcd_error(cfg, "renewing the lease", e)),
+                        Err(_) => return Err(PoolError::NotFound(format!("no lease renewal within {:?}", cfg.request_timeout))),
+                    }
+                }
+                msg = watch.message() => {
+                    let resp = match msg {
+                        Ok(Some(r)) => r,
+                        Ok(None) => return Err(PoolError::NotFound("the claims watch ended".into())),
+                        Err(e) => return Err(etcd_error(cfg, "watching the claims", e)),
+                    };
+                    if resp.canceled() {
+                        return Err(PoolError::NotFound(format!("the claims watch was cancelled: {}", resp.cancel_reason())));
+                    }
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let Some((_, d)) = self.keys.split(&self.keys.claims(), kv.key()) else { continue };
+                        let claim = match ev.event_type() {
+                            EventType::Put => decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64)),
+                            EventType::Delete => None,
+                        };
+                        self.table.apply(d, claim, kv.mod_revision());
+                    }
+                    if let Some(h) = resp.header() {
+                        self.table.advance(h.revision());
+                    }
+                }
+                Some((device, ticket)) = lookups.recv() => {
+                    let key = self.keys.claim(&self.box_name, &device);
+                    let got = client.get(key, None).await.map_err(|e| etcd_error(cfg, "reading a claim", e))?;
+                    let revision = got.header().map_or(0, |h| h.revision());
+                    let claim = got.kvs().first().and_then(|kv| {
+                        decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))
+                    });
+                    self.table.answer(&device, ticket, claim, revision);
+                }
+                _ = self.stop.notified() => {
+                    let _ = client.lease_revoke(lease).await;
+                    log::info!("pool: box {} left the pool (lease {lease:x} revoked)", self.box_name);
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_valid_unknown_or_refused_by_what_the_table_has_read() {
+        let t = ClaimTable::default();
+        t.reset(HashMap::from([("gpu0".into(), ("host-a".into(), 10))]), 12);
+        assert_eq!(t.verdict("gpu0", "host-a", 10, None), ClaimVerdict::Valid);
+        assert!(matches!(t.verdict("gpu0", "host-b", 10, None), ClaimVerdict::Refused(_)));
+        assert!(matches!(t.verdict("gpu0", "host-a", 9, None), ClaimVerdict::Refused(_)));
+        // A token newer than what was read: not known yet.
+        assert_eq!(t.verdict("gpu1", "host-a", 13, None), ClaimVerdict::Unknown);
+        // A look-up at 15 says it is host-a's.
+        let ticket = t.ticket();
+        t.answer("gpu1", ticket, Some(("host-a".into(), 13)), 15);
+        // A token beyond what that look-up read was never issued.
+        assert!(
+            matches!(t.verdict("gpu1", "host-a", 99, Some(ticket)), ClaimVerdict::Refused(w) if w.contains("never"))
+        );
+        assert_eq!(t.verdict("gpu1", "host-a", 99, Some(ticket + 1)), ClaimVerdict::Unknown);
+        assert_eq!(t.verdict("gpu1", "host-a", 13, None), ClaimVerdict::Valid);
+        // A late watch event from before the look-up changes nothing.
+        t.apply("gpu1", None, 14);
+        assert_eq!(t.verdict("gpu1", "host-a", 13, None), ClaimVerdict::Valid);
+        // The delete at 16: gone, and the old token is refused.
+        let g = t.generation.load(Ordering::Acquire);
+        t.apply("gpu1", None, 16);
+        assert!(t.generation.load(Ordering::Acquire) > g);
+        assert!(matches!(t.verdict("gpu1", "host-a", 13, None), ClaimVerdict::Refused(_)));
+        // gpu0 taken over by host-b at 20: host-a's token 10 is stale.
+        t.apply("gpu0", Some(("host-b".into(), 20)), 20);
+        assert!(
+            matches!(t.verdict("gpu0", "host-a", 10, None), ClaimVerdict::Refused(w) if w.contains("stale"))
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! [`EtcdCluster`]: a real etcd cluster of several members on 127.0.0.1, started from the
+//! `etcd` binary (Debian's `etcd-server`) for the pool's tests and `dxpu bench pool`. Its
+//! data lives in a directory of its own (on tmpfs where `/dev/shm` exists); every member is
+//! killed when it is dropped.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{PoolConfig, PoolError};
+
+/// One member.
+struct Member {
+    name: String,
+    client_url: String,
+    peer_url: String,
+    child: Option<Child>,
+}
+
+/// A running cluster.
+pub struct EtcdCluster {
+    dir: PathBuf,
+    members: Vec<Member>,
+    token: String,
+}
+
+/// Where the `etcd` binary is, if anywhere (`$DXPU_ETCD`, then `PATH`, then `/usr/bin`).
+pub fn etcd_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DXPU_ETCD") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits (up to 20 s) until the cluster has a leader.
+    pub fn start(n: usize) -> Result<EtcdCluster, PoolError> {
+        let bin = etcd_binary().ok_or_else(|| {
+            PoolError::Config("etcd not found (Debian package etcd-server, or set DXPU_ETCD)".into())
+        })?;
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let token = format!("dxpu-{}-{}", std::process::id(), crate::unix_now_nanos());
+        let dir = base.join(&token);
+        std::fs::create_dir_all(&dir).map_err(|e| PoolError::Config(format!("{}: {e}", dir.display())))?;
+        let io = |e: std::io::Error| PoolError::Config(format!("starting etcd: {e}"));
+        let mut members = Vec::new();
+        for i in 0..n {
+            members.push(Member {
+                name: format!("m{i}"),
+                client_url: format!("http://127.0.0.1:{}", free_port().map_err(io)?),
+                peer_url: format!("http://127.0.0.1:{}", free_port().map_err(io)?),
+                child: None,
+            });
+        }
+        let mut c = EtcdCluster { dir, members, token };
+        for i in 0..n {
+            c.spawn(i, &bin, "new")?;
+        }
+        c.wait_ready(Duration::from_secs(20))?;
+        Ok(c)
+    }
+
+    fn spawn(&mut self, i: usize, bin: &std::path::Path, state: &str) -> Result<(), PoolError> {
+        let initial: Vec<String> =
+            self.members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
+        let m = &self.members[i];
+        let data = self.dir.join(&m.name);
+        let log = std::fs::File::create(self.dir.join(format!("{}.log", m.name)))
+            .map_err(|e| PoolError::Config(format!("etcd log: {e}")))?;
+        let child = Command::new(bin)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
+            .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", state, "--initial-cluster-token", &self.token])
+            // Elections in half a second, not the WAN-sized defaults: this is one machine.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| PoolError::Config(format!("starting {}: {e}", bin.display())))?;
+        self.members[i].child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until a write through every running member succeeds.
+    pub fn wait_ready(&self, within: Duration) -> Result<(), PoolError> {
+        let end = Instant::now() + within;
+        let cfg = self.config();
+        loop {
+            let r = crate::block_on(async {
+                let mut c = crate::connect(&cfg).await?;
+                c.put("/dxpu-cluster-ready", "1", None)
+                    .await
+                    .map_err(|e| crate::etcd_error(&cfg, "probing", e))?;
+                Ok::<(), PoolError>(())
+            })?;
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= end => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// The client URLs of every member (running or not).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// A pool configuration for this cluster (prefix `/dxpu`, 5 s leases).
+    pub fn config(&self) -> PoolConfig {
+        PoolConfig::new(self.endpoints())
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members.get_mut(i).and_then(|m| m.child.take()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data (after [`EtcdCluster::kill`]).
+    pub fn restart(&mut self, i: usize) -> Result<(), PoolError> {
+        let bin = etcd_binary().ok_or_else(|| PoolError::Config("etcd not found".into()))?;
+        self.spawn(i, &bin, "existing")
+    }
+
+    /// The directory holding the members' data and logs.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

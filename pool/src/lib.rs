@@ -1,0 +1,200 @@
+//! The pool: GPUs in boxes, registered in etcd, claimed by hosts, fenced (`docs/pool.md`).
+//!
+//! This is the control plane; the datapath crates do not depend on it. The box side
+//! ([`BoxAgent`]) registers each exported device under a lease it keeps alive and watches the
+//! claims on its devices; the endpoint asks it (through `bridge_gpu::ClaimCheck`) whether an
+//! attach's fencing token is the claim etcd holds. The host side ([`HostAgent`]) claims free
+//! devices with transactions tied to its own lease, hands each claim to its endpoint to
+//! attach, and raises a fence on every pool device before its lease could expire when it
+//! cannot renew it. [`admin`] is what `dxpu pool` runs.
+//!
+//! Keys, under a prefix (`/dxpu` by default):
+//!
+//! | key | value | lease |
+//! |---|---|---|
+//! | `{prefix}/devices/{box}/{device}` | [`DeviceRecord`] | the box's |
+//! | `{prefix}/claims/{box}/{device}` | [`ClaimRecord`] | the claiming host's |
+//! | `{prefix}/drain/{box}/{device}` | [`DrainRecord`] | none (an operator's) |
+//!
+//! A claim's fencing token is its `create_revision`: etcd's revision counter only grows, so
+//! a later claim on the same device always has a larger token.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+mod box_agent;
+mod claim;
+pub mod cluster;
+mod host_agent;
+mod keys;
+
+use std::time::Duration;
+
+pub use box_agent::{BoxAgent, ClaimTable};
+pub use claim::{Claim, ClaimRequest, Filter, RoundTrips, Snapshot, claim_one, release, snapshot};
+pub use host_agent::{FenceFn, HostAgent, HostAgentOptions, HostEvent, fence_margin};
+pub use keys::{Keys, valid_name};
+
+use serde::{Deserialize, Serialize};
+
+/// Where the pool is and how to talk to it.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// etcd client URLs (`http://127.0.0.1:2379`), at least one.
+    pub etcd: Vec<String>,
+    /// Key prefix (default `/dxpu`).
+    pub prefix: String,
+    /// Time to live of this agent's lease.
+    pub lease_ttl: Duration,
+    /// How long one etcd request may take before it counts as failed.
+    pub request_timeout: Duration,
+}
+
+impl PoolConfig {
+    /// The defaults for `etcd`: prefix `/dxpu`, a 5 s lease, 1 s requests.
+    pub fn new(etcd: Vec<String>) -> PoolConfig {
+        PoolConfig {
+            etcd,
+            prefix: "/dxpu".into(),
+            lease_ttl: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks what a configuration file or command line gave.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.etcd.is_empty() {
+            return Err("etcd: at least one etcd URL is needed".into());
+        }
+        for u in &self.etcd {
+            if !(u.starts_with("http://") || u.starts_with("https://")) || u.len() < 8 {
+                return Err(format!("etcd = {u:?}: not an http:// or https:// URL"));
+            }
+        }
+        let ttl = self.lease_ttl.as_secs();
+        if !(2..=3600).contains(&ttl) || self.lease_ttl.subsec_nanos() != 0 {
+            return Err(format!("lease_ttl_s = {:?}: must be whole seconds from 2 to 3600", self.lease_ttl));
+        }
+        if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
+            return Err(format!("prefix = {:?}: must start with '/' and not end with one", self.prefix));
+        }
+        Ok(())
+    }
+}
+
+/// Why a pool operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// etcd did not answer, or answered with an error (no quorum, a timeout, a refusal).
+    #[error("etcd ({endpoints}): {what}: {error}")]
+    Etcd {
+        /// The endpoints tried.
+        endpoints: String,
+        /// What was being done.
+        what: String,
+        /// etcd's error.
+        error: String,
+    },
+    /// A value in etcd that is not what dxpu wrote there.
+    #[error("etcd key {key}: {why}")]
+    BadRecord {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A device named that the pool does not hold.
+    #[error("{0}")]
+    NotFound(String),
+    /// The configuration is inconsistent.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A device as its box registers it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    /// Where hosts reach the box (`10.0.0.7:7440`).
+    pub advertise: String,
+    /// PCI Vendor ID.
+    pub vendor_id: u16,
+    /// PCI Device ID.
+    pub device_id: u16,
+    /// Class code.
+    pub class: u32,
+    /// Bytes of VRAM (its largest BAR).
+    pub vram_bytes: u64,
+    /// `ok` or why not.
+    pub health: String,
+    /// Hosts that may attach it.
+    pub allow: Vec<String>,
+    /// Registered since (Unix seconds).
+    pub since: u64,
+}
+
+/// A host's claim on a device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// The host that holds it.
+    pub host: String,
+    /// Claimed since (Unix seconds).
+    pub since: u64,
+}
+
+/// An operator's drain: no new claims.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    /// Draining since (Unix seconds).
+    pub since: u64,
+}
+
+/// Nanoseconds since the Unix epoch (a unique-enough name part).
+pub(crate) fn unix_now_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Connects to the cluster: requests fail after `request_timeout`, and fail rather than wait
+/// where the member has no leader (a cluster without quorum answers at once).
+pub async fn connect(cfg: &PoolConfig) -> Result<etcd_client::Client, PoolError> {
+    let opts = etcd_client::ConnectOptions::new()
+        .with_timeout(cfg.request_timeout)
+        .with_connect_timeout(cfg.request_timeout)
+        .with_require_leader(true)
+        .with_keep_alive(Duration::from_secs(1), cfg.request_timeout);
+    etcd_client::Client::connect(&cfg.etcd, Some(opts)).await.map_err(|e| etcd_error(cfg, "connecting", e))
+}
+
+pub(crate) fn etcd_error(cfg: &PoolConfig, what: &str, e: etcd_client::Error) -> PoolError {
+    let error = match &e {
+        etcd_client::Error::GRpcStatus(s) => format!("{} ({:?})", s.message(), s.code()),
+        other => other.to_string(),
+    };
+    PoolError::Etcd { endpoints: cfg.etcd.join(","), what: what.to_string(), error }
+}
+
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(kv: &etcd_client::KeyValue) -> Result<T, PoolError> {
+    serde_json::from_slice(kv.value()).map_err(|e| PoolError::BadRecord {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        why: format!("not a dxpu record: {e}"),
+    })
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Plain structs of strings and numbers always serialize.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+/// A current-thread runtime for an agent's thread.
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
+}
+
+/// The runtime for a one-off admin call from synchronous code.
+pub fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, PoolError> {
+    let rt = runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
+    Ok(rt.block_on(f))
+}
