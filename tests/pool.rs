@@ -324,3 +324,179 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     assert!(rt.block_on(pool::admin::drain(&mut client, &cfg, "box-a", "gpu9")).is_err(), "no such device");
     assert_one_owner_at_a_time(&a.events());
 }
+
+/// A TCP relay in front of each etcd member that the test can cut: from then on it forwards
+/// nothing either way (the connections stay open, as across a partition, so requests time
+/// out rather than fail at once).
+struct Relay {
+    urls: Vec<String>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(targets: &[String]) -> Relay {
+        let cut = Arc::new(AtomicBool::new(false));
+        let mut urls = Vec::new();
+        for t in targets {
+            let to: SocketAddr = t.trim_start_matches("http://").parse().unwrap();
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            urls.push(format!("http://{}", l.local_addr().unwrap()));
+            let cut = cut.clone();
+            std::thread::spawn(move || {
+                for c in l.incoming() {
+                    let Ok(c) = c else { return };
+                    let Ok(up) = std::net::TcpStream::connect(to) else { continue };
+                    for (mut from, mut into) in [(c.try_clone().unwrap(), up.try_clone().unwrap()), (up, c)] {
+                        let cut = cut.clone();
+                        std::thread::spawn(move || {
+                            use std::io::{Read, Write};
+                            let mut buf = [0u8; 16384];
+                            while let Ok(n) = from.read(&mut buf) {
+                                if n == 0 {
+                                    return;
+                                }
+                                while cut.load(Ordering::Relaxed) {
+                                    std::thread::sleep(Duration::from_millis(50));
+                                }
+                                if into.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        });
+                    }
+                }
+            });
+        }
+        Relay { urls, cut }
+    }
+}
+
+#[test]
+fn a_host_cut_off_from_etcd_fences_itself_before_its_lease_expires_and_another_host_takes_the_device() {
+    let _serial = dxpu_tests::serial();
+    let Some(cluster) = cluster() else { return };
+    let cfg = cluster.config();
+    let a = PoolBox::start(cfg.clone(), "box-a", 1);
+    let relay = Relay::start(&cluster.endpoints());
+    let mut host_cfg = PoolConfig::new(relay.urls.clone());
+    host_cfg.lease_ttl = Duration::from_secs(2);
+    let fence = bridge_host::Fence::new();
+    let fenced_at = Arc::new(Mutex::new(None));
+    let on_fence = {
+        let (fence, at) = (fence.clone(), fenced_at.clone());
+        Box::new(move |_lease: i64, why: &str| {
+            *at.lock().unwrap() = Some(Instant::now());
+            fence.raise(why);
+        })
+    };
+    let opts = pool::HostAgentOptions {
+        host: "host-a".into(),
+        want: 1,
+        filter: Filter::default(),
+        cool_down: Duration::from_secs(2),
+    };
+    let agent = pool::HostAgent::start(host_cfg, opts, on_fence).unwrap();
+    let claim = match agent.events().recv_timeout(Duration::from_secs(10)).unwrap() {
+        pool::HostEvent::Claimed { claim, .. } => claim,
+        other => panic!("{other:?}"),
+    };
+    let mut o = host_options(a.addr, host_key("host-a"));
+    o.device = claim.device.clone();
+    o.token = Some(claim.token);
+    o.fence = Some(fence.clone());
+    o.dma_memory = 1 << 20;
+    let mut d = RemoteDevice::attach(o).unwrap();
+    assert_eq!(d.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+    // The partition: the host reaches the box, not etcd. Its device keeps answering until
+    // the fence falls.
+    relay.cut.store(true, Ordering::Relaxed);
+    let cut_at = Instant::now();
+    while d.removed().is_none() {
+        assert!(cut_at.elapsed() < Duration::from_secs(3), "the host fences itself within its TTL");
+        let id = d.config_read(0) & 0xffff;
+        // The fence may fall during the read: all-ones then, and the device is gone.
+        assert!(
+            id == simgpu_abi::VENDOR_ID as u32 || d.removed().is_some(),
+            "the device answers until fenced"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fenced = fenced_at.lock().unwrap().expect("the fence callback ran");
+    assert!(d.removed().unwrap().contains("fenced"), "{:?}", d.removed());
+    // Another host claims it once the lease has expired at etcd, and the box lets it in.
+    let rt = rt();
+    let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+    let mut first = |_: usize| 0;
+    let req = ClaimRequest { host: "host-b", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+    let c2 = loop {
+        if let Some(c) = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None)).unwrap() {
+            break c;
+        }
+        assert!(cut_at.elapsed() < Duration::from_secs(6), "the partitioned host's claim expires");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let expired = Instant::now();
+    assert!(fenced < expired, "the host fenced itself before its claim could be taken");
+    eprintln!(
+        "fenced {:?} after the cut; the claim was taken over {:?} after the fence",
+        fenced - cut_at,
+        expired - fenced
+    );
+    let mut d2 = attach(a.addr, "host-b", &c2).unwrap();
+    assert_eq!(d2.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+    d2.detach();
+    drop(d);
+    relay.cut.store(false, Ordering::Relaxed);
+    drop(agent);
+    let events = a.events();
+    assert_one_owner_at_a_time(&events);
+    let hosts: Vec<_> = events.iter().map(|e| (e.host.as_str(), e.attached)).collect();
+    assert_eq!(&hosts[..3], &[("host-a", true), ("host-a", false), ("host-b", true)], "{events:?}");
+}
+
+#[test]
+fn claims_survive_one_etcd_member_lost_and_fail_clearly_without_quorum_while_devices_keep_working() {
+    let _serial = dxpu_tests::serial();
+    let Some(mut cluster) = cluster() else { return };
+    let mut cfg = cluster.config();
+    cfg.request_timeout = Duration::from_millis(700);
+    let a = PoolBox::start(cfg.clone(), "box-a", 2);
+    let rt = rt();
+    let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    let lease = rt.block_on(client.lease_grant(60, None)).unwrap().id();
+    let mut first = |_: usize| 0;
+    let req = ClaimRequest { host: "host-a", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+    let c1 = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None)).unwrap().unwrap();
+    let mut d = attach(a.addr, "host-a", &c1).unwrap();
+    cluster.kill(0);
+    // Two of three: claims keep working (the client moves to a live member).
+    let c2 = (0..20)
+        .find_map(|_| {
+            let r = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None));
+            if r.is_err() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r.ok().flatten()
+        })
+        .expect("a claim with one member down");
+    let mut d2 = attach(a.addr, "host-a", &c2).unwrap();
+    cluster.kill(1);
+    // One of three: no quorum. A new claim fails, saying etcd did; the attached devices carry
+    // traffic all the while (neither endpoint's datapath waits on etcd).
+    let t = Instant::now();
+    let e = rt.block_on(pool::release(&mut client, &cfg, &c2, None)).expect_err("no write without quorum");
+    assert!(e.to_string().contains("etcd"), "{e}");
+    eprintln!("without quorum a pool write failed after {:?}: {e}", t.elapsed());
+    let t = Instant::now();
+    let mut reads = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        assert_eq!(d.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+        assert_eq!(d2.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+        reads += 2;
+    }
+    assert!(d.removed().is_none() && d2.removed().is_none());
+    eprintln!("{reads} config reads answered in 2 s without quorum");
+    d.detach();
+    d2.detach();
+}

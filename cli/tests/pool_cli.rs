@@ -1,0 +1,183 @@
+//! The pool with the endpoints as processes against a real three-member etcd cluster (the
+//! test starts it; without Debian's `etcd-server` it skips, saying why): two `dxpu gpu`
+//! boxes of four simulated GPUs, `dxpu host` claiming from them, `dxpu pool` watching; a
+//! host and a box killed with SIGKILL.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pool::cluster::EtcdCluster;
+
+const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const TTL_S: u64 = 2;
+
+fn dxpu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxpu"))
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn etcd_list(c: &EtcdCluster) -> String {
+    c.endpoints().iter().map(|e| format!("{e:?}")).collect::<Vec<_>>().join(", ")
+}
+
+fn box_toml(c: &EtcdCluster, name: &str, port: u16, log: &Path) -> String {
+    let mut t = format!(
+        "listen = \"127.0.0.1:{port}\"\n[link]\nidle_timeout_ms = 500\n[[host]]\nname = \"host-a\"\nkey = \"{KEY_A}\"\n\
+         [pool]\netcd = [{}]\nbox = \"{name}\"\nadvertise = \"127.0.0.1:{port}\"\nlease_ttl_s = {TTL_S}\nownership_log = {:?}\n",
+        etcd_list(c),
+        log.display()
+    );
+    for i in 0..4 {
+        t += &format!("[[device]]\nname = \"gpu{i}\"\nsim = {{ vram_mib = 256 }}\nallow = [\"host-a\"]\n");
+    }
+    t
+}
+
+fn host_toml(c: &EtcdCluster, want: usize) -> String {
+    format!(
+        "[link]\nidle_timeout_ms = 500\n[pool]\netcd = [{}]\nhost = \"host-a\"\nkey = \"{KEY_A}\"\nwant = {want}\nlease_ttl_s = {TTL_S}\n",
+        etcd_list(c)
+    )
+}
+
+struct Proc(Child, PathBuf);
+
+impl Proc {
+    fn start(dir: &Path, name: &str, args: &[&str], config: &str) -> Proc {
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, config).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let child = dxpu()
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Proc(child, log)
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ls(c: &EtcdCluster) -> Vec<serde_json::Value> {
+    let out = dxpu().args(["pool", "--etcd", &c.endpoints().join(","), "ls", "--json"]).output().unwrap();
+    assert!(out.status.success(), "dxpu pool ls: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+}
+
+fn until(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.elapsed()
+}
+
+fn claimed(list: &[serde_json::Value]) -> Vec<(String, String, u64)> {
+    list.iter()
+        .filter(|e| e["state"] == "claimed")
+        .map(|e| {
+            (
+                e["box"].as_str().unwrap().into(),
+                e["device"].as_str().unwrap().into(),
+                e["token"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_ttl() {
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let cluster = EtcdCluster::start(3).unwrap();
+    let dir = std::env::temp_dir().join(format!("dxpu-pool-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (log_a, log_b) = (dir.join("box-a.jsonl"), dir.join("box-b.jsonl"));
+    let mut box_a = Proc::start(&dir, "box-a", &["gpu"], &box_toml(&cluster, "box-a", free_port(), &log_a));
+    let _box_b = Proc::start(&dir, "box-b", &["gpu"], &box_toml(&cluster, "box-b", free_port(), &log_b));
+    until("both boxes register eight devices", Duration::from_secs(20), || ls(&cluster).len() == 8);
+
+    // A host with a workload: claims two, runs it on both, releases them, exits 0.
+    let cfg = dir.join("host-w.toml");
+    std::fs::write(&cfg, host_toml(&cluster, 2)).unwrap();
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dxpu host --workload with a pool: {err}");
+    assert_eq!(err.matches("workload verified").count(), 2, "{err}");
+    until("the workload's devices are free again", Duration::from_secs(3), || {
+        claimed(&ls(&cluster)).is_empty()
+    });
+
+    // A host killed: its devices are reset by their boxes and free within TTL + 1 s.
+    let mut host = Proc::start(&dir, "host-1", &["host"], &host_toml(&cluster, 2));
+    until("the host claims two devices", Duration::from_secs(20), || claimed(&ls(&cluster)).len() == 2);
+    until("the host attaches both", Duration::from_secs(10), || {
+        let l = std::fs::read_to_string(&log_a).unwrap_or_default()
+            + &std::fs::read_to_string(&log_b).unwrap_or_default();
+        l.matches("\"attached\"").count() >= 4
+    });
+    host.kill();
+    let t = until("a killed host's devices are free", Duration::from_secs(TTL_S + 1), || {
+        claimed(&ls(&cluster)).is_empty()
+    });
+    let released = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().matches("\"released\"").count();
+    until("the boxes reset the killed host's devices", Duration::from_secs(1), || {
+        released(&log_a) + released(&log_b) >= 4
+    });
+    eprintln!("a killed host's devices free after {t:?} (TTL {TTL_S} s)");
+
+    // A box killed: its devices leave the pool within TTL + 1 s; the host sees them removed,
+    // and keeps the other box's.
+    let host = Proc::start(&dir, "host-2", &["host"], &host_toml(&cluster, 3));
+    until("the host claims three devices", Duration::from_secs(20), || claimed(&ls(&cluster)).len() == 3);
+    // Until at least one of them is on each box.
+    let on = |b: &str| claimed(&ls(&cluster)).iter().filter(|c| c.0 == b).count();
+    if on("box-a") == 0 || on("box-b") == 0 {
+        eprintln!("the claims fell on one box; killing that one anyway");
+    }
+    let before_b: Vec<_> = claimed(&ls(&cluster)).into_iter().filter(|c| c.0 == "box-b").collect();
+    std::thread::sleep(Duration::from_millis(500));
+    box_a.kill();
+    let t = until("a killed box's devices leave the pool", Duration::from_secs(TTL_S + 1), || {
+        ls(&cluster).iter().all(|e| e["box"] != "box-a")
+    });
+    eprintln!("a killed box's devices gone from pool ls after {t:?} (TTL {TTL_S} s)");
+    if before_b.len() < 3 {
+        until("the host reports the lost devices removed", Duration::from_secs(5), || {
+            host.log().contains("removed")
+        });
+    }
+    let after_b: Vec<_> = claimed(&ls(&cluster)).into_iter().filter(|c| c.0 == "box-b").collect();
+    for c in &before_b {
+        assert!(
+            after_b.contains(c),
+            "box-b's {}/{} (claim {}) untouched by box-a's death: {after_b:?}",
+            c.0,
+            c.1,
+            c.2
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
