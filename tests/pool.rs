@@ -46,8 +46,19 @@ struct PoolBox {
 
 impl PoolBox {
     fn start(cfg: PoolConfig, name: &str, devices: usize) -> PoolBox {
+        PoolBox::start_in(cfg, name, devices, None)
+    }
+
+    /// In network namespace `ns`, listening on its address `ip`.
+    fn start_in(
+        cfg: PoolConfig,
+        name: &str,
+        devices: usize,
+        ns: Option<(String, std::net::Ipv4Addr)>,
+    ) -> PoolBox {
+        let listen = SocketAddr::from((ns.as_ref().map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.1), 0));
         let opts = GpuOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
+            listen,
             link: test_link(host_key(HOSTS[0])),
             hosts: HOSTS.iter().map(|h| HostKey { name: h.to_string(), key: host_key(h) }).collect(),
             exports: (0..devices)
@@ -67,6 +78,10 @@ impl PoolBox {
         let (tx, rx) = mpsc::channel();
         let (l, s, name) = (log.clone(), stop.clone(), name.to_string());
         let thread = std::thread::spawn(move || {
+            if let Some((ns, _)) = &ns {
+                // The agent's thread, started from this one, is in it too.
+                netns::enter(ns).unwrap();
+            }
             let mut ep = GpuEndpoint::new(opts).unwrap();
             let addr = ep.local_addr().unwrap();
             let devices = ep
@@ -267,7 +282,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
     let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
     let mut first = |_: usize| 0;
-    let claim = |client: &mut etcd_client::Client, pick: &mut dyn FnMut(usize) -> usize| {
+    let claim = |client: &mut etcd_client::Client, pick: &mut (dyn FnMut(usize) -> usize + Send)| {
         rt.block_on(pool::claim_one(
             client,
             &cfg,
@@ -499,4 +514,127 @@ fn claims_survive_one_etcd_member_lost_and_fail_clearly_without_quorum_while_dev
     eprintln!("{reads} config reads answered in 2 s without quorum");
     d.detach();
     d2.detach();
+}
+
+fn ip(args: &str) {
+    let out = std::process::Command::new("ip").args(args.split_whitespace()).output().unwrap();
+    assert!(out.status.success(), "ip {args}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs `f` on a thread of its own inside network namespace `ns`.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        netns::enter(&ns).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn across_network_namespaces_a_host_cut_off_from_etcd_but_not_from_the_box_fences_itself() {
+    let _serial = dxpu_tests::serial();
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    // Two namespaces: the box and etcd in a, the host in b; two veth links between them, the
+    // box's (10.231.0.0/24) and etcd's (10.232.0.0/24), so that etcd's can be cut alone.
+    let net = match dxpu_tests::Netns::create("pf", [10, 231, 0]) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipped: network namespaces unavailable: {e}");
+            return;
+        }
+    };
+    ip(&format!("link add vpfea netns {} type veth peer name vpfeb netns {}", net.a, net.b));
+    ip(&format!("-n {} addr add 10.232.0.1/24 dev vpfea", net.a));
+    ip(&format!("-n {} addr add 10.232.0.2/24 dev vpfeb", net.b));
+    ip(&format!("-n {} link set vpfea up", net.a));
+    ip(&format!("-n {} link set vpfeb up", net.b));
+    let cluster = EtcdCluster::start_with(3, "10.232.0.1", &["ip", "netns", "exec", &net.a]).unwrap();
+    let cfg = cluster.config();
+    let c = cfg.clone();
+    in_ns(&net.a, move || EtcdCluster::wait_ready_for(&c, Duration::from_secs(20))).unwrap();
+    let a = PoolBox::start_in(cfg.clone(), "box-a", 1, Some((net.a.clone(), net.addr_a())));
+    // The host, in b: its agent and its device.
+    let (tx, rx) = mpsc::channel::<()>();
+    let (cfg_b, box_addr) = (cfg.clone(), a.addr);
+    let host = std::thread::spawn({
+        let ns = net.b.clone();
+        move || {
+            netns::enter(&ns).unwrap();
+            let mut host_cfg = cfg_b;
+            host_cfg.lease_ttl = Duration::from_secs(2);
+            let fence = bridge_host::Fence::new();
+            let f = fence.clone();
+            let opts = pool::HostAgentOptions {
+                host: "host-a".into(),
+                want: 1,
+                filter: Filter::default(),
+                cool_down: Duration::from_secs(2),
+            };
+            let agent = pool::HostAgent::start(host_cfg, opts, Box::new(move |_, why| f.raise(why))).unwrap();
+            let claim = match agent.events().recv_timeout(Duration::from_secs(10)).unwrap() {
+                pool::HostEvent::Claimed { claim, .. } => claim,
+                other => panic!("{other:?}"),
+            };
+            let mut o = host_options(box_addr, host_key("host-a"));
+            o.device = claim.device.clone();
+            o.token = Some(claim.token);
+            o.fence = Some(fence);
+            o.dma_memory = 1 << 20;
+            let mut d = RemoteDevice::attach(o).unwrap();
+            assert_eq!(d.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+            tx.send(()).unwrap();
+            let t = Instant::now();
+            // Traffic until the fence falls (the cut comes from the test thread).
+            while d.removed().is_none() {
+                assert!(t.elapsed() < Duration::from_secs(6), "the host fences itself");
+                let id = d.config_read(0) & 0xffff;
+                assert!(id == simgpu_abi::VENDOR_ID as u32 || d.removed().is_some());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let why = d.removed().unwrap();
+            drop(d);
+            drop(agent);
+            why
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20)).expect("the host in b claims and attaches the device");
+    let cut_at = Instant::now();
+    ip(&format!("-n {} link set vpfeb down", net.b));
+    let why = host.join().unwrap();
+    let fenced = cut_at.elapsed();
+    assert!(why.contains("fenced"), "{why}");
+    // Another host, beside etcd, takes the device once the lease expired; the box lets it in.
+    let (cfg_a, box_addr) = (cfg.clone(), a.addr);
+    let taken = in_ns(&net.a, move || {
+        let rt = rt();
+        let mut client = rt.block_on(pool::connect(&cfg_a)).unwrap();
+        let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+        let mut first = |_: usize| 0;
+        let req = ClaimRequest { host: "host-b", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+        let c2 = loop {
+            if let Some(c) = rt.block_on(pool::claim_one(&mut client, &cfg_a, req, &mut first, None)).unwrap()
+            {
+                break c;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let at = cut_at.elapsed();
+        let mut d2 = attach(box_addr, "host-b", &c2).unwrap();
+        assert_eq!(d2.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
+        d2.detach();
+        at
+    });
+    assert!(fenced < taken, "fenced {fenced:?} after the cut, the claim taken {taken:?} after it");
+    eprintln!("netns: fenced {fenced:?} after the cut; another host claimed the device {taken:?} after it");
+    let events = a.events();
+    assert_one_owner_at_a_time(&events);
+    let hosts: Vec<_> = events.iter().map(|e| (e.host.as_str(), e.attached)).collect();
+    assert_eq!(&hosts[..3], &[("host-a", true), ("host-a", false), ("host-b", true)], "{events:?}");
+    drop(a);
+    drop(cluster);
 }

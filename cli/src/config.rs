@@ -833,6 +833,65 @@ mod tests {
         assert_eq!(o.link.window, 128);
     }
 
+    fn gpu_pool(pool: &str) -> Result<GpuPool, String> {
+        let text = format!(
+            "[[host]]\nname = \"a\"\nkey = \"{KEY}\"\n[[device]]\nname = \"gpu0\"\nsim = {{}}\nallow = [\"a\"]\n[pool]\n{pool}"
+        );
+        let f = toml::from_str::<GpuFile>(&text).map_err(|e| e.to_string())?;
+        let o = f.options(None)?;
+        f.pool.as_ref().ok_or("no [pool]")?.pool(&o.exports)
+    }
+
+    fn host_pool(pool: &str) -> Result<Option<HostPool>, String> {
+        toml::from_str::<HostFile>(&format!("[pool]\n{pool}")).map_err(|e| e.to_string())?.pool()
+    }
+
+    #[test]
+    fn pool_sections_are_understood_and_bad_ones_refused_naming_the_key() {
+        let etcd = "etcd = [\"http://127.0.0.1:2379\"]";
+        let g = gpu_pool(&format!("{etcd}\nbox = \"box-a\"\nadvertise = \"10.0.0.7:7440\"\nlease_ttl_s = 7"))
+            .unwrap();
+        assert_eq!(
+            (g.box_name.as_str(), g.advertise.port(), g.config.lease_ttl.as_secs()),
+            ("box-a", 7440, 7)
+        );
+        let h =
+            host_pool(&format!("{etcd}\nhost = \"host-a\"\nkey = \"{KEY}\"\nwant = 2\nvendor_id = 0x1234"))
+                .unwrap()
+                .unwrap();
+        assert_eq!((h.agent.want, h.agent.filter.vendor_id), (2, Some(0x1234)));
+        let box_cases = [
+            ("etcd = [\"127.0.0.1:2379\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
+            ("etcd = []\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
+            (&*format!("{etcd}\nbox = \"a/b\"\nadvertise = \"10.0.0.7:7440\""), "pool.box"),
+            (&*format!("{etcd}\nbox = \"b\"\nadvertise = \"0.0.0.0:7440\""), "pool.advertise"),
+            (
+                &*format!("{etcd}\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"\nlease_ttl_s = 1"),
+                "pool.lease_ttl_s",
+            ),
+            (&*format!("{etcd}\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"\nleas_ttl_s = 5"), "leas_ttl_s"),
+        ];
+        for (text, key) in box_cases {
+            let e = gpu_pool(text).err().unwrap_or_else(|| panic!("{text:?} accepted"));
+            assert!(e.contains(key), "error for {key:?} does not name it: {e}");
+        }
+        let host_cases = [
+            (format!("{etcd}\nhost = \"h\"\nkey = \"{KEY}\"\nwant = 0"), "pool.want"),
+            (format!("{etcd}\nhost = \"\"\nkey = \"{KEY}\"\nwant = 1"), "pool.host"),
+            (format!("{etcd}\nhost = \"h\"\nwant = 1"), "pool: key or key_file"),
+            (
+                format!("{etcd}\nhost = \"h\"\nkey = \"{KEY}\"\nwant = 1\nvfio_user_dir = \"/nonexistent\""),
+                "pool.vfio_user_dir",
+            ),
+            (format!("{etcd}\nhost = \"h\"\nkey = \"{KEY}\"\nwant = 1\nvendor_id = 70000"), "vendor_id"),
+            (format!("{etcd}\nhost = \"h\"\nkey = \"{KEY}\"\nwant = 1\nboxes = [\"a b\"]"), "pool.boxes[0]"),
+        ];
+        for (text, key) in host_cases {
+            let e = host_pool(&text).err().unwrap_or_else(|| panic!("{text:?} accepted"));
+            assert!(e.contains(key), "error for {key:?} does not name it: {e}");
+        }
+    }
+
     #[test]
     fn bad_files_are_refused_naming_the_key() {
         let base = |extra: &str, dev: &str| {

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_bridge;
 mod bench_model;
+mod bench_pool;
 mod bench_vfio_user;
 mod config;
 mod daemon;
@@ -71,6 +72,10 @@ enum BenchCommand {
     /// Every workload at added one-way delays: measured overhead (median, spread) beside
     /// the performance model's prediction; a table, DIR/model.json and a plot per workload.
     Model(bench_model::ModelBench),
+    /// A claim-and-release storm of simulated hosts over simulated boxes against a
+    /// three-member etcd cluster: claims/s, claim latency, etcd round trips per claim at
+    /// each pool size, double allocations.
+    Pool(bench_pool::PoolBench),
 }
 
 fn main() -> ExitCode {
@@ -111,6 +116,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench model: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Bench(BenchCommand::Pool(args)) => match bench_pool::run_pool_bench(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu bench pool: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -181,3 +181,63 @@ fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_tt
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_shows_it() {
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let cluster = EtcdCluster::start(3).unwrap();
+    let dir = std::env::temp_dir().join(format!("dxpu-pool-vfio-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let mut config = box_toml(&cluster, "box-v", port, &dir.join("box-v.jsonl"));
+    // One device is enough here.
+    let cut = config.find("[[device]]\nname = \"gpu1\"").unwrap();
+    config.truncate(cut);
+    let _b = Proc::start(&dir, "box-v", &["gpu"], &config);
+    until("the box registers", Duration::from_secs(20), || ls(&cluster).len() == 1);
+    let watch_out = dir.join("watch.jsonl");
+    let mut watch = Proc(
+        dxpu()
+            .args(["pool", "--etcd", &cluster.endpoints().join(","), "watch", "--json"])
+            .stdout(std::fs::File::create(&watch_out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        dir.join("watch.err"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let sockets = dir.join("run");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let host = host_toml(&cluster, 1) + &format!("vfio_user_dir = {:?}\n", sockets.display().to_string());
+    let h = Proc::start(&dir, "host-v", &["host"], &host);
+    let sock = sockets.join("box-v-gpu0.sock");
+    until("the claimed device's socket appears", Duration::from_secs(20), || sock.exists());
+    let token = claimed(&ls(&cluster))[0].2;
+    let out = dxpu().args(["pool", "--etcd", &cluster.endpoints().join(","), "revoke", "box-v/gpu0"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("claim {token} of host-a revoked")));
+    until("the revoked device's socket goes", Duration::from_secs(3), || !sock.exists());
+    // The host claims it again (after its cool-down), with a newer token, and serves it again.
+    until("the device is claimed again", Duration::from_secs(10), || {
+        claimed(&ls(&cluster)).first().is_some_and(|c| c.2 > token)
+    });
+    until("its socket comes back", Duration::from_secs(10), || sock.exists());
+    assert!(h.log().contains("removed"), "{}", h.log());
+    watch.kill();
+    let changes: Vec<serde_json::Value> = std::fs::read_to_string(&watch_out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let claims: Vec<(&str, &str)> = changes
+        .iter()
+        .filter(|c| c["kind"] == "claim")
+        .map(|c| (c["event"].as_str().unwrap(), c["host"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(&claims[..3], &[("put", "host-a"), ("delete", "host-a"), ("put", "host-a")], "{changes:?}");
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}

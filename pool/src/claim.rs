@@ -153,7 +153,7 @@ pub async fn claim_one(
     client: &mut Client,
     cfg: &PoolConfig,
     req: ClaimRequest<'_>,
-    pick: &mut dyn FnMut(usize) -> usize,
+    pick: &mut (dyn FnMut(usize) -> usize + Send),
     trips: Option<&RoundTrips>,
 ) -> Result<Option<Claim>, PoolError> {
     let ClaimRequest { host, lease, filter, avoid } = req;
@@ -165,7 +165,7 @@ pub async fn claim_one(
         .filter(|((b, d), r)| {
             let k = pair(b, d);
             r.health == "ok"
-                && r.allow.iter().any(|h| h == host)
+                && r.allow.iter().any(|h| h == host || h == "*")
                 && filter.admits(b, r)
                 && !snap.claims.contains_key(&k)
                 && !snap.drains.contains_key(&k)

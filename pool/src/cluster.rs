@@ -23,6 +23,8 @@ pub struct EtcdCluster {
     dir: PathBuf,
     members: Vec<Member>,
     token: String,
+    /// What each member's command is run under (`ip netns exec NS`), if anything.
+    wrap: Vec<String>,
 }
 
 /// Where the `etcd` binary is, if anywhere (`$DXPU_ETCD`, then `PATH`, then `/usr/bin`).
@@ -42,8 +44,17 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members and waits (up to 20 s) until the cluster has a leader.
+    /// Starts `n` members on 127.0.0.1 and waits (up to 20 s) until the cluster has a leader.
     pub fn start(n: usize) -> Result<EtcdCluster, PoolError> {
+        let c = EtcdCluster::start_with(n, "127.0.0.1", &[])?;
+        c.wait_ready(Duration::from_secs(20))?;
+        Ok(c)
+    }
+
+    /// Starts `n` members listening on `ip`, each command run under `wrap` (`["ip", "netns",
+    /// "exec", NS]` puts them in a network namespace). Returns at once: call
+    /// [`EtcdCluster::wait_ready`] from where `ip` can be reached.
+    pub fn start_with(n: usize, ip: &str, wrap: &[&str]) -> Result<EtcdCluster, PoolError> {
         let bin = etcd_binary().ok_or_else(|| {
             PoolError::Config("etcd not found (Debian package etcd-server, or set DXPU_ETCD)".into())
         })?;
@@ -60,16 +71,15 @@ impl EtcdCluster {
         for i in 0..n {
             members.push(Member {
                 name: format!("m{i}"),
-                client_url: format!("http://127.0.0.1:{}", free_port().map_err(io)?),
-                peer_url: format!("http://127.0.0.1:{}", free_port().map_err(io)?),
+                client_url: format!("http://{ip}:{}", free_port().map_err(io)?),
+                peer_url: format!("http://{ip}:{}", free_port().map_err(io)?),
                 child: None,
             });
         }
-        let mut c = EtcdCluster { dir, members, token };
+        let mut c = EtcdCluster { dir, members, token, wrap: wrap.iter().map(|w| w.to_string()).collect() };
         for i in 0..n {
             c.spawn(i, &bin, "new")?;
         }
-        c.wait_ready(Duration::from_secs(20))?;
         Ok(c)
     }
 
@@ -80,7 +90,15 @@ impl EtcdCluster {
         let data = self.dir.join(&m.name);
         let log = std::fs::File::create(self.dir.join(format!("{}.log", m.name)))
             .map_err(|e| PoolError::Config(format!("etcd log: {e}")))?;
-        let child = Command::new(bin)
+        let mut cmd = match self.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&data)
@@ -100,10 +118,16 @@ impl EtcdCluster {
         Ok(())
     }
 
-    /// Waits until a write through every running member succeeds.
+    /// Waits until a write through the cluster succeeds.
     pub fn wait_ready(&self, within: Duration) -> Result<(), PoolError> {
+        EtcdCluster::wait_ready_for(&self.config(), within)
+    }
+
+    /// [`EtcdCluster::wait_ready`] for the cluster `cfg` names (from another thread, one
+    /// that can reach it: a network namespace's).
+    pub fn wait_ready_for(cfg: &PoolConfig, within: Duration) -> Result<(), PoolError> {
         let end = Instant::now() + within;
-        let cfg = self.config();
+        let cfg = cfg.clone();
         loop {
             let r = crate::block_on(async {
                 let mut c = crate::connect(&cfg).await?;

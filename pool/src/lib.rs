@@ -26,6 +26,7 @@ mod claim;
 pub mod cluster;
 mod host_agent;
 mod keys;
+pub mod storm;
 
 use std::time::Duration;
 
@@ -125,7 +126,7 @@ pub struct DeviceRecord {
     pub vram_bytes: u64,
     /// `ok` or why not.
     pub health: String,
-    /// Hosts that may attach it.
+    /// Hosts that may claim it (`*`: any host; a box publishes its `allow` list).
     pub allow: Vec<String>,
     /// Registered since (Unix seconds).
     pub since: u64,

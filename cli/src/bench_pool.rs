@@ -1,0 +1,103 @@
+//! `dxpu bench pool`: a claim-and-release storm against a three-member etcd cluster (started
+//! here, or the one `--etcd` names): simulated hosts over simulated boxes, at each pool size
+//! asked for with the same number of hosts per device, so that what grows with the pool
+//! shows. Claims per second, claim latency (p50, p99), etcd round trips per claim, double
+//! allocations.
+
+use std::time::Duration;
+
+use clap::Args;
+use pool::storm::{StormParams, StormReport};
+
+/// Options of `dxpu bench pool`.
+#[derive(Args, Debug)]
+pub(crate) struct PoolBench {
+    /// etcd client URLs, comma-separated (default: a three-member cluster started here from
+    /// the `etcd` binary, Debian's etcd-server).
+    #[arg(long, value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// Pool sizes as boxes (each of --devices-per-box devices), comma-separated; the largest
+    /// gets --hosts hosts, the others as many per device.
+    #[arg(long, value_delimiter = ',', default_value = "10,100",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    boxes: Vec<u32>,
+    /// Devices per box (1..=64).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    devices_per_box: u32,
+    /// Simulated hosts at the largest size (1..=10000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    hosts: u32,
+    /// Seconds of storm per size (1..=600).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    seconds: u64,
+    /// How long a host holds a device, ms (0..=10000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    hold_ms: u64,
+    /// JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
+    let cluster;
+    let cfg = if args.etcd.is_empty() {
+        cluster = pool::cluster::EtcdCluster::start(3).map_err(|e| e.to_string())?;
+        cluster.config()
+    } else {
+        let c = pool::PoolConfig::new(args.etcd.clone());
+        c.validate().map_err(|e| format!("--{e}"))?;
+        c
+    };
+    let mut cfg = cfg;
+    cfg.request_timeout = Duration::from_secs(5);
+    let largest = args.boxes.iter().copied().max().unwrap_or(1) as f64;
+    let mut reports: Vec<StormReport> = Vec::new();
+    for &b in &args.boxes {
+        let hosts = ((args.hosts as f64 * b as f64 / largest).round() as usize).max(1);
+        let p = StormParams {
+            boxes: b as usize,
+            devices_per_box: args.devices_per_box as usize,
+            hosts,
+            duration: Duration::from_secs(args.seconds),
+            hold: Duration::from_millis(args.hold_ms),
+        };
+        let r = pool::block_on(pool::storm::storm(&cfg, &p)).and_then(|r| r).map_err(|e| e.to_string())?;
+        reports.push(r);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
+        return Ok(());
+    }
+    println!(
+        "{:>7} {:>6} {:>7} {:>9} {:>8} {:>8} {:>11} {:>9} {:>7} {:>6}",
+        "devices",
+        "hosts",
+        "claims",
+        "claims/s",
+        "p50 ms",
+        "p99 ms",
+        "trips/claim",
+        "none free",
+        "double",
+        "errors"
+    );
+    for r in &reports {
+        println!(
+            "{:>7} {:>6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>11.2} {:>9} {:>7} {:>6}",
+            r.devices,
+            r.hosts,
+            r.claims,
+            r.claims_per_second,
+            r.claim_p50_ms,
+            r.claim_p99_ms,
+            r.round_trips_per_claim,
+            r.none_free,
+            r.double_allocations,
+            r.errors
+        );
+    }
+    if reports.iter().any(|r| r.double_allocations > 0) {
+        return Err("double allocations: see the log".into());
+    }
+    Ok(())
+}
