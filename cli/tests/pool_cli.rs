@@ -216,7 +216,10 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     let sock = sockets.join("box-v-gpu0.sock");
     until("the claimed device's socket appears", Duration::from_secs(20), || sock.exists());
     let token = claimed(&ls(&cluster))[0].2;
-    let out = dxpu().args(["pool", "--etcd", &cluster.endpoints().join(","), "revoke", "box-v/gpu0"]).output().unwrap();
+    let out = dxpu()
+        .args(["pool", "--etcd", &cluster.endpoints().join(","), "revoke", "box-v/gpu0"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("claim {token} of host-a revoked")));
     until("the revoked device's socket goes", Duration::from_secs(3), || !sock.exists());
