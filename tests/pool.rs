@@ -229,7 +229,13 @@ fn five_hundred_rounds_of_concurrent_claims_never_give_a_device_two_owners() {
                         .block_on(pool::claim_one(
                             &mut client,
                             &cfg,
-                            ClaimRequest { host: &host, lease, filter: &Filter::default(), avoid: &avoid },
+                            ClaimRequest {
+                                host: &host,
+                                lease,
+                                filter: &Filter::default(),
+                                avoid: &avoid,
+                                records: &pool::RecordCache::default(),
+                            },
                             &mut pick,
                             None,
                         ))
@@ -282,11 +288,19 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
     let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
     let mut first = |_: usize| 0;
+    // One cache of records for every claim here, as a host keeps.
+    let records = pool::RecordCache::default();
     let claim = |client: &mut etcd_client::Client, pick: &mut (dyn FnMut(usize) -> usize + Send)| {
         rt.block_on(pool::claim_one(
             client,
             &cfg,
-            ClaimRequest { host: "host-a", lease, filter: &Filter::default(), avoid: &HashSet::new() },
+            ClaimRequest {
+                host: "host-a",
+                lease,
+                filter: &Filter::default(),
+                avoid: &HashSet::new(),
+                records: &records,
+            },
             pick,
             None,
         ))
@@ -337,6 +351,19 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     assert_eq!((ls[0].state.as_str(), ls[0].host.as_deref()), ("free", None));
     assert!(claim(&mut client, &mut first).is_some(), "undrained, it is claimed again");
     assert!(rt.block_on(pool::admin::drain(&mut client, &cfg, "box-a", "gpu9")).is_err(), "no such device");
+    // A record that changed (its box registered again elsewhere) is read again: the next
+    // claim names the new address, not the one cached.
+    let taken = rt.block_on(pool::snapshot(&mut client, &cfg, None)).unwrap();
+    let (_, token) = taken.claims.values().next().cloned().unwrap();
+    let held =
+        Claim { box_name: "box-a".into(), device: "gpu0".into(), token, record: taken.devices[0].1.clone() };
+    assert!(rt.block_on(pool::release(&mut client, &cfg, &held, None)).unwrap());
+    let mut moved = taken.devices[0].1.clone();
+    moved.advertise = "127.0.0.1:9".into();
+    let key = pool::Keys::new(&cfg.prefix).device("box-a", "gpu0");
+    rt.block_on(client.put(key, serde_json::to_vec(&moved).unwrap(), None)).unwrap();
+    let c4 = claim(&mut client, &mut first).expect("claimed again");
+    assert_eq!(c4.record.advertise, "127.0.0.1:9");
     assert_one_owner_at_a_time(&a.events());
 }
 
@@ -443,7 +470,13 @@ fn a_host_cut_off_from_etcd_fences_itself_before_its_lease_expires_and_another_h
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
     let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
     let mut first = |_: usize| 0;
-    let req = ClaimRequest { host: "host-b", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+    let req = ClaimRequest {
+        host: "host-b",
+        lease,
+        filter: &Filter::default(),
+        avoid: &HashSet::new(),
+        records: &pool::RecordCache::default(),
+    };
     let c2 = loop {
         if let Some(c) = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None)).unwrap() {
             break c;
@@ -481,7 +514,13 @@ fn claims_survive_one_etcd_member_lost_and_fail_clearly_without_quorum_while_dev
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
     let lease = rt.block_on(client.lease_grant(60, None)).unwrap().id();
     let mut first = |_: usize| 0;
-    let req = ClaimRequest { host: "host-a", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+    let req = ClaimRequest {
+        host: "host-a",
+        lease,
+        filter: &Filter::default(),
+        avoid: &HashSet::new(),
+        records: &pool::RecordCache::default(),
+    };
     let c1 = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None)).unwrap().unwrap();
     let mut d = attach(a.addr, "host-a", &c1).unwrap();
     cluster.kill(0);
@@ -615,7 +654,13 @@ fn across_network_namespaces_a_host_cut_off_from_etcd_but_not_from_the_box_fence
         let mut client = rt.block_on(pool::connect(&cfg_a)).unwrap();
         let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
         let mut first = |_: usize| 0;
-        let req = ClaimRequest { host: "host-b", lease, filter: &Filter::default(), avoid: &HashSet::new() };
+        let req = ClaimRequest {
+            host: "host-b",
+            lease,
+            filter: &Filter::default(),
+            avoid: &HashSet::new(),
+            records: &pool::RecordCache::default(),
+        };
         let c2 = loop {
             if let Some(c) = rt.block_on(pool::claim_one(&mut client, &cfg_a, req, &mut first, None)).unwrap()
             {

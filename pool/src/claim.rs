@@ -143,12 +143,131 @@ pub struct ClaimRequest<'a> {
     pub filter: &'a Filter,
     /// Which not.
     pub avoid: &'a HashSet<(String, String)>,
+    /// The device records read so far (kept between claims: a record is read again only
+    /// when its revision changed).
+    pub records: &'a RecordCache,
 }
 
-/// Claims one free device for `req`: a snapshot, then a transaction per candidate (in an
-/// order `pick` shuffles, so that hosts do not all race for the same one) that creates the
-/// claim only if the device is still registered, unclaimed and not draining. `None` if no
-/// device is free.
+/// Device records by key, with the revision each was read at. A claim lists the pool by keys
+/// and revisions only, and reads the records that are new or changed: the bytes a claim
+/// moves and decodes do not grow with the pool once the records are known.
+#[derive(Debug, Default)]
+pub struct RecordCache {
+    inner: std::sync::Mutex<HashMap<Vec<u8>, (i64, DeviceRecord)>>,
+}
+
+impl RecordCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (i64, DeviceRecord)>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A device free to claim: where, the record's revision, the record.
+type Candidate = ((String, String), i64, DeviceRecord);
+
+/// The free devices `req` admits, from one listing of keys and revisions (one round trip)
+/// and, where records are new or changed, one read of them (a second).
+async fn free_devices(
+    client: &mut Client,
+    cfg: &PoolConfig,
+    req: &ClaimRequest<'_>,
+    trips: Option<&RoundTrips>,
+) -> Result<Vec<Candidate>, PoolError> {
+    let keys = Keys::new(&cfg.prefix);
+    let list = |k: String| TxnOp::get(k, Some(GetOptions::new().with_prefix().with_keys_only()));
+    let txn = Txn::new().and_then([list(keys.devices()), list(keys.claims()), list(keys.drains())]);
+    let resp = client.txn(txn).await.map_err(|e| etcd_error(cfg, "listing the pool", e))?;
+    if let Some(t) = trips {
+        t.add();
+    }
+    let mut ranges = resp.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let (Some(devices), Some(claims), Some(drains)) = (ranges.next(), ranges.next(), ranges.next()) else {
+        return Err(PoolError::BadRecord { key: cfg.prefix.clone(), why: "short transaction answer".into() });
+    };
+    let mut taken: HashSet<(String, String)> = HashSet::new();
+    for (under, r) in [(keys.claims(), &claims), (keys.drains(), &drains)] {
+        for kv in r.kvs() {
+            if let Some((b, d)) = keys.split(&under, kv.key()) {
+                taken.insert(pair(b, d));
+            }
+        }
+    }
+    let listed: Vec<(Vec<u8>, i64)> =
+        devices.kvs().iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())).collect();
+    let stale: Vec<Vec<u8>> = {
+        let cache = req.records.lock();
+        listed
+            .iter()
+            .filter(|(k, rev)| cache.get(k).is_none_or(|c| c.0 != *rev))
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    if !stale.is_empty() {
+        // Many (the first claim): the whole prefix; a few: just those, in one transaction.
+        let got: Vec<etcd_client::KeyValue> = if stale.len() > 16 {
+            let r = client
+                .get(keys.devices(), Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(|e| etcd_error(cfg, "reading the devices", e))?;
+            r.kvs().to_vec()
+        } else {
+            let gets: Vec<TxnOp> = stale.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let r = client
+                .txn(Txn::new().and_then(gets))
+                .await
+                .map_err(|e| etcd_error(cfg, "reading the devices", e))?;
+            r.op_responses()
+                .into_iter()
+                .filter_map(|o| match o {
+                    TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
+                    _ => None,
+                })
+                .flatten()
+                .collect()
+        };
+        if let Some(t) = trips {
+            t.add();
+        }
+        let mut cache = req.records.lock();
+        for kv in &got {
+            match decode::<DeviceRecord>(kv) {
+                Ok(r) => {
+                    cache.insert(kv.key().to_vec(), (kv.mod_revision(), r));
+                }
+                Err(e) => log::warn!("{e}"),
+            }
+        }
+    }
+    let mut cache = req.records.lock();
+    if cache.len() > listed.len() {
+        let present: HashSet<&[u8]> = listed.iter().map(|(k, _)| k.as_slice()).collect();
+        cache.retain(|k, _| present.contains(k.as_slice()));
+    }
+    let mut free = Vec::new();
+    for (k, rev) in &listed {
+        let Some((b, d)) = keys.split(&keys.devices(), k) else { continue };
+        let Some((cached, r)) = cache.get(k) else { continue };
+        let at = pair(b, d);
+        if *cached == *rev
+            && r.health == "ok"
+            && r.allow.iter().any(|h| h == req.host || h == "*")
+            && req.filter.admits(b, r)
+            && !taken.contains(&at)
+            && !req.avoid.contains(&at)
+        {
+            free.push((at, *rev, r.clone()));
+        }
+    }
+    Ok(free)
+}
+
+/// Claims one free device for `req`: a listing of the pool (`free_devices`), then a
+/// transaction per candidate (in an order `pick` shuffles, so that hosts do not all race for
+/// the same one) that creates the claim only if the device's record is still the one read,
+/// and it is unclaimed and not draining. `None` if no device is free.
 pub async fn claim_one(
     client: &mut Client,
     cfg: &PoolConfig,
@@ -156,28 +275,16 @@ pub async fn claim_one(
     pick: &mut (dyn FnMut(usize) -> usize + Send),
     trips: Option<&RoundTrips>,
 ) -> Result<Option<Claim>, PoolError> {
-    let ClaimRequest { host, lease, filter, avoid } = req;
     let keys = Keys::new(&cfg.prefix);
-    let snap = snapshot(client, cfg, trips).await?;
-    let mut free: Vec<_> = snap
-        .devices
-        .into_iter()
-        .filter(|((b, d), r)| {
-            let k = pair(b, d);
-            r.health == "ok"
-                && r.allow.iter().any(|h| h == host || h == "*")
-                && filter.admits(b, r)
-                && !snap.claims.contains_key(&k)
-                && !snap.drains.contains_key(&k)
-                && !avoid.contains(&k)
-        })
-        .collect();
+    let mut free = free_devices(client, cfg, &req, trips).await?;
+    let (host, lease) = (req.host, req.lease);
     while !free.is_empty() {
-        let ((b, d), record) = free.swap_remove(pick(free.len()) % free.len());
+        let ((b, d), revision, record) = free.swap_remove(pick(free.len()) % free.len());
         let claim = keys.claim(&b, &d);
         let txn = Txn::new()
             .when([
-                Compare::version(keys.device(&b, &d), CompareOp::Greater, 0),
+                // The record read, unchanged (a box that registered again may have moved).
+                Compare::mod_revision(keys.device(&b, &d), CompareOp::Equal, revision),
                 Compare::version(claim.clone(), CompareOp::Equal, 0),
                 Compare::version(keys.drain(&b, &d), CompareOp::Equal, 0),
             ])

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::mpsc;
 
-use crate::claim::{Claim, ClaimRequest, Filter, claim_one, release};
+use crate::claim::{Claim, ClaimRequest, Filter, RecordCache, claim_one, release};
 use crate::{PoolConfig, PoolError, etcd_error};
 
 /// What the host wants from the pool.
@@ -101,7 +101,16 @@ impl HostAgent {
                 .spawn(move || watch_deadline(&deadline, &stopping, &fired, &fence, &tx))
                 .map_err(|e| PoolError::Config(format!("starting the fence thread: {e}")))?
         };
-        let run = Run { cfg, opts, events: tx, deadline, fired, held: HashMap::new(), avoid: HashMap::new() };
+        let run = Run {
+            cfg,
+            opts,
+            events: tx,
+            deadline,
+            fired,
+            held: HashMap::new(),
+            avoid: HashMap::new(),
+            records: RecordCache::default(),
+        };
         let thread = std::thread::Builder::new()
             .name("dxpu-pool-host".into())
             .spawn(move || rt.block_on(run.main(rx)))
@@ -181,6 +190,8 @@ struct Run {
     held: HashMap<(String, String), Claim>,
     /// Not to be claimed again before.
     avoid: HashMap<(String, String), Instant>,
+    /// The device records read so far.
+    records: RecordCache,
 }
 
 enum End {
@@ -266,7 +277,7 @@ impl Run {
                     }
                     let avoid: HashSet<_> = self.avoid.keys().chain(self.held.keys()).cloned().collect();
                     let mut pick = |n: usize| next(&mut rng) as usize % n.max(1);
-                    match claim_one(&mut client, &cfg, ClaimRequest { host: &self.opts.host, lease, filter: &self.opts.filter, avoid: &avoid }, &mut pick, None).await {
+                    match claim_one(&mut client, &cfg, ClaimRequest { host: &self.opts.host, lease, filter: &self.opts.filter, avoid: &avoid, records: &self.records }, &mut pick, None).await {
                         Ok(Some(claim)) => {
                             claim_errors = 0;
                             log::info!("pool: claimed {} (token {})", claim.name(), claim.token);

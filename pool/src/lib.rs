@@ -31,7 +31,9 @@ pub mod storm;
 use std::time::Duration;
 
 pub use box_agent::{BoxAgent, ClaimTable};
-pub use claim::{Claim, ClaimRequest, Filter, RoundTrips, Snapshot, claim_one, release, snapshot};
+pub use claim::{
+    Claim, ClaimRequest, Filter, RecordCache, RoundTrips, Snapshot, claim_one, release, snapshot,
+};
 pub use host_agent::{FenceFn, HostAgent, HostAgentOptions, HostEvent, fence_margin};
 pub use keys::{Keys, valid_name};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{PutOptions, Txn, TxnOp};
 use serde::Serialize;
 
-use crate::claim::{ClaimRequest, Filter, RoundTrips, claim_one, release};
+use crate::claim::{ClaimRequest, Filter, RecordCache, RoundTrips, claim_one, release};
 use crate::{DeviceRecord, Keys, PoolConfig, PoolError, encode, etcd_error};
 
 /// How big a storm.
@@ -120,10 +120,12 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
                 rng ^= rng << 17;
                 rng as usize % n.max(1)
             };
-            let (filter, avoid) = (Filter::default(), HashSet::new());
+            // Each host its own cache of records, as each host endpoint has.
+            let (filter, avoid, records) = (Filter::default(), HashSet::new(), RecordCache::default());
             while Instant::now() < end {
                 let t = Instant::now();
-                let req = ClaimRequest { host: &host, lease, filter: &filter, avoid: &avoid };
+                let req =
+                    ClaimRequest { host: &host, lease, filter: &filter, avoid: &avoid, records: &records };
                 match claim_one(&mut client, &cfg, req, &mut pick, Some(&trips)).await {
                     Ok(Some(c)) => {
                         latencies
