@@ -4,6 +4,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
+use std::sync::Mutex;
+
+/// Benchmarks measure: one at a time, or each is the other's noise (the pool storm's etcd
+/// members took the core the model's link measurement needed).
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Runs `dxpu bench ARGS --json`: the object on stdout, and the table on stderr.
 fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
@@ -16,6 +21,7 @@ fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
 
 #[test]
 fn bench_bridge_json_is_one_object_with_every_row() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (v, err) = bench_json(&["bridge", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"]);
     assert!(err.contains("(a) MMIO read round trip"), "the table goes to stderr: {err}");
     assert_eq!(v["mtu"], 9000);
@@ -54,6 +60,7 @@ fn bench_bridge_json_is_one_object_with_every_row() {
 
 #[test]
 fn bench_link_json_is_one_object_with_every_row() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (v, err) = bench_json(&["link", "--iterations", "200", "--stream", "2000"]);
     assert!(err.contains("round trip (64 B / one MRd→CplD)"), "the table goes to stderr: {err}");
     assert_eq!(v["mtu"], 1472);
@@ -77,6 +84,7 @@ fn bench_link_json_is_one_object_with_every_row() {
 
 #[test]
 fn bench_model_writes_its_table_json_and_plots() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let font = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
     if !std::path::Path::new(font).exists() {
         eprintln!(
@@ -127,4 +135,43 @@ fn bench_model_writes_its_table_json_and_plots() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("model.json"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_pool_storms_a_cluster_it_starts_and_counts_no_double_allocation() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args([
+            "bench",
+            "pool",
+            "--boxes",
+            "1,3",
+            "--hosts",
+            "6",
+            "--seconds",
+            "1",
+            "--hold-ms",
+            "5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v.as_array().unwrap();
+    assert_eq!(
+        runs.iter().map(|r| (r["devices"].as_u64(), r["hosts"].as_u64())).collect::<Vec<_>>(),
+        [(Some(8), Some(2)), (Some(24), Some(6))]
+    );
+    for r in runs {
+        assert!(r["claims"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["double_allocations"], 0, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        // A listing and a transaction at least, for each claim granted.
+        assert!(r["round_trips_per_claim"].as_f64().unwrap() >= 2.0, "{r}");
+    }
 }

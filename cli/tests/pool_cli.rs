@@ -6,12 +6,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pool::cluster::EtcdCluster;
 
 const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const TTL_S: u64 = 2;
+
+/// Each test runs a cluster and endpoints with deadlines of a TTL: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn dxpu() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dxpu"))
@@ -107,6 +111,7 @@ fn claimed(list: &[serde_json::Value]) -> Vec<(String, String, u64)> {
 
 #[test]
 fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_ttl() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     if pool::cluster::etcd_binary().is_none() {
         eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
         return;
@@ -184,6 +189,7 @@ fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_tt
 
 #[test]
 fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_shows_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     if pool::cluster::etcd_binary().is_none() {
         eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
         return;

@@ -153,29 +153,82 @@ pub struct ClaimRequest<'a> {
 /// moves and decodes do not grow with the pool once the records are known.
 #[derive(Debug, Default)]
 pub struct RecordCache {
-    inner: std::sync::Mutex<HashMap<Vec<u8>, (i64, DeviceRecord)>>,
+    inner: std::sync::Mutex<CacheInner>,
 }
 
+#[derive(Debug, Default)]
+struct CacheInner {
+    records: HashMap<Vec<u8>, (i64, DeviceRecord)>,
+    /// When the whole pool was last listed.
+    listed_at: Option<std::time::Instant>,
+}
+
+/// How often a host lists the whole pool (to learn of new boxes); in between it lists one
+/// box at a time.
+const FULL_LISTING_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Boxes looked at, one listing each, before a claim lists the whole pool instead.
+const BOX_PROBES: usize = 4;
+
 impl RecordCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (i64, DeviceRecord)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The boxes to look at, in `pick`'s order, unless the whole pool is due to be listed.
+    fn boxes(
+        &self,
+        keys: &Keys,
+        filter: &Filter,
+        pick: &mut (dyn FnMut(usize) -> usize + Send),
+    ) -> Option<Vec<String>> {
+        let g = self.lock();
+        if g.listed_at.is_none_or(|t| t.elapsed() >= FULL_LISTING_EVERY) {
+            return None;
+        }
+        let mut boxes: Vec<String> = g
+            .records
+            .keys()
+            .filter_map(|k| keys.split(&keys.devices(), k).map(|(b, _)| b.to_string()))
+            .filter(|b| filter.boxes.is_empty() || filter.boxes.contains(b))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        boxes.sort();
+        let mut order = Vec::new();
+        while !boxes.is_empty() && order.len() < BOX_PROBES {
+            order.push(boxes.swap_remove(pick(boxes.len()) % boxes.len()));
+        }
+        Some(order)
+    }
+}
+
+/// What one listing covers: the whole pool, or one box.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    Pool,
+    Box(&'a str),
 }
 
 /// A device free to claim: where, the record's revision, the record.
 type Candidate = ((String, String), i64, DeviceRecord);
 
-/// The free devices `req` admits, from one listing of keys and revisions (one round trip)
-/// and, where records are new or changed, one read of them (a second).
+/// The free devices `req` admits in `scope`, from one listing of keys and revisions (one
+/// round trip) and, where records are new or changed, one read of them (a second).
 async fn free_devices(
     client: &mut Client,
     cfg: &PoolConfig,
     req: &ClaimRequest<'_>,
+    scope: Scope<'_>,
     trips: Option<&RoundTrips>,
 ) -> Result<Vec<Candidate>, PoolError> {
     let keys = Keys::new(&cfg.prefix);
     let list = |k: String| TxnOp::get(k, Some(GetOptions::new().with_prefix().with_keys_only()));
-    let txn = Txn::new().and_then([list(keys.devices()), list(keys.claims()), list(keys.drains())]);
+    let (devices_at, claims_at, drains_at) = match scope {
+        Scope::Pool => (keys.devices(), keys.claims(), keys.drains()),
+        Scope::Box(b) => (keys.box_devices(b), keys.box_claims(b), keys.box_drains(b)),
+    };
+    let txn = Txn::new().and_then([list(devices_at.clone()), list(claims_at), list(drains_at)]);
     let resp = client.txn(txn).await.map_err(|e| etcd_error(cfg, "listing the pool", e))?;
     if let Some(t) = trips {
         t.add();
@@ -201,7 +254,7 @@ async fn free_devices(
         let cache = req.records.lock();
         listed
             .iter()
-            .filter(|(k, rev)| cache.get(k).is_none_or(|c| c.0 != *rev))
+            .filter(|(k, rev)| cache.records.get(k).is_none_or(|c| c.0 != *rev))
             .map(|(k, _)| k.clone())
             .collect()
     };
@@ -209,7 +262,7 @@ async fn free_devices(
         // Many (the first claim): the whole prefix; a few: just those, in one transaction.
         let got: Vec<etcd_client::KeyValue> = if stale.len() > 16 {
             let r = client
-                .get(keys.devices(), Some(GetOptions::new().with_prefix()))
+                .get(devices_at.clone(), Some(GetOptions::new().with_prefix()))
                 .await
                 .map_err(|e| etcd_error(cfg, "reading the devices", e))?;
             r.kvs().to_vec()
@@ -235,21 +288,23 @@ async fn free_devices(
         for kv in &got {
             match decode::<DeviceRecord>(kv) {
                 Ok(r) => {
-                    cache.insert(kv.key().to_vec(), (kv.mod_revision(), r));
+                    cache.records.insert(kv.key().to_vec(), (kv.mod_revision(), r));
                 }
                 Err(e) => log::warn!("{e}"),
             }
         }
     }
     let mut cache = req.records.lock();
-    if cache.len() > listed.len() {
-        let present: HashSet<&[u8]> = listed.iter().map(|(k, _)| k.as_slice()).collect();
-        cache.retain(|k, _| present.contains(k.as_slice()));
+    // Records of devices that left (under what was listed) are forgotten.
+    let present: HashSet<&[u8]> = listed.iter().map(|(k, _)| k.as_slice()).collect();
+    cache.records.retain(|k, _| !k.starts_with(devices_at.as_bytes()) || present.contains(k.as_slice()));
+    if matches!(scope, Scope::Pool) {
+        cache.listed_at = Some(std::time::Instant::now());
     }
     let mut free = Vec::new();
     for (k, rev) in &listed {
         let Some((b, d)) = keys.split(&keys.devices(), k) else { continue };
-        let Some((cached, r)) = cache.get(k) else { continue };
+        let Some((cached, r)) = cache.records.get(k) else { continue };
         let at = pair(b, d);
         if *cached == *rev
             && r.health == "ok"
@@ -264,7 +319,8 @@ async fn free_devices(
     Ok(free)
 }
 
-/// Claims one free device for `req`: a listing of the pool (`free_devices`), then a
+/// Claims one free device for `req`: a listing of a few boxes or of the pool
+/// (`free_devices`), then a
 /// transaction per candidate (in an order `pick` shuffles, so that hosts do not all race for
 /// the same one) that creates the claim only if the device's record is still the one read,
 /// and it is unclaimed and not draining. `None` if no device is free.
@@ -276,7 +332,20 @@ pub async fn claim_one(
     trips: Option<&RoundTrips>,
 ) -> Result<Option<Claim>, PoolError> {
     let keys = Keys::new(&cfg.prefix);
-    let mut free = free_devices(client, cfg, &req, trips).await?;
+    // A few boxes, one listing each (what a listing moves does not grow with the pool);
+    // the whole pool when it is due or when those boxes had nothing free.
+    let mut free = Vec::new();
+    if let Some(boxes) = req.records.boxes(&keys, req.filter, pick) {
+        for b in &boxes {
+            free = free_devices(client, cfg, &req, Scope::Box(b), trips).await?;
+            if !free.is_empty() {
+                break;
+            }
+        }
+    }
+    if free.is_empty() {
+        free = free_devices(client, cfg, &req, Scope::Pool, trips).await?;
+    }
     let (host, lease) = (req.host, req.lease);
     while !free.is_empty() {
         let ((b, d), revision, record) = free.swap_remove(pick(free.len()) % free.len());

@@ -47,6 +47,11 @@ impl Keys {
         format!("{}/drain/", self.prefix)
     }
 
+    /// `{prefix}/drain/{box}/`.
+    pub fn box_drains(&self, box_name: &str) -> String {
+        format!("{}/drain/{box_name}/", self.prefix)
+    }
+
     /// `{prefix}/drain/{box}/{device}`.
     pub fn drain(&self, box_name: &str, device: &str) -> String {
         format!("{}/drain/{box_name}/{device}", self.prefix)
