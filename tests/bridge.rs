@@ -302,9 +302,22 @@ fn every_workload_is_verified_through_the_bridges_and_its_profile_is_what_the_wi
             c.device_write_bytes,
             c.interrupts,
         ];
+        // The device fetches what is queued when it looks: where the host queues the next
+        // command while the device still runs (data-loading's double buffering), one fetch
+        // may take two commands bridged and two fetches directly — the same bytes in one read
+        // fewer (1029 of 1030 reads, one run in three); at most one fewer per doorbell (a
+        // register write). Every other count is exact.
+        let (mut wire_exact, mut counted_exact) = (wire, counted);
+        (wire_exact[2], counted_exact[2]) = (0, 0);
         assert_eq!(
-            wire, counted,
-            "{name}: [register reads, register writes, device reads, bytes, device writes, bytes, interrupts]"
+            wire_exact, counted_exact,
+            "{name}: [register reads, register writes, -, bytes, device writes, bytes, interrupts]"
+        );
+        assert!(
+            wire[2] <= counted[2] && counted[2] - wire[2] <= c.register_writes,
+            "{name}: device reads {} bridged, {} direct",
+            wire[2],
+            counted[2]
         );
         assert!(c.device_read_bytes > 0 && c.register_writes > 0, "{name}: {c:?}");
     }
