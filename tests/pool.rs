@@ -364,6 +364,27 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     rt.block_on(client.put(key, serde_json::to_vec(&moved).unwrap(), None)).unwrap();
     let c4 = claim(&mut client, &mut first).expect("claimed again");
     assert_eq!(c4.record.advertise, "127.0.0.1:9");
+    // A box reports a device unhealthy: pool ls says so and nobody claims it.
+    let record = DeviceRecord { advertise: "127.0.0.1:9".into(), ..c4.record.clone() };
+    let h = BoxAgent::start(cfg.clone(), "box-h", vec![("gpu0".into(), record)]).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !h.registered() {
+        assert!(Instant::now() < end, "box-h registers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut report = h.health_reporter();
+    report("gpu0", "does not answer config reads after its reset (Vendor ID 0xffff)");
+    let state = |client: &mut etcd_client::Client| {
+        let ls = rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
+        ls.into_iter().find(|e| e.box_name == "box-h").map(|e| e.state)
+    };
+    while state(&mut client).as_deref() != Some("unhealthy") {
+        assert!(Instant::now() < end, "the unhealthy device is listed so");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(claim(&mut client, &mut first), None, "an unhealthy device is not claimed");
+    h.stop();
+    assert_eq!(state(&mut client), None, "a box that stops leaves the pool at once");
     assert_one_owner_at_a_time(&a.events());
 }
 

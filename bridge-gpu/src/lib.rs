@@ -11,6 +11,10 @@
 //! socket has, steps every session and every attached device, and sends what they produced.
 //! [`GpuEndpoint::run`] loops on it until told to stop, spinning or sleeping in the kernel
 //! as the [`PollMode`] says.
+//!
+//! The rooms: this file (the endpoint, its poll loop, sessions, releases), `attach` (how an
+//! ATTACH is answered), `pool` (a box serving a pool: claims confirmed, owners cut off, the
+//! ownership and health sinks).
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -28,55 +32,15 @@ use link::driver::{
 use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
 
+mod attach;
+mod pool;
+
+use attach::{attach, finish_attach};
+use pool::{AttachCtx, Claims, Journal, Owner};
+pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, OwnershipEvent, OwnershipSink};
+
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
-
-/// How long an attach waits for the pool to confirm its claim before it is refused.
-pub const CLAIM_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// What the pool says of a claim (`ClaimCheck::verdict`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClaimVerdict {
-    /// The pool holds this claim: the host may attach (or keep) the device.
-    Valid,
-    /// The pool holds no such claim (another host's, a newer one, or none): refused, why.
-    Refused(String),
-    /// The pool has not seen that far yet (the token is newer than what it has read).
-    Unknown,
-}
-
-/// The box's view of a pool's claims (`docs/pool.md`): with one set
-/// ([`GpuEndpoint::set_claims`]), an attach is accepted only with the token of a claim the
-/// pool holds for that host on that device, and an owner whose claim goes is cut off and the
-/// device reset. The datapath never waits on it: it is asked from the poll loop, and must
-/// answer from what it has (a lock and a map, no I/O).
-pub trait ClaimCheck: Send {
-    /// A number that changes whenever the claims may have changed (read every poll).
-    fn generation(&self) -> u64;
-    /// Whether `host` holds the claim on `device` with fencing token `token`. With the
-    /// `ticket` of a look-up asked after the attach arrived and since answered, a token
-    /// still unknown is one etcd never issued (the look-up read a revision at least as new
-    /// as any claim the host could hold then): refused, not waited on.
-    fn verdict(&self, device: &str, host: &str, token: u64, ticket: Option<u64>) -> ClaimVerdict;
-    /// Asks the pool to read `device`'s claim now (an attach is waiting on a token it has
-    /// not seen); the answer comes as a new generation. Returns the look-up's ticket.
-    fn look_up(&self, device: &str) -> u64;
-}
-
-/// One change of a device's owner, as the box made it (its ownership log).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnershipEvent {
-    /// The export.
-    pub device: String,
-    /// The host.
-    pub host: String,
-    /// The claim's fencing token, for a pool device.
-    pub token: Option<u64>,
-    /// Attached (true) or released (false).
-    pub attached: bool,
-    /// Why it was released.
-    pub why: String,
-}
 
 /// A host allowed to attach devices, known by its key.
 #[derive(Clone, Debug)]
@@ -215,6 +179,9 @@ pub struct GpuStats {
 struct Export {
     name: String,
     allow: Vec<String>,
+    /// Why the device is unhealthy (it no longer answers config reads), if it is: not
+    /// attached to anyone until the box restarts.
+    health: Option<String>,
     dev: Box<dyn Device>,
     bars: [BarInfo; 6],
     base: u64,
@@ -325,58 +292,6 @@ impl Outbox {
 struct SessionInfo {
     host: String,
     device: Option<usize>,
-}
-
-/// Who holds an export: the session, its host, and the claim's token (pool devices).
-struct Owner {
-    sid: u32,
-    host: String,
-    token: Option<u64>,
-}
-
-/// An attach waiting for the pool to confirm its claim.
-struct PendingAttach {
-    sid: u32,
-    device: String,
-    token: u64,
-    ticket: u64,
-    since: std::time::Instant,
-}
-
-/// The pool's claims as this endpoint uses them.
-struct Claims {
-    check: Box<dyn ClaimCheck>,
-    generation: u64,
-    pending: Vec<PendingAttach>,
-}
-
-/// What the attach path needs besides the session and the exports.
-struct AttachCtx<'a> {
-    claims: &'a mut Option<Claims>,
-    journal: &'a mut Journal,
-}
-
-/// Where [`GpuEndpoint::set_ownership_sink`] sends ownership changes.
-pub type OwnershipSink = Box<dyn FnMut(&OwnershipEvent) + Send>;
-
-/// Where ownership changes go.
-#[derive(Default)]
-struct Journal {
-    sink: Option<OwnershipSink>,
-}
-
-impl Journal {
-    fn record(&mut self, device: &str, owner: &Owner, attached: bool, why: &str) {
-        if let Some(sink) = &mut self.sink {
-            sink(&OwnershipEvent {
-                device: device.to_string(),
-                host: owner.host.clone(),
-                token: owner.token,
-                attached,
-                why: why.to_string(),
-            });
-        }
-    }
 }
 
 /// The GPU-box endpoint.
@@ -539,9 +454,11 @@ impl GpuEndpoint {
                 },
                 spec.allow.join(", ")
             );
+            let health = unanswered(dev.as_mut(), "at start");
             exports.push(Export {
                 name: spec.name.clone(),
                 allow: spec.allow.clone(),
+                health,
                 dev,
                 bars,
                 base,
@@ -579,16 +496,10 @@ impl GpuEndpoint {
         })
     }
 
-    /// Serves a pool from now on: attaches need a claim `check` confirms, and owners whose
-    /// claim goes are cut off (their session closed) and the device reset.
-    pub fn set_claims(&mut self, check: Box<dyn ClaimCheck>) {
-        self.claims =
-            Some(Claims { generation: check.generation().wrapping_sub(1), check, pending: Vec::new() });
-    }
-
-    /// Sends every change of owner to `sink` (the box's ownership log).
-    pub fn set_ownership_sink(&mut self, sink: OwnershipSink) {
-        self.journal.sink = Some(sink);
+    /// `ok`, or why export `name` is unhealthy.
+    pub fn export_health(&self, name: &str) -> Option<String> {
+        let e = self.exports.iter().find(|e| e.name == name)?;
+        Some(e.health.clone().unwrap_or_else(|| "ok".into()))
     }
 
     /// The exports' names, in order.
@@ -628,66 +539,6 @@ impl GpuEndpoint {
     /// The host that owns export `name`, if any.
     pub fn owner(&self, name: &str) -> Option<&str> {
         self.exports.iter().find(|e| e.name == name)?.owner.as_ref().map(|o| o.host.as_str())
-    }
-
-    /// Acts on what the pool's claims say now: pending attaches confirmed or refused, owners
-    /// whose claim went cut off. Cheap when nothing changed (one generation compare).
-    fn reconcile_claims(&mut self) -> bool {
-        let GpuEndpoint { runner, exports, sessions, claims, journal, .. } = self;
-        let Some(c) = claims else { return false };
-        let generation = c.check.generation();
-        if generation == c.generation && c.pending.is_empty() {
-            return false;
-        }
-        let changed = generation != c.generation;
-        c.generation = generation;
-        let mut active = false;
-        if changed {
-            for e in exports.iter_mut() {
-                let Some(Owner { sid, host, token: Some(token) }) = &e.owner else { continue };
-                let (sid, token) = (*sid, *token);
-                if let ClaimVerdict::Refused(why) = c.check.verdict(&e.name, host, token, None) {
-                    let why = format!("claim {token} gone: {why}");
-                    log::warn!("{}: cutting {host} off: {why}", e.name);
-                    e.stats.claims_revoked += 1;
-                    release(e, &why, journal);
-                    if let Some(info) = sessions.get_mut(&sid) {
-                        info.device = None;
-                    }
-                    // The host learns it from its session going down; until then what it
-                    // still sends is answered Unsupported Request.
-                    if let Some(s) = runner.endpoint.session(sid) {
-                        s.close(runner.clock.now());
-                    }
-                    active = true;
-                }
-            }
-        }
-        let now = std::time::Instant::now();
-        let pending = std::mem::take(&mut c.pending);
-        for p in pending {
-            let (Some(s), Some(info)) = (runner.endpoint.session(p.sid), sessions.get_mut(&p.sid)) else {
-                continue;
-            };
-            let verdict = c.check.verdict(&p.device, &info.host, p.token, Some(p.ticket));
-            let timed_out = now.duration_since(p.since) >= CLAIM_CONFIRM_TIMEOUT;
-            match verdict {
-                ClaimVerdict::Unknown if !timed_out => c.pending.push(p),
-                v => {
-                    let verdict = match v {
-                        ClaimVerdict::Unknown => ClaimVerdict::Refused(format!(
-                            "the pool could not confirm claim {} within {CLAIM_CONFIRM_TIMEOUT:?} (etcd unreachable?)",
-                            p.token
-                        )),
-                        v => v,
-                    };
-                    let mut ctx = AttachCtx { claims: &mut None, journal };
-                    finish_attach(p.sid, s, info, &p.device, Some(p.token), verdict, exports, &mut ctx);
-                    active = true;
-                }
-            }
-        }
-        active
     }
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
@@ -869,6 +720,20 @@ fn release(e: &mut Export, why: &str, journal: &mut Journal) {
         log::info!("{}: released by {} ({why}); reset, {dropped} in-flight DMA dropped", e.name, owner.host);
         journal.record(&e.name, &owner, false, why);
     }
+    if e.health.is_none()
+        && let Some(h) = unanswered(e.dev.as_mut(), "after its reset")
+    {
+        log::error!("{}: unhealthy: {h}; attached to nobody from now on", e.name);
+        journal.health(&e.name, &h);
+        e.health = Some(h);
+    }
+}
+
+/// Why a device is unhealthy, if it is: a function that answers its Vendor ID with all-ones
+/// is not there (a real device that fell off its bus, a VFIO device gone).
+fn unanswered(dev: &mut dyn Device, when: &str) -> Option<String> {
+    (config_access(dev, 0, None) & 0xffff == 0xffff)
+        .then(|| format!("does not answer config reads {when} (Vendor ID 0xffff)"))
 }
 
 fn reply(s: &mut Session, c: Control) {
@@ -929,108 +794,4 @@ fn emit(t: &TlpRepr<'_>) -> Vec<u8> {
     let n = t.emit(&mut b).unwrap_or(0);
     b.truncate(n);
     b
-}
-
-/// An ATTACH: refused at once where the device is not this host's to take; in a pool,
-/// accepted only once the pool confirms the claim (at once, or from the poll loop).
-fn attach(
-    sid: u32,
-    s: &mut Session,
-    info: &mut SessionInfo,
-    device: &str,
-    token: Option<u64>,
-    exports: &mut [Export],
-    ctx: &mut AttachCtx<'_>,
-) {
-    let verdict = match (ctx.claims.as_mut(), token) {
-        (None, _) => ClaimVerdict::Valid,
-        (Some(_), None) => ClaimVerdict::Refused(
-            "this box serves a pool: an attach needs a claim's token (dxpu host with a [pool] section)"
-                .into(),
-        ),
-        (Some(c), Some(t)) => match c.check.verdict(device, &info.host, t, None) {
-            ClaimVerdict::Unknown if exports.iter().any(|e| e.name == device) => {
-                let ticket = c.check.look_up(device);
-                c.pending.push(PendingAttach {
-                    sid,
-                    device: device.to_string(),
-                    token: t,
-                    ticket,
-                    since: std::time::Instant::now(),
-                });
-                return;
-            }
-            v => v,
-        },
-    };
-    finish_attach(sid, s, info, device, token, verdict, exports, ctx);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish_attach(
-    sid: u32,
-    s: &mut Session,
-    info: &mut SessionInfo,
-    device: &str,
-    token: Option<u64>,
-    verdict: ClaimVerdict,
-    exports: &mut [Export],
-    ctx: &mut AttachCtx<'_>,
-) {
-    let refuse = |s: &mut Session, reason: String| {
-        log::warn!("attach of {device} by {} refused: {reason}", info.host);
-        reply(s, Control::Refused { device: device.to_string(), reason });
-    };
-    let Some(d) = exports.iter().position(|e| e.name == device) else {
-        let names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
-        return refuse(s, format!("no device named '{device}' here (exported: {})", names.join(", ")));
-    };
-    let e = &mut exports[d];
-    if !e.allow.contains(&info.host) {
-        e.stats.refusals += 1;
-        return refuse(s, format!("host '{}' may not attach '{device}'", info.host));
-    }
-    if let ClaimVerdict::Refused(why) = verdict {
-        e.stats.refusals += 1;
-        e.stats.stale_tokens += 1;
-        let t = token.map_or_else(|| "none".to_string(), |t| t.to_string());
-        return refuse(s, format!("claim token {t} refused: {why}"));
-    }
-    match &e.owner {
-        Some(o) if o.sid != sid => {
-            e.stats.refusals += 1;
-            let reason = format!("'{device}' is attached to host '{}'", o.host);
-            return refuse(s, reason);
-        }
-        _ => {}
-    }
-    if let Some(other) = info.device
-        && other != d
-    {
-        return refuse(
-            s,
-            format!(
-                "this session already has '{}'; attach each device on its own session",
-                exports[other].name
-            ),
-        );
-    }
-    let e = &mut exports[d];
-    let owner = Owner { sid, host: info.host.clone(), token };
-    ctx.journal.record(&e.name, &owner, true, "attached");
-    e.owner = Some(owner);
-    info.device = Some(d);
-    e.stats.attaches += 1;
-    match token {
-        Some(t) => log::info!("{device} attached by {} (session {sid:#010x}, claim {t})", info.host),
-        None => log::info!("{device} attached by {} (session {sid:#010x})", info.host),
-    }
-    // The largest payload a TLP may carry and still fit one frame of this session.
-    let room = s
-        .mtu()
-        .saturating_sub(link::wire::HEADER_LEN + link::wire::FC_LEN + link::wire::TRAILER_LEN + 2 + 20);
-    let max_payload =
-        [4096u16, 2048, 1024, 512, 256, 128].into_iter().find(|m| *m as usize <= room).unwrap_or(128);
-    let c = Control::Attached { device: device.to_string(), box_id: e.dev.id(), max_payload, bars: e.bars };
-    reply(s, c);
 }

@@ -24,6 +24,7 @@ pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, 
     let mut devices = Vec::new();
     for name in ep.export_names() {
         let Some(id) = ep.export_identity(&name) else { continue };
+        let health = ep.export_health(&name).unwrap_or_else(|| "ok".into());
         devices.push((
             name,
             DeviceRecord {
@@ -32,7 +33,7 @@ pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, 
                 device_id: id.device_id,
                 class: id.class,
                 vram_bytes: id.largest_bar,
-                health: "ok".into(),
+                health,
                 allow: id.allow,
                 since: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -62,6 +63,7 @@ pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, 
     }
     let agent = BoxAgent::start(gp.config.clone(), &gp.box_name, devices).map_err(|e| e.to_string())?;
     ep.set_claims(agent.claim_check());
+    ep.set_health_sink(Box::new(agent.health_reporter()));
     log::info!(
         "pool: box {} at {} serves claims only ({})",
         gp.box_name,

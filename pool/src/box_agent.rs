@@ -156,6 +156,7 @@ impl ClaimCheck for ClaimView {
 pub struct BoxAgent {
     table: Arc<ClaimTable>,
     lookups: mpsc::UnboundedSender<(String, u64)>,
+    health: mpsc::UnboundedSender<(String, String)>,
     stop: Arc<tokio::sync::Notify>,
     stopping: Arc<AtomicBool>,
     registered: Arc<AtomicBool>,
@@ -184,6 +185,7 @@ impl BoxAgent {
         }
         let table = Arc::new(ClaimTable::default());
         let (lookups, rx) = mpsc::unbounded_channel();
+        let (health, health_rx) = mpsc::unbounded_channel();
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopping = Arc::new(AtomicBool::new(false));
         let registered = Arc::new(AtomicBool::new(false));
@@ -200,9 +202,9 @@ impl BoxAgent {
         };
         let thread = std::thread::Builder::new()
             .name("dxpu-pool-box".into())
-            .spawn(move || rt.block_on(run.main(rx)))
+            .spawn(move || rt.block_on(run.main(rx, health_rx)))
             .map_err(|e| PoolError::Config(format!("starting the pool thread: {e}")))?;
-        Ok(BoxAgent { table, lookups, stop, stopping, registered, thread: Some(thread) })
+        Ok(BoxAgent { table, lookups, health, stop, stopping, registered, thread: Some(thread) })
     }
 
     /// Whether the devices are registered (with the current lease).
@@ -213,6 +215,15 @@ impl BoxAgent {
     /// The claims, for `bridge_gpu::GpuEndpoint::set_claims`.
     pub fn claim_check(&self) -> Box<dyn ClaimCheck> {
         Box::new(ClaimView { table: self.table.clone(), lookups: self.lookups.clone() })
+    }
+
+    /// Something that reports a device's health (`ok`, or why not) to the pool: its record
+    /// is rewritten, and hosts no longer claim it (`dxpu pool ls` says `unhealthy`).
+    pub fn health_reporter(&self) -> impl FnMut(&str, &str) + Send + 'static {
+        let tx = self.health.clone();
+        move |device: &str, health: &str| {
+            let _ = tx.send((device.to_string(), health.to_string()));
+        }
     }
 
     /// The table itself.
@@ -252,11 +263,15 @@ struct Run {
 }
 
 impl Run {
-    async fn main(mut self, mut lookups: mpsc::UnboundedReceiver<(String, u64)>) {
+    async fn main(
+        mut self,
+        mut lookups: mpsc::UnboundedReceiver<(String, u64)>,
+        mut health: mpsc::UnboundedReceiver<(String, String)>,
+    ) {
         self.keys = Keys::new(&self.cfg.prefix);
         let mut failures = 0u32;
         while !self.stopping.load(Ordering::Acquire) {
-            match self.session(&mut lookups).await {
+            match self.session(&mut lookups, &mut health).await {
                 Ok(()) => break,
                 Err(e) => {
                     self.registered.store(false, Ordering::Release);
@@ -279,6 +294,7 @@ impl Run {
     async fn session(
         &mut self,
         lookups: &mut mpsc::UnboundedReceiver<(String, u64)>,
+        health: &mut mpsc::UnboundedReceiver<(String, String)>,
     ) -> Result<(), PoolError> {
         let cfg = &self.cfg;
         let mut client = crate::connect(cfg).await?;
@@ -364,6 +380,15 @@ impl Run {
                     if let Some(h) = resp.header() {
                         self.table.advance(h.revision());
                     }
+                }
+                Some((device, h)) = health.recv() => {
+                    let Some((_, r)) = self.devices.iter_mut().find(|(d, _)| *d == device) else { continue };
+                    r.health = h;
+                    let (key, value) = (self.keys.device(&self.box_name, &device), encode(r));
+                    client
+                        .put(key, value, Some(PutOptions::new().with_lease(lease)))
+                        .await
+                        .map_err(|e| etcd_error(cfg, "updating a device's health", e))?;
                 }
                 Some((device, ticket)) = lookups.recv() => {
                     let key = self.keys.claim(&self.box_name, &device);
