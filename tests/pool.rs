@@ -318,6 +318,9 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     forged.token += 1_000_000;
     let e = attach(a.addr, "host-a", &forged).err().expect("a token etcd never issued is refused");
     assert!(e.to_string().contains("could not confirm") || e.to_string().contains("refused"), "{e}");
+    forged.token = u64::MAX;
+    let e = attach(a.addr, "host-a", &forged).err().expect("a token at the edge of its range is refused");
+    assert!(e.to_string().contains("not a revision"), "{e}");
     let e = attach(a.addr, "host-b", &c1).err().expect("host-a's claim does not let host-b in");
     assert!(e.to_string().contains("host-a"), "{e}");
     // The real claim attaches; revoked, the box cuts the host off and resets the device.

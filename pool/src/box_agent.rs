@@ -114,7 +114,14 @@ impl ClaimTable {
             return ClaimVerdict::Valid;
         }
         let known = g.known.get(device).copied().unwrap_or(0).max(g.revision);
-        if known >= token as i64 {
+        // etcd's revisions are positive i64s: anything else was never issued.
+        let Ok(revision) = i64::try_from(token) else {
+            return ClaimVerdict::Refused(format!("token {token} is not a revision etcd issues"));
+        };
+        if token == 0 {
+            return ClaimVerdict::Refused("token 0 is not a revision etcd issues".into());
+        }
+        if known >= revision {
             ClaimVerdict::Refused(match held {
                 Some((h, t)) if *t > token => format!("stale: etcd holds a newer claim ({t}, by {h})"),
                 Some((h, t)) => format!("etcd holds claim {t} by {h}"),
@@ -422,6 +429,13 @@ mod tests {
         assert!(matches!(t.verdict("gpu0", "host-a", 9, None), ClaimVerdict::Refused(_)));
         // A token newer than what was read: not known yet.
         assert_eq!(t.verdict("gpu1", "host-a", 13, None), ClaimVerdict::Unknown);
+        // Tokens that are no etcd revision at all.
+        for bad in [0, u64::MAX, i64::MAX as u64 + 1] {
+            assert!(
+                matches!(t.verdict("gpu0", "host-a", bad, None), ClaimVerdict::Refused(w) if w.contains("not a revision")),
+                "{bad}"
+            );
+        }
         // A look-up at 15 says it is host-a's.
         let ticket = t.ticket();
         t.answer("gpu1", ticket, Some(("host-a".into(), 13)), 15);
