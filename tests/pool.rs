@@ -519,7 +519,20 @@ fn a_host_cut_off_from_etcd_fences_itself_before_its_lease_expires_and_another_h
     assert_eq!(d2.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
     d2.detach();
     drop(d);
+    // The fenced host recovers once etcd is reachable again: a new lease, and the device
+    // claimed anew once host-b gives it back.
+    assert!(rt.block_on(pool::release(&mut client, &cfg, &c2, None)).unwrap());
+    // Long enough for the host's next lease grant to time out (1 s requests) while cut.
+    std::thread::sleep(Duration::from_millis(2500));
     relay.cut.store(false, Ordering::Relaxed);
+    let end = Instant::now() + Duration::from_secs(15);
+    let again = loop {
+        match agent.events().recv_timeout(Duration::from_millis(100)) {
+            Ok(pool::HostEvent::Claimed { claim, .. }) => break claim,
+            Ok(_) | Err(_) => assert!(Instant::now() < end, "the fenced host claims again once etcd is back"),
+        }
+    };
+    assert!(again.token > c2.token, "a new claim, with a newer token");
     drop(agent);
     let events = a.events();
     assert_one_owner_at_a_time(&events);

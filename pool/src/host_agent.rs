@@ -219,12 +219,12 @@ impl Run {
                         log::warn!("pool: {e}; retrying");
                     }
                     failures += 1;
-                    if let Ok(Some(Cmd::Stop)) | Err(_) =
-                        tokio::time::timeout(Duration::from_millis(300), cmds.recv())
-                            .await
-                            .map(|c| c.or(Some(Cmd::Stop)))
-                    {
-                        break;
+                    // Wait a moment before trying again; only a stop (or the agent's handle
+                    // gone) ends the agent. A release meanwhile is of a claim whose lease is
+                    // gone with it: nothing to delete.
+                    match tokio::time::timeout(Duration::from_millis(300), cmds.recv()).await {
+                        Ok(Some(Cmd::Stop) | None) => break,
+                        Ok(Some(Cmd::Release(..))) | Err(_) => {}
                     }
                 }
             }
