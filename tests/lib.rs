@@ -54,6 +54,7 @@ pub fn gpu_options(listen: SocketAddr) -> GpuOptions {
         offload: link::driver::Offload::AUTO,
         poll: PollMode::Blocking,
         impairment: Impairment::default(),
+        tap: None,
     }
 }
 

@@ -72,6 +72,7 @@ impl PoolBox {
             offload: link::driver::Offload::AUTO,
             poll: PollMode::Blocking,
             impairment: Impairment::default(),
+            tap: None,
         };
         let log = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));

@@ -27,15 +27,17 @@ use bridge::{Dispatcher, Kept};
 use hw::simgpu::SimGpuParams;
 use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::driver::{
-    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, ServerRunner,
+    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, ServerRunner, Tap, Tapped,
 };
 use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
 
 mod attach;
+mod ops;
 mod pool;
 
 use attach::{attach, finish_attach};
+pub use ops::{ExportReport, SessionReport};
 use pool::{AttachCtx, Claims, Journal, Owner};
 pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, OwnershipEvent, OwnershipSink};
 
@@ -90,6 +92,8 @@ pub struct GpuOptions {
     pub poll: PollMode,
     /// Emulated network impairment on what this endpoint sends.
     pub impairment: Impairment,
+    /// Sees every datagram the endpoint sends and receives (a packet capture).
+    pub tap: Option<Tap>,
 }
 
 /// Why the endpoint could not start.
@@ -179,6 +183,12 @@ pub struct GpuStats {
 struct Export {
     name: String,
     allow: Vec<String>,
+    /// Its place in the box: device number on the box's bus and its 1 TiB of bus addresses.
+    slot: u8,
+    /// What backs it, in words (`simgpu, 64 MiB VRAM`, `VFIO 0000:41:00.0`).
+    backing: String,
+    /// Its IDs as read at start.
+    identity: ExportIdentity,
     /// Why the device is unhealthy (it no longer answers config reads), if it is: not
     /// attached to anyone until the box restarts.
     health: Option<String>,
@@ -292,13 +302,16 @@ impl Outbox {
 struct SessionInfo {
     host: String,
     device: Option<usize>,
+    since: std::time::SystemTime,
 }
 
 /// The GPU-box endpoint.
 pub struct GpuEndpoint {
-    runner: ServerRunner<Impaired<AnyUdp>>,
+    runner: ServerRunner<Tapped<Impaired<AnyUdp>>>,
     exports: Vec<Export>,
     hosts: HashMap<[u8; 8], String>,
+    /// The hosts and their keys, in the order given (and added).
+    keys: Vec<HostKey>,
     sessions: HashMap<u32, SessionInfo>,
     stats: GpuStats,
     /// Routes what the hosts send by class (`bridge::dispatch`), each TLP labelled with its
@@ -393,6 +406,59 @@ fn restore_bars(dev: &mut dyn Device, bars: &[BarInfo; 6]) {
     }
 }
 
+/// Checks that every host `spec` allows is a known one; `at` says where in the configuration.
+fn check_allow(at: &str, spec: &ExportSpec, hosts: &[HostKey]) -> Result<(), GpuError> {
+    for h in &spec.allow {
+        if !hosts.iter().any(|k| &k.name == h) {
+            return Err(GpuError::Config(format!(
+                "{at}.allow: host '{h}' is not among the hosts (known: {})",
+                hosts.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Export {
+    /// Opens the device `spec` names in `slot` of the box (its device number on the box's
+    /// bus, and its own 1 TiB of the box's bus address space), sizes and places its BARs.
+    fn open(spec: &ExportSpec, slot: u8) -> Result<Export, GpuError> {
+        let id = Bdf::new(slot, 0, 0);
+        let mut dev = open_device(spec, id)?;
+        let base = (slot as u64) << 40;
+        let bars = place_bars(dev.as_mut(), base);
+        let backing = match &spec.device {
+            DeviceSpec::Sim(p) => format!("simgpu, {} MiB VRAM", p.vram_bytes >> 20),
+            DeviceSpec::Vfio(a) => format!("VFIO {a}"),
+        };
+        log::info!("exporting {} as {id} ({backing}) to {}", spec.name, spec.allow.join(", "));
+        let ids = config_access(dev.as_mut(), 0, None);
+        let class = config_access(dev.as_mut(), 8, None) >> 8;
+        let identity = ExportIdentity {
+            vendor_id: ids as u16,
+            device_id: (ids >> 16) as u16,
+            class,
+            largest_bar: bars.iter().map(|b| b.size).max().unwrap_or(0),
+            allow: spec.allow.clone(),
+        };
+        let health = unanswered(dev.as_mut(), "at start");
+        Ok(Export {
+            name: spec.name.clone(),
+            allow: spec.allow.clone(),
+            slot,
+            backing,
+            identity,
+            health,
+            dev,
+            bars,
+            base,
+            owner: None,
+            out: Outbox::default(),
+            stats: ExportStats::default(),
+        })
+    }
+}
+
 fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>, GpuError> {
     match &spec.device {
         DeviceSpec::Sim(p) => Ok(Box::new(SimGpu::new(id, *p))),
@@ -420,14 +486,7 @@ impl GpuEndpoint {
             if !names.insert(e.name.as_str()) {
                 return Err(GpuError::Config(format!("devices[{i}].name: '{}' is exported twice", e.name)));
             }
-            for h in &e.allow {
-                if !opts.hosts.iter().any(|k| &k.name == h) {
-                    return Err(GpuError::Config(format!(
-                        "devices[{i}].allow: host '{h}' is not among the hosts (known: {})",
-                        opts.hosts.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
-                    )));
-                }
-            }
+            check_allow(&format!("devices[{i}]"), e, &opts.hosts)?;
         }
         let mut hosts = HashMap::new();
         for (i, h) in opts.hosts.iter().enumerate() {
@@ -440,32 +499,7 @@ impl GpuEndpoint {
         }
         let mut exports = Vec::new();
         for (i, spec) in opts.exports.iter().enumerate() {
-            let id = Bdf::new(i as u8 + 1, 0, 0);
-            let mut dev = open_device(spec, id)?;
-            // Each device gets its own 1 TiB of the box's bus address space.
-            let base = (i as u64 + 1) << 40;
-            let bars = place_bars(dev.as_mut(), base);
-            log::info!(
-                "exporting {} as {id} ({}) to {}",
-                spec.name,
-                match &spec.device {
-                    DeviceSpec::Sim(p) => format!("simgpu, {} MiB VRAM", p.vram_bytes >> 20),
-                    DeviceSpec::Vfio(a) => format!("VFIO {a}"),
-                },
-                spec.allow.join(", ")
-            );
-            let health = unanswered(dev.as_mut(), "at start");
-            exports.push(Export {
-                name: spec.name.clone(),
-                allow: spec.allow.clone(),
-                health,
-                dev,
-                bars,
-                base,
-                owner: None,
-                out: Outbox::default(),
-                stats: ExportStats::default(),
-            });
+            exports.push(Export::open(spec, i as u8 + 1)?);
         }
         let mut cfg = opts.link.clone();
         cfg.psk = first.key.clone();
@@ -481,12 +515,13 @@ impl GpuEndpoint {
         if !opts.impairment.is_none() {
             log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
         }
-        let sock = Impaired::new(sock, opts.impairment);
+        let sock = Tapped::new(Impaired::new(sock, opts.impairment), opts.tap.clone());
         let runner = ServerRunner::new(sock, endpoint, Clock::new(), opts.poll);
         Ok(GpuEndpoint {
             runner,
             exports,
             hosts,
+            keys: opts.hosts.clone(),
             sessions: HashMap::new(),
             stats: GpuStats::default(),
             dispatcher: Dispatcher::new(),
@@ -510,16 +545,8 @@ impl GpuEndpoint {
     /// Export `name`'s vendor and device IDs, class code and the size of its largest BAR
     /// (config space as the box reads it), for a pool's inventory.
     pub fn export_identity(&mut self, name: &str) -> Option<ExportIdentity> {
-        let e = self.exports.iter_mut().find(|e| e.name == name)?;
-        let ids = config_access(e.dev.as_mut(), 0, None);
-        let class = config_access(e.dev.as_mut(), 8, None) >> 8;
-        Some(ExportIdentity {
-            vendor_id: ids as u16,
-            device_id: (ids >> 16) as u16,
-            class,
-            largest_bar: e.bars.iter().map(|b| b.size).max().unwrap_or(0),
-            allow: e.allow.clone(),
-        })
+        let e = self.exports.iter().find(|e| e.name == name)?;
+        Some(ExportIdentity { allow: e.allow.clone(), ..e.identity.clone() })
     }
 
     /// The address the endpoint listens on.
@@ -589,7 +616,10 @@ impl GpuEndpoint {
                         let host = hosts.get(&s.key_id()).cloned().unwrap_or_else(|| "?".into());
                         log::info!("host {host} connected (session {id:#010x})");
                         stats.sessions_up += 1;
-                        sessions.insert(id, SessionInfo { host, device: None });
+                        sessions.insert(
+                            id,
+                            SessionInfo { host, device: None, since: std::time::SystemTime::now() },
+                        );
                     }
                     Event::Down(reason) => {
                         if reason == DownReason::PeerClosed {

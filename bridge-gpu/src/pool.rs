@@ -59,6 +59,7 @@ pub type OwnershipSink = Box<dyn FnMut(&OwnershipEvent) + Send>;
 pub type HealthSink = Box<dyn FnMut(&str, &str) + Send>;
 
 /// Who holds an export: the session, its host, and the claim's token (pool devices).
+#[derive(Clone)]
 pub(crate) struct Owner {
     pub(crate) sid: u32,
     pub(crate) host: String,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bridge::attach::{BarInfo, Control};
 use link::driver::{
-    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, SessionRunner,
+    AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, SessionRunner, Tap, Tapped,
 };
 use link::{DownReason, Event, PresharedKey, Session};
 use tlp::Bdf;
@@ -71,6 +71,8 @@ pub struct AttachOptions {
     pub token: Option<u64>,
     /// A fence another thread may raise to take the device away at once (`Fence`).
     pub fence: Option<Fence>,
+    /// Sees every datagram of the device's link, both ways (a packet capture).
+    pub tap: Option<Tap>,
 }
 
 impl AttachOptions {
@@ -94,12 +96,13 @@ impl AttachOptions {
             cancel: None,
             token: None,
             fence: None,
+            tap: None,
         }
     }
 }
 
 /// The link a device is attached over.
-pub(crate) type Link = SessionRunner<Impaired<AnyUdp>>;
+pub(crate) type Link = SessionRunner<Tapped<Impaired<AnyUdp>>>;
 
 /// What the box attached.
 pub(crate) struct Attached {
@@ -152,7 +155,7 @@ fn open_link(opts: &AttachOptions) -> Result<Link, AttachError> {
     if !opts.impairment.is_none() {
         log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
     }
-    let sock = Impaired::new(sock, opts.impairment);
+    let sock = Tapped::new(Impaired::new(sock, opts.impairment), opts.tap.clone());
     let clock = Clock::new();
     let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
     let epoch = rng.nonzero_u32();

@@ -386,7 +386,10 @@ impl DeviceState {
                     length_dw: length_dw as u16,
                     locked: false,
                 });
-                match self.request(&t, tag) {
+                let started = std::time::Instant::now();
+                let got = self.request(&t, tag);
+                self.stats.mmio_reads.record(started.elapsed());
+                match got {
                     Some(Completed { status: CplStatus::Success, data, len }) if len >= length_dw * 4 => {
                         Some(data)
                     }

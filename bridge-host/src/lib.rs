@@ -74,6 +74,6 @@ pub use driver::MSI_BASE;
 pub use error::HostError;
 pub use fence::Fence;
 pub use remote::{RemoteDevice, RemovalWatch};
-pub use stats::HostStats;
+pub use stats::{HostStats, LatencyHistogram};
 
 pub(crate) use device::Access;

@@ -114,16 +114,7 @@ impl RemoteDevice {
 
     /// Counters.
     pub fn stats(&self) -> HostStats {
-        let g = lock(&self.inner);
-        let mut s = g.stats.clone();
-        s.tlps_sent = g.sent.by_name();
-        s.tlps_received = g.received.by_name();
-        s.link = *g.link.session.stats();
-        let d = g.dispatcher.stats();
-        s.malformed_tlps = d.malformed;
-        s.largest_payload_received = d.largest_payload;
-        s.largest_read_request_received = d.largest_read_request;
-        s
+        stats_of(&lock(&self.inner))
     }
 
     /// Which UDP driver carries the session (`io_uring` or `portable`).
@@ -333,7 +324,8 @@ impl RemoteDevice {
     }
 }
 
-/// [`RemoteDevice::removal_watch`].
+/// [`RemoteDevice::removal_watch`]: the device watched from another thread.
+#[derive(Clone)]
 pub struct RemovalWatch(Arc<Mutex<DeviceState>>);
 
 impl RemovalWatch {
@@ -341,6 +333,29 @@ impl RemovalWatch {
     pub fn removed(&self) -> Option<String> {
         lock(&self.0).removed.clone()
     }
+
+    /// The device's counters, as [`RemoteDevice::stats`] (waits for the device's lock: a
+    /// driver's call in progress finishes first).
+    pub fn stats(&self) -> HostStats {
+        stats_of(&lock(&self.0))
+    }
+
+    /// The device's BDF on the box.
+    pub fn box_id(&self) -> Bdf {
+        lock(&self.0).id.box_id
+    }
+}
+
+fn stats_of(g: &DeviceState) -> HostStats {
+    let mut s = g.stats.clone();
+    s.tlps_sent = g.sent.by_name();
+    s.tlps_received = g.received.by_name();
+    s.link = *g.link.session.stats();
+    let d = g.dispatcher.stats();
+    s.malformed_tlps = d.malformed;
+    s.largest_payload_received = d.largest_payload;
+    s.largest_read_request_received = d.largest_read_request;
+    s
 }
 
 impl Drop for RemoteDevice {

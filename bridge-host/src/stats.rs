@@ -45,8 +45,76 @@ pub struct HostStats {
     /// The largest memory read the device asked for (bytes): at most its
     /// Max_Read_Request_Size.
     pub largest_read_request_received: u32,
+    /// Register reads (MMIO reads a driver waited on), from the request to its completion.
+    pub mmio_reads: LatencyHistogram,
     /// The session's counters.
     pub link: link::Stats,
+}
+
+/// Durations in power-of-two buckets of nanoseconds: `buckets[i]` counts those in
+/// `[2^i, 2^(i+1))` ns (bucket 0 from zero, the last one everything from 2^31 ns up).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// Counts per bucket.
+    pub buckets: [u64; 32],
+    /// The durations' sum, in nanoseconds.
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    /// One more duration.
+    pub fn record(&mut self, d: std::time::Duration) {
+        let ns = d.as_nanos().min(u64::MAX as u128) as u64;
+        self.buckets[(63 - ns.max(1).leading_zeros() as usize).min(31)] += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    /// How many were recorded.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// The upper edge in nanoseconds of bucket `i` (`u64::MAX` for the last).
+    pub fn upper_ns(i: usize) -> u64 {
+        if i >= 31 { u64::MAX } else { 1u64 << (i + 1) }
+    }
+
+    /// The `q`-quantile's bucket upper edge, in nanoseconds; `None` if empty.
+    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
+        let n = self.count();
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.buckets.iter().enumerate() {
+            seen += c;
+            if n > 0 && seen >= rank {
+                return Some(Self::upper_ns(i));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LatencyHistogram;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_fall_in_power_of_two_buckets() {
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile_ns(0.5), None);
+        h.record(Duration::ZERO);
+        h.record(Duration::from_nanos(5_000));
+        h.record(Duration::from_nanos(5_000));
+        h.record(Duration::from_secs(100));
+        assert_eq!(h.buckets[0], 1);
+        assert_eq!(h.buckets[12], 2, "5 µs lies in [4096, 8192) ns");
+        assert_eq!(h.buckets[31], 1);
+        assert_eq!(h.count(), 4);
+        assert_eq!(h.quantile_ns(0.5), Some(8192));
+        assert_eq!(h.quantile_ns(1.0), Some(u64::MAX));
+        assert_eq!(h.sum_ns, 10_000 + 100_000_000_000);
+    }
 }
 
 /// TLPs counted by kind, indexed by their first header byte (Fmt and Type).

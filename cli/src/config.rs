@@ -14,7 +14,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde::Deserialize;
 
 /// `[link]`: the session and its driver.
-#[derive(Deserialize, Debug, Clone, Default)]
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LinkSection {
     mtu: Option<usize>,
@@ -44,7 +44,7 @@ pub(crate) struct LinkSection {
 }
 
 /// `[impairment]`: what the endpoint does to what it sends.
-#[derive(Deserialize, Debug, Clone, Default)]
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ImpairmentSection {
     delay_us: Option<u64>,
@@ -56,7 +56,7 @@ pub(crate) struct ImpairmentSection {
     seed: Option<u64>,
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct HostSection {
     name: String,
@@ -64,7 +64,7 @@ struct HostSection {
     key_file: Option<PathBuf>,
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct SimSection {
     vram_mib: Option<u64>,
@@ -72,7 +72,7 @@ struct SimSection {
     serial: Option<u64>,
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct DeviceSection {
     name: String,
@@ -81,8 +81,31 @@ struct DeviceSection {
     allow: Vec<String>,
 }
 
+/// `[control]`: the JSON-RPC control socket (`dxpu ctl`).
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ControlSection {
+    /// Where the socket is made (mode 0600); no socket without it.
+    pub(crate) socket: Option<PathBuf>,
+}
+
+/// `[metrics]`: Prometheus metrics over HTTP.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MetricsSection {
+    /// The TCP address to serve `/metrics` on; off without it.
+    listen: Option<String>,
+}
+
+impl MetricsSection {
+    /// The address to listen on, if metrics are on.
+    pub(crate) fn listen(&self) -> Result<Option<SocketAddr>, String> {
+        self.listen.as_deref().map(|l| socket_addr("metrics.listen", l)).transpose()
+    }
+}
+
 /// The whole file of `dxpu gpu`.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct GpuFile {
     pub(crate) listen: Option<String>,
@@ -96,10 +119,14 @@ pub(crate) struct GpuFile {
     device: Vec<DeviceSection>,
     /// `[pool]`: the box registers its devices in a pool and serves claims only.
     pub(crate) pool: Option<GpuPoolSection>,
+    #[serde(default)]
+    pub(crate) control: ControlSection,
+    #[serde(default)]
+    pub(crate) metrics: MetricsSection,
 }
 
 /// `[pool]` of `dxpu gpu`.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct GpuPoolSection {
     etcd: Vec<String>,
@@ -113,7 +140,7 @@ pub(crate) struct GpuPoolSection {
 }
 
 /// `[pool]` of `dxpu host`.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HostPoolSection {
     etcd: Vec<String>,
@@ -200,7 +227,7 @@ impl GpuPoolSection {
     }
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct AttachSection {
     server: String,
@@ -215,7 +242,7 @@ struct AttachSection {
 }
 
 /// The whole file of `dxpu host`.
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HostFile {
     #[serde(default)]
@@ -226,6 +253,10 @@ pub(crate) struct HostFile {
     attach: Vec<AttachSection>,
     /// `[pool]`: devices claimed from a pool, attached and released at run time.
     pub(crate) pool: Option<HostPoolSection>,
+    #[serde(default)]
+    pub(crate) control: ControlSection,
+    #[serde(default)]
+    pub(crate) metrics: MetricsSection,
 }
 
 impl HostFile {
@@ -560,6 +591,25 @@ fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, String> {
 pub(crate) const DEFAULT_PORT: u16 = 7440;
 
 impl GpuFile {
+    /// The settings a reload cannot change (the socket, the link, the pool, the control
+    /// socket and metrics server): the names of those that differ in `new`.
+    pub(crate) fn restart_only_changes(&self, new: &GpuFile) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, same) in [
+            ("listen", self.listen == new.listen),
+            ("[link]", self.link == new.link),
+            ("[impairment]", self.impairment == new.impairment),
+            ("[pool]", self.pool == new.pool),
+            ("[control]", self.control == new.control),
+            ("[metrics]", self.metrics == new.metrics),
+        ] {
+            if !same {
+                out.push(name);
+            }
+        }
+        out
+    }
+
     /// The endpoint's options; `listen` overrides the file's.
     pub(crate) fn options(&self, listen: Option<&str>) -> Result<GpuOptions, String> {
         let listen = match (listen, &self.listen) {
@@ -664,11 +714,34 @@ impl GpuFile {
             offload: link.offload,
             poll: link.poll,
             impairment: self.impairment.impairment()?,
+            tap: None,
         })
     }
 }
 
 impl HostFile {
+    /// The settings a reload cannot change: the names of those that differ in `new`.
+    pub(crate) fn restart_only_changes(&self, new: &HostFile) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, same) in [
+            ("[link]", self.link == new.link),
+            ("[impairment]", self.impairment == new.impairment),
+            ("[pool]", self.pool == new.pool),
+            ("[control]", self.control == new.control),
+            ("[metrics]", self.metrics == new.metrics),
+        ] {
+            if !same {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// Whether `[[attach]]` number `i` reads the same in `other`'s number `j`.
+    pub(crate) fn same_attach(&self, i: usize, other: &HostFile, j: usize) -> bool {
+        self.attach.get(i).is_some_and(|a| other.attach.get(j) == Some(a))
+    }
+
     /// One set of attach options per `[[attach]]`; `server` overrides every server address.
     #[cfg(test)]
     pub(crate) fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {

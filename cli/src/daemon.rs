@@ -5,13 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use bridge_gpu::GpuEndpoint;
-use bridge_host::RemoteDevice;
-use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
-use driver::{PciFunction, SimGpuDriver};
+use driver::SimGpuDriver;
 
 use crate::config::{self, DriverArg, GpuFile, HostFile, PollArg};
 
@@ -68,6 +65,14 @@ pub(crate) fn init_logging(level: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A flag SIGHUP sets: the endpoint reads its configuration again.
+pub(crate) fn hup_flag() -> Result<Arc<AtomicBool>, String> {
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
+        .map_err(|e| format!("signal handler: {e}"))?;
+    Ok(hup)
+}
+
 /// A flag that SIGINT and SIGTERM set; a second one while it is set ends the process at once
 /// (exit status 1), for a stop that takes too long.
 pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, String> {
@@ -110,6 +115,19 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         Err(e) => return fail("gpu", e),
     };
     let opts_exports = opts.exports.clone();
+    let mut rt = crate::gpu_run::GpuRuntime {
+        path: args.config.clone(),
+        file: file.clone(),
+        listen: args.listen.clone(),
+        driver: args.driver.map(|d| d.name().to_string()),
+        poll: args.poll.map(|p| p.name().to_string()),
+        opts: opts.clone(),
+        started: std::time::Instant::now(),
+    };
+    let hup = match hup_flag() {
+        Ok(h) => h,
+        Err(e) => return fail("gpu", e),
+    };
     let mut ep = match GpuEndpoint::new(opts) {
         Ok(ep) => ep,
         Err(e) => return fail("gpu", e),
@@ -125,7 +143,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         },
         None => None,
     };
-    let served = ep.run(&stop);
+    let served = crate::gpu_run::serve(&mut ep, &mut rt, &stop, &hup);
     // The devices leave the pool at once (their lease revoked) rather than at its expiry.
     if let Some(a) = agent {
         a.stop();
@@ -181,55 +199,31 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         log::info!("stopped");
         return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
-    let mut devices = Vec::new();
-    let mut servers = Vec::new();
-    for (mut o, socket) in all {
-        // A signal ends an attach in progress and every wait on an attached device at once.
-        o.cancel = Some(stop.clone());
-        let (name, id) = (o.device.clone(), o.device_id);
-        let wait = o.poll;
-        match RemoteDevice::attach(o) {
-            Ok(mut d) => {
-                let ids = d.config_read(0);
-                log::info!("{name} at {id}: vendor {:#06x} device {:#06x}", ids & 0xffff, ids >> 16);
-                match socket {
-                    // Served to a VMM by its own thread until the stop flag is set.
-                    Some(path) => {
-                        let mut server = match VfioUserServer::bind(&path, d, wait) {
-                            Ok(s) => s,
-                            Err(e) => return fail("host", format!("{name}: vfio-user: {e}")),
-                        };
-                        let stop = stop.clone();
-                        let t = std::thread::Builder::new().name(format!("dxpu-vfio-user-{name}")).spawn(
-                            move || {
-                                if let Err(e) = server.serve(&stop) {
-                                    log::error!("vfio-user {}: {e}", server.path().display());
-                                }
-                                server.into_device()
-                            },
-                        );
-                        match t {
-                            Ok(t) => servers.push((name, t)),
-                            Err(e) => {
-                                return fail("host", format!("{name}: starting the vfio-user thread: {e}"));
-                            }
-                        }
-                    }
-                    None => devices.push((name, d)),
-                }
-            }
-            Err(bridge_host::AttachError::Cancelled) => {
-                return fail("host", format!("{name}: stopped by a signal while attaching"));
-            }
-            Err(e) => return fail("host", e),
+    let hup = match hup_flag() {
+        Ok(h) => h,
+        Err(e) => return fail("host", e),
+    };
+    let overrides = [
+        args.server.clone(),
+        args.driver.map(|d| d.name().to_string()),
+        args.poll.map(|p| p.name().to_string()),
+    ];
+    let entries = crate::host_run::entries(all);
+    let labels: Vec<String> = entries.iter().map(|e| e.label.clone()).collect();
+    let mut rt =
+        crate::host_run::HostRuntime::new(args.config.clone(), file, overrides, entries, stop.clone());
+    for l in &labels {
+        if let Err(e) = rt.attach(l) {
+            rt.detach_all();
+            return fail("host", e);
         }
-    }
-    if args.workload && !servers.is_empty() {
-        log::warn!("--workload runs on the devices not served over vfio-user only");
     }
     let mut ok = true;
     if args.workload {
-        for (name, d) in devices.drain(..) {
+        if rt.served() > 0 {
+            log::warn!("--workload runs on the devices not served over vfio-user only");
+        }
+        for (name, d) in rt.take_direct() {
             let mut drv = match SimGpuDriver::open(d) {
                 Ok(drv) => drv,
                 Err(e) => {
@@ -252,31 +246,15 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
             }
             drv.into_pci().detach();
         }
+        stop.store(true, Ordering::Relaxed);
+        rt.detach_all();
     } else {
-        log::info!(
-            "{} device(s) attached, {} served over vfio-user; SIGINT or SIGTERM detaches and exits",
-            devices.len() + servers.len(),
-            servers.len()
-        );
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-            for (name, d) in &devices {
-                if let Some(why) = d.removed() {
-                    log::error!("{name}: removed ({why}); exiting");
-                    ok = false;
-                    stop.store(true, Ordering::Relaxed);
-                }
+        match crate::host_run::serve(&mut rt, &hup) {
+            Ok(stayed) => ok = stayed,
+            Err(e) => {
+                rt.detach_all();
+                return fail("host", e);
             }
-        }
-        for (_, d) in devices {
-            d.detach();
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for (name, t) in servers {
-        match t.join() {
-            Ok(d) => d.detach(),
-            Err(_) => log::error!("{name}: the vfio-user thread panicked"),
         }
     }
     log::info!("stopped");

@@ -375,6 +375,7 @@ impl LocalBox {
             offload,
             poll,
             impairment,
+            tap: None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();

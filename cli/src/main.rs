@@ -7,9 +7,15 @@ mod bench_model;
 mod bench_pool;
 mod bench_vfio_user;
 mod config;
+mod control;
+mod ctl;
 mod daemon;
+mod gpu_run;
+mod host_run;
 mod loopback;
+mod metrics;
 mod model;
+mod notify;
 mod pool_cmd;
 mod pool_run;
 mod sim_cmd;
@@ -41,6 +47,9 @@ enum Command {
     Gpu(daemon::GpuArgs),
     /// The host endpoint: attach remote devices.
     Host(daemon::HostArgs),
+    /// Ask a running endpoint through its control socket: status, devices, sessions, stats;
+    /// attach / detach (host), export / unexport (box), reload.
+    Ctl(ctl::CtlArgs),
     /// A GPU pool on etcd: list its devices, drain, undrain, revoke, watch changes.
     Pool(pool_cmd::PoolArgs),
     /// Decode and encode PCIe Transaction Layer Packets.
@@ -86,6 +95,7 @@ fn main() -> ExitCode {
         Command::Gpu(args) => daemon::run_gpu(args),
         Command::Host(args) => daemon::run_host(args),
         Command::Pool(args) => pool_cmd::run(args),
+        Command::Ctl(args) => ctl::run(args),
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
         Command::Sim(cmd) => {
             sim_cmd::run(cmd);

@@ -32,6 +32,6 @@ pub use handshake::{COOKIE_LEN, Refusal};
 pub use keys::DEFAULT_KEY_UPDATE_FRAMES;
 pub use seq::SeqNum;
 pub use session::{
-    DownReason, Event, InPlace, InPlaceFrom, Memory, Role, SealedFrame, Session, Stats, Transmit,
+    DownReason, Event, InPlace, InPlaceFrom, Memory, RTT_BUCKETS, Role, SealedFrame, Session, Stats, Transmit,
 };
 pub use time::Time;

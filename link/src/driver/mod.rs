@@ -8,6 +8,7 @@ mod impair;
 mod offload;
 mod portable;
 mod runner;
+mod tap;
 mod uring;
 
 use std::io;
@@ -18,6 +19,7 @@ pub use impair::{Impaired, Impairment};
 pub use offload::{MAX_SEGMENTS, MAX_UNIT_BYTES, Offload, OffloadState, gro_segments, gso_unit};
 pub use portable::{PortableUdp, set_udp_gro, set_udp_segment};
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};
+pub use tap::{Direction, Tap, TapFn, Tapped};
 pub use uring::UringUdp;
 
 /// Which driver to use.

@@ -164,6 +164,49 @@ pub struct Stats {
     pub peer_key_updates: u64,
     /// TLP records in DATA frames that were not TLPs (dropped, frame still acknowledged).
     pub malformed_tlps: u64,
+    /// Bytes of the frames sent (datagram payloads, retransmissions included).
+    pub bytes_sent: u64,
+    /// Bytes of the frames received and accepted.
+    pub bytes_received: u64,
+    /// TLPs held back when queued because the peer's credits did not cover them.
+    pub credit_stalls: u64,
+    /// Round trips of DATA frames (first send to the ACK that covers it, frames sent once
+    /// only, one in flight at a time): `rtt_us_log2[i]` counts those of `[2^i, 2^(i+1))` µs
+    /// (bucket 0 from zero, the last one everything above).
+    pub rtt_us_log2: [u64; RTT_BUCKETS],
+}
+
+/// Buckets of [`Stats::rtt_us_log2`]: up to 2^23 µs (8.4 s) apart.
+pub const RTT_BUCKETS: usize = 24;
+
+impl Stats {
+    /// Round-trip samples taken.
+    pub fn rtt_samples(&self) -> u64 {
+        self.rtt_us_log2.iter().sum()
+    }
+
+    /// The `q`-quantile (0 < q ≤ 1) of the round trips, in µs: the upper edge of the bucket
+    /// it falls in (a bound within a factor of two); `None` without samples.
+    pub fn rtt_quantile_us(&self, q: f64) -> Option<u64> {
+        let n = self.rtt_samples();
+        if n == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.rtt_us_log2.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(1u64 << (i + 1));
+            }
+        }
+        Some(1u64 << RTT_BUCKETS)
+    }
+
+    /// The bucket of a round trip of `us` microseconds.
+    pub fn rtt_bucket(us: u64) -> usize {
+        (63 - us.max(1).leading_zeros() as usize).min(RTT_BUCKETS - 1)
+    }
 }
 
 /// Bytes a session holds, for checking memory bounds.
@@ -300,6 +343,9 @@ pub struct Session {
     next_seq: SeqNum,
     /// Sent DATA frames until acknowledged (and the buffers of freed ones, for reuse).
     replay: ReplayBuffer,
+    /// The DATA frame being timed for a round-trip sample, and when it was first sent;
+    /// dropped if it is replayed (Karn: an ACK after a replay times neither send).
+    rtt_probe: Option<(SeqNum, Time)>,
     /// Chunks whose TLPs had credits when queued (already charged), in PCIe order, waiting
     /// for the window; the last one takes more TLPs until it is full or sent.
     ready: VecDeque<Chunk>,
@@ -351,6 +397,7 @@ impl Session {
             local_nonce,
             cookie: [0; COOKIE_LEN],
             transcript: Vec::new(),
+            rtt_probe: None,
             tx: None,
             rx: None,
             authenticate: true,

@@ -117,6 +117,7 @@ impl Session {
             self.become_up(now);
         }
         self.stats.frames_received += 1;
+        self.stats.bytes_received += frame.bytes().len() as u64;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
         if let Some(fc) = frame.fc() {
             self.tx_credits.update(fc);
@@ -139,6 +140,12 @@ impl Session {
     pub(super) fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
         if let Some(tx) = &mut self.tx {
             tx.acked(ack);
+        }
+        if let Some((seq, sent)) = self.rtt_probe
+            && seq < ack
+        {
+            self.rtt_probe = None;
+            self.stats.rtt_us_log2[Stats::rtt_bucket(now.since(sent).as_micros() as u64)] += 1;
         }
         if self.replay.acknowledge(ack).freed > 0 {
             self.timers[Timer::Replay as usize] = None;

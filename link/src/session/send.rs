@@ -112,6 +112,8 @@ impl Session {
         chunk.data += data;
         if now {
             self.tx_credits.charge(class, 1, data);
+        } else if !self.tx_credits.covers(class, 1, data) {
+            self.stats.credit_stalls += 1;
         }
         self.queued[class] += 1;
         self.next_order += 1;
@@ -142,6 +144,10 @@ impl Session {
     pub fn poll_transmit_in_place(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
         let t = self.transmit(now, buf)?;
         self.stats.frames_sent += 1;
+        self.stats.bytes_sent += match t {
+            Transmit::Written(n) => n,
+            Transmit::Sealed(f) => f.end - f.start,
+        } as u64;
         self.last_tx = now;
         if self.state == State::Up {
             self.set_timer(Timer::Keepalive, now + self.cfg.keepalive_interval);
@@ -179,6 +185,7 @@ impl Session {
         // Replays first: they hold up everything behind them at the receiver.
         if let Some(i) = self.replay.next_due() {
             self.stats.retransmits += 1;
+            self.rtt_probe = None;
             let f = self.data_frame(i);
             self.arm_replay(now);
             return self.data_transmit(f?, buf);
@@ -187,6 +194,9 @@ impl Session {
             && let Some(from) = self.next_chunk()
         {
             let f = self.new_data_frame(from);
+            if self.rtt_probe.is_none() {
+                self.rtt_probe = f.map(|f| (f.seq, now));
+            }
             self.arm_replay(now);
             return self.data_transmit(f?, buf);
         }
@@ -349,6 +359,7 @@ impl Session {
         if let Some(tx) = &mut self.tx {
             tx.first_sent(seq);
         }
+
         let len = chunk.end - BODY_AT;
         let index = self.replay.push(Sent { seq, buf: chunk.buf, len });
         self.data_frame(index)

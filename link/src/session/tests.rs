@@ -119,6 +119,7 @@ fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
     }
     c.send_repr(&write(&[1, 2, 3, 4])).unwrap();
     assert_eq!(c.stalled[1].iter().map(|ch| ch.tlps[1]).sum::<u32>(), 2);
+    assert_eq!(c.stats().credit_stalls, 2, "each read held back for credits is counted");
     assert_eq!(c.queued, [1, nph as usize + 2, 0]);
     let t = Time::from_nanos(2);
     let mut buf = vec![0u8; 2048];
@@ -142,6 +143,45 @@ fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
     }
     assert_eq!(s.memory().delivered_tlps, 2);
     assert!(c.is_idle() || c.memory().queued_tlps == 0);
+}
+
+/// Bytes are counted each way as the datagrams' lengths; a frame's round trip is timed from
+/// its first send to the ACK that covers it, one frame in flight at a time, and a replayed
+/// frame is not timed at all.
+#[test]
+fn bytes_and_round_trips_are_counted() {
+    let (mut c, mut s) = pair();
+    let (sent0, received0) = (c.stats().bytes_sent, s.stats().bytes_received);
+    let mut t = Time::from_nanos(10);
+    let wire = exchange(&mut c, &mut s, &[7; 64], 5, &mut t);
+    let total: u64 = wire.iter().map(|w| w.len() as u64).sum();
+    assert_eq!(c.stats().bytes_sent - sent0, total);
+    assert_eq!(s.stats().bytes_received - received0, total);
+    // Each write was acknowledged 1 ms after it was sent: five samples in [512, 1024) µs.
+    assert_eq!(c.stats().rtt_samples(), 5);
+    assert_eq!(c.stats().rtt_us_log2[9], 5);
+    assert_eq!(c.stats().rtt_quantile_us(0.5), Some(1024));
+    assert_eq!(c.stats().rtt_quantile_us(0.99), Some(1024));
+    // A frame lost and replayed: no sample.
+    c.send_repr(&write(&[1; 4])).unwrap();
+    let mut buf = vec![0u8; 2048];
+    while c.poll_transmit(t, &mut buf).is_some() {}
+    // The replay timer is the next one due (the keepalive and idle timers are later).
+    t = c.poll_timeout().unwrap();
+    c.handle_timeout(t);
+    while let Some(n) = c.poll_transmit(t, &mut buf) {
+        s.handle_datagram(t, &buf[..n]);
+    }
+    t = t + core::time::Duration::from_millis(1);
+    s.handle_timeout(t);
+    while let Some(n) = s.poll_transmit(t, &mut buf) {
+        c.handle_datagram(t, &buf[..n]);
+    }
+    assert!(c.stats().retransmits > 0);
+    assert_eq!(c.stats().rtt_samples(), 5, "a replayed frame is not timed");
+    assert_eq!(Stats::rtt_bucket(0), 0);
+    assert_eq!(Stats::rtt_bucket(u64::MAX), RTT_BUCKETS - 1);
+    assert_eq!(Stats::default().rtt_quantile_us(0.5), None);
 }
 
 /// Sends `n` writes of `payload` from `c` to `s` and back acknowledgements; returns the

@@ -1,0 +1,364 @@
+//! The control socket: JSON-RPC 2.0 on a UNIX socket, one request object per line and one
+//! response per line (as SPDK's `rpc.py` speaks to its target, newline-framed).
+//!
+//! The socket's own thread accepts; each client gets a thread that reads its requests and
+//! writes the answers, with timeouts, so a client that stalls, never reads or disconnects
+//! mid-line costs its own thread only. Requests reach the endpoint's loop through a channel
+//! it looks at between polls ([`ControlServer::try_next`], one atomic load when empty): the
+//! datapath never waits on a client.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// JSON-RPC 2.0's error codes.
+pub(crate) const PARSE_ERROR: i64 = -32700;
+pub(crate) const INVALID_REQUEST: i64 = -32600;
+pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
+pub(crate) const INVALID_PARAMS: i64 = -32602;
+/// The endpoint refused or failed what was asked (the message says why).
+pub(crate) const FAILED: i64 = -32000;
+
+/// Clients served at once; one more is answered with an error and closed.
+const MAX_CLIENTS: usize = 16;
+/// A request line longer than this is refused (and the client closed).
+const MAX_LINE: usize = 1 << 20;
+/// How long a client's thread waits for the endpoint's answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a write to a client may block before the client is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A JSON-RPC error: code and message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RpcError {
+    pub(crate) code: i64,
+    pub(crate) message: String,
+}
+
+impl RpcError {
+    pub(crate) fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError { code, message: message.into() }
+    }
+    pub(crate) fn params(message: impl Into<String>) -> RpcError {
+        RpcError::new(INVALID_PARAMS, message)
+    }
+    pub(crate) fn failed(message: impl std::fmt::Display) -> RpcError {
+        RpcError::new(FAILED, message.to_string())
+    }
+}
+
+/// A method call for the endpoint to answer.
+pub(crate) struct Call {
+    pub(crate) method: String,
+    pub(crate) params: Value,
+    reply: mpsc::Sender<Result<Value, RpcError>>,
+}
+
+impl Call {
+    /// A call and where its answer arrives (for the endpoint's own servers: metrics).
+    pub(crate) fn new(method: &str, params: Value) -> (Call, mpsc::Receiver<Result<Value, RpcError>>) {
+        let (reply, answer) = mpsc::channel();
+        (Call { method: method.to_string(), params, reply }, answer)
+    }
+
+    /// Sends the answer back to the client's thread (gone if the client went).
+    pub(crate) fn answer(self, r: Result<Value, RpcError>) {
+        let _ = self.reply.send(r);
+    }
+
+    /// Parameter `name` as a string, required.
+    pub(crate) fn str_param(&self, name: &str) -> Result<String, RpcError> {
+        match self.params.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err(RpcError::params(format!(
+                "{}: parameter '{name}' must be a string, not {v}",
+                self.method
+            ))),
+            None => Err(RpcError::params(format!("{}: parameter '{name}' is required", self.method))),
+        }
+    }
+
+    /// Refuses parameters the method does not take.
+    pub(crate) fn only_params(&self, names: &[&str]) -> Result<(), RpcError> {
+        match &self.params {
+            Value::Null => Ok(()),
+            Value::Object(m) => match m.keys().find(|k| !names.contains(&k.as_str())) {
+                Some(k) => Err(RpcError::params(format!(
+                    "{}: unknown parameter '{k}' (takes: {})",
+                    self.method,
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                ))),
+                None => Ok(()),
+            },
+            v => Err(RpcError::params(format!("{}: params must be an object, not {v}", self.method))),
+        }
+    }
+}
+
+/// Where the endpoint's loop finds the calls of the control socket and the metrics server.
+pub(crate) struct Calls {
+    rx: mpsc::Receiver<Call>,
+    tx: mpsc::Sender<Call>,
+}
+
+impl Calls {
+    pub(crate) fn new() -> Calls {
+        let (tx, rx) = mpsc::channel();
+        Calls { rx, tx }
+    }
+
+    /// A sender for a server.
+    pub(crate) fn sender(&self) -> mpsc::Sender<Call> {
+        self.tx.clone()
+    }
+
+    /// The next call waiting, if any (does not block: one atomic load when there is none).
+    pub(crate) fn try_next(&self) -> Option<Call> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Waits up to `d` for a call.
+    pub(crate) fn next_within(&self, d: Duration) -> Option<Call> {
+        self.rx.recv_timeout(d).ok()
+    }
+}
+
+/// The control socket, serving until dropped.
+pub(crate) struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Binds `path` (mode 0600; a stale socket there that nobody serves is replaced, a live
+    /// one is an error) and starts accepting.
+    pub(crate) fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, String> {
+        let at = path.display();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("control socket {at}: creating {}: {e}", dir.display()))?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(format!("control socket {at}: another process serves it"));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| format!("control socket {at}: removing the stale socket: {e}"))?;
+        }
+        // Created with no permission for group and others: a client that could connect
+        // between bind and chmod would be one of the owner's.
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+        let bound = UnixListener::bind(path);
+        rustix::process::umask(old);
+        let listener = bound.map_err(|e| format!("control socket {at}: {e}"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("control socket {at}: chmod 0600: {e}"))?;
+        listener.set_nonblocking(true).map_err(|e| format!("control socket {at}: {e}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let accept = std::thread::Builder::new()
+            .name("dxpu-control".into())
+            .spawn(move || accept_loop(listener, tx, stop2))
+            .map_err(|e| format!("control socket {at}: starting its thread: {e}"))?;
+        log::info!("control socket on {at}");
+        Ok(ControlServer { path: path.to_path_buf(), stop, accept: Some(accept) })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, calls: mpsc::Sender<Call>, stop: Arc<AtomicBool>) {
+    let clients = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                if clients.load(Ordering::Relaxed) >= MAX_CLIENTS {
+                    let e = RpcError::failed(format!("too many control clients (at most {MAX_CLIENTS})"));
+                    let _ = writeln!(stream, "{}", response(Value::Null, Err(e)));
+                    continue;
+                }
+                clients.fetch_add(1, Ordering::Relaxed);
+                let (calls, clients2, stop) = (calls.clone(), clients.clone(), stop.clone());
+                let spawned =
+                    std::thread::Builder::new().name("dxpu-control-client".into()).spawn(move || {
+                        serve_client(stream, &calls, &stop);
+                        clients2.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    clients.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => {
+                log::warn!("control socket: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Reads request lines until the client closes (or stalls past the stop), answering each.
+fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBool) {
+    // The read wakes now and then to see whether the endpoint is stopping.
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let Ok(mut out) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) if !line.ends_with(b"\n") && line.len() <= MAX_LINE => continue,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if line.len() > MAX_LINE {
+                    let e = RpcError::new(INVALID_REQUEST, format!("request longer than {MAX_LINE} bytes"));
+                    let _ = writeln!(out, "{}", response(Value::Null, Err(e)));
+                    return;
+                }
+                continue;
+            }
+            Err(_) => return,
+        }
+        if line.len() > MAX_LINE {
+            let e = RpcError::new(INVALID_REQUEST, format!("request longer than {MAX_LINE} bytes"));
+            let _ = writeln!(out, "{}", response(Value::Null, Err(e)));
+            return;
+        }
+        let text = std::mem::take(&mut line);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let answer = handle_line(&text, calls);
+        if writeln!(out, "{answer}").and_then(|_| out.flush()).is_err() {
+            // The client does not read (the write timed out) or went away.
+            return;
+        }
+    }
+}
+
+/// One request line: parsed, checked, handed to the endpoint, answered.
+fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Value {
+    let req: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(e) => return response(Value::Null, Err(RpcError::new(PARSE_ERROR, format!("not JSON: {e}")))),
+    };
+    let id = req.get("id").cloned().unwrap_or(Value::Null);
+    if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
+        return response(
+            Value::Null,
+            Err(RpcError::new(INVALID_REQUEST, "id must be a string, number or null")),
+        );
+    }
+    if req.get("jsonrpc") != Some(&json!("2.0")) {
+        return response(id, Err(RpcError::new(INVALID_REQUEST, "\"jsonrpc\": \"2.0\" is required")));
+    }
+    let Some(method) = req.get("method").and_then(Value::as_str) else {
+        return response(id, Err(RpcError::new(INVALID_REQUEST, "\"method\" must be a string")));
+    };
+    let params = req.get("params").cloned().unwrap_or(Value::Null);
+    let (call, answer) = Call::new(method, params);
+    if calls.send(call).is_err() {
+        return response(id, Err(RpcError::failed("the endpoint is stopping")));
+    }
+    match answer.recv_timeout(ANSWER_TIMEOUT) {
+        Ok(r) => response(id, r),
+        Err(_) => response(
+            id,
+            Err(RpcError::failed(format!("the endpoint did not answer within {ANSWER_TIMEOUT:?}"))),
+        ),
+    }
+}
+
+fn response(id: Value, r: Result<Value, RpcError>) -> Value {
+    match r {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}),
+    }
+}
+
+/// Calls `method` on the control socket at `path` (the `dxpu ctl` side).
+pub(crate) fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, String> {
+    let at = path.display();
+    let mut s = UnixStream::connect(path).map_err(|e| format!("control socket {at}: {e}"))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    writeln!(s, "{req}").map_err(|e| format!("control socket {at}: sending: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).map_err(|e| format!("control socket {at}: reading: {e}"))?;
+    if line.is_empty() {
+        return Err(format!("control socket {at}: closed without an answer"));
+    }
+    serde_json::from_str(&line).map_err(|e| format!("control socket {at}: the answer is not JSON: {e}"))
+}
+
+/// Seconds since `started`, to the millisecond.
+pub(crate) fn uptime_since(started: std::time::Instant) -> f64 {
+    (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err_code(v: &Value) -> Option<i64> {
+        v.get("error")?.get("code")?.as_i64()
+    }
+
+    #[test]
+    fn malformed_requests_get_json_rpc_errors() {
+        let (tx, rx) = mpsc::channel::<Call>();
+        let t = std::thread::spawn(move || {
+            while let Ok(c) = rx.recv() {
+                let r = if c.method == "echo" {
+                    Ok(c.params.clone())
+                } else {
+                    Err(RpcError::new(METHOD_NOT_FOUND, "no"))
+                };
+                c.answer(r);
+            }
+        });
+        assert_eq!(err_code(&handle_line(b"{", &tx)), Some(PARSE_ERROR));
+        assert_eq!(err_code(&handle_line(b"[1]", &tx)), Some(INVALID_REQUEST));
+        assert_eq!(err_code(&handle_line(br#"{"method":"echo","id":1}"#, &tx)), Some(INVALID_REQUEST));
+        assert_eq!(
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":5,"id":1}"#, &tx)),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":{}}"#, &tx)),
+            Some(INVALID_REQUEST)
+        );
+        assert_eq!(
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":7}"#, &tx)),
+            Some(METHOD_NOT_FOUND)
+        );
+        let ok = handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":{"a":1},"id":"q"}"#, &tx);
+        assert_eq!(ok, json!({"jsonrpc": "2.0", "id": "q", "result": {"a": 1}}));
+        drop(tx);
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,222 @@
+//! `dxpu ctl`: calls a running endpoint's control socket and prints the answer as a table,
+//! or as the raw JSON-RPC response with `--json`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{Map, Value};
+
+/// Options of `dxpu ctl`.
+#[derive(Args, Debug)]
+pub(crate) struct CtlArgs {
+    /// The endpoint's control socket (its `[control] socket`). Default: /run/dxpu/gpu.sock if
+    /// it exists, else /run/dxpu/host.sock.
+    #[arg(long, short)]
+    socket: Option<PathBuf>,
+    /// Print the JSON-RPC response as it came.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for the answer (an attach may take the link's handshake timeout).
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// The method: status, devices, sessions, stats, reload; on a box export NAME and
+    /// unexport NAME; on a host attach NAME and detach NAME.
+    method: String,
+    /// The method's arguments: a device name, or KEY=VALUE parameters.
+    args: Vec<String>,
+}
+
+fn params(method: &str, args: &[String]) -> Result<Value, String> {
+    let mut m = Map::new();
+    for (i, a) in args.iter().enumerate() {
+        match a.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                m.insert(
+                    k.to_string(),
+                    serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string())),
+                );
+            }
+            _ if i == 0 => {
+                m.insert("name".into(), Value::String(a.clone()));
+            }
+            _ => {
+                return Err(format!(
+                    "{method}: argument '{a}': give KEY=VALUE (only the first may be a bare name)"
+                ));
+            }
+        }
+    }
+    Ok(if m.is_empty() { Value::Null } else { Value::Object(m) })
+}
+
+pub(crate) fn run(args: CtlArgs) -> ExitCode {
+    let socket = args.socket.clone().unwrap_or_else(|| {
+        let gpu = PathBuf::from("/run/dxpu/gpu.sock");
+        if gpu.exists() { gpu } else { PathBuf::from("/run/dxpu/host.sock") }
+    });
+    let p = match params(&args.method, &args.args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("dxpu ctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let resp = match crate::control::call(&socket, &args.method, p, Duration::from_secs(args.timeout)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("dxpu ctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        println!("{resp}");
+    }
+    if let Some(err) = resp.get("error") {
+        let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
+        let msg = err.get("message").and_then(Value::as_str).unwrap_or("?");
+        if !args.json {
+            eprintln!("dxpu ctl: {}: {msg} (JSON-RPC error {code})", args.method);
+        }
+        return ExitCode::FAILURE;
+    }
+    if !args.json {
+        print!("{}", table(&args.method, resp.get("result").unwrap_or(&Value::Null)));
+    }
+    ExitCode::SUCCESS
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
+        v => v.to_string(),
+    }
+}
+
+/// Rows under a header, each column as wide as its widest cell.
+fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            s.push_str(&format!("{c:<0$}  ", w[i]));
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
+/// `key: value` lines, nested objects flattened with dots.
+fn flat(prefix: &str, v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flat(&key, v, out);
+            }
+        }
+        v => out.push_str(&format!("{prefix}: {}\n", cell(v))),
+    }
+}
+
+fn table(method: &str, r: &Value) -> String {
+    let rows = |keys: &[&str]| -> Vec<Vec<String>> {
+        r.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|d| keys.iter().map(|k| cell(d.get(*k).unwrap_or(&Value::Null))).collect())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    match method {
+        "devices" if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("backing").is_some())) => {
+            let keys = ["name", "id", "state", "owner", "vendor_id", "device_id", "backing", "allow"];
+            columns(
+                &["DEVICE", "BDF", "STATE", "OWNER", "VENDOR", "DEVICE-ID", "BACKING", "ALLOW"],
+                &rows(&keys),
+            )
+        }
+        "devices" => {
+            let keys = ["name", "state", "server", "box_id", "host_view", "vfio_user_socket"];
+            columns(&["DEVICE", "STATE", "SERVER", "BOX-BDF", "HOST-BDF", "VFIO-USER"], &rows(&keys))
+        }
+        "sessions" => {
+            let who = if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("host").is_some())) {
+                "host"
+            } else {
+                "device"
+            };
+            let keys = [
+                who,
+                "peer",
+                "rtt_p50_us",
+                "rtt_p99_us",
+                "frames_sent",
+                "frames_received",
+                "bytes_sent",
+                "bytes_received",
+                "retransmits",
+                "naks_received",
+                "credit_stalls",
+            ];
+            let head = [
+                if who == "host" { "HOST" } else { "DEVICE" },
+                "PEER",
+                "RTT-P50-US",
+                "RTT-P99-US",
+                "FRAMES-TX",
+                "FRAMES-RX",
+                "BYTES-TX",
+                "BYTES-RX",
+                "RETRANSMITS",
+                "NAKS-RX",
+                "CREDIT-STALLS",
+            ];
+            columns(&head, &rows(&keys))
+        }
+        _ => {
+            let mut out = String::new();
+            match r {
+                Value::Object(_) => flat("", r, &mut out),
+                v => out.push_str(&format!("{}\n", cell(v))),
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_become_params() {
+        assert_eq!(params("detach", &[]).unwrap(), Value::Null);
+        assert_eq!(params("detach", &["gpu0".into()]).unwrap(), json!({"name": "gpu0"}));
+        assert_eq!(params("x", &["gpu0".into(), "n=3".into()]).unwrap(), json!({"name": "gpu0", "n": 3}));
+        assert!(params("x", &["a".into(), "b".into()]).is_err());
+    }
+
+    #[test]
+    fn tables_line_up() {
+        let t = table("devices", &json!([{"name": "gpu0", "state": "attached", "server": "127.0.0.1:1"}]));
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("DEVICE  STATE"), "{t}");
+        assert!(lines[1].starts_with("gpu0    attached"), "{t}");
+        assert_eq!(table("status", &json!({"a": {"b": 1}})), "a.b: 1\n");
+    }
+}

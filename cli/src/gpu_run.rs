@@ -1,0 +1,361 @@
+//! `dxpu gpu` serving: the endpoint's loop with its control socket, metrics, SIGHUP reload
+//! and readiness signal. Control calls and scrapes are answered between polls, from a
+//! channel looked at once per pass; a reload changes exports and hosts in place.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, UNIX_EPOCH};
+
+use bridge_gpu::{ExportReport, GpuEndpoint, GpuOptions, SessionReport};
+use serde_json::{Value, json};
+
+use crate::config::{self, GpuFile};
+use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
+use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
+
+/// What `dxpu gpu` runs on besides the endpoint.
+pub(crate) struct GpuRuntime {
+    /// The configuration file, read again on reload.
+    pub(crate) path: PathBuf,
+    /// The file as last applied.
+    pub(crate) file: GpuFile,
+    /// `--listen`, `--driver`, `--poll` as given (they override every reading of the file).
+    pub(crate) listen: Option<String>,
+    pub(crate) driver: Option<String>,
+    pub(crate) poll: Option<String>,
+    /// The options last applied.
+    pub(crate) opts: GpuOptions,
+    pub(crate) started: Instant,
+}
+
+/// Serves until `stop`; SIGHUP (`hup`) reloads. Control and metrics run if configured.
+pub(crate) fn serve(
+    ep: &mut GpuEndpoint,
+    rt: &mut GpuRuntime,
+    stop: &AtomicBool,
+    hup: &AtomicBool,
+) -> Result<(), String> {
+    let calls = Calls::new();
+    let _control =
+        rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
+    let _metrics = match rt.file.metrics.listen()? {
+        Some(a) => Some(MetricsServer::bind(a, calls.sender())?),
+        None => None,
+    };
+    let listen = ep.local_addr().map_err(|e| e.to_string())?;
+    crate::notify::ready(&format!("listening on {listen}"));
+    while !stop.load(Ordering::Relaxed) {
+        if !ep.poll().map_err(|e| e.to_string())? {
+            ep.wait().map_err(|e| e.to_string())?;
+        }
+        if hup.swap(false, Ordering::Relaxed) {
+            crate::notify::reloading();
+            match reload(ep, rt) {
+                Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
+                Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+            }
+            crate::notify::ready(&format!("listening on {listen}"));
+        }
+        while let Some(c) = calls.try_next() {
+            let r = answer(ep, rt, &c);
+            c.answer(r);
+        }
+    }
+    crate::notify::notify("STOPPING=1");
+    ep.shutdown().map_err(|e| e.to_string())
+}
+
+fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, RpcError> {
+    match c.method.as_str() {
+        "status" => {
+            c.only_params(&[])?;
+            Ok(json!({
+                "role": "gpu",
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "uptime_s": uptime_since(rt.started),
+                "listen": ep.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                "driver": ep.driver_name(),
+                "poll": poll_name(&rt.opts),
+                "config": rt.path.display().to_string(),
+                "devices": ep.export_names().len(),
+                "sessions": ep.session_reports().len(),
+                "hosts": ep.host_names(),
+                "pool": rt.file.pool.is_some(),
+            }))
+        }
+        "devices" => {
+            c.only_params(&[])?;
+            Ok(Value::Array(ep.export_reports().iter().map(device_json).collect()))
+        }
+        "sessions" => {
+            c.only_params(&[])?;
+            Ok(Value::Array(ep.session_reports().iter().map(session_json).collect()))
+        }
+        "stats" => {
+            c.only_params(&[])?;
+            Ok(stats_json(ep))
+        }
+        "export" => {
+            c.only_params(&["name"])?;
+            let name = c.str_param("name")?;
+            let opts = read_options(rt).map_err(RpcError::failed)?.1;
+            let Some(spec) = opts.exports.iter().find(|e| e.name == name) else {
+                return Err(RpcError::failed(format!(
+                    "export {name}: no [[device]] of that name in {}",
+                    rt.path.display()
+                )));
+            };
+            ep.add_export(spec).map_err(RpcError::failed)?;
+            Ok(json!({"exported": name}))
+        }
+        "unexport" => {
+            c.only_params(&["name"])?;
+            let name = c.str_param("name")?;
+            ep.remove_export(&name).map_err(RpcError::failed)?;
+            Ok(json!({"unexported": name}))
+        }
+        "reload" => {
+            c.only_params(&[])?;
+            reload(ep, rt).map_err(RpcError::failed)
+        }
+        "metrics" => Ok(Value::String(metrics(ep).render())),
+        m => Err(RpcError::new(
+            METHOD_NOT_FOUND,
+            format!(
+                "no method '{m}' (dxpu gpu has: status, devices, sessions, stats, export, unexport, reload)"
+            ),
+        )),
+    }
+}
+
+fn poll_name(o: &GpuOptions) -> &'static str {
+    match o.poll {
+        link::driver::PollMode::Busy { .. } => "busy",
+        link::driver::PollMode::Blocking => "blocking",
+    }
+}
+
+/// The file as it is now, with the command line's overrides, and the options it gives
+/// (validated exactly as at start).
+fn read_options(rt: &GpuRuntime) -> Result<(GpuFile, GpuOptions), String> {
+    let mut file: GpuFile = config::read(&rt.path)?;
+    if let Some(d) = &rt.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &rt.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let opts = file.options(rt.listen.as_deref()).map_err(|e| format!("{}: {e}", rt.path.display()))?;
+    Ok((file, opts))
+}
+
+/// Reads the file again and applies what changed: exports added, removed, or changed
+/// (removed and exported again; only their allow list: changed in place), hosts added.
+/// Refused, nothing changed, if the file does not validate or changes what needs a restart.
+pub(crate) fn reload(ep: &mut GpuEndpoint, rt: &mut GpuRuntime) -> Result<Value, String> {
+    let (file, opts) = read_options(rt)?;
+    let fixed = rt.file.restart_only_changes(&file);
+    if !fixed.is_empty() {
+        return Err(format!("{}: {} changed: that needs a restart", rt.path.display(), fixed.join(", ")));
+    }
+    for h in &rt.opts.hosts {
+        match opts.hosts.iter().find(|n| n.name == h.name) {
+            None => {
+                return Err(format!("{}: host {} removed: that needs a restart", rt.path.display(), h.name));
+            }
+            Some(n) if n.key.key_id() != h.key.key_id() => {
+                return Err(format!(
+                    "{}: host {}'s key changed: that needs a restart",
+                    rt.path.display(),
+                    h.name
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let (mut added, mut removed, mut changed, mut unchanged) = (vec![], vec![], vec![], vec![]);
+    for h in opts.hosts.iter().filter(|h| !rt.opts.hosts.iter().any(|o| o.name == h.name)) {
+        ep.add_host(h.clone()).map_err(|e| e.to_string())?;
+        log::info!("host {} added", h.name);
+    }
+    for old in &rt.opts.exports {
+        match opts.exports.iter().find(|n| n.name == old.name) {
+            None => {
+                ep.remove_export(&old.name).map_err(|e| e.to_string())?;
+                removed.push(old.name.clone());
+            }
+            Some(n) if n == old => unchanged.push(old.name.clone()),
+            Some(n) if n.device == old.device => {
+                ep.set_allow(&n.name, &n.allow).map_err(|e| e.to_string())?;
+                changed.push(n.name.clone());
+            }
+            Some(n) => {
+                ep.remove_export(&old.name).map_err(|e| e.to_string())?;
+                ep.add_export(n).map_err(|e| e.to_string())?;
+                changed.push(n.name.clone());
+            }
+        }
+    }
+    for n in opts.exports.iter().filter(|n| !rt.opts.exports.iter().any(|o| o.name == n.name)) {
+        ep.add_export(n).map_err(|e| e.to_string())?;
+        added.push(n.name.clone());
+    }
+    rt.file = file;
+    rt.opts = opts;
+    Ok(json!({"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}))
+}
+
+fn unix_seconds(t: std::time::SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn device_json(r: &ExportReport) -> Value {
+    let s = &r.stats;
+    json!({
+        "name": r.name,
+        "id": r.id.to_string(),
+        "backing": r.backing,
+        "vendor_id": format!("{:#06x}", r.identity.vendor_id),
+        "device_id": format!("{:#06x}", r.identity.device_id),
+        "class": format!("{:#08x}", r.identity.class),
+        "largest_bar": r.identity.largest_bar,
+        "allow": r.identity.allow,
+        "state": r.state(),
+        "owner": r.owner.as_ref().map(|o| o.0.clone()),
+        "session": r.owner.as_ref().map(|o| format!("{:#010x}", o.1)),
+        "token": r.owner.as_ref().and_then(|o| o.2),
+        "health": r.health,
+        "counters": {
+            "attaches": s.attaches, "refusals": s.refusals, "host_requests": s.host_requests,
+            "device_requests": s.device_requests, "device_completions": s.device_completions,
+            "dma_dropped": s.dma_dropped, "too_large": s.too_large, "resets": s.resets,
+            "claims_revoked": s.claims_revoked, "stale_tokens": s.stale_tokens,
+        },
+    })
+}
+
+/// A session's link counters as JSON (both endpoints' `sessions`).
+pub(crate) fn link_json(l: &link::Stats) -> Value {
+    json!({
+        "rtt_p50_us": l.rtt_quantile_us(0.5), "rtt_p99_us": l.rtt_quantile_us(0.99),
+        "rtt_samples": l.rtt_samples(),
+        "frames_sent": l.frames_sent, "frames_received": l.frames_received,
+        "bytes_sent": l.bytes_sent, "bytes_received": l.bytes_received,
+        "tlps_sent": l.tlps_sent, "tlps_received": l.tlps_received,
+        "data_frames_sent": l.data_frames_sent, "acks_sent": l.acks_sent,
+        "retransmits": l.retransmits, "replay_timeouts": l.replay_timeouts,
+        "naks_sent": l.naks_sent, "naks_received": l.naks_received,
+        "credit_stalls": l.credit_stalls,
+        "dropped_malformed": l.dropped_malformed, "dropped_bad_mac": l.dropped_bad_mac,
+        "dropped_replayed": l.dropped_replayed, "dropped_stale_epoch": l.dropped_stale_epoch,
+        "dropped_out_of_window": l.dropped_out_of_window, "duplicate_data": l.duplicate_data,
+        "key_updates": l.key_updates,
+    })
+}
+
+fn session_json(r: &SessionReport) -> Value {
+    let mut v = json!({
+        "session": format!("{:#010x}", r.id),
+        "host": r.host,
+        "peer": r.peer.to_string(),
+        "device": r.device,
+        "since": unix_seconds(r.since),
+    });
+    if let (Value::Object(m), Value::Object(l)) = (&mut v, link_json(&r.link)) {
+        m.extend(l);
+    }
+    v
+}
+
+fn stats_json(ep: &mut GpuEndpoint) -> Value {
+    let s = ep.stats();
+    let h = ep.endpoint_stats();
+    let exports: serde_json::Map<String, Value> =
+        ep.export_reports().iter().map(|r| (r.name.clone(), device_json(r)["counters"].clone())).collect();
+    json!({
+        "sessions_up": s.sessions_up,
+        "sessions_closed_by_hosts": s.sessions_closed_by_hosts,
+        "unowned_requests": s.unowned_requests,
+        "bad_control": s.bad_control,
+        "malformed_tlps": s.malformed_tlps,
+        "largest_payload_received": s.largest_payload_received,
+        "handshakes": {
+            "cookies_sent": h.cookies_sent, "bad_cookies": h.bad_cookies, "expired_cookies": h.expired_cookies,
+            "unknown_key": h.unknown_key, "auth_failures": h.auth_failures, "stale_handshakes": h.stale_handshakes,
+            "refused_full": h.refused_full, "peer_restarts": h.peer_restarts, "bad_handshakes": h.bad_handshakes,
+            "dropped_malformed": h.dropped_malformed, "dropped_unknown_session": h.dropped_unknown_session,
+        },
+        "exports": exports,
+    })
+}
+
+fn metrics(ep: &mut GpuEndpoint) -> Exposition {
+    let mut x = Exposition::default();
+    x.gauge(
+        "up",
+        "The endpoint runs (1), by role and version",
+        labels(&[("role", "gpu"), ("version", env!("CARGO_PKG_VERSION"))]),
+        1.0,
+    );
+    for r in ep.export_reports() {
+        let owner = r.owner.as_ref().map(|o| o.0.as_str()).unwrap_or("");
+        let vendor = format!("{:#06x}", r.identity.vendor_id);
+        let device = format!("{:#06x}", r.identity.device_id);
+        let id = r.id.to_string();
+        x.gauge(
+            "device_info",
+            "An exported device (1), with its owner, state and IDs as labels",
+            labels(&[
+                ("device", &r.name),
+                ("owner", owner),
+                ("state", r.state()),
+                ("box_id", &id),
+                ("vendor_id", &vendor),
+                ("device_id", &device),
+            ]),
+            1.0,
+        );
+        let d = labels(&[("device", &r.name)]);
+        let s = &r.stats;
+        for (name, help, v) in [
+            ("device_attaches", "Successful attaches", s.attaches),
+            ("device_refusals", "Attaches refused", s.refusals),
+            ("device_host_requests", "Requests from the owner executed against the device", s.host_requests),
+            ("device_dma_requests", "Requests the device originated (DMA, MSI-X)", s.device_requests),
+            (
+                "device_dma_completions",
+                "Completions from the owner for the device's reads",
+                s.device_completions,
+            ),
+            ("device_dma_dropped", "Device DMA dropped at resets", s.dma_dropped),
+            ("device_tlps_too_large", "Device TLPs that did not fit the link", s.too_large),
+            ("device_resets", "Function-level resets on release", s.resets),
+            ("device_claims_revoked", "Owners cut off because their pool claim went", s.claims_revoked),
+            ("device_stale_tokens", "Attaches refused for a claim the pool did not hold", s.stale_tokens),
+        ] {
+            x.counter(name, help, d.clone(), v);
+        }
+    }
+    for r in ep.session_reports() {
+        let peer = r.peer.to_string();
+        let l = labels(&[("host", &r.host), ("peer", &peer), ("device", r.device.as_deref().unwrap_or(""))]);
+        link_metrics(&mut x, &l, &r.link);
+    }
+    let s = ep.stats();
+    let h = ep.endpoint_stats();
+    x.counter("sessions_up", "Sessions that came up", vec![], s.sessions_up);
+    x.counter("unowned_requests", "Requests from sessions owning no device", vec![], s.unowned_requests);
+    x.counter("malformed_tlps", "TLPs from hosts that did not parse", vec![], s.malformed_tlps);
+    for (why, n) in [
+        ("unknown_key", h.unknown_key),
+        ("auth_failure", h.auth_failures),
+        ("bad_cookie", h.bad_cookies),
+        ("stale", h.stale_handshakes),
+        ("full", h.refused_full),
+        ("malformed", h.bad_handshakes),
+    ] {
+        x.counter("handshakes_refused", "Handshakes refused, by reason", labels(&[("reason", why)]), n);
+    }
+    x
+}

@@ -1,0 +1,324 @@
+//! Prometheus metrics: the endpoint's counters in the text exposition format 0.0.4 (through
+//! the `prometheus` crate's data model and encoder), served over HTTP on `[metrics] listen`.
+//!
+//! A scrape asks the endpoint's loop for a snapshot of its counters (the same channel the
+//! control socket uses: the datapath never waits on a scraper) and encodes it; a counter
+//! here is always one the endpoint already keeps, so what a scrape reports is what
+//! `dxpu ctl stats` says.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use prometheus::proto::{self, MetricType};
+
+use crate::control::Call;
+
+/// Label pairs of one sample.
+pub(crate) type Labels = Vec<(String, String)>;
+
+/// Builds label pairs from `(name, value)`s.
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[derive(Debug, Clone)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    /// Sum, count, and per bucket its upper bound and (not cumulative) count.
+    Histogram(f64, u64, Vec<(f64, u64)>),
+}
+
+#[derive(Debug, Clone)]
+struct Family {
+    name: String,
+    help: String,
+    kind: MetricType,
+    samples: Vec<(Labels, Value)>,
+}
+
+/// One scrape's metrics, families in the order first added.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Exposition {
+    families: Vec<Family>,
+}
+
+impl Exposition {
+    fn add(&mut self, name: &str, help: &str, kind: MetricType, mut labels: Labels, v: Value) {
+        labels.sort();
+        let name = format!("dxpu_{name}");
+        match self.families.iter_mut().find(|f| f.name == name) {
+            Some(f) => f.samples.push((labels, v)),
+            None => {
+                self.families.push(Family { name, help: help.to_string(), kind, samples: vec![(labels, v)] })
+            }
+        }
+    }
+
+    /// A counter, `dxpu_{name}_total` on the wire.
+    pub(crate) fn counter(&mut self, name: &str, help: &str, labels: Labels, v: u64) {
+        self.add(&format!("{name}_total"), help, MetricType::COUNTER, labels, Value::Counter(v));
+    }
+
+    /// A gauge, `dxpu_{name}`.
+    pub(crate) fn gauge(&mut self, name: &str, help: &str, labels: Labels, v: f64) {
+        self.add(name, help, MetricType::GAUGE, labels, Value::Gauge(v));
+    }
+
+    /// A histogram from power-of-two buckets: `buckets[i]` counts values in
+    /// `[2^i, 2^(i+1))` of `unit` (seconds per unit), the last open-ended; `sum` in seconds.
+    pub(crate) fn log2_histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: Labels,
+        buckets: &[u64],
+        unit: f64,
+        sum: f64,
+    ) {
+        let n = buckets.len();
+        let mut out: Vec<(f64, u64)> = buckets
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (if i + 1 == n { f64::MAX } else { (1u64 << (i + 1)) as f64 * unit }, *c))
+            .collect();
+        if out.last().is_none_or(|(b, _)| *b != f64::MAX) {
+            out.push((f64::MAX, 0));
+        }
+        let count = buckets.iter().sum();
+        self.add(name, help, MetricType::HISTOGRAM, labels, Value::Histogram(sum, count, out));
+    }
+
+    /// The text exposition format 0.0.4.
+    pub(crate) fn render(self) -> String {
+        let families: Vec<proto::MetricFamily> = self.families.iter().map(family).collect();
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_else(|e| format!("# the metrics could not be encoded: {e}\n"))
+    }
+
+    /// The value of counter `name` (without `dxpu_` and `_total`) with `labels`, for tests.
+    #[cfg(test)]
+    pub(crate) fn counter_value(&self, name: &str, labels: &Labels) -> Option<u64> {
+        let f = self.families.iter().find(|f| f.name == format!("dxpu_{name}_total"))?;
+        f.samples.iter().find(|(l, _)| l == labels).and_then(|(_, v)| match v {
+            Value::Counter(c) => Some(*c),
+            _ => None,
+        })
+    }
+}
+
+fn family(f: &Family) -> proto::MetricFamily {
+    let mut out = proto::MetricFamily::default();
+    out.set_name(f.name.clone());
+    out.set_help(f.help.clone());
+    out.set_field_type(f.kind);
+    let metrics = f
+        .samples
+        .iter()
+        .map(|(labels, v)| {
+            let mut m = proto::Metric::default();
+            m.set_label(
+                labels
+                    .iter()
+                    .map(|(k, v)| {
+                        let mut p = proto::LabelPair::default();
+                        p.set_name(k.clone());
+                        p.set_value(v.clone());
+                        p
+                    })
+                    .collect(),
+            );
+            match v {
+                Value::Counter(c) => {
+                    let mut c2 = proto::Counter::default();
+                    c2.set_value(*c as f64);
+                    m.set_counter(c2);
+                }
+                Value::Gauge(g) => {
+                    let mut g2 = proto::Gauge::default();
+                    g2.set_value(*g);
+                    m.set_gauge(g2);
+                }
+                Value::Histogram(sum, count, buckets) => {
+                    let mut h = proto::Histogram::default();
+                    h.set_sample_sum(*sum);
+                    h.set_sample_count(*count);
+                    let mut cumulative = 0;
+                    // The encoder writes the +Inf bucket itself, from the count.
+                    h.set_bucket(
+                        buckets
+                            .iter()
+                            .filter(|(le, _)| *le != f64::MAX)
+                            .map(|(le, n)| {
+                                cumulative += n;
+                                let mut b = proto::Bucket::default();
+                                b.set_upper_bound(*le);
+                                b.set_cumulative_count(cumulative);
+                                b
+                            })
+                            .collect(),
+                    );
+                    m.set_histogram(h);
+                }
+            }
+            m
+        })
+        .collect();
+    out.set_metric(metrics);
+    out
+}
+
+/// The metrics server: one scrape at a time, each bounded in time.
+pub(crate) struct MetricsServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Listens on `addr`; each scrape sends a `metrics` call to the endpoint through `calls`.
+    pub(crate) fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, String> {
+        let listener = TcpListener::bind(addr).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+        listener.set_nonblocking(true).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dxpu-metrics".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((s, _)) => scrape(s, &calls),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            })
+            .map_err(|e| format!("metrics: starting its thread: {e}"))?;
+        log::info!("metrics on http://{addr}/metrics");
+        Ok(MetricsServer { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One HTTP exchange: `GET /metrics` answered with the exposition, anything else 404/405.
+fn scrape(mut s: TcpStream, calls: &mpsc::Sender<Call>) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut first = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let (status, body, ctype) = if method != "GET" {
+        ("405 Method Not Allowed", "only GET\n".to_string(), "text/plain")
+    } else if path != "/metrics" && !path.starts_with("/metrics?") {
+        ("404 Not Found", "metrics are at /metrics\n".to_string(), "text/plain")
+    } else {
+        let (call, answer) = Call::new("metrics", serde_json::Value::Null);
+        let got = calls.send(call).ok().and_then(|_| answer.recv_timeout(Duration::from_secs(5)).ok());
+        match got {
+            Some(Ok(serde_json::Value::String(t))) => ("200 OK", t, prometheus::TEXT_FORMAT),
+            _ => ("503 Service Unavailable", "the endpoint did not answer\n".to_string(), "text/plain"),
+        }
+    };
+    let _ = write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// The link counters of one session, labelled `labels` (device, host, peer).
+pub(crate) fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
+    let with = |extra: &[(&str, &str)]| {
+        let mut v = l.clone();
+        v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        v
+    };
+    for (dir, frames, bytes, tlps) in [
+        ("sent", s.frames_sent, s.bytes_sent, s.tlps_sent),
+        ("received", s.frames_received, s.bytes_received, s.tlps_received),
+    ] {
+        x.counter("link_frames", "Link frames, by direction", with(&[("direction", dir)]), frames);
+        x.counter(
+            "link_bytes",
+            "Link frame bytes (UDP payloads), by direction",
+            with(&[("direction", dir)]),
+            bytes,
+        );
+        x.counter("link_tlps", "TLPs carried by the link, by direction", with(&[("direction", dir)]), tlps);
+    }
+    x.counter("link_retransmits", "DATA frames sent again from the replay buffer", l.clone(), s.retransmits);
+    x.counter("link_replay_timer_fires", "Replay timer expiries", l.clone(), s.replay_timeouts);
+    x.counter("link_naks", "NAKs, by direction", with(&[("direction", "sent")]), s.naks_sent);
+    x.counter("link_naks", "NAKs, by direction", with(&[("direction", "received")]), s.naks_received);
+    x.counter(
+        "link_credit_stalls",
+        "TLPs held back for lack of the peer's credits",
+        l.clone(),
+        s.credit_stalls,
+    );
+    for (why, n) in [
+        ("malformed", s.dropped_malformed),
+        ("bad_mac", s.dropped_bad_mac),
+        ("stale_epoch", s.dropped_stale_epoch),
+        ("replayed", s.dropped_replayed),
+        ("out_of_window", s.dropped_out_of_window),
+        ("duplicate", s.duplicate_data),
+    ] {
+        x.counter("link_frames_dropped", "Received frames dropped, by reason", with(&[("reason", why)]), n);
+    }
+    x.log2_histogram(
+        "link_rtt_seconds",
+        "Round trips of DATA frames (first send to its ACK)",
+        l.clone(),
+        &s.rtt_us_log2,
+        1e-6,
+        // The buckets' midpoints stand in for the samples' sum (the link keeps buckets only).
+        s.rtt_us_log2.iter().enumerate().map(|(i, c)| *c as f64 * 1.5 * (1u64 << i) as f64 * 1e-6).sum(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_help_type_and_labelled_samples() {
+        let mut x = Exposition::default();
+        x.counter("resets", "Resets", labels(&[("device", "gpu0")]), 3);
+        x.counter("resets", "Resets", labels(&[("device", "gpu\"1")]), 4);
+        x.gauge("device_info", "Info", labels(&[("device", "gpu0"), ("owner", "")]), 1.0);
+        x.log2_histogram("mmio_read_seconds", "MMIO", labels(&[("device", "gpu0")]), &[0, 2, 1], 1e-9, 1e-8);
+        assert_eq!(x.counter_value("resets", &labels(&[("device", "gpu0")])), Some(3));
+        let t = x.render();
+        assert!(t.contains("# TYPE dxpu_resets_total counter"), "{t}");
+        assert!(t.contains("dxpu_resets_total{device=\"gpu0\"} 3"), "{t}");
+        assert!(t.contains("dxpu_resets_total{device=\"gpu\\\"1\"} 4"), "{t}");
+        assert!(t.contains("dxpu_mmio_read_seconds_count{device=\"gpu0\"} 3"), "{t}");
+        assert!(t.contains("dxpu_mmio_read_seconds_bucket{device=\"gpu0\",le=\"+Inf\"} 3"), "{t}");
+        assert!(t.contains("# HELP dxpu_resets_total Resets"), "{t}");
+    }
+}

@@ -1,0 +1,67 @@
+//! systemd's readiness protocol (`sd_notify(3)`): a datagram to `$NOTIFY_SOCKET` saying the
+//! service is ready, reloading or stopping. Nothing happens where the variable is unset (not
+//! started by systemd, or not `Type=notify`).
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+
+/// Sends `state` (`READY=1`, `STOPPING=1`, …) to the service manager, if there is one; a
+/// failure is logged, never fatal.
+pub(crate) fn notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let bytes = path.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(std::path::Path::new(&path)),
+    };
+    let sent = addr.and_then(|a| UnixDatagram::unbound().and_then(|s| s.send_to_addr(state.as_bytes(), &a)));
+    if let Err(e) = sent {
+        log::warn!("sd_notify {state:?} to {}: {e}", path.to_string_lossy());
+    }
+}
+
+/// `READY=1` with a status line.
+pub(crate) fn ready(status: &str) {
+    notify(&format!("READY=1\nSTATUS={status}"));
+}
+
+/// `RELOADING=1` with the monotonic time systemd expects alongside it.
+pub(crate) fn reloading() {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let usec = t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1000;
+    notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
+}
+
+#[cfg(test)]
+mod tests {
+    /// The test binary runs itself with `NOTIFY_SOCKET` set (this crate forbids the unsafe
+    /// `set_var`), and the child's `READY=1` arrives on the socket.
+    #[test]
+    fn the_state_reaches_the_socket_named_by_notify_socket() {
+        let dir = std::env::temp_dir().join(format!("dxpu-notify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "notify::tests::child_sends", "--nocapture"])
+            .env("NOTIFY_SOCKET", &path)
+            .env("DXPU_NOTIFY_CHILD", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut buf = [0u8; 256];
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let n = sock.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1\nSTATUS=serving");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The child of the test above (does nothing when run on its own).
+    #[test]
+    fn child_sends() {
+        if std::env::var_os("DXPU_NOTIFY_CHILD").is_some() {
+            super::ready("serving");
+        }
+    }
+}

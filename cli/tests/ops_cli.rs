@@ -1,0 +1,526 @@
+//! Operating the endpoints as processes: `dxpu ctl` against a running box and host (every
+//! method, a device detached and attached again while another keeps its session, JSON-RPC
+//! errors, a client that never reads), Prometheus metrics checked by `promtool` and against
+//! the endpoint's own counters, SIGHUP reloads (a valid change, an invalid one, none).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const KEY_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+/// Endpoint processes share two cores: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn dxpu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxpu"))
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dxpu-ops-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn device(name: &str, allow: &str) -> String {
+    format!("[[device]]\nname = \"{name}\"\nsim = {{ vram_mib = 256 }}\nallow = [{allow}]\n")
+}
+
+fn gpu_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
+    let mut t = format!(
+        "listen = \"127.0.0.1:{port}\"\n[link]\nidle_timeout_ms = 1000\n[control]\nsocket = \"{}\"\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+         [[host]]\nname = \"host-a\"\nkey = \"{KEY_A}\"\n[[host]]\nname = \"host-b\"\nkey = \"{KEY_B}\"\n",
+        dir.join("gpu.sock").display()
+    );
+    for d in devices {
+        t.push_str(&device(d, "\"host-a\", \"host-b\""));
+    }
+    t
+}
+
+fn host_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
+    let mut t = format!(
+        "[control]\nsocket = \"{}\"\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+        dir.join("host.sock").display()
+    );
+    for d in devices {
+        t.push_str(&format!(
+            "[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"{d}\"\nkey = \"{KEY_A}\"\n"
+        ));
+    }
+    t
+}
+
+/// A process whose log goes to a file (a pipe nobody reads would fill and stall it).
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn start(dir: &Path, what: &str, config: &Path) -> Proc {
+        let log = dir.join(format!("{what}.log"));
+        let f = std::fs::File::create(&log).unwrap();
+        let child = dxpu().arg(what).arg("--config").arg(config).stderr(Stdio::from(f)).spawn().unwrap();
+        Proc { child, log }
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's PID.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+    }
+    fn stop(mut self) -> (i32, String) {
+        self.signal(libc::SIGTERM);
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (st.code().unwrap_or(-1), self.log());
+            }
+            assert!(Instant::now() < end, "did not stop within 10 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < end, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `dxpu ctl --json` and its parsed response.
+fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
+    let out = dxpu().args(["ctl", "--json", "--socket"]).arg(sock).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!("ctl {args:?}: not JSON ({e}): {text} {}", String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.success(), v)
+}
+
+fn result(sock: &Path, args: &[&str]) -> Value {
+    let (ok, v) = ctl(sock, args);
+    assert!(ok, "ctl {args:?}: {v}");
+    v["result"].clone()
+}
+
+/// A raw JSON-RPC exchange on the socket.
+fn raw(sock: &Path, line: &str) -> Value {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    writeln!(s, "{line}").unwrap();
+    let mut buf = Vec::new();
+    let mut b = [0u8; 4096];
+    while !buf.ends_with(b"\n") {
+        let n = s.read(&mut b).unwrap();
+        assert!(n > 0, "closed without an answer to {line}");
+        buf.extend_from_slice(&b[..n]);
+    }
+    serde_json::from_slice(&buf).unwrap()
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    text.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name{labels}` (labels in the order the endpoint writes them).
+fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn promtool_check(text: &str) {
+    let Ok(mut p) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipping promtool's check: promtool not found (Debian package prometheus)");
+        return;
+    };
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
+    list.as_array().unwrap().iter().find(|d| d[key] == name).unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+#[test]
+fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_session() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("ctl");
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
+    let hcfg = dir.join("host.toml");
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu1"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
+    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    let host = Proc::start(&dir, "host", &hcfg);
+    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    // Both sockets are the owner's only.
+    for s in [&gs, &hs] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "{}", s.display());
+    }
+
+    let st = result(&gs, &["status"]);
+    assert_eq!(st["role"], "gpu");
+    assert_eq!(st["version"], env!("CARGO_PKG_VERSION"));
+    assert!(st["uptime_s"].as_f64().unwrap() >= 0.0);
+    assert!(["io_uring", "portable"].contains(&st["driver"].as_str().unwrap()), "{st}");
+    assert_eq!(st["poll"], "blocking");
+    let st = result(&hs, &["status"]);
+    assert_eq!(st["role"], "host");
+    assert_eq!(st["attached"], 2);
+
+    let devs = result(&gs, &["devices"]);
+    for d in ["gpu0", "gpu1"] {
+        let d = by_name(&devs, "name", d);
+        assert_eq!(d["state"], "attached", "{d}");
+        assert_eq!(d["owner"], "host-a");
+        assert_eq!(d["vendor_id"], "0x1234");
+        assert!(d["counters"]["host_requests"].as_u64().unwrap() > 0, "{d}");
+    }
+    let hdevs = result(&hs, &["devices"]);
+    assert_eq!(by_name(&hdevs, "name", "gpu1")["state"], "attached");
+    let sessions = result(&gs, &["sessions"]);
+    assert_eq!(sessions.as_array().unwrap().len(), 2, "{sessions}");
+    let s0 = by_name(&sessions, "device", "gpu0").clone();
+    assert_eq!(s0["host"], "host-a");
+    assert!(
+        s0["frames_received"].as_u64().unwrap() > 0 && s0["bytes_received"].as_u64().unwrap() > 0,
+        "{s0}"
+    );
+    assert!(s0["rtt_p50_us"].as_u64().is_some(), "no round trips timed: {s0}");
+    let hsess = result(&hs, &["sessions"]);
+    assert_eq!(by_name(&hsess, "device", "gpu0")["peer"], format!("127.0.0.1:{port}"));
+    let stats = result(&gs, &["stats"]);
+    assert_eq!(stats["sessions_up"], 2, "{stats}");
+    assert!(stats["exports"]["gpu0"]["attaches"].as_u64() == Some(1), "{stats}");
+    let hstats = result(&hs, &["stats"]);
+    assert!(hstats["devices"]["gpu0"]["tlps_sent"]["CfgRd0"].as_u64().unwrap() > 0, "{hstats}");
+
+    // gpu1 detached and attached again at run time; gpu0's session is the same throughout.
+    assert_eq!(result(&hs, &["detach", "gpu1"]), json!({"detached": "gpu1"}));
+    assert_eq!(by_name(&result(&hs, &["devices"]), "name", "gpu1")["state"], "detached");
+    until("the box frees gpu1", Duration::from_secs(5), || {
+        by_name(&result(&gs, &["devices"]), "name", "gpu1")["state"] == "free"
+    });
+    assert_eq!(result(&hs, &["attach", "gpu1"]), json!({"attached": "gpu1"}));
+    let devs = result(&gs, &["devices"]);
+    assert_eq!(by_name(&devs, "name", "gpu1")["state"], "attached");
+    assert_eq!(by_name(&devs, "name", "gpu1")["counters"]["attaches"], 2);
+    assert_eq!(by_name(&devs, "name", "gpu0")["counters"]["attaches"], 1, "gpu0 was disturbed");
+    let s0_after = by_name(&result(&gs, &["sessions"]), "device", "gpu0").clone();
+    assert_eq!(s0_after["session"], s0["session"], "gpu0's session changed");
+    assert_eq!(s0_after["since"], s0["since"]);
+
+    // The box takes a device away (unexport): the host sees it removed; export brings it back.
+    assert_eq!(result(&gs, &["unexport", "gpu1"]), json!({"unexported": "gpu1"}));
+    until("the host sees gpu1 removed", Duration::from_secs(5), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu1")["state"] == "removed"
+    });
+    assert_eq!(result(&gs, &["devices"]).as_array().unwrap().len(), 1);
+    assert_eq!(result(&gs, &["export", "gpu1"]), json!({"exported": "gpu1"}));
+    result(&hs, &["detach", "gpu1"]);
+    result(&hs, &["attach", "gpu1"]);
+    assert_eq!(by_name(&result(&gs, &["devices"]), "name", "gpu1")["owner"], "host-a");
+    assert_eq!(by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"], s0["session"]);
+
+    // Errors come back as JSON-RPC errors, with the code the spec gives.
+    let code = |v: &Value| v["error"]["code"].as_i64();
+    assert_eq!(code(&ctl(&gs, &["bogus"]).1), Some(-32601));
+    assert_eq!(code(&ctl(&hs, &["detach"]).1), Some(-32602), "a missing argument");
+    assert_eq!(code(&ctl(&hs, &["detach", "name=5"]).1), Some(-32602), "an argument of the wrong type");
+    assert_eq!(code(&ctl(&gs, &["status", "x=1"]).1), Some(-32602), "an argument the method does not take");
+    assert_eq!(code(&ctl(&hs, &["detach", "gpu7"]).1), Some(-32000), "a device not configured");
+    assert_eq!(code(&ctl(&gs, &["export", "gpu0"]).1), Some(-32000), "a device already exported");
+    assert_eq!(code(&raw(&gs, "{\"jsonrpc\":\"2.0\",\"id\":")), Some(-32700));
+    assert_eq!(code(&raw(&gs, "{\"id\":3,\"method\":\"status\"}")), Some(-32600));
+    let ok = raw(&gs, r#"{"jsonrpc":"2.0","id":"x","method":"status"}"#);
+    assert_eq!(ok["id"], "x");
+    assert_eq!(ok["result"]["role"], "gpu");
+
+    // The readable tables.
+    let out = dxpu().args(["ctl", "--socket"]).arg(&gs).arg("devices").output().unwrap();
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.starts_with("DEVICE") && t.contains("gpu0") && t.contains("host-a"), "{t}");
+
+    let (code, log) = host.stop();
+    assert_eq!(code, 1, "gpu1 was removed once, so the host reports a failure at exit:\n{log}");
+    assert!(log.contains("gpu1: removed"), "{log}");
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    assert!(!gs.exists() && !hs.exists(), "sockets left behind");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_client_that_never_reads_does_not_stall_the_box_and_metrics_match_its_counters() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("stall");
+    let (port, gm) = (free_udp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let gs = dir.join("gpu.sock");
+    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+
+    // A client floods requests and never reads its answers: its thread blocks on writing,
+    // nothing else does.
+    let mut hog = UnixStream::connect(&gs).unwrap();
+    hog.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let line = format!("{}\n", json!({"jsonrpc": "2.0", "id": 1, "method": "devices"}));
+    for _ in 0..20_000 {
+        if hog.write_all(line.as_bytes()).is_err() {
+            break;
+        }
+    }
+    // A second client that connects and sends half a line, then nothing.
+    let mut half = UnixStream::connect(&gs).unwrap();
+    half.write_all(b"{\"jsonrpc\":\"2.0\",").unwrap();
+
+    // A workload through the box meanwhile, scraped while it runs.
+    let hcfg = dir.join("host.toml");
+    std::fs::write(
+        &hcfg,
+        format!("[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu0\"\nkey = \"{KEY_B}\"\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut work =
+        dxpu().args(["host", "--workload", "--config"]).arg(&hcfg).stderr(Stdio::piped()).spawn().unwrap();
+    let mut during = None;
+    while work.try_wait().unwrap().is_none() {
+        let t = scrape(gm);
+        if t.contains("device=\"gpu0\",host=\"host-b\"") {
+            during.get_or_insert(t);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = work.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("workload verified"), "{err}");
+    eprintln!("workload with a stalled control client: {:.2} s", started.elapsed().as_secs_f64());
+    let during = during.expect("no scrape saw the workload's session");
+    promtool_check(&during);
+    assert!(during.contains("dxpu_device_info{"), "{during}");
+    assert!(during.contains("owner=\"host-b\""), "the owner is a label of the device's info: {during}");
+    assert!(during.contains("dxpu_link_rtt_seconds_bucket{"), "{during}");
+    // The control socket still answers other clients.
+    assert_eq!(result(&gs, &["status"])["role"], "gpu");
+
+    // Counters match the box's own: a scrape, the counters, a scrape; each counter in the
+    // middle lies between the two (they only grow). The host daemon keeps a session.
+    let host_cfg = dir.join("host2.toml");
+    std::fs::write(
+        &host_cfg,
+        format!("[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu0\"\nkey = \"{KEY_A}\"\n"),
+    )
+    .unwrap();
+    let host = Proc::start(&dir, "host", &host_cfg);
+    until("host-a's session", Duration::from_secs(10), || {
+        result(&gs, &["sessions"]).as_array().is_some_and(|a| a.iter().any(|s| s["device"] == "gpu0"))
+    });
+    let before = scrape(gm);
+    let sessions = result(&gs, &["sessions"]);
+    let stats = result(&gs, &["stats"]);
+    let after = scrape(gm);
+    promtool_check(&after);
+    let s = by_name(&sessions, "device", "gpu0");
+    let l = format!("host=\"host-a\",peer=\"{}\"", s["peer"].as_str().unwrap());
+    for (metric, key) in [
+        (format!("dxpu_link_frames_total{{device=\"gpu0\",direction=\"sent\",{l}}}"), "frames_sent"),
+        (format!("dxpu_link_frames_total{{device=\"gpu0\",direction=\"received\",{l}}}"), "frames_received"),
+        (format!("dxpu_link_bytes_total{{device=\"gpu0\",direction=\"received\",{l}}}"), "bytes_received"),
+        (format!("dxpu_link_tlps_total{{device=\"gpu0\",direction=\"received\",{l}}}"), "tlps_received"),
+        (format!("dxpu_link_retransmits_total{{device=\"gpu0\",{l}}}"), "retransmits"),
+    ] {
+        let (a, b) = (sample(&before, &metric), sample(&after, &metric));
+        let (a, b) = (a.unwrap_or_else(|| panic!("{metric} missing:\n{before}")), b.unwrap());
+        let v = s[key].as_u64().unwrap() as f64;
+        assert!(a <= v && v <= b, "{metric}: {a} <= {v} <= {b}");
+    }
+    let attaches = sample(&after, "dxpu_device_attaches_total{device=\"gpu0\"}").unwrap();
+    assert_eq!(attaches, stats["exports"]["gpu0"]["attaches"].as_u64().unwrap() as f64);
+    assert_eq!(attaches, 2.0);
+    drop(hog);
+    drop(half);
+    assert_eq!(host.stop().0, 0);
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("hmetrics");
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    until("the box's control socket", Duration::from_secs(10), || dir.join("gpu.sock").exists());
+    let hcfg = dir.join("host.toml");
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
+    let host = Proc::start(&dir, "host", &hcfg);
+    let hs = dir.join("host.sock");
+    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    let t = scrape(hm);
+    promtool_check(&t);
+    let stats = result(&hs, &["stats"]);
+    let cfg_reads = stats["devices"]["gpu0"]["tlps_sent"]["CfgRd0"].as_u64().unwrap() as f64;
+    assert_eq!(
+        sample(&t, "dxpu_tlps_total{device=\"gpu0\",direction=\"sent\",kind=\"CfgRd0\"}"),
+        Some(cfg_reads)
+    );
+    assert!(t.contains("dxpu_mmio_read_seconds_count{device=\"gpu0\"}"), "{t}");
+    assert!(t.contains("dxpu_surprise_removals_total{device=\"gpu0\"} 0"), "{t}");
+    assert!(t.contains("dxpu_dma_outside_windows_total{device=\"gpu0\",op=\"read\"}"), "{t}");
+    assert!(t.contains("dxpu_device_info{device=\"gpu0\""), "{t}");
+    // Anything but GET /metrics is refused.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", hm)).unwrap();
+    write!(s, "GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    assert_eq!(host.stop().0, 0);
+    assert_eq!(gpu.stop().0, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_file_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("hup");
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let gs = dir.join("gpu.sock");
+    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    let hcfg = dir.join("host.toml");
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
+    let host = Proc::start(&dir, "host", &hcfg);
+    let hs = dir.join("host.sock");
+    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    let session = |gs: &Path| by_name(&result(gs, &["sessions"]), "device", "gpu0")["session"].clone();
+    let s0 = session(&gs);
+
+    // No change: nothing happens, nothing is disturbed.
+    gpu.signal(libc::SIGHUP);
+    until("the box logs the reload", Duration::from_secs(5), || gpu.log().contains("reloaded"));
+    assert!(gpu.log().contains(r#""unchanged":["gpu0","gpu1"]"#), "{}", gpu.log());
+    assert_eq!(session(&gs), s0);
+
+    // A valid change: gpu1 goes, gpu2 comes; gpu0 (held by the host) is untouched.
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
+    gpu.signal(libc::SIGHUP);
+    until("gpu2 exported", Duration::from_secs(5), || {
+        result(&gs, &["devices"]).as_array().unwrap().iter().any(|d| d["name"] == "gpu2")
+    });
+    let names: Vec<Value> =
+        result(&gs, &["devices"]).as_array().unwrap().iter().map(|d| d["name"].clone()).collect();
+    assert_eq!(names, vec![json!("gpu0"), json!("gpu2")]);
+    assert_eq!(session(&gs), s0, "gpu0's owner was disturbed by the reload");
+
+    // An invalid change: refused with the message a start gives, the old one keeps running.
+    let bad = gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])
+        .replace("allow = [\"host-a\", \"host-b\"]\n", "allow = [\"host-z\"]\n");
+    std::fs::write(&gcfg, &bad).unwrap();
+    let start = dxpu().args(["gpu", "--config"]).arg(&gcfg).output().unwrap();
+    let at_start = String::from_utf8_lossy(&start.stderr);
+    let why = at_start.trim().strip_prefix("dxpu gpu: ").unwrap_or(&at_start).to_string();
+    assert!(why.contains("allow[0]") && why.contains("host-z"), "{why}");
+    gpu.signal(libc::SIGHUP);
+    until("the box refuses the reload", Duration::from_secs(5), || gpu.log().contains("reload refused"));
+    assert!(
+        gpu.log().contains(why.trim()),
+        "the reload's refusal differs from the start's ({why}):\n{}",
+        gpu.log()
+    );
+    assert_eq!(result(&gs, &["devices"]).as_array().unwrap().len(), 2);
+    assert_eq!(session(&gs), s0);
+    // The same through ctl reload: a JSON-RPC error saying why.
+    let (ok, v) = ctl(&gs, &["reload"]);
+    assert!(!ok && v["error"]["message"].as_str().unwrap().contains("host-z"), "{v}");
+    // A change that needs a restart is refused too.
+    std::fs::write(&gcfg, gpu_toml(&dir, free_udp_port(), gm, &["gpu0"])).unwrap();
+    let (ok, v) = ctl(&gs, &["reload"]);
+    assert!(!ok && v["error"]["message"].as_str().unwrap().contains("listen changed"), "{v}");
+
+    // The host: a device added by a reload is attached, one removed detached; gpu0 stays.
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
+    assert_eq!(result(&gs, &["reload"])["unchanged"], json!(["gpu0", "gpu2"]));
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu2"])).unwrap();
+    host.signal(libc::SIGHUP);
+    until("the host attaches gpu2", Duration::from_secs(10), || {
+        result(&hs, &["devices"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["name"] == "gpu2" && d["state"] == "attached")
+    });
+    assert_eq!(by_name(&result(&gs, &["devices"]), "name", "gpu2")["owner"], "host-a");
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
+    let r = result(&hs, &["reload"]);
+    assert_eq!(r["removed"], json!(["gpu2"]), "{r}");
+    assert_eq!(r["unchanged"], json!(["gpu0"]), "{r}");
+    until("the box frees gpu2", Duration::from_secs(5), || {
+        by_name(&result(&gs, &["devices"]), "name", "gpu2")["state"] == "free"
+    });
+    std::fs::write(&hcfg, "[[attach]]\nserver = \"127.0.0.1:0\"\n").unwrap();
+    let (ok, v) = ctl(&hs, &["reload"]);
+    assert!(!ok, "{v}");
+    assert_eq!(session(&gs), s0, "gpu0's session survived every reload");
+
+    let (code, log) = host.stop();
+    assert_eq!(code, 0, "{log}");
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "SIGHUP must not end the box:\n{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
