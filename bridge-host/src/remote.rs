@@ -294,6 +294,15 @@ impl RemoteDevice {
         self.shut_down();
     }
 
+    /// [`RemoteDevice::detach`], returning the counters as they stand after it (the DETACH
+    /// it sent counted): what a capture of the whole session holds.
+    pub fn detach_counted(mut self) -> HostStats {
+        self.shut_down();
+        // Shut down already: the drop has nothing left to do.
+        self.abandoned = true;
+        self.stats()
+    }
+
     /// Lets go of the device without detaching or closing the session, as a host process
     /// that is killed does: the box learns of it only from the link's idle timeout. For
     /// tests of that failure.

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bridge_gpu::GpuEndpoint;
+use bridge_gpu::{GpuEndpoint, GpuOptions};
 use clap::Args;
 use driver::SimGpuDriver;
 
@@ -27,6 +27,13 @@ pub(crate) struct GpuArgs {
     /// How the endpoint waits for work (overrides `link.poll`).
     #[arg(long, value_enum)]
     poll: Option<PollArg>,
+    /// Write every datagram of the link, both ways, to this pcapng file (`dxpu tlp decode
+    /// --pcap`, Wireshark with the dxpu dissector).
+    #[arg(long, value_name = "FILE")]
+    capture: Option<PathBuf>,
+    /// The capture file's size bound in bytes; packets beyond it are counted, not written.
+    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    capture_limit: u64,
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -50,6 +57,13 @@ pub(crate) struct HostArgs {
     /// Run the demo workload on every attached device, report, detach and exit.
     #[arg(long)]
     workload: bool,
+    /// Write every datagram of the link, both ways, to this pcapng file (`dxpu tlp decode
+    /// --pcap`, Wireshark with the dxpu dissector).
+    #[arg(long, value_name = "FILE")]
+    capture: Option<PathBuf>,
+    /// The capture file's size bound in bytes; packets beyond it are counted, not written.
+    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    capture_limit: u64,
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -106,10 +120,17 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     if let Some(p) = args.poll {
         file.link.poll = Some(p.name().into());
     }
-    let opts = match file.options(args.listen.as_deref()) {
+    let mut opts = match file.options(args.listen.as_deref()) {
         Ok(o) => o,
         Err(e) => return fail("gpu", format!("{}: {e}", args.config.display())),
     };
+    let capture =
+        match args.capture.as_deref().map(|f| crate::capture::Capture::create(f, args.capture_limit)) {
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => return fail("gpu", e),
+            None => None,
+        };
+    opts.tap = capture.as_ref().and_then(|c| c.tap());
     let stop = match stop_flag() {
         Ok(s) => s,
         Err(e) => return fail("gpu", e),
@@ -121,7 +142,8 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         listen: args.listen.clone(),
         driver: args.driver.map(|d| d.name().to_string()),
         poll: args.poll.map(|p| p.name().to_string()),
-        opts: opts.clone(),
+        // Without the tap: the capture ends with the endpoint.
+        opts: GpuOptions { tap: None, ..opts.clone() },
         started: std::time::Instant::now(),
     };
     let hup = match hup_flag() {
@@ -151,7 +173,15 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     if let Err(e) = served {
         return fail("gpu", e);
     }
-    for (name, s) in ep.stats().exports {
+    let exports = ep.stats().exports;
+    // The endpoint's tap goes with it: the capture's writer has the last packet.
+    drop(ep);
+    if let Some(c) = capture
+        && let Err(e) = c.finish()
+    {
+        log::error!("{e}");
+    }
+    for (name, s) in exports {
         log::info!(
             "{name}: {} attaches, {} refused, {} host requests, {} device requests, {} DMA dropped at resets",
             s.attaches,
@@ -192,6 +222,9 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         Err(e) => return fail("host", e),
     };
     if let Some(hp) = pool {
+        if args.capture.is_some() {
+            return fail("host", "--capture: for the devices of [[attach]]; a pool's are not captured");
+        }
         if !all.is_empty() {
             return fail("host", format!("{}: give [[attach]] or [pool], not both", args.config.display()));
         }
@@ -208,10 +241,17 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         args.driver.map(|d| d.name().to_string()),
         args.poll.map(|p| p.name().to_string()),
     ];
+    let capture =
+        match args.capture.as_deref().map(|f| crate::capture::Capture::create(f, args.capture_limit)) {
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => return fail("host", e),
+            None => None,
+        };
     let entries = crate::host_run::entries(all);
     let labels: Vec<String> = entries.iter().map(|e| e.label.clone()).collect();
     let mut rt =
         crate::host_run::HostRuntime::new(args.config.clone(), file, overrides, entries, stop.clone());
+    rt.tap = capture.as_ref().and_then(|c| c.tap());
     for l in &labels {
         if let Err(e) = rt.attach(l) {
             rt.detach_all();
@@ -256,6 +296,12 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
                 return fail("host", e);
             }
         }
+    }
+    drop(rt);
+    if let Some(c) = capture
+        && let Err(e) = c.finish()
+    {
+        log::error!("{e}");
     }
     log::info!("stopped");
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }

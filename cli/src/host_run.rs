@@ -61,6 +61,8 @@ pub(crate) struct HostRuntime {
     removals: BTreeMap<String, u64>,
     stop: Arc<AtomicBool>,
     started: Instant,
+    /// A capture's tap, given to every attach.
+    pub(crate) tap: Option<link::driver::Tap>,
 }
 
 /// Labels each attachment: the device's name, or `device@server` where it repeats.
@@ -99,6 +101,7 @@ impl HostRuntime {
             removals: BTreeMap::new(),
             stop,
             started: Instant::now(),
+            tap: None,
         }
     }
 
@@ -117,6 +120,7 @@ impl HostRuntime {
         let mut o = e.opts.clone();
         // A signal ends an attach in progress and every wait on an attached device at once.
         o.cancel = Some(self.stop.clone());
+        o.tap = self.tap.clone();
         let (name, id, wait) = (o.device.clone(), o.device_id, o.poll);
         let mut d = RemoteDevice::attach(o).map_err(|err| match err {
             bridge_host::AttachError::Cancelled => format!("{label}: stopped by a signal while attaching"),

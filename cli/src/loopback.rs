@@ -79,6 +79,16 @@ pub(crate) struct LoopbackArgs {
     /// MMIO reads timed for the round-trip figures.
     #[arg(long, default_value_t = 2000)]
     pub(crate) rtt_samples: usize,
+    /// Write the host endpoint's link, both ways, to this pcapng file (read it with
+    /// `dxpu tlp decode --pcap`, or Wireshark with contrib/wireshark/dxpu.lua).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) capture: Option<std::path::PathBuf>,
+    /// The capture file's size bound in bytes; packets beyond it are counted, not written.
+    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    pub(crate) capture_limit: u64,
+    /// The capture's tap (set from --capture).
+    #[arg(skip)]
+    pub(crate) tap: Option<link::driver::Tap>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -191,6 +201,9 @@ impl LoopbackArgs {
             json: false,
             vfio_user: None,
             log_level: "warn".into(),
+            capture: None,
+            capture_limit: crate::capture::DEFAULT_LIMIT,
+            tap: None,
         }
     }
 }
@@ -275,6 +288,9 @@ pub(crate) struct Outcome {
     /// The link as measured before the runs: MMIO round trip p50 and bulk rates.
     pub(crate) link: LinkParams,
     pub(crate) workload: WorkloadArg,
+    /// TLPs host→box and box→host over every bridged session of the workload, whole (what a
+    /// `--capture` of it holds).
+    pub(crate) captured: (u64, u64),
 }
 
 /// Bytes of the copies that measure bulk rates before the runs.
@@ -447,6 +463,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
         progress("attaching gpu0 through the host endpoint");
         let mut o = gpu.attach_options(driver, poll, imp(12));
+        o.tap = args.tap.clone();
         // Distance adds to every round trip: keep the timeout above it.
         o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
         let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
@@ -478,6 +495,8 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
     let mut current = Some((gpu, d));
     let mut host = HostStats::default();
+    // TLPs each way over every attachment's whole session (what a capture of it holds).
+    let mut captured = (0u64, 0u64);
     for i in 1..=args.repeat {
         let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
         let (gpu, mut d) = match current.take() {
@@ -502,7 +521,9 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
                 .map_err(|e| format!("direct workload{of}: {e}"))?,
         );
         if i % RUNS_PER_SESSION == 0 || i == args.repeat {
-            d.into_pci().detach();
+            let last = d.into_pci().detach_counted();
+            captured.0 += last.link.tlps_sent;
+            captured.1 += last.link.tlps_received;
             drop(gpu);
         } else {
             current = Some((gpu, d));
@@ -526,6 +547,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         profile,
         link,
         workload: w,
+        captured,
     })
 }
 
@@ -684,6 +706,18 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         }
     };
     let workloads = args.workload.map_or(WorkloadArg::ALL.to_vec(), |w| vec![w]);
+    let capture = match &args.capture {
+        Some(f) => match crate::capture::Capture::create(f, args.capture_limit) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("dxpu loopback: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let mut args = args;
+    args.tap = capture.as_ref().and_then(|c| c.tap());
     let mut outcomes = Vec::new();
     for w in workloads {
         let mut one = args.clone();
@@ -700,15 +734,41 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             }
         }
     }
+    // Every session is gone: the capture's writer has the last packet.
+    args.tap = None;
+    let captured = match capture.map(|c| c.finish()).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dxpu loopback: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let with_capture = |mut v: serde_json::Value| {
+        if let Some(c) = captured {
+            v["capture"]["packets"] = json!(c.packets);
+            v["capture"]["bytes"] = json!(c.bytes);
+            v["capture"]["dropped"] = json!(c.dropped);
+        }
+        v
+    };
     if args.json {
         match outcomes.as_slice() {
-            [o] => println!("{}", report_json(&args, o)),
+            [o] => println!("{}", with_capture(report_json(&args, o))),
             all => {
-                let each: Vec<_> = all.iter().map(|o| report_json(&args, o)).collect();
+                let each: Vec<_> = all.iter().map(|o| with_capture(report_json(&args, o))).collect();
                 println!("{}", json!({ "verified": true, "workloads": each }));
             }
         }
         return ExitCode::SUCCESS;
+    }
+    if let (Some(c), Some(f)) = (captured, &args.capture) {
+        eprintln!(
+            "dxpu loopback: captured {} packets ({} bytes of frames, {} dropped) to {}",
+            c.packets,
+            c.bytes,
+            c.dropped,
+            f.display()
+        );
     }
     for (i, o) in outcomes.iter().enumerate() {
         if i > 0 {
@@ -910,6 +970,11 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "tlps": tlps,
         "tlps_host_to_box": o.host.tlps_sent,
         "tlps_box_to_host": o.host.tlps_received,
+        "capture": args.capture.as_ref().map(|f| json!({
+            "file": f.display().to_string(),
+            "tlps_host_to_box": o.captured.0,
+            "tlps_box_to_host": o.captured.1,
+        })),
         "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
         "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
         "dma_h2d_gbps": bh,

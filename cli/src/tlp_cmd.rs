@@ -10,9 +10,21 @@ use crate::tlp_json::{TlpJson, from_hex, to_hex};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TlpCommand {
-    /// Decode TLPs given as hex (arguments, or one per line on stdin) into JSON Lines or
-    /// trace lines. Exits non-zero if any input did not parse.
+    /// Decode TLPs given as hex (arguments, or one per line on stdin), or those of a packet
+    /// capture (--pcap), into JSON Lines or trace lines. Exits non-zero if any input did not
+    /// parse.
     Decode {
+        /// A capture of the link (pcapng from --capture, or pcap/pcapng from tcpdump -w):
+        /// each TLP with its packet, time, direction and frame sequence number.
+        #[arg(long, value_name = "FILE", conflicts_with = "hex")]
+        pcap: Option<std::path::PathBuf>,
+        /// With --pcap: also a line for every frame (type, sequence, ACK, credits), TLPs or not.
+        #[arg(long, requires = "pcap")]
+        frames: bool,
+        /// With --pcap: the box's UDP port, for telling directions apart in a capture that
+        /// holds no handshake.
+        #[arg(long, default_value_t = crate::config::DEFAULT_PORT, requires = "pcap")]
+        box_port: u16,
         /// Output format: one JSON object per line, or one trace line per TLP.
         #[arg(long, value_enum, default_value_t = Format::Json)]
         format: Format,
@@ -129,9 +141,24 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let mut failed = false;
+    if let TlpCommand::Decode {
+        pcap: Some(path), frames, box_port, format, max_payload, no_ecrc_check, ..
+    } = &cmd
+    {
+        let cfg = ParseConfig { max_payload: *max_payload as usize, check_ecrc: !no_ecrc_check };
+        return match crate::pcap_decode::decode(path, *format, &cfg, *box_port, *frames, &mut out) {
+            Ok(c) if c.bad_tlps > 0 => ExitCode::FAILURE,
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dxpu tlp decode: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut emit = |line: String| writeln!(out, "{line}");
     let result = match cmd {
-        TlpCommand::Decode { format, max_payload, no_ecrc_check, hex } => {
+        TlpCommand::Decode { format, max_payload, no_ecrc_check, hex, .. } => {
             let cfg = ParseConfig { max_payload: max_payload as usize, check_ecrc: !no_ecrc_check };
             inputs(hex).try_for_each(|line| {
                 let line = match line? {

@@ -1,0 +1,565 @@
+//! Packet capture of the link: `--capture FILE.pcapng` writes every datagram an endpoint
+//! sends and receives, wrapped in Ethernet, IP and UDP headers so that any tool reads it
+//! (Wireshark, tshark, tcpdump), with nanosecond timestamps and the direction in each
+//! packet's flags. Reading (`dxpu tlp decode --pcap`) takes this or a classic pcap, as
+//! `tcpdump -w` writes it, of Ethernet, raw IP, Linux cooked or BSD loopback frames.
+//!
+//! The endpoint's thread only copies the datagram into a bounded queue (a full queue drops
+//! the packet and counts it); a thread of its own writes the file, up to `--capture-limit`
+//! bytes, after which packets are counted as dropped.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use link::driver::{Direction, Tap};
+use pcap_file::DataLink;
+use pcap_file::pcapng::blocks::enhanced_packet::{EnhancedPacketBlock, EnhancedPacketOption};
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
+use pcap_file::pcapng::{Block, PcapNgReader, PcapNgWriter};
+
+/// The default bound on a capture file: 1 GiB.
+pub(crate) const DEFAULT_LIMIT: u64 = 1 << 30;
+/// Packets waiting for the writer at most.
+const QUEUE: usize = 16 * 1024;
+
+/// EPB flags: inbound and outbound (pcapng, `epb_flags` bits 0–1).
+const INBOUND: u32 = 1;
+const OUTBOUND: u32 = 2;
+
+struct Packet {
+    dir: Direction,
+    local: SocketAddr,
+    peer: SocketAddr,
+    at: Duration,
+    bytes: Vec<u8>,
+}
+
+/// What a capture wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CaptureStats {
+    pub(crate) packets: u64,
+    pub(crate) bytes: u64,
+    /// Packets not written: the queue was full, or the file reached its limit.
+    pub(crate) dropped: u64,
+}
+
+/// A capture being written.
+pub(crate) struct Capture {
+    path: PathBuf,
+    queue: Option<mpsc::SyncSender<Packet>>,
+    dropped: Arc<AtomicU64>,
+    writer: Option<JoinHandle<Result<CaptureStats, String>>>,
+}
+
+impl Capture {
+    /// Creates `path` (replacing it) and starts its writer; `limit` bounds its size.
+    pub(crate) fn create(path: &Path, limit: u64) -> Result<Capture, String> {
+        let at = path.display().to_string();
+        let f = File::create(path).map_err(|e| format!("--capture {at}: {e}"))?;
+        let mut w = PcapNgWriter::new(BufWriter::new(f)).map_err(|e| format!("--capture {at}: {e}"))?;
+        let idb = InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 0,
+            options: vec![
+                InterfaceDescriptionOption::IfName(Cow::Borrowed("dxpu")),
+                InterfaceDescriptionOption::IfDescription(Cow::Borrowed(
+                    "the dxpu link, as the endpoint sent and received it",
+                )),
+                InterfaceDescriptionOption::IfTsResol(9),
+            ],
+        };
+        w.write_pcapng_block(idb).map_err(|e| format!("--capture {at}: {e}"))?;
+        let (tx, rx) = mpsc::sync_channel::<Packet>(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let d2 = dropped.clone();
+        let writer = std::thread::Builder::new()
+            .name("dxpu-capture".into())
+            .spawn(move || write_loop(w, rx, limit, &d2, &at))
+            .map_err(|e| format!("--capture: starting its thread: {e}"))?;
+        log::info!("capturing the link to {} (at most {limit} bytes)", path.display());
+        Ok(Capture { path: path.to_path_buf(), queue: Some(tx), dropped, writer: Some(writer) })
+    }
+
+    /// The tap to give the endpoints.
+    pub(crate) fn tap(&self) -> Option<Tap> {
+        let q = self.queue.clone()?;
+        let dropped = self.dropped.clone();
+        Some(Tap(Arc::new(move |dir, local, peer, bytes: &[u8]| {
+            let at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            let p = Packet { dir, local, peer, at, bytes: bytes.to_vec() };
+            if q.try_send(p).is_err() {
+                dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        })))
+    }
+
+    /// Writes what is queued and closes the file. The endpoints holding its tap must be
+    /// gone first: the writer ends once every tap is.
+    pub(crate) fn finish(mut self) -> Result<CaptureStats, String> {
+        self.queue = None;
+        let w = self.writer.take().ok_or("capture already finished")?;
+        let s = w.join().map_err(|_| "the capture thread panicked".to_string())??;
+        log::info!(
+            "capture {}: {} packets, {} bytes, {} dropped",
+            self.path.display(),
+            s.packets,
+            s.bytes,
+            s.dropped
+        );
+        Ok(s)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn write_loop(
+    mut w: PcapNgWriter<BufWriter<File>>,
+    rx: mpsc::Receiver<Packet>,
+    limit: u64,
+    dropped: &AtomicU64,
+    at: &str,
+) -> Result<CaptureStats, String> {
+    let mut s = CaptureStats::default();
+    let mut written: u64 = 0;
+    let mut full_logged = false;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(p) => {
+                let frame = encapsulate(&p);
+                // EPB: 28 bytes of block, the data padded to 4, the flags option (8) and the
+                // end of options (4), the trailing length (4).
+                let cost = 44 + frame.len().div_ceil(4) as u64 * 4;
+                if written + cost > limit {
+                    s.dropped += 1;
+                    if !full_logged {
+                        log::warn!(
+                            "capture {at}: {limit} bytes reached; further packets are counted, not written"
+                        );
+                        full_logged = true;
+                    }
+                    continue;
+                }
+                let flags = match p.dir {
+                    Direction::Sent => OUTBOUND,
+                    Direction::Received => INBOUND,
+                };
+                let epb = EnhancedPacketBlock {
+                    interface_id: 0,
+                    timestamp: p.at,
+                    original_len: frame.len() as u32,
+                    data: Cow::Owned(frame),
+                    options: vec![EnhancedPacketOption::Flags(flags)],
+                };
+                w.write_pcapng_block(epb).map_err(|e| format!("capture {at}: {e}"))?;
+                written += cost;
+                s.packets += 1;
+                s.bytes += p.bytes.len() as u64;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Quiet for a moment: what was written reaches the file (a capture read while
+                // the endpoint runs, or one killed).
+                w.get_mut().flush().map_err(|e| format!("capture {at}: {e}"))?;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    w.get_mut().flush().map_err(|e| format!("capture {at}: {e}"))?;
+    s.dropped += dropped.load(Ordering::Relaxed);
+    Ok(s)
+}
+
+/// Ethernet, IPv4 or IPv6, UDP around a datagram, source and destination as it went.
+pub(crate) fn encapsulate_udp(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(62 + payload.len());
+    // Locally administered MACs: 02:00:00:00:00:01 for this side's traffic direction.
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01]);
+    let udp_len = (8 + payload.len()) as u16;
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f.extend_from_slice(&0x0800u16.to_be_bytes());
+            let total = 20 + udp_len;
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[6] = 0x40; // don't fragment
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            let sum = checksum(&[&ip]);
+            ip[10..12].copy_from_slice(&sum.to_be_bytes());
+            f.extend_from_slice(&ip);
+            // UDP over IPv4 may leave its checksum zero (none).
+            f.extend_from_slice(&src.port().to_be_bytes());
+            f.extend_from_slice(&dst.port().to_be_bytes());
+            f.extend_from_slice(&udp_len.to_be_bytes());
+            f.extend_from_slice(&[0, 0]);
+        }
+        (s, d) => {
+            let (s, d) = (v6(s), v6(d));
+            f.extend_from_slice(&0x86ddu16.to_be_bytes());
+            let mut ip = [0u8; 40];
+            ip[0] = 0x60;
+            ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            ip[6] = 17;
+            ip[7] = 64;
+            ip[8..24].copy_from_slice(&s.octets());
+            ip[24..40].copy_from_slice(&d.octets());
+            f.extend_from_slice(&ip);
+            let mut udp = [0u8; 8];
+            udp[0..2].copy_from_slice(&src.port().to_be_bytes());
+            udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+            udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            // Mandatory over IPv6: over the pseudo-header, the UDP header and the payload.
+            let mut pseudo = [0u8; 40];
+            pseudo[..16].copy_from_slice(&s.octets());
+            pseudo[16..32].copy_from_slice(&d.octets());
+            pseudo[32..36].copy_from_slice(&(udp_len as u32).to_be_bytes());
+            pseudo[39] = 17;
+            let sum = match checksum(&[&pseudo, &udp, payload]) {
+                0 => 0xffff,
+                s => s,
+            };
+            udp[6..8].copy_from_slice(&sum.to_be_bytes());
+            f.extend_from_slice(&udp);
+        }
+    }
+    f.extend_from_slice(payload);
+    f
+}
+
+fn v6(a: IpAddr) -> std::net::Ipv6Addr {
+    match a {
+        IpAddr::V4(v) => v.to_ipv6_mapped(),
+        IpAddr::V6(v) => v,
+    }
+}
+
+fn encapsulate(p: &Packet) -> Vec<u8> {
+    match p.dir {
+        Direction::Sent => encapsulate_udp(p.local, p.peer, &p.bytes),
+        Direction::Received => encapsulate_udp(p.peer, p.local, &p.bytes),
+    }
+}
+
+/// The Internet checksum (RFC 1071) over `parts` taken as one byte string.
+fn checksum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut odd: Option<u8> = None;
+    for p in parts {
+        for &b in *p {
+            match odd.take() {
+                Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
+                None => odd = Some(b),
+            }
+        }
+    }
+    if let Some(hi) = odd {
+        sum += u32::from(hi) << 8;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// One UDP datagram of a capture file.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Datagram {
+    /// Its number in the file, from 1 (as Wireshark counts).
+    pub(crate) number: u64,
+    /// Seconds since the epoch.
+    pub(crate) time: f64,
+    pub(crate) src: SocketAddr,
+    pub(crate) dst: SocketAddr,
+    /// Inbound or outbound, where the file says (pcapng flags).
+    pub(crate) direction: Option<Direction>,
+    pub(crate) payload: Vec<u8>,
+}
+
+/// What a capture holds that is not a UDP datagram, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Skipped {
+    pub(crate) not_udp: u64,
+    pub(crate) truncated: u64,
+    /// The file ended inside a block (a capture whose writer was killed): what came
+    /// before is read.
+    pub(crate) cut_short: bool,
+}
+
+/// Every UDP datagram in the pcapng or pcap file at `path`.
+pub(crate) fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
+    let at = path.display();
+    let bytes = std::fs::read(path).map_err(|e| format!("--pcap {at}: {e}"))?;
+    // (link type, timestamp, bytes, original length, direction) of every packet, in order.
+    type Raw = (DataLink, Duration, Vec<u8>, u32, Option<Direction>);
+    let mut raw: Vec<Raw> = Vec::new();
+    let mut cut_short = false;
+    let magic = bytes.get(..4).ok_or_else(|| format!("--pcap {at}: shorter than any capture file"))?;
+    if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
+        let mut r = PcapNgReader::new(&bytes[..]).map_err(|e| format!("--pcap {at}: {e}"))?;
+        // Each interface's link type and timestamp resolution (10^-r s; default 6).
+        let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
+        while let Some(block) = r.next_block() {
+            let block = match block {
+                Ok(b) => b,
+                Err(e) if is_cut(&e) => {
+                    cut_short = true;
+                    break;
+                }
+                Err(e) => return Err(format!("--pcap {at}: block after packet {}: {e}", raw.len())),
+            };
+            match block {
+                Block::SectionHeader(_) => interfaces.clear(),
+                Block::InterfaceDescription(idb) => {
+                    let resol = idb.options.iter().find_map(|o| match o {
+                        InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                        _ => None,
+                    });
+                    interfaces.push((idb.linktype, resol.unwrap_or(6)));
+                }
+                Block::EnhancedPacket(p) => {
+                    let Some(&(link, resol)) = interfaces.get(p.interface_id as usize) else {
+                        return Err(format!(
+                            "--pcap {at}: packet {} names interface {} the file never described",
+                            raw.len() + 1,
+                            p.interface_id
+                        ));
+                    };
+                    // The reader takes the stored count as nanoseconds; the interface says
+                    // what it counts.
+                    let time = match resol {
+                        r if r <= 9 => Duration::from_nanos(
+                            (p.timestamp.as_nanos() as u64).saturating_mul(10u64.pow(9 - r as u32)),
+                        ),
+                        _ => p.timestamp,
+                    };
+                    let dir = p.options.iter().find_map(|o| match o {
+                        EnhancedPacketOption::Flags(f) if f & 3 == INBOUND => Some(Direction::Received),
+                        EnhancedPacketOption::Flags(f) if f & 3 == OUTBOUND => Some(Direction::Sent),
+                        _ => None,
+                    });
+                    raw.push((link, time, p.data.into_owned(), p.original_len, dir));
+                }
+                Block::SimplePacket(p) => {
+                    let link = interfaces.first().map_or(DataLink::ETHERNET, |i| i.0);
+                    raw.push((link, Duration::ZERO, p.data.into_owned(), p.original_len, None));
+                }
+                _ => {}
+            }
+        }
+    } else {
+        let mut r = pcap_file::pcap::PcapReader::new(&bytes[..])
+            .map_err(|e| format!("--pcap {at}: not a pcapng or pcap file ({e})"))?;
+        let link = r.header().datalink;
+        while let Some(p) = r.next_packet() {
+            let p = match p {
+                Ok(p) => p,
+                Err(e) if is_cut(&e) => {
+                    cut_short = true;
+                    break;
+                }
+                Err(e) => return Err(format!("--pcap {at}: packet {}: {e}", raw.len() + 1)),
+            };
+            raw.push((link, p.timestamp, p.data.into_owned(), p.orig_len, None));
+        }
+    }
+    let mut out = Vec::new();
+    let mut skipped = Skipped { cut_short, ..Skipped::default() };
+    for (i, (link, time, data, orig, dir)) in raw.into_iter().enumerate() {
+        if (data.len() as u64) < orig as u64 {
+            skipped.truncated += 1;
+            continue;
+        }
+        match udp_of(link, &data) {
+            Some((src, dst, payload)) => out.push(Datagram {
+                number: i as u64 + 1,
+                time: time.as_secs_f64(),
+                src,
+                dst,
+                direction: dir,
+                payload: payload.to_vec(),
+            }),
+            None => skipped.not_udp += 1,
+        }
+    }
+    Ok((out, skipped))
+}
+
+/// Whether a reader's error says the file ends inside a block.
+fn is_cut(e: &pcap_file::PcapError) -> bool {
+    match e {
+        pcap_file::PcapError::IncompleteBuffer => true,
+        pcap_file::PcapError::IoError(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
+        _ => false,
+    }
+}
+
+/// The UDP datagram in one captured frame of link type `link`, if it holds one (IPv4
+/// fragments and IPv6 extension headers are not followed).
+fn udp_of(link: DataLink, f: &[u8]) -> Option<(SocketAddr, SocketAddr, &[u8])> {
+    let be16 = |b: &[u8], i: usize| Some(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?]));
+    let (ethertype, ip) = match link {
+        DataLink::ETHERNET => {
+            let mut at = 12;
+            let mut ty = be16(f, at)?;
+            while ty == 0x8100 || ty == 0x88a8 {
+                at += 4;
+                ty = be16(f, at)?;
+            }
+            (ty, f.get(at + 2..)?)
+        }
+        DataLink::RAW | DataLink::IPV4 | DataLink::IPV6 => match f.first()? >> 4 {
+            4 => (0x0800, f),
+            6 => (0x86dd, f),
+            _ => return None,
+        },
+        DataLink::LINUX_SLL => (be16(f, 14)?, f.get(16..)?),
+        DataLink::LINUX_SLL2 => (be16(f, 0)?, f.get(20..)?),
+        DataLink::NULL | DataLink::LOOP => {
+            let fam = f.get(..4)?;
+            let v = u32::from_le_bytes([fam[0], fam[1], fam[2], fam[3]])
+                .min(u32::from_be_bytes([fam[0], fam[1], fam[2], fam[3]]));
+            (if v == 2 { 0x0800 } else { 0x86dd }, f.get(4..)?)
+        }
+        _ => return None,
+    };
+    let (src_ip, dst_ip, udp): (IpAddr, IpAddr, &[u8]) = match ethertype {
+        0x0800 => {
+            let ihl = (*ip.first()? & 0xf) as usize * 4;
+            let frag = be16(ip, 6)? & 0x3fff;
+            if *ip.get(9)? != 17 || ihl < 20 || frag != 0 {
+                return None;
+            }
+            let total = (be16(ip, 2)? as usize).min(ip.len());
+            let s: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+            let d: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
+            (IpAddr::from(s), IpAddr::from(d), ip.get(ihl..total)?)
+        }
+        0x86dd => {
+            if *ip.get(6)? != 17 {
+                return None;
+            }
+            let s: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let d: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
+            let len = be16(ip, 4)? as usize;
+            (IpAddr::from(s), IpAddr::from(d), ip.get(40..40 + len)?)
+        }
+        _ => return None,
+    };
+    let ulen = be16(udp, 4)? as usize;
+    let payload = udp.get(8..ulen.max(8))?;
+    Some((SocketAddr::new(src_ip, be16(udp, 0)?), SocketAddr::new(dst_ip, be16(udp, 2)?), payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_reads_back_what_was_written_both_ways_and_stops_at_its_limit() {
+        let dir = std::env::temp_dir().join(format!("dxpu-capture-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.pcapng");
+        let c = Capture::create(&path, 1 << 20).unwrap();
+        let tap = c.tap().unwrap();
+        let a: SocketAddr = "127.0.0.1:7440".parse().unwrap();
+        let b: SocketAddr = "[::1]:5000".parse().unwrap();
+        let h: SocketAddr = "127.0.0.2:5001".parse().unwrap();
+        (tap.0)(Direction::Sent, a, h, b"to the host");
+        (tap.0)(Direction::Received, a, h, b"from the host");
+        (tap.0)(Direction::Sent, b, b, &[7u8; 1001]);
+        drop(tap);
+        let s = c.finish().unwrap();
+        assert_eq!((s.packets, s.dropped), (3, 0));
+        // Cut inside the last packet (a writer killed): the packets before it still read.
+        let whole = std::fs::read(&path).unwrap();
+        let cut = dir.join("cut.pcapng");
+        std::fs::write(&cut, &whole[..whole.len() - 100]).unwrap();
+        let (d, skipped) = read_datagrams(&cut).unwrap();
+        assert!(skipped.cut_short);
+        assert_eq!(d.len(), 2);
+        let (d, skipped) = read_datagrams(&path).unwrap();
+        assert_eq!(skipped, Skipped::default());
+        assert_eq!(d.len(), 3);
+        assert_eq!((d[0].src, d[0].dst, d[0].payload.as_slice()), (a, h, &b"to the host"[..]));
+        assert_eq!(d[0].direction, Some(Direction::Sent));
+        assert_eq!((d[1].src, d[1].dst, d[1].direction), (h, a, Some(Direction::Received)));
+        assert_eq!((d[2].src, d[2].payload.len()), (b, 1001));
+        assert!(
+            (d[0].time - SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()).abs() < 60.0
+        );
+        // A limit of one packet's worth: the rest are dropped and counted.
+        let c = Capture::create(&path, 200).unwrap();
+        let tap = c.tap().unwrap();
+        for _ in 0..5 {
+            (tap.0)(Direction::Sent, a, h, &[1u8; 64]);
+        }
+        drop(tap);
+        let s = c.finish().unwrap();
+        assert_eq!((s.packets, s.dropped), (1, 4));
+        assert_eq!(read_datagrams(&path).unwrap().0.len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A classic pcap of Linux cooked frames (what `tcpdump -i any -w` writes) reads too.
+    #[test]
+    fn a_classic_pcap_of_cooked_frames_reads() {
+        let dir = std::env::temp_dir().join(format!("dxpu-pcap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.pcap");
+        let header = pcap_file::pcap::PcapHeader { datalink: DataLink::LINUX_SLL, ..Default::default() };
+        let mut w = pcap_file::pcap::PcapWriter::with_header(File::create(&path).unwrap(), header).unwrap();
+        let eth =
+            encapsulate_udp("10.1.0.1:7440".parse().unwrap(), "10.1.0.2:40000".parse().unwrap(), b"dxpu");
+        // SLL: packet type, ARPHRD, address length, address [8], then the EtherType.
+        let mut sll = vec![0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 0, 0, 0];
+        sll.extend_from_slice(&eth[12..]);
+        let p = pcap_file::pcap::PcapPacket::new(Duration::from_secs(1_700_000_000), sll.len() as u32, &sll);
+        w.write_packet(&p).unwrap();
+        // A packet that is no UDP (ARP) is counted, not decoded.
+        let mut arp = vec![0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x06];
+        arp.extend_from_slice(&[0; 28]);
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(Duration::ZERO, arp.len() as u32, &arp)).unwrap();
+        drop(w);
+        let (d, skipped) = read_datagrams(&path).unwrap();
+        assert_eq!(skipped.not_udp, 1);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].src.port(), d[0].dst.port(), d[0].payload.as_slice()), (7440, 40000, &b"dxpu"[..]));
+        assert_eq!((d[0].time, d[0].direction), (1_700_000_000.0, None));
+        // Not a capture at all.
+        std::fs::write(&path, b"hello, world").unwrap();
+        assert!(read_datagrams(&path).unwrap_err().contains("not a pcapng or pcap file"));
+        std::fs::write(&path, b"he").unwrap();
+        assert!(read_datagrams(&path).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn checksums_are_the_internet_checksum() {
+        // RFC 1071's example bytes.
+        assert_eq!(checksum(&[&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]]), !0xddf2);
+        let f = encapsulate_udp("10.0.0.1:1".parse().unwrap(), "10.0.0.2:2".parse().unwrap(), b"x");
+        // The IPv4 header checks to zero with its checksum in place.
+        assert_eq!(checksum(&[&f[14..34]]), 0);
+        let (s, d, p) = udp_of(DataLink::ETHERNET, &f).unwrap();
+        assert_eq!((s.port(), d.port(), p), (1, 2, &b"x"[..]));
+        assert_eq!(udp_of(DataLink::ETHERNET, &f[..20]), None, "cut short");
+    }
+}

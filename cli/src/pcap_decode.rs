@@ -1,0 +1,230 @@
+//! `dxpu tlp decode --pcap FILE`: the link frames of a capture (`--capture`, or `tcpdump -w`
+//! of the link's port) and the TLPs they carry, in `tlp decode`'s JSON Lines or trace
+//! format, each with its packet number, time, direction and the frame's sequence number.
+//!
+//! Which side is the box is learned from the handshake (INIT goes to it; COOKIE, CHALLENGE
+//! and REFUSE come from it); before any handshake is seen, from `--box-port`. A DATA frame
+//! sent again (same direction, session and sequence number) is marked `"replay": true`; a
+//! session that negotiated encryption has its DATA bodies reported as encrypted.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use link::wire::{Frame, FrameType, TlpRecords};
+use serde_json::{Value, json};
+use tlp::{ParseConfig, TlpRepr};
+
+use crate::capture::{Datagram, read_datagrams};
+use crate::tlp_cmd::Format;
+use crate::tlp_json::TlpJson;
+
+/// The frame type's name, as the dissector shows it.
+pub(crate) fn frame_name(t: FrameType) -> String {
+    match t {
+        FrameType::Init => "INIT".into(),
+        FrameType::Challenge => "CHALLENGE".into(),
+        FrameType::Response => "RESPONSE".into(),
+        FrameType::Established => "ESTABLISHED".into(),
+        FrameType::Data => "DATA".into(),
+        FrameType::Ack => "ACK".into(),
+        FrameType::Keepalive => "KEEPALIVE".into(),
+        FrameType::Close => "CLOSE".into(),
+        FrameType::Cookie => "COOKIE".into(),
+        FrameType::Refuse => "REFUSE".into(),
+        FrameType::Unknown(b) => format!("UNKNOWN({b})"),
+    }
+}
+
+/// What a decode counted.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DecodeCount {
+    pub(crate) frames: u64,
+    pub(crate) tlps: u64,
+    pub(crate) not_frames: u64,
+    pub(crate) bad_tlps: u64,
+}
+
+struct Roles {
+    boxes: HashSet<SocketAddr>,
+    box_port: u16,
+}
+
+impl Roles {
+    fn learn(&mut self, d: &Datagram, ty: FrameType) {
+        match ty {
+            FrameType::Init | FrameType::Response => {
+                self.boxes.insert(d.dst);
+            }
+            FrameType::Cookie | FrameType::Challenge | FrameType::Refuse => {
+                self.boxes.insert(d.src);
+            }
+            _ => {}
+        }
+    }
+
+    fn direction(&self, d: &Datagram) -> &'static str {
+        if self.boxes.contains(&d.dst) || (!self.boxes.contains(&d.src) && d.dst.port() == self.box_port) {
+            "host->box"
+        } else if self.boxes.contains(&d.src) || d.src.port() == self.box_port {
+            "box->host"
+        } else {
+            "unknown"
+        }
+    }
+}
+
+/// Decodes `path`, writing one line per TLP (and per frame with `frames`) to `out`.
+pub(crate) fn decode(
+    path: &Path,
+    format: Format,
+    cfg: &ParseConfig,
+    box_port: u16,
+    frames: bool,
+    out: &mut dyn Write,
+) -> Result<DecodeCount, String> {
+    let (datagrams, skipped) = read_datagrams(path)?;
+    let mut roles = Roles { boxes: HashSet::new(), box_port };
+    let mut encrypted: HashSet<u32> = HashSet::new();
+    let mut seen: HashMap<(&'static str, u32), HashSet<u32>> = HashMap::new();
+    let mut count = DecodeCount::default();
+    let io = |e: io::Error| format!("writing: {e}");
+    for d in &datagrams {
+        let Ok(f) = Frame::new_checked(&d.payload) else {
+            count.not_frames += 1;
+            continue;
+        };
+        count.frames += 1;
+        let h = f.header();
+        roles.learn(d, h.ty);
+        if h.ty == FrameType::Challenge {
+            // Options (negotiated) at body offset 24: bit 1 ENCRYPT; both session IDs.
+            let b = f.body();
+            if b.get(24).is_some_and(|o| o & 2 != 0) {
+                encrypted.insert(h.session);
+                if let Some(id) = b.get(..4) {
+                    encrypted.insert(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
+                }
+            }
+        }
+        let dir = roles.direction(d);
+        let replay = h.ty == FrameType::Data && !seen.entry((dir, h.session)).or_default().insert(h.seq);
+        let fc = f.fc().map(|c| {
+            json!([c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1])
+        });
+        let capture = json!({
+            "packet": d.number,
+            "time": d.time,
+            "direction": dir,
+            "src": d.src.to_string(),
+            "dst": d.dst.to_string(),
+            "frame": frame_name(h.ty),
+            "session": h.session,
+            "pn": h.pn,
+            "seq": h.seq,
+            "ack": h.ack,
+            "nak": h.nak,
+            "replay": replay,
+        });
+        let enc = h.ty == FrameType::Data && encrypted.contains(&h.session);
+        if frames {
+            let line = match format {
+                Format::Json => {
+                    let mut v = capture.clone();
+                    v["fc"] = fc.clone().unwrap_or(Value::Null);
+                    v["body_len"] = json!(f.body().len());
+                    if enc {
+                        v["encrypted"] = json!(true);
+                    }
+                    v.to_string()
+                }
+                Format::Text => format!(
+                    "{:>6} {:.6} {dir} {} seq {} ack {}{}{}",
+                    d.number,
+                    d.time,
+                    frame_name(h.ty),
+                    h.seq,
+                    h.ack,
+                    if h.nak { " NAK" } else { "" },
+                    fc.as_ref().map(|c| format!(" fc {c}")).unwrap_or_default()
+                ),
+            };
+            writeln!(out, "{line}").map_err(io)?;
+        }
+        if h.ty != FrameType::Data {
+            continue;
+        }
+        if enc {
+            if !frames {
+                let mut v = capture.clone();
+                v["encrypted"] = json!(true);
+                let line = match format {
+                    Format::Json => v.to_string(),
+                    Format::Text => {
+                        format!("{:>6} {:.6} {dir} DATA seq {}: encrypted", d.number, d.time, h.seq)
+                    }
+                };
+                writeln!(out, "{line}").map_err(io)?;
+            }
+            continue;
+        }
+        for (i, rec) in TlpRecords::new(f.body()).enumerate() {
+            let line = match rec
+                .map_err(|e| e.to_string())
+                .and_then(|b| TlpRepr::parse_bytes(b, cfg).map_err(|e| e.to_string()))
+            {
+                Ok(t) => {
+                    count.tlps += 1;
+                    match format {
+                        Format::Json => {
+                            let mut v =
+                                serde_json::to_value(TlpJson::from_repr(&t)).map_err(|e| e.to_string())?;
+                            let mut c = capture.clone();
+                            c["record"] = json!(i);
+                            v["capture"] = c;
+                            v.to_string()
+                        }
+                        Format::Text => format!(
+                            "{:>6} {:.6} {dir} seq {}{}: {t}",
+                            d.number,
+                            d.time,
+                            h.seq,
+                            if replay { " (replay)" } else { "" }
+                        ),
+                    }
+                }
+                Err(e) => {
+                    count.bad_tlps += 1;
+                    match format {
+                        Format::Json => {
+                            let mut c = capture.clone();
+                            c["record"] = json!(i);
+                            json!({"error": e, "capture": c}).to_string()
+                        }
+                        Format::Text => {
+                            format!("{:>6} {:.6} {dir} seq {}: error: {e}", d.number, d.time, h.seq)
+                        }
+                    }
+                }
+            };
+            writeln!(out, "{line}").map_err(io)?;
+        }
+    }
+    if skipped.cut_short {
+        eprintln!(
+            "dxpu tlp decode: {}: the file ends inside a packet (its writer stopped?): read up to there",
+            path.display()
+        );
+    }
+    if skipped.not_udp + skipped.truncated + count.not_frames > 0 {
+        eprintln!(
+            "dxpu tlp decode: {}: {} packets not UDP, {} cut short by the capture's snap length, {} UDP datagrams not dxpu frames",
+            path.display(),
+            skipped.not_udp,
+            skipped.truncated,
+            count.not_frames
+        );
+    }
+    Ok(count)
+}
