@@ -17,6 +17,7 @@ mod loopback;
 mod metrics;
 mod model;
 mod notify;
+mod package;
 mod pcap_decode;
 mod pool_cmd;
 mod pool_run;
@@ -31,7 +32,7 @@ use clap::{Parser, Subcommand};
 /// dxpu — use a GPU in a GPU box across the network as if it sat in a local PCIe slot.
 #[derive(Parser, Debug)]
 #[command(name = "dxpu", version, about, long_about = None)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -63,6 +64,12 @@ enum Command {
     /// Benchmarks that print figures (not pass/fail).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Write a new random pre-shared key file (mode 0600) for a host and its box.
+    Keygen(package::KeygenArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(package::CompletionsArgs),
+    /// Write the man pages (dxpu.1 and one per subcommand) into a directory.
+    Man(package::ManArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -98,6 +105,9 @@ fn main() -> ExitCode {
         Command::Host(args) => daemon::run_host(args),
         Command::Pool(args) => pool_cmd::run(args),
         Command::Ctl(args) => ctl::run(args),
+        Command::Keygen(args) => package::keygen(args),
+        Command::Completions(args) => package::completions(args),
+        Command::Man(args) => package::man(args),
         Command::Tlp(cmd) => tlp_cmd::run(cmd),
         Command::Sim(cmd) => {
             sim_cmd::run(cmd);

@@ -171,6 +171,8 @@ pub(crate) fn run_host(hp: HostPool, stop: Arc<AtomicBool>, workload: bool) -> b
             return false;
         }
     };
+    // Ready once the agent runs: devices come and go with claims from here on.
+    crate::notify::ready("claiming from the pool");
     let mut held: Vec<Held> = Vec::new();
     let mut ok = true;
     let started = Instant::now();
