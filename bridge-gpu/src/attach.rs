@@ -55,7 +55,7 @@ pub(crate) fn finish_attach(
     ctx: &mut AttachCtx<'_>,
 ) {
     let refuse = |s: &mut Session, reason: String| {
-        log::warn!("attach of {device} by {} refused: {reason}", info.host);
+        log::warn!(device = device, host = info.host.as_str(); "attach of {device} by {} refused: {reason}", info.host);
         reply(s, Control::Refused { device: device.to_string(), reason });
     };
     let Some(d) = exports.iter().position(|e| e.name == device) else {
@@ -103,8 +103,14 @@ pub(crate) fn finish_attach(
     info.device = Some(d);
     e.stats.attaches += 1;
     match token {
-        Some(t) => log::info!("{device} attached by {} (session {sid:#010x}, claim {t})", info.host),
-        None => log::info!("{device} attached by {} (session {sid:#010x})", info.host),
+        Some(t) => log::info!(
+            device = device, host = info.host.as_str(), session = format!("{sid:#010x}").as_str(), token = t;
+            "{device} attached by {} (session {sid:#010x}, claim {t})", info.host
+        ),
+        None => log::info!(
+            device = device, host = info.host.as_str(), session = format!("{sid:#010x}").as_str();
+            "{device} attached by {} (session {sid:#010x})", info.host
+        ),
     }
     // The largest payload a TLP may carry and still fit one frame of this session.
     let room = s

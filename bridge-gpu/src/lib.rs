@@ -614,7 +614,10 @@ impl GpuEndpoint {
                 match ev {
                     Event::Up { .. } => {
                         let host = hosts.get(&s.key_id()).cloned().unwrap_or_else(|| "?".into());
-                        log::info!("host {host} connected (session {id:#010x})");
+                        log::info!(
+                            host = host.as_str(), session = format!("{id:#010x}").as_str();
+                            "host {host} connected (session {id:#010x})"
+                        );
                         stats.sessions_up += 1;
                         sessions.insert(
                             id,
@@ -626,7 +629,10 @@ impl GpuEndpoint {
                             stats.sessions_closed_by_hosts += 1;
                         }
                         if let Some(info) = sessions.remove(&id) {
-                            log::info!("host {} gone (session {id:#010x}): {reason}", info.host);
+                            log::info!(
+                                host = info.host.as_str(), session = format!("{id:#010x}").as_str();
+                                "host {} gone (session {id:#010x}): {reason}", info.host
+                            );
                             if let Some(d) = info.device {
                                 release(&mut exports[d], reason_text(reason), journal);
                             }
@@ -747,13 +753,16 @@ fn release(e: &mut Export, why: &str, journal: &mut Journal) {
     e.stats.resets += 1;
     e.bars = place_bars(e.dev.as_mut(), e.base);
     if let Some(owner) = e.owner.take() {
-        log::info!("{}: released by {} ({why}); reset, {dropped} in-flight DMA dropped", e.name, owner.host);
+        log::info!(
+            device = e.name.as_str(), host = owner.host.as_str(), session = format!("{:#010x}", owner.sid).as_str();
+            "{}: released by {} ({why}); reset, {dropped} in-flight DMA dropped", e.name, owner.host
+        );
         journal.record(&e.name, &owner, false, why);
     }
     if e.health.is_none()
         && let Some(h) = unanswered(e.dev.as_mut(), "after its reset")
     {
-        log::error!("{}: unhealthy: {h}; attached to nobody from now on", e.name);
+        log::error!(device = e.name.as_str(); "{}: unhealthy: {h}; attached to nobody from now on", e.name);
         journal.health(&e.name, &h);
         e.health = Some(h);
     }

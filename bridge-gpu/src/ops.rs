@@ -184,7 +184,7 @@ impl GpuEndpoint {
         let GpuEndpoint { runner, exports, sessions, journal, .. } = self;
         let e = &mut exports[d];
         let Some(Owner { sid, host, .. }) = e.owner.clone() else { return };
-        log::warn!("{}: cutting {host} off: {why}", e.name);
+        log::warn!(device = e.name.as_str(), host = host.as_str(); "{}: cutting {host} off: {why}", e.name);
         release(e, why, journal);
         if let Some(info) = sessions.get_mut(&sid) {
             info.device = None;

@@ -151,7 +151,7 @@ impl GpuEndpoint {
                 let (sid, token) = (*sid, *token);
                 if let ClaimVerdict::Refused(why) = c.check.verdict(&e.name, host, token, None) {
                     let why = format!("claim {token} gone: {why}");
-                    log::warn!("{}: cutting {host} off: {why}", e.name);
+                    log::warn!(device = e.name.as_str(), host = host.as_str(); "{}: cutting {host} off: {why}", e.name);
                     e.stats.claims_revoked += 1;
                     release(e, &why, journal);
                     if let Some(info) = sessions.get_mut(&sid) {

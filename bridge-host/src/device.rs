@@ -114,7 +114,10 @@ impl DeviceState {
     /// The device is gone (surprise removal), for `why`.
     pub(crate) fn remove(&mut self, why: String) {
         if self.removed.is_none() {
-            log::error!("{} ({}): surprise removal: {why}", self.id.name, self.id.device_id);
+            log::error!(
+                device = self.id.name.as_str(), peer = self.id.server.to_string().as_str();
+                "{} ({}): surprise removal: {why}", self.id.name, self.id.device_id
+            );
             self.removed = Some(why);
         }
         self.fail_pending();

@@ -50,6 +50,7 @@ impl RemoteDevice {
             .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
         let Attached { link, box_id, max_payload, view } = crate::attach::attach(&opts)?;
         log::info!(
+            device = opts.device.as_str(), peer = opts.server.to_string().as_str();
             "attached {} at {} (box {box_id}, host view {}), Max_Payload_Size {max_payload} B",
             opts.device,
             opts.server,
@@ -325,7 +326,10 @@ impl RemoteDevice {
             let detach = Control::Detach { device: g.id.name.clone() }.to_tlp(g.id.host_id);
             let _ = g.link.session.send_tlp(&detach);
             let _ = g.link.run_until(Duration::from_millis(200), |s| s.is_idle() || s.is_down());
-            log::info!("detached {} from {}", g.id.name, g.id.server);
+            log::info!(
+                device = g.id.name.as_str(), peer = g.id.server.to_string().as_str();
+                "detached {} from {}", g.id.name, g.id.server
+            );
         }
         let now = g.link.clock.now();
         g.link.session.close(now);

@@ -4,7 +4,7 @@
 //! The socket's own thread accepts; each client gets a thread that reads its requests and
 //! writes the answers, with timeouts, so a client that stalls, never reads or disconnects
 //! mid-line costs its own thread only. Requests reach the endpoint's loop through a channel
-//! it looks at between polls ([`ControlServer::try_next`], one atomic load when empty): the
+//! it looks at between polls ([`Calls::try_next`], one atomic load when empty): the
 //! datapath never waits on a client.
 
 use std::io::{BufRead, BufReader, Write};

@@ -37,6 +37,10 @@ pub(crate) struct GpuArgs {
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Log lines as text, or as one JSON object each (`ts`, `level`, `msg`, and the
+    /// `session`, `host`, `device`, `peer` they concern as fields) for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 /// Options of `dxpu host`.
@@ -67,16 +71,66 @@ pub(crate) struct HostArgs {
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Log lines as text, or as one JSON object each (`ts`, `level`, `msg`, and the
+    /// `session`, `host`, `device`, `peer` they concern as fields) for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// `[time LEVEL] message`.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 /// Starts logging at `level` unless `RUST_LOG` says otherwise.
 pub(crate) fn init_logging(level: &str) -> Result<(), String> {
+    init_logging_as(level, LogFormat::Text)
+}
+
+/// [`init_logging`] in `format`.
+pub(crate) fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
     if !["error", "warn", "info", "debug", "trace", "off"].contains(&level) {
         return Err(format!("--log-level {level}: must be error, warn, info, debug, trace or off"));
     }
     let env = env_logger::Env::default().default_filter_or(level);
-    let _ = env_logger::Builder::from_env(env).format_target(false).try_init();
+    let mut b = env_logger::Builder::from_env(env);
+    b.format_target(false);
+    if format == LogFormat::Json {
+        b.format(|buf, r| {
+            use std::io::Write;
+            let mut m = serde_json::Map::new();
+            m.insert("ts".into(), buf.timestamp_micros().to_string().into());
+            m.insert("level".into(), r.level().as_str().into());
+            m.insert("target".into(), r.target().into());
+            m.insert("msg".into(), r.args().to_string().into());
+            let _ = r.key_values().visit(&mut JsonFields(&mut m));
+            writeln!(buf, "{}", serde_json::Value::Object(m))
+        });
+    }
+    let _ = b.try_init();
     Ok(())
+}
+
+/// A log record's key-value fields (session, host, device, peer, token) into its JSON line.
+struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl<'kvs> log::kv::VisitSource<'kvs> for JsonFields<'_> {
+    fn visit_pair(
+        &mut self,
+        key: log::kv::Key<'kvs>,
+        value: log::kv::Value<'kvs>,
+    ) -> Result<(), log::kv::Error> {
+        let v = match value.to_u64() {
+            Some(n) => serde_json::Value::from(n),
+            None => serde_json::Value::from(value.to_string()),
+        };
+        self.0.insert(key.as_str().to_string(), v);
+        Ok(())
+    }
 }
 
 /// A flag SIGHUP sets: the endpoint reads its configuration again.
@@ -107,7 +161,7 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
 }
 
 pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
-    if let Err(e) = init_logging(&args.log_level) {
+    if let Err(e) = init_logging_as(&args.log_level, args.log_format) {
         return fail("gpu", e);
     }
     let mut file: GpuFile = match config::read(&args.config) {
@@ -196,7 +250,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
 }
 
 pub(crate) fn run_host(args: HostArgs) -> ExitCode {
-    if let Err(e) = init_logging(&args.log_level) {
+    if let Err(e) = init_logging_as(&args.log_level, args.log_format) {
         return fail("host", e);
     }
     let mut file: HostFile = match config::read(&args.config) {

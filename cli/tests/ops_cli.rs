@@ -524,3 +524,46 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     assert_eq!(code, 0, "SIGHUP must not end the box:\n{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn json_logs_are_one_object_a_line_with_session_host_and_device_as_fields() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("jsonlog");
+    let (port, gm) = (free_udp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let log = dir.join("gpu.log");
+    let mut gpu = dxpu()
+        .args(["gpu", "--log-format", "json", "--config"])
+        .arg(&gcfg)
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .unwrap();
+    until("the box's control socket", Duration::from_secs(10), || dir.join("gpu.sock").exists());
+    let hcfg = dir.join("host.toml");
+    std::fs::write(
+        &hcfg,
+        format!("[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu0\"\nkey = \"{KEY_A}\"\n"),
+    )
+    .unwrap();
+    let out =
+        dxpu().args(["host", "--workload", "--log-format", "json", "--config"]).arg(&hcfg).output().unwrap();
+    assert!(out.status.success());
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(gpu.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    assert!(gpu.wait().unwrap().success());
+    let parse = |text: &str| -> Vec<Value> {
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    };
+    let box_lines = parse(&std::fs::read_to_string(&log).unwrap());
+    let attached = box_lines.iter().find(|v| v["msg"].as_str().unwrap().contains("attached by")).unwrap();
+    assert_eq!((attached["device"].as_str(), attached["host"].as_str()), (Some("gpu0"), Some("host-a")));
+    assert!(attached["session"].as_str().unwrap().starts_with("0x"), "{attached}");
+    assert!(box_lines.iter().all(|v| v["ts"].is_string() && v["level"].is_string()));
+    let host_lines = parse(&String::from_utf8_lossy(&out.stderr));
+    let a = host_lines.iter().find(|v| v["msg"].as_str().unwrap().starts_with("attached gpu0")).unwrap();
+    assert_eq!(a["peer"], format!("127.0.0.1:{port}"));
+    let _ = std::fs::remove_dir_all(dir);
+}
