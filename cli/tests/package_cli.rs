@@ -77,3 +77,28 @@ fn docs_cli_names_every_subcommand_the_help_lists() {
     }
     assert!(listed >= 12, "{help}");
 }
+
+#[test]
+fn the_libvirt_domain_in_the_docs_validates_against_libvirts_schema() {
+    let doc = std::fs::read_to_string(repo().join("docs/libvirt.md")).unwrap();
+    let xml = doc.split("```xml\n").nth(1).and_then(|s| s.split("```").next()).expect("an xml block");
+    assert!(xml.contains("vfio-user-pci") && xml.contains("<access mode='shared'/>"));
+    let file = std::env::temp_dir().join(format!("dxpu-domain-{}.xml", std::process::id()));
+    std::fs::write(&file, xml).unwrap();
+    let out = match Command::new("virt-xml-validate").arg(&file).arg("domain").output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!(
+                "skipping: virt-xml-validate not found ({e}; Debian packages libvirt-clients, libxml2-utils)"
+            );
+            return;
+        }
+    };
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
