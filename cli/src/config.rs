@@ -104,6 +104,9 @@ impl MetricsSection {
     }
 }
 
+/// `[control]` and `[metrics]` of a file.
+pub(crate) type OpsSections = (ControlSection, MetricsSection);
+
 /// The whole file of `dxpu gpu`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -282,7 +282,8 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         if !all.is_empty() {
             return fail("host", format!("{}: give [[attach]] or [pool], not both", args.config.display()));
         }
-        let ok = crate::pool_run::run_host(hp, stop, args.workload);
+        let ops = (file.control.clone(), file.metrics.clone());
+        let ok = crate::pool_run::run_host(hp, stop, args.workload, ops);
         log::info!("stopped");
         return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }

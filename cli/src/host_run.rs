@@ -403,13 +403,7 @@ impl HostRuntime {
     }
 
     fn metrics(&self) -> Exposition {
-        let mut x = Exposition::default();
-        x.gauge(
-            "up",
-            "The endpoint runs (1), by role and version",
-            labels(&[("role", "host"), ("version", env!("CARGO_PKG_VERSION"))]),
-            1.0,
-        );
+        let mut x = host_exposition();
         for e in &self.entries {
             let a = self.attached.get(&e.label);
             let state = match a {
@@ -417,64 +411,75 @@ impl HostRuntime {
                 Some(a) if a.watch.removed().is_some() => "removed",
                 Some(_) => "attached",
             };
-            let peer = e.opts.server.to_string();
-            x.gauge(
-                "device_info",
-                "A configured device (1), with its state and box as labels",
-                labels(&[("device", &e.label), ("peer", &peer), ("state", state)]),
-                1.0,
-            );
-            let d = labels(&[("device", &e.label)]);
-            x.counter(
-                "surprise_removals",
-                "Devices seen removed (link down, box gone, fenced)",
-                d.clone(),
-                self.removals.get(&e.label).copied().unwrap_or(0),
-            );
-            let Some(a) = a else { continue };
-            let s = a.watch.stats();
-            for (dir, m) in [("sent", &s.tlps_sent), ("received", &s.tlps_received)] {
-                for (kind, n) in m {
-                    x.counter(
-                        "tlps",
-                        "TLPs by kind and direction",
-                        labels(&[("device", &e.label), ("direction", dir), ("kind", kind)]),
-                        *n,
-                    );
-                }
-            }
-            for (op, n, bytes, outside) in [
-                ("read", s.dma_reads, s.dma_read_bytes, s.dma_read_refused),
-                ("write", s.dma_writes, s.dma_write_bytes, s.dma_write_dropped),
-            ] {
-                let l = labels(&[("device", &e.label), ("op", op)]);
-                x.counter("dma", "Device DMA into granted windows", l.clone(), n);
-                x.counter("dma_bytes", "Bytes of device DMA into granted windows", l.clone(), bytes);
-                x.counter(
-                    "dma_outside_windows",
-                    "Device DMA outside every granted window (refused)",
-                    l,
-                    outside,
-                );
-            }
-            for (name, help, v) in [
-                ("interrupts", "MSI-X messages received", s.interrupts),
-                ("completion_timeouts", "Non-posted requests that timed out", s.completion_timeouts),
-                (
-                    "failed_requests",
-                    "Non-posted requests failed (link down, device removed)",
-                    s.failed_requests,
-                ),
-                ("stray_completions", "Completions matching no request", s.stray_completions),
-                ("unclaimed_mmio", "MMIO to addresses no BAR claims", s.unclaimed_mmio),
-            ] {
-                x.counter(name, help, d.clone(), v);
-            }
-            mmio_histogram(&mut x, &d, &s.mmio_reads);
-            link_metrics(&mut x, &labels(&[("device", &e.label), ("peer", &peer)]), &s.link);
+            let removals = self.removals.get(&e.label).copied().unwrap_or(0);
+            let stats = a.map(|a| a.watch.stats());
+            device_metrics(&mut x, &e.label, &e.opts.server.to_string(), state, removals, stats.as_ref());
         }
         x
     }
+}
+
+/// A host endpoint's exposition, before its devices.
+pub(crate) fn host_exposition() -> Exposition {
+    let mut x = Exposition::default();
+    x.gauge(
+        "up",
+        "The endpoint runs (1), by role and version",
+        labels(&[("role", "host"), ("version", env!("CARGO_PKG_VERSION"))]),
+        1.0,
+    );
+    x
+}
+
+/// One device's metrics on a host: its info (state, box), removals, and with `stats` (an
+/// attached device) its TLPs, DMA, interrupts, timeouts, register-read latency and link.
+pub(crate) fn device_metrics(
+    x: &mut Exposition,
+    label: &str,
+    peer: &str,
+    state: &str,
+    removals: u64,
+    stats: Option<&HostStats>,
+) {
+    x.gauge(
+        "device_info",
+        "A configured device (1), with its state and box as labels",
+        labels(&[("device", label), ("peer", peer), ("state", state)]),
+        1.0,
+    );
+    let d = labels(&[("device", label)]);
+    x.counter("surprise_removals", "Devices seen removed (link down, box gone, fenced)", d.clone(), removals);
+    let Some(s) = stats else { return };
+    for (dir, m) in [("sent", &s.tlps_sent), ("received", &s.tlps_received)] {
+        for (kind, n) in m {
+            x.counter(
+                "tlps",
+                "TLPs by kind and direction",
+                labels(&[("device", label), ("direction", dir), ("kind", kind)]),
+                *n,
+            );
+        }
+    }
+    for (op, n, bytes, outside) in [
+        ("read", s.dma_reads, s.dma_read_bytes, s.dma_read_refused),
+        ("write", s.dma_writes, s.dma_write_bytes, s.dma_write_dropped),
+    ] {
+        let l = labels(&[("device", label), ("op", op)]);
+        x.counter("dma", "Device DMA into granted windows", l.clone(), n);
+        x.counter("dma_bytes", "Bytes of device DMA into granted windows", l.clone(), bytes);
+        x.counter("dma_outside_windows", "Device DMA outside every granted window (refused)", l, outside);
+    }
+    for (name, help, v) in [
+        ("interrupts", "MSI-X messages received", s.interrupts),
+        ("completion_timeouts", "Non-posted requests that timed out", s.completion_timeouts),
+        ("failed_requests", "Non-posted requests failed (link down, device removed)", s.failed_requests),
+        ("stray_completions", "Completions matching no request", s.stray_completions),
+        ("unclaimed_mmio", "MMIO to addresses no BAR claims", s.unclaimed_mmio),
+    ] {
+        x.counter(name, help, d.clone(), v);
+    }
+    mmio_histogram(x, &d, &s.mmio_reads);
+    link_metrics(x, &labels(&[("device", label), ("peer", peer)]), &s.link);
 }
 
 fn mmio_histogram(x: &mut Exposition, l: &crate::metrics::Labels, h: &LatencyHistogram) {
@@ -488,7 +493,7 @@ fn mmio_histogram(x: &mut Exposition, l: &crate::metrics::Labels, h: &LatencyHis
     );
 }
 
-fn host_stats_json(s: &HostStats) -> Value {
+pub(crate) fn host_stats_json(s: &HostStats) -> Value {
     json!({
         "tlps_sent": s.tlps_sent, "tlps_received": s.tlps_received,
         "dma_reads": s.dma_reads, "dma_writes": s.dma_writes,

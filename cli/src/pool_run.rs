@@ -158,7 +158,34 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
 
 /// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
 /// runs the workload on every device once `want` are held, releases them and ends.
-pub(crate) fn run_host(hp: HostPool, stop: Arc<AtomicBool>, workload: bool) -> bool {
+pub(crate) fn run_host(
+    hp: HostPool,
+    stop: Arc<AtomicBool>,
+    workload: bool,
+    ops: crate::config::OpsSections,
+) -> bool {
+    let calls = crate::control::Calls::new();
+    let control =
+        match ops.0.socket.as_deref().map(|p| crate::control::ControlServer::bind(p, calls.sender())) {
+            Some(Err(e)) => {
+                log::error!("{e}");
+                return false;
+            }
+            c => c.map(Result::ok),
+        };
+    let metrics = match ops
+        .1
+        .listen()
+        .and_then(|a| a.map(|a| crate::metrics::MetricsServer::bind(a, calls.sender())).transpose())
+    {
+        Ok(m) => m,
+        Err(e) => {
+            log::error!("{e}");
+            return false;
+        }
+    };
+    let (_control, _metrics) = (control, metrics);
+    let started_at = Instant::now();
     let fences: Fences = Arc::default();
     let on_fence = {
         let fences = fences.clone();
@@ -198,6 +225,10 @@ pub(crate) fn run_host(hp: HostPool, stop: Arc<AtomicBool>, workload: bool) -> b
                     }
                 }
             }
+        }
+        while let Some(c) = calls.try_next() {
+            let r = answer(&c, &held, started_at);
+            c.answer(r);
         }
         // Devices gone (box lost, claim revoked and the box cut us off): given back, and
         // another claimed in their place.
@@ -271,9 +302,108 @@ fn run_workload(h: Held, agent: &HostAgent, stop: &AtomicBool) -> bool {
 }
 
 impl Held {
+    fn stats(&self) -> bridge_host::HostStats {
+        match &self.use_ {
+            Use::Local(d) => d.stats(),
+            Use::Served { watch, .. } => watch.stats(),
+        }
+    }
+
     fn detach_and_release(self, agent: &HostAgent) {
         let claim = self.claim.clone();
         self.detach();
         agent.release(claim, false);
+    }
+}
+
+/// A pool host's control calls: what it holds, read-only (claims decide its devices).
+fn answer(
+    c: &crate::control::Call,
+    held: &[Held],
+    started: Instant,
+) -> Result<serde_json::Value, crate::control::RpcError> {
+    use crate::control::{METHOD_NOT_FOUND, RpcError};
+    use serde_json::{Value, json};
+    let peer = |h: &Held| h.claim.record.advertise.clone();
+    match c.method.as_str() {
+        "status" => {
+            c.only_params(&[])?;
+            Ok(json!({
+                "role": "host",
+                "pool": true,
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "uptime_s": crate::control::uptime_since(started),
+                "attached": held.len(),
+            }))
+        }
+        "devices" => {
+            c.only_params(&[])?;
+            Ok(Value::Array(
+                held.iter()
+                    .map(|h| {
+                        json!({
+                            "name": h.claim.name(),
+                            "device": h.claim.device,
+                            "server": peer(h),
+                            "token": h.claim.token,
+                            "lease": h.lease,
+                            "state": if h.removed().is_some() { "removed" } else { "attached" },
+                            "removed": h.removed(),
+                            "vfio_user_socket": match &h.use_ {
+                                Use::Served { path, .. } => Some(path.display().to_string()),
+                                Use::Local(_) => None,
+                            },
+                            "counters": crate::host_run::host_stats_json(&h.stats()),
+                        })
+                    })
+                    .collect(),
+            ))
+        }
+        "sessions" => {
+            c.only_params(&[])?;
+            Ok(Value::Array(
+                held.iter()
+                    .map(|h| {
+                        let mut v = json!({"device": h.claim.name(), "peer": peer(h)});
+                        if let (Value::Object(m), Value::Object(l)) =
+                            (&mut v, crate::gpu_run::link_json(&h.stats().link))
+                        {
+                            m.extend(l);
+                        }
+                        v
+                    })
+                    .collect(),
+            ))
+        }
+        "stats" => {
+            c.only_params(&[])?;
+            let m: serde_json::Map<String, Value> =
+                held.iter().map(|h| (h.claim.name(), crate::host_run::host_stats_json(&h.stats()))).collect();
+            Ok(json!({ "devices": m }))
+        }
+        "attach" | "detach" | "reload" => Err(RpcError::failed(format!(
+            "{}: a pool host's devices come from its claims (dxpu pool drain / revoke on the pool; restart for a new [pool])",
+            c.method
+        ))),
+        "metrics" => {
+            let mut x = crate::host_run::host_exposition();
+            for h in held {
+                let state = if h.removed().is_some() { "removed" } else { "attached" };
+                crate::host_run::device_metrics(
+                    &mut x,
+                    &h.claim.name(),
+                    &peer(h),
+                    state,
+                    0,
+                    Some(&h.stats()),
+                );
+            }
+            Ok(Value::String(x.render()))
+        }
+        m => Err(RpcError::new(
+            METHOD_NOT_FOUND,
+            format!("no method '{m}' (a pool host has: status, devices, sessions, stats)"),
+        )),
     }
 }

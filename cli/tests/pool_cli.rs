@@ -232,11 +232,26 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     std::thread::sleep(Duration::from_millis(300));
     let sockets = dir.join("run");
     std::fs::create_dir_all(&sockets).unwrap();
-    let host = host_toml(&cluster, 1) + &format!("vfio_user_dir = {:?}\n", sockets.display().to_string());
+    let ctl_sock = dir.join("host.sock");
+    let host = format!("[control]\nsocket = {:?}\n", ctl_sock.display().to_string())
+        + &host_toml(&cluster, 1)
+        + &format!("vfio_user_dir = {:?}\n", sockets.display().to_string());
     let h = Proc::start(&dir, "host-v", &["host"], &host);
     let sock = sockets.join("box-v-gpu0.sock");
     until("the claimed device's socket appears", Duration::from_secs(20), || sock.exists());
     let token = claimed(&ls(&cluster))[0].2;
+    // The pool host's control socket says what it holds, under which claim; its devices
+    // come from claims, so a detach is refused.
+    let ctl = |args: &[&str]| -> serde_json::Value {
+        let out = dxpu().args(["ctl", "--json", "--socket"]).arg(&ctl_sock).args(args).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let devs = ctl(&["devices"]);
+    assert_eq!(devs["result"][0]["name"], "box-v/gpu0", "{devs}");
+    assert_eq!(devs["result"][0]["token"], token, "{devs}");
+    assert_eq!(devs["result"][0]["vfio_user_socket"], sock.display().to_string());
+    assert_eq!(ctl(&["detach", "box-v/gpu0"])["error"]["code"], -32000);
+    assert_eq!(ctl(&["sessions"])["result"][0]["peer"], format!("127.0.0.1:{port}"));
     let out = dxpu()
         .args(["pool", "--etcd", &cluster.endpoints().join(","), "revoke", "box-v/gpu0"])
         .output()
