@@ -44,11 +44,16 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     }
     let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
     assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
-    for side in ["host_cpu_s_per_gib", "box_cpu_s_per_gib"] {
-        for way in ["h2d", "d2h"] {
-            assert!(bridged[side][way].as_f64().unwrap() > 0.0, "{side}.{way}: {bridged}");
-        }
+    for way in ["h2d", "d2h"] {
+        assert!(bridged["host_cpu_s_per_gib"][way].as_f64().unwrap() > 0.0, "host {way}: {bridged}");
     }
+    // The box's share is the process's CPU clock less the host thread's: the process clock
+    // takes a thread running on another core only at its next scheduler event, so over a
+    // copy of a millisecond or two one direction can read zero (it did, once in CI, on a
+    // loaded machine). Both are never zero, and neither is negative.
+    let box_cpu = |way: &str| bridged["box_cpu_s_per_gib"][way].as_f64().unwrap();
+    assert!(box_cpu("h2d") >= 0.0 && box_cpu("d2h") >= 0.0, "{bridged}");
+    assert!(box_cpu("h2d") + box_cpu("d2h") > 0.0, "no box CPU time either way: {bridged}");
     assert!(
         dma.iter().any(|r| r["path"] == "bridged" && r["authenticated"] == false),
         "a bridged row with the frames untagged, for what the tags cost: {dma:?}"
