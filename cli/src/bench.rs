@@ -621,7 +621,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
     // With --json the table goes to standard error and the object alone to standard output.
     let json = args.json;
     macro_rules! say {
-        ($($t:tt)*) => { if json { eprintln!($($t)*) } else { println!($($t)*) } };
+        ($($t:tt)*) => { if json { eprintln!($($t)*) } else { outln!($($t)*) } };
     }
     let mut rtt_rows = Vec::new();
     let mut stream_rows = Vec::new();
@@ -767,7 +767,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             "aead_ns": {"64": aead64, "1472": aead1472, "9000": aead9000},
             "session_cpu": cpu_rows,
         });
-        println!("{report}");
+        outln!("{report}");
     }
     Ok(())
 }
@@ -798,7 +798,7 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let dev = hw::SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
     let mem = (args.copy_bytes * 3).max(1 << 20);
     let mut d = SimGpuDriver::open(DirectAttach::new(dev, mem)).map_err(|e| e.to_string())?;
-    println!("dxpu bench simgpu — directly attached simulated GPU (no bridge)");
+    outln!("dxpu bench simgpu — directly attached simulated GPU (no bridge)");
     let mut lat = Vec::with_capacity(args.commands);
     for _ in 0..args.commands {
         let t0 = Instant::now();
@@ -806,7 +806,7 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
         lat.push(t0.elapsed());
     }
     let r = summarize(lat);
-    println!("command round trip (NOP + fence, polled): p50 {:.1} µs, p99 {:.1} µs", us(r.p50), us(r.p99));
+    outln!("command round trip (NOP + fence, polled): p50 {:.1} µs, p99 {:.1} µs", us(r.p50), us(r.p99));
     let data: Vec<u8> = (0..args.copy_bytes).map(|i| i as u8).collect();
     let mut back = vec![0u8; args.copy_bytes];
     // One copy each way first: the host arena's and the sparse VRAM's pages are touched
@@ -824,7 +824,7 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
         return Err("copy round trip mismatch".into());
     }
     let mb = args.copy_bytes as f64 / 1e6;
-    println!(
+    outln!(
         "copy host→VRAM {:.0} MB/s, VRAM→host {:.0} MB/s ({} MiB each, verified)",
         mb / h2d.as_secs_f64(),
         mb / d2h.as_secs_f64(),
@@ -838,7 +838,7 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let t0 = Instant::now();
     d.launch(op::MATMUL, [0, 1 << 20, 2 << 20, dims, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
     let mm = t0.elapsed();
-    println!(
+    outln!(
         "kernels: VADD of 2^20 fp32 {:.2} ms, MATMUL 256×256×256 fp32 {:.2} ms",
         vadd.as_secs_f64() * 1e3,
         mm.as_secs_f64() * 1e3

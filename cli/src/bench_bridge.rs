@@ -86,7 +86,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     let spin = Duration::from_millis(2);
     let uring = link::driver::UringUdp::probe();
     // With --json the table goes to standard error and the object alone to standard output.
-    let say = |line: String| if args.json { eprintln!("{line}") } else { println!("{line}") };
+    let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
     say(format!("dxpu bench bridge — both endpoints on UDP loopback, MTU {LINK_MTU}, simgpu behind the box"));
     if let Err(e) = &uring {
         say(format!("io_uring unavailable ({e}): its rows are skipped"));
@@ -119,7 +119,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             "floor_gso_runs_mb_s": floors,
             "workload": workload,
         });
-        println!("{report}");
+        outln!("{report}");
     }
     Ok(())
 }

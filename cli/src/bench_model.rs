@@ -229,11 +229,11 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
     std::fs::create_dir_all(&args.out).map_err(|e| format!("--out {}: {e}", args.out.display()))?;
     let workloads =
         if args.workloads.is_empty() { WorkloadArg::ALL.to_vec() } else { args.workloads.clone() };
-    println!(
+    outln!(
         "dxpu bench model — each point: {} runs each way, bridged and direct in turns; model from the direct runs' profile and the link measured at that point",
         args.repeat
     );
-    println!(
+    outln!(
         "{:<13} {:>6} {:>8}  {:>22}  {:>9}  {:>10} {:>10}  {:>7} {:>7}  holds",
         "workload",
         "+delay",
@@ -251,7 +251,7 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         for &delay in &args.delays_us {
             let p = measure(&args, w, delay)?;
             let (time, pp) = p.miss();
-            println!(
+            outln!(
                 "{:<13} {:>6} {:>8.1}  {:>7.1} ({:>5.0}..{:>5.0})  {:>9.1}  {:>8.2}ms {:>8.2}ms  {:>+7.1} {:>+7.1}  {}",
                 w.name(),
                 delay,
@@ -274,7 +274,7 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         let crossing =
             |p: &Point| model::crossing_rtt(&p.profile, p.direct.median, &p.link, 10.0).map(|s| s * 1e6);
         let (svg, png) = plot(&args.out, w.name(), &points)?;
-        println!(
+        outln!(
             "{:<13} model crosses 10 % at a round trip of {}; plots {} and {}",
             w.name(),
             crossing(first).map_or("never".to_string(), |x| format!("{x:.0} µs")),
@@ -287,7 +287,7 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
             "points": points.iter().map(Point::json).collect::<Vec<_>>(),
         }));
     }
-    println!(
+    outln!(
         "the model held at {held} of {total} points (±20 % of bridged time, or ±3 points under 15 % overhead)"
     );
     let report = json!({
@@ -300,6 +300,6 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
     });
     let path = args.out.join("model.json");
     std::fs::write(&path, format!("{report:#}\n")).map_err(|e| format!("{}: {e}", path.display()))?;
-    println!("wrote {}", path.display());
+    outln!("wrote {}", path.display());
     Ok(())
 }

@@ -65,10 +65,10 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         reports.push(r);
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
         return Ok(());
     }
-    println!(
+    outln!(
         "{:>7} {:>6} {:>7} {:>9} {:>8} {:>8} {:>11} {:>9} {:>7} {:>6}",
         "devices",
         "hosts",
@@ -82,7 +82,7 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         "errors"
     );
     for r in &reports {
-        println!(
+        outln!(
             "{:>7} {:>6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>11.2} {:>9} {:>7} {:>6}",
             r.devices,
             r.hosts,

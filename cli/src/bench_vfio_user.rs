@@ -94,12 +94,12 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         DriverKind::Auto => DriverKind::Portable,
         d => d,
     };
-    println!(
+    outln!(
         "dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, {} driver",
         if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<56} {:>8} {:>8} {:>10}",
         format!("(a) register read round trip, {n} reads"),
         "p50 µs",
@@ -115,7 +115,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let mut d = SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
         let (b50, b99) = mmio_rtt(&mut d, n);
-        println!(
+        outln!(
             "{:<56} {:>8.1} {:>8.1} {:>10}",
             format!("bridged (RemoteDevice), {mode}"),
             us(b50),
@@ -128,7 +128,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         let served = Served::start(&gpu, driver, poll)?;
         let mut v = served.client(true, args.copy_bytes + (1 << 20))?;
         let (p50, p99) = mmio_rtt(&mut v, n);
-        println!(
+        outln!(
             "{:<56} {:>8.1} {:>8.1} {:>10.2}",
             format!("  through the vfio-user server (REGION_READ), {mode}"),
             us(p50),
@@ -143,8 +143,8 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             rates.push((mode, b, shared, messages));
         }
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<56} {:>10} {:>10}",
         format!(
             "(b) DMA, {:.0} MB per copy ({:.0} MB by messages)",
@@ -155,9 +155,9 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         "d→h MB/s"
     );
     for (mode, b, s, m) in rates {
-        println!("{:<56} {:>10.0} {:>10.0}", format!("bridged (RemoteDevice), {mode}"), b.0, b.1);
-        println!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory shared as a file", s.0, s.1);
-        println!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory by DMA_READ/DMA_WRITE", m.0, m.1);
+        outln!("{:<56} {:>10.0} {:>10.0}", format!("bridged (RemoteDevice), {mode}"), b.0, b.1);
+        outln!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory shared as a file", s.0, s.1);
+        outln!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory by DMA_READ/DMA_WRITE", m.0, m.1);
     }
     Ok(())
 }

@@ -71,7 +71,7 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
         }
     };
     if args.json {
-        println!("{resp}");
+        outln!("{resp}");
     }
     if let Some(err) = resp.get("error") {
         let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
@@ -82,7 +82,7 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if !args.json {
-        print!("{}", table(&args.method, resp.get("result").unwrap_or(&Value::Null)));
+        out!("{}", table(&args.method, resp.get("result").unwrap_or(&Value::Null)));
     }
     ExitCode::SUCCESS
 }

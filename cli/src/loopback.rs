@@ -726,7 +726,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             Ok(o) => outcomes.push(o),
             Err(e) => {
                 if args.json {
-                    println!("{}", json!({ "verified": false, "workload": w.name(), "error": e }));
+                    outln!("{}", json!({ "verified": false, "workload": w.name(), "error": e }));
                 } else {
                     eprintln!("dxpu loopback: {}: {e}", w.name());
                 }
@@ -753,10 +753,10 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     };
     if args.json {
         match outcomes.as_slice() {
-            [o] => println!("{}", with_capture(report_json(&args, o))),
+            [o] => outln!("{}", with_capture(report_json(&args, o))),
             all => {
                 let each: Vec<_> = all.iter().map(|o| with_capture(report_json(&args, o))).collect();
-                println!("{}", json!({ "verified": true, "workloads": each }));
+                outln!("{}", json!({ "verified": true, "workloads": each }));
             }
         }
         return ExitCode::SUCCESS;
@@ -772,7 +772,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     }
     for (i, o) in outcomes.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         print_report(&args, o);
     }
@@ -784,17 +784,21 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
 
 /// Every workload's overhead beside the model's prediction, one line each.
 fn print_summary(outcomes: &[Outcome]) {
-    println!();
-    println!(
+    outln!();
+    outln!(
         "  summary: overhead through the bridges against direct (median of the pairs, their spread), and the model"
     );
-    println!(
+    outln!(
         "    {:<13} {:>9} {:>16} {:>10} {:>9}   model: 10 % at a round trip of",
-        "workload", "overhead", "spread", "RTT µs", "model"
+        "workload",
+        "overhead",
+        "spread",
+        "RTT µs",
+        "model"
     );
     for o in outcomes {
         let (overhead, (pred, crossing)) = (o.overhead(), o.prediction());
-        println!(
+        outln!(
             "    {:<13} {:>7.1} % {:>7.0} to {:>4.0} % {:>10.1} {:>7.1} %   {}",
             o.workload.name(),
             overhead.median,
@@ -820,10 +824,10 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
     let overhead = o.overhead();
     let (bridged, direct) = o.seconds();
     let tlps = tlp_totals(&o.host);
-    println!(
+    outln!(
         "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
     );
-    println!(
+    outln!(
         "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
         o.driver,
         args.poll.name(),
@@ -832,16 +836,16 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
         args.loss * 100.0,
         if args.encrypt { "encrypted" } else { "authenticated" }
     );
-    println!();
+    outln!();
     let runs = o.bridged.len();
     if runs > 1 {
-        println!(
+        outln!(
             "  workload {} (every result checked against the CPU), medians of {runs} runs each way, in turns, and their spread",
             o.workload.name()
         );
-        println!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
+        outln!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
     } else {
-        println!(
+        outln!(
             "  workload {} (every result checked against the CPU)       bridged      direct",
             o.workload.name()
         );
@@ -849,32 +853,32 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
     for (i, step) in o.bridged[0].steps.iter().enumerate() {
         let (b, d) = o.step(i);
         if runs > 1 {
-            println!("    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
+            outln!("    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
         } else {
-            println!("    {:<52} {:>9}  {:>9}", step.name, fmt_s(b.median), fmt_s(d.median));
+            outln!("    {:<52} {:>9}  {:>9}", step.name, fmt_s(b.median), fmt_s(d.median));
         }
     }
-    println!("  all results verified: yes");
-    println!();
-    println!("  TLPs by kind in one run (the last; host→box / box→host):");
+    outln!("  all results verified: yes");
+    outln!();
+    outln!("  TLPs by kind in one run (the last; host→box / box→host):");
     for k in tlps.keys() {
-        println!(
+        outln!(
             "    {:<8} {:>9} / {}",
             k,
             o.host.tlps_sent.get(k).copied().unwrap_or(0),
             o.host.tlps_received.get(k).copied().unwrap_or(0)
         );
     }
-    println!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
-    println!(
+    outln!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
+    outln!(
         "  link: {} driver, MTU {}, Max_Payload_Size {} B, {}",
         o.driver,
         o.sizes.0,
         o.sizes.1,
         o.offload.describe()
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "  MMIO read round trip: p50 {:.1} µs, p99 {:.1} µs   (direct: p50 {:.2} µs)",
         us(o.rtt.0),
         us(o.rtt.1),
@@ -882,11 +886,11 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
     );
     let (bh, bd) = Outcome::dma(&o.bridged);
     let (dh, dd) = Outcome::dma(&o.direct);
-    println!(
+    outln!(
         "  DMA host→device {bh:.2} Gbit/s, device→host {bd:.2} Gbit/s   (direct: {dh:.2} / {dd:.2}; the workload's copies, medians)"
     );
     if runs > 1 {
-        println!(
+        outln!(
             "  workload: bridged {}, direct {}, overhead {:.0} % (median of {runs} pairs; {:.0} to {:.0} %)",
             fmt_spread(bridged),
             fmt_spread(direct),
@@ -895,7 +899,7 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
             overhead.max
         );
     } else {
-        println!(
+        outln!(
             "  workload: bridged {}, direct {}, overhead {:.0} %",
             fmt_s(bridged.median),
             fmt_s(direct.median),
@@ -904,7 +908,7 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
     }
     let (pred, crossing) = o.prediction();
     let p = &o.profile;
-    println!(
+    outln!(
         "  profile (a direct run): {} register reads, {} dependent device reads, {} idle waits, {} KiB to the device, {} KiB from it",
         p.platform.register_reads,
         p.platform.dependent_reads,
@@ -912,7 +916,7 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
         p.platform.device_read_bytes >> 10,
         p.platform.device_write_bytes >> 10
     );
-    println!(
+    outln!(
         "  model: at the measured round trip ({:.1} µs) and bulk rates ({:.2} / {:.2} Gbit/s) it predicts bridged {}, overhead {:.0} %; 10 % at a round trip of {}",
         o.link.rtt_s * 1e6,
         o.link.h2d_bytes_per_s * 8e-9,

@@ -1,6 +1,10 @@
 //! The `dxpu` command: GPU disaggregation at the PCIe level.
 #![forbid(unsafe_code)]
 
+// First, so that every module below may use its macros.
+#[macro_use]
+mod out;
+
 mod bench;
 mod bench_bridge;
 mod bench_model;

@@ -328,12 +328,12 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         }
     };
     if args.json {
-        println!("{}", r.json());
+        outln!("{}", r.json());
         return ExitCode::SUCCESS;
     }
     let p = &r.profile;
-    println!("dxpu model — workload {}: direct {} per run", r.workload, fmt_s(r.direct_seconds));
-    println!(
+    outln!("dxpu model — workload {}: direct {} per run", r.workload, fmt_s(r.direct_seconds));
+    outln!(
         "  profile (one run): {} register reads, {} posted register writes, {} device reads ({} dependent, {} KiB), {} device writes ({} KiB), {} interrupts, {} waits ({} with the device idle)",
         p.platform.register_reads,
         p.platform.register_writes,
@@ -346,7 +346,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         p.waits(),
         p.driver.waits_idle
     );
-    println!(
+    outln!(
         "  round trips on the critical path: {}; link {:.1} / {:.1} Gbit/s, {:.2} µs per posted TLP",
         p.round_trips(),
         r.link.h2d_bytes_per_s * 8e-9,
@@ -354,7 +354,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         args.per_tlp_us
     );
     if let Some(m) = &r.measured {
-        println!(
+        outln!(
             "  link measured over UDP loopback (+{} µs each way): round trip {:.1} µs, bulk {:.1} / {:.1} Gbit/s",
             args.delay_us,
             m.rtt_s * 1e6,
@@ -362,16 +362,16 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
             m.d2h_bytes_per_s * 8e-9
         );
     }
-    println!();
-    println!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
+    outln!();
+    outln!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
     for (rtt, pr) in &r.points {
         let mark = if r.measured.is_some_and(|m| m.rtt_s * 1e6 == *rtt) { "  (measured)" } else { "" };
-        println!("  {:>10.1}  {:>14}  {:>9.1} %{mark}", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
+        outln!("  {:>10.1}  {:>14}  {:>9.1} %{mark}", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
     }
     match r.crosses_10_percent_at_rtt_us {
-        Some(0.0) => println!("  over 10 % at any round trip: the bandwidth term alone exceeds it"),
-        Some(x) => println!("  crosses 10 % at a round trip of {x:.1} µs"),
-        None => println!("  never crosses 10 %: nothing on its critical path crosses the link"),
+        Some(0.0) => outln!("  over 10 % at any round trip: the bandwidth term alone exceeds it"),
+        Some(x) => outln!("  crosses 10 % at a round trip of {x:.1} µs"),
+        None => outln!("  never crosses 10 %: nothing on its critical path crosses the link"),
     }
     ExitCode::SUCCESS
 }

@@ -86,7 +86,10 @@ fn write_key(path: &Path, n: usize, force: bool) -> Result<String, String> {
 
 pub(crate) fn completions(args: CompletionsArgs) -> ExitCode {
     let mut cmd = crate::Cli::command();
-    clap_complete::generate(args.shell, &mut cmd, "dxpu", &mut std::io::stdout());
+    // Into memory first: clap_complete panics on a failed write (a closed pipe, say).
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "dxpu", &mut script);
+    out!("{}", String::from_utf8_lossy(&script));
     ExitCode::SUCCESS
 }
 

@@ -68,7 +68,7 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Ls { json } => {
                 let list = admin::ls(&mut client, &cfg).await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+                    outln!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
                 } else {
                     print_table(&list);
                 }
@@ -76,30 +76,27 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Drain { target } => {
                 let (b, d) = admin::parse_target(&target)?;
                 admin::drain(&mut client, &cfg, &b, &d).await?;
-                println!("{b}/{d}: draining (no new claims; its owner keeps it)");
+                outln!("{b}/{d}: draining (no new claims; its owner keeps it)");
             }
             PoolCommand::Undrain { target } => {
                 let (b, d) = admin::parse_target(&target)?;
                 let was = admin::undrain(&mut client, &cfg, &b, &d).await?;
-                println!("{b}/{d}: {}", if was { "claims allowed again" } else { "was not draining" });
+                outln!("{b}/{d}: {}", if was { "claims allowed again" } else { "was not draining" });
             }
             PoolCommand::Revoke { target } => {
                 let (b, d) = admin::parse_target(&target)?;
                 match admin::revoke(&mut client, &cfg, &b, &d).await? {
-                    Some((host, token)) => println!("{b}/{d}: claim {token} of {host} revoked"),
-                    None => println!("{b}/{d}: was not claimed"),
+                    Some((host, token)) => outln!("{b}/{d}: claim {token} of {host} revoked"),
+                    None => outln!("{b}/{d}: was not claimed"),
                 }
             }
             PoolCommand::Watch { json } => {
                 admin::watch(&mut client, &cfg, &mut |c| {
                     if json {
-                        println!("{}", serde_json::to_string(c).unwrap_or_default());
+                        outln!("{}", serde_json::to_string(c).unwrap_or_default());
                     } else {
                         let host = c.host.as_deref().map(|h| format!(" ({h})")).unwrap_or_default();
-                        println!(
-                            "{:>8} {} {} {}/{}{host}",
-                            c.revision, c.kind, c.event, c.box_name, c.device
-                        );
+                        outln!("{:>8} {} {} {}/{}{host}", c.revision, c.kind, c.event, c.box_name, c.device);
                     }
                     use std::io::Write;
                     std::io::stdout().flush().is_ok()
@@ -116,13 +113,18 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
 }
 
 fn print_table(list: &[admin::Entry]) {
-    println!(
+    outln!(
         "{:<12} {:<12} {:<6} {:<6} {:<10} {:<12} since",
-        "box", "device", "vendor", "device", "state", "host"
+        "box",
+        "device",
+        "vendor",
+        "device",
+        "state",
+        "host"
     );
     for e in list {
         let since = e.since;
-        println!(
+        outln!(
             "{:<12} {:<12} {:04x}   {:04x}   {:<10} {:<12} {since}",
             e.box_name,
             e.device,

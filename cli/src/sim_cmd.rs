@@ -49,7 +49,7 @@ pub(crate) fn run(cmd: SimCommand) {
     match cmd {
         SimCommand::DumpConfig(a) => {
             let p = SimGpuParams { vram_bytes: a.vram, msix_vectors: a.vectors, ..SimGpuParams::default() };
-            print!("{}", simgpu::lspci_dump(&simgpu::config_space(&p), &a.slot));
+            out!("{}", simgpu::lspci_dump(&simgpu::config_space(&p), &a.slot));
         }
     }
 }

@@ -198,3 +198,32 @@ fn bad_values_are_refused_naming_them() {
     let out = dxpu().args(["model", "--workload", "demo", "--profile", "x.json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_the_output_quietly() {
+    // `dxpu model … | head -1`: every line after the reader went away meets a closed pipe.
+    let file = json!({"workload": "reads", "direct_seconds": 0.001, "profile": profile(&[("register_reads", 1000)])});
+    let path = std::env::temp_dir().join(format!("dxpu-model-pipe-{}.json", std::process::id()));
+    std::fs::write(&path, file.to_string()).unwrap();
+    let rtts = (0..2000).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    for args in
+        [vec!["model", "--profile", path.to_str().unwrap(), "--rtt-us", &rtts], vec!["completions", "zsh"]]
+    {
+        let mut child = dxpu()
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader closes before reading anything
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "dxpu {}: {:?} {err}",
+            args[0],
+            out.status
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
