@@ -16,7 +16,9 @@ use link::driver::{DriverKind, Impairment, PollMode};
 
 use serde_json::json;
 
-use crate::bench::{bare_gso_stream, bare_pingpong, bare_stream, driver_pingpong, us};
+use crate::bench::{
+    Buffers, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
+};
 use crate::loopback::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
@@ -103,10 +105,10 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
     let say: &dyn Fn(String) = &say;
     let mmio = if runs(Section::Mmio) { mmio_section(n, spin, &drivers, say)? } else { Vec::new() };
-    let (dma, gso, floors) = if runs(Section::Dma) {
+    let (dma, gso, floors, [copy_floor, staged_floor]) = if runs(Section::Dma) {
         dma_section(&args, spin, &drivers, say)?
     } else {
-        (Vec::new(), None, Vec::new())
+        (Vec::new(), None, Vec::new(), [None; 2])
     };
     let workload =
         if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
@@ -117,6 +119,8 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             "dma": dma,
             "floor_gso_mb_s": gso,
             "floor_gso_runs_mb_s": floors,
+            "floor_gso_copy_mb_s": copy_floor,
+            "floor_gso_staged_mb_s": staged_floor,
             "workload": workload,
         });
         outln!("{report}");
@@ -185,8 +189,9 @@ fn mmio_section(
     Ok(mmio)
 }
 
-/// Section (b)'s rows, the GSO floor's median and its samples.
-type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>);
+/// Section (b)'s rows, the GSO floor's median and its samples, and the medians of the same
+/// floor from and into buffers of the copy's size: directly (one copy per side) and staged (two).
+type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2]);
 
 /// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
 fn dma_section(
@@ -230,8 +235,15 @@ fn dma_section(
     // run of it spreads 0.6–4.5 GB/s on this machine, from one minute to the next.
     let mut floors = Vec::new();
     let mut gso_refused = None;
+    // The same with the copy's bytes read from and written to buffers of the copy's size, as
+    // the bridges must: how much of the gap to the floor is memory traffic, not software.
+    let (mut copy_floors, mut staged_floors) = (Vec::new(), Vec::new());
     match bare_gso_stream(args.copy_bytes, LINK_MTU) {
-        Ok(r) => floors.push(r),
+        Ok(r) => {
+            floors.push(r);
+            copy_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
+            staged_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
+        }
         Err(e) => gso_refused = Some(e.to_string()),
     }
     {
@@ -288,6 +300,8 @@ fn dma_section(
         bridged.push((label, driver, frames != Frames::Unauthenticated, offload.zero_copy_send, c, link));
         if gso_refused.is_none() {
             floors.push(bare_gso_stream(args.copy_bytes, LINK_MTU).map_err(io)?);
+            copy_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
+            staged_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
         }
     }
     let floor = Spread::of(floors.iter().copied());
@@ -308,6 +322,19 @@ fn dma_section(
         (None, Some(e)) => say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor")),
         (None, None) => {}
     }
+    let copy = (!copy_floors.is_empty()).then(|| Spread::of(copy_floors.iter().copied()));
+    let staged = (!staged_floors.is_empty()).then(|| Spread::of(staged_floors.iter().copied()));
+    for (what, s) in [("from and into", copy), ("staged, from and into", staged)] {
+        if let Some(c) = s {
+            say(format!(
+                "{:<48} {:>10.0} {:>10.0} {:>12}",
+                format!("  the same, {what} {mb:.0} MB buffers ({:.0}–{:.0})", c.min, c.max),
+                c.median,
+                c.median,
+                format!("{:.2}", c.median / bare)
+            ));
+        }
+    }
     let mut cpu = Vec::new();
     for (label, driver, authenticated, zero_copy, c, link) in bridged {
         let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
@@ -320,6 +347,9 @@ fn dma_section(
         if let Some(f) = gso {
             row["vs_gso_floor"] = json!({"h2d": h2d / f, "d2h": d2h / f});
         }
+        if let Some(c) = staged {
+            row["vs_gso_staged_floor"] = json!({"h2d": h2d / c.median, "d2h": d2h / c.median});
+        }
         dma.push(row);
         say(format!(
             "{:<48} {:>10.0} {:>10.0} {:>12}{}",
@@ -327,8 +357,9 @@ fn dma_section(
             h2d,
             d2h,
             format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
-            gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f))
-        ));
+            gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f)),
+        ) + &staged
+            .map_or(String::new(), |c| format!(", staged {:.2} / {:.2}", h2d / c.median, d2h / c.median)));
         cpu.push((label, c));
     }
     if !cpu.is_empty() {
@@ -345,7 +376,7 @@ fn dma_section(
         }
     }
 
-    Ok((dma, gso, floors))
+    Ok((dma, gso, floors, [copy.map(|c| c.median), staged.map(|c| c.median)]))
 }
 
 /// (c): the demo workload bridged against direct.

@@ -2,7 +2,7 @@
 //!
 //! `println!` panics when its write fails, and a reader that stops early (`dxpu model | head
 //! -1`) makes every later write fail with `EPIPE` (Rust ignores SIGPIPE). A command's output
-//! goes through [`outln!`] and [`out!`] instead: a write to a closed pipe ends the process with
+//! goes through `outln!` and `out!` (below) instead: a write to a closed pipe ends the process with
 //! status 0, as the default SIGPIPE action would end it quietly; any other write error ends it
 //! with status 2 and says what failed.
 

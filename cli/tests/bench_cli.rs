@@ -59,6 +59,14 @@ fn bench_bridge_json_is_one_object_with_every_row() {
         "a bridged row with the frames untagged, for what the tags cost: {dma:?}"
     );
     assert!(v["floor_gso_mb_s"].is_null() || v["floor_gso_mb_s"].as_f64().unwrap() > 0.0);
+    // The floor from and into copy-sized buffers, directly and staged, exists where the floor does.
+    for key in ["floor_gso_copy_mb_s", "floor_gso_staged_mb_s"] {
+        assert_eq!(v[key].is_null(), v["floor_gso_mb_s"].is_null(), "{key}: {v}");
+        assert!(v[key].is_null() || v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    if !v["floor_gso_staged_mb_s"].is_null() {
+        assert!(bridged["vs_gso_staged_floor"]["h2d"].as_f64().unwrap() > 0.0, "{bridged}");
+    }
     assert_eq!(v["workload"]["verified"], true);
     assert!(v["workload"]["overhead_percent"].is_number());
 }
