@@ -7,7 +7,7 @@
 //! it looks at between polls ([`Calls::try_next`], one atomic load when empty): the
 //! datapath never waits on a client.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -228,16 +228,15 @@ fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBoo
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        match reader.read_until(b'\n', &mut line) {
+        // At most one byte past the limit is read, however long the client streams without a
+        // newline (`read_until` alone would keep growing the line until it paused).
+        let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
+        match (&mut reader).take(room).read_until(b'\n', &mut line) {
             Ok(0) => return,
             Ok(_) if !line.ends_with(b"\n") && line.len() <= MAX_LINE => continue,
             Ok(_) => {}
+            // What was read so far stays in `line`; the read goes on.
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                if line.len() > MAX_LINE {
-                    let e = RpcError::new(INVALID_REQUEST, format!("request longer than {MAX_LINE} bytes"));
-                    let _ = writeln!(out, "{}", response(Value::Null, Err(e)));
-                    return;
-                }
                 continue;
             }
             Err(_) => return,
@@ -323,6 +322,7 @@ pub(crate) fn uptime_since(started: std::time::Instant) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn err_code(v: &Value) -> Option<i64> {
         v.get("error")?.get("code")?.as_i64()
@@ -360,5 +360,77 @@ mod tests {
         assert_eq!(ok, json!({"jsonrpc": "2.0", "id": "q", "result": {"a": 1}}));
         drop(tx);
         t.join().unwrap();
+    }
+
+    fn socket_path(what: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("dxpu-control-{what}-{}.sock", std::process::id()))
+    }
+
+    fn read_answer(s: &UnixStream) -> Value {
+        // A server that never answers fails the test instead of hanging it.
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_client_streaming_without_a_newline_is_cut_off_at_the_limit() {
+        let path = socket_path("long");
+        let (tx, _rx) = mpsc::channel::<Call>();
+        let server = ControlServer::bind(&path, tx).unwrap();
+        let s = UnixStream::connect(&path).unwrap();
+        // 64 MiB with no newline, without a pause: the server must stop reading after about
+        // 1 MiB and answer, not take it all in (which it did while it read to a newline).
+        let mut w = s.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 1 << 20];
+            (0..64).try_for_each(|_| w.write_all(&chunk)).is_ok()
+        });
+        let v = read_answer(&s);
+        assert_eq!(err_code(&v), Some(INVALID_REQUEST), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("longer than"), "{v}");
+        assert!(!writer.join().unwrap(), "the server read all 64 MiB of one line");
+        drop(server);
+    }
+
+    #[test]
+    fn one_client_past_the_limit_is_refused_and_the_others_served() {
+        let path = socket_path("many");
+        let (tx, rx) = mpsc::channel::<Call>();
+        let answers = std::thread::spawn(move || {
+            while let Ok(c) = rx.recv() {
+                c.answer(Ok(json!("pong")));
+            }
+        });
+        let server = ControlServer::bind(&path, tx).unwrap();
+        let ping = br#"{"jsonrpc":"2.0","method":"ping","id":1}"#;
+        let mut held = Vec::new();
+        for _ in 0..MAX_CLIENTS {
+            let mut s = UnixStream::connect(&path).unwrap();
+            // Answered: its thread is running, so it counts before the next one connects.
+            s.write_all(ping).and_then(|()| s.write_all(b"\n")).unwrap();
+            assert_eq!(read_answer(&s)["result"], "pong");
+            held.push(s);
+        }
+        let extra = UnixStream::connect(&path).unwrap();
+        let v = read_answer(&extra);
+        assert_eq!(err_code(&v), Some(FAILED), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("too many control clients"), "{v}");
+        // One goes away: a new client is served again (its thread is counted out first).
+        drop(held.pop());
+        let started = Instant::now();
+        loop {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(ping).and_then(|()| s.write_all(b"\n")).unwrap();
+            if read_answer(&s)["result"] == "pong" {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "no client served after one left");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(held);
+        drop(server);
+        answers.join().unwrap();
     }
 }

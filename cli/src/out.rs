@@ -36,14 +36,3 @@ macro_rules! outln {
 macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn formats_like_println() {
-        // Written to the test harness's captured stdout; a failure would exit the process.
-        outln!("{} {:>3}", "x", 7);
-        outln!();
-        out!("{}", "");
-    }
-}
