@@ -182,6 +182,10 @@ fn attach(b: SocketAddr, host: &str, claim: &Claim) -> Result<RemoteDevice, Atta
     o.device = claim.device.clone();
     o.token = Some(claim.token);
     o.dma_memory = 1 << 20;
+    // The box may hold an ATTACH while it looks the claim up in etcd, up to its confirmation
+    // timeout (longer right after an etcd member is lost, while its client moves to a live
+    // one): wait past that, as the default attach timeout (5 s) does, not the tests' 2 s.
+    o.attach_timeout = bridge_gpu::CLAIM_CONFIRM_TIMEOUT + Duration::from_secs(2);
     RemoteDevice::attach(o)
 }
 
