@@ -97,14 +97,27 @@ impl Vram {
         self.pages = Vec::new();
         self.resident = 0;
     }
-    fn read_f32s(&self, off: u64, n: u64) -> Vec<f32> {
-        let mut b = vec![0u8; n as usize * 4];
-        self.read(off, &mut b);
-        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    /// The `n` floats at `off` (a multiple of 4: no float straddles a page) into `out`,
+    /// replacing what it held, straight from the pages.
+    fn read_f32s_into(&self, off: u64, n: u64, out: &mut Vec<f32>) {
+        out.clear();
+        let (mut at, end) = (off, off + n * 4);
+        while at < end {
+            let len = (VRAM_PAGE - at % VRAM_PAGE).min(end - at) as usize;
+            let bytes = self.slice(at, len).unwrap_or(&[]);
+            out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            at += len as u64;
+        }
     }
+    /// `v` at `off` (a multiple of 4), straight into the pages.
     fn write_f32s(&mut self, off: u64, v: &[f32]) {
-        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.write(off, &b);
+        let mut bytes = [0u8; 4096];
+        for (i, chunk) in v.chunks(bytes.len() / 4).enumerate() {
+            for (b, x) in bytes.chunks_exact_mut(4).zip(chunk) {
+                b.copy_from_slice(&x.to_le_bytes());
+            }
+            self.write(off + (i * 4096) as u64, &bytes[..chunk.len() * 4]);
+        }
     }
     /// Bytes actually backed by memory.
     fn resident(&self) -> u64 {
@@ -186,6 +199,34 @@ pub struct SimGpu {
     pub max_reads_in_flight: usize,
     /// DMA reads that fetched ring entries.
     pub command_fetches: u64,
+    /// The compute kernels' working buffers, kept from one command to the next.
+    scratch: Scratch,
+}
+
+/// A kernel's operands and result as floats. Kept between commands, as a GPU keeps its
+/// on-chip memory: allocating a MATMUL's megabyte afresh each time cost it a page fault per
+/// 4 KiB (≈ 450 a MATMUL 256³) and made its speed depend on the allocator's state in the
+/// thread it ran on. A buffer grown past [`Scratch::KEPT`] floats is given back after the
+/// command.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    t: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl Scratch {
+    /// Floats a buffer keeps between commands: a MATMUL's largest operand (256 × 256).
+    const KEPT: usize = 256 * 256;
+
+    fn trim(&mut self) {
+        for v in [&mut self.x, &mut self.y, &mut self.t, &mut self.out] {
+            if v.capacity() > Self::KEPT {
+                *v = Vec::new();
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -222,6 +263,7 @@ impl SimGpu {
             stray_completions: 0,
             max_reads_in_flight: 0,
             command_fetches: 0,
+            scratch: Scratch::default(),
         }
     }
 
@@ -454,20 +496,26 @@ impl SimGpu {
                 true
             }
             op::VADD if f32_range(a, d) && f32_range(b, d) && f32_range(c, d) => {
-                let (x, y) = (self.vram.read_f32s(a, d), self.vram.read_f32s(b, d));
-                let out: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
-                self.vram.write_f32s(c, &out);
+                let Scratch { x, y, .. } = &mut self.scratch;
+                self.vram.read_f32s_into(a, d, x);
+                self.vram.read_f32s_into(b, d, y);
+                x.iter_mut().zip(&*y).for_each(|(p, q)| *p += q);
+                self.vram.write_f32s(c, x);
                 true
             }
             op::SAXPY if f32_range(a, c) && f32_range(b, c) => {
                 let alpha = f32::from_bits(d as u32);
-                let (x, y) = (self.vram.read_f32s(a, c), self.vram.read_f32s(b, c));
-                let out: Vec<f32> = x.iter().zip(&y).map(|(p, q)| alpha * p + q).collect();
-                self.vram.write_f32s(b, &out);
+                let Scratch { x, y, .. } = &mut self.scratch;
+                self.vram.read_f32s_into(a, c, x);
+                self.vram.read_f32s_into(b, c, y);
+                y.iter_mut().zip(&*x).for_each(|(q, p)| *q += alpha * p);
+                self.vram.write_f32s(b, y);
                 true
             }
             op::REDUCE_SUM if f32_range(a, b) && f32_range(c, 1) => {
-                let sum: f32 = self.vram.read_f32s(a, b).iter().sum();
+                let x = &mut self.scratch.x;
+                self.vram.read_f32s_into(a, b, x);
+                let sum: f32 = x.iter().sum();
                 self.vram.write_f32s(c, &[sum]);
                 true
             }
@@ -475,7 +523,9 @@ impl SimGpu {
                 let (m, n, k) = (d & 0xffff, (d >> 16) & 0xffff, (d >> 32) & 0xffff);
                 let dims_ok = (1..=256).contains(&m) && (1..=256).contains(&n) && (1..=256).contains(&k);
                 if dims_ok && f32_range(a, m * k) && f32_range(b, k * n) && f32_range(c, m * n) {
-                    let (am, bm) = (self.vram.read_f32s(a, m * k), self.vram.read_f32s(b, k * n));
+                    let Scratch { x: am, y: bm, t: bt, out: cm } = &mut self.scratch;
+                    self.vram.read_f32s_into(a, m * k, am);
+                    self.vram.read_f32s_into(b, k * n, bm);
                     let (m, n, k) = (m as usize, n as usize, k as usize);
                     // B transposed first, so that each element is a dot product of two
                     // contiguous rows: the same products summed in the same order as the
@@ -483,19 +533,21 @@ impl SimGpu {
                     // a stride of n floats, which made a run of `dxpu model --workload
                     // training` take 25 to 38 ms from one process to the next, by where the
                     // buffers happened to lie (ten processes; 20.6–23.2 ms now).
-                    let mut bt = vec![0f32; k * n];
+                    bt.clear();
+                    bt.resize(k * n, 0.0);
                     for p in 0..k {
                         for j in 0..n {
                             bt[j * k + p] = bm[p * n + j];
                         }
                     }
-                    let mut cm = vec![0f32; m * n];
+                    cm.clear();
+                    cm.resize(m * n, 0.0);
                     for (i, row) in am.chunks_exact(k).enumerate() {
                         for (j, col) in bt.chunks_exact(k).enumerate() {
                             cm[i * n + j] = row.iter().zip(col).map(|(a, b)| a * b).sum();
                         }
                     }
-                    self.vram.write_f32s(c, &cm);
+                    self.vram.write_f32s(c, cm);
                     true
                 } else {
                     false
@@ -518,6 +570,7 @@ impl SimGpu {
                 return true;
             }
         };
+        self.scratch.trim();
         if !ok {
             self.raise_error(err::BAD_ARGUMENT, up);
         }
@@ -567,24 +620,33 @@ impl Device for SimGpu {
             Body::MemRead { address, length_dw, .. } => {
                 let target = self.function.memory_target(address.value());
                 let len = length_dw as u64 * 4;
-                let data: Result<Vec<u8>, CplStatus> = match target {
+                // A register's value is completed from the stack, VRAM from a buffer.
+                let register: [u8; 8];
+                let vram: Vec<u8>;
+                let data: Result<&[u8], CplStatus> = match target {
                     Err(s) => Err(s),
                     Ok(t @ (MemoryTarget::MsixTable(_) | MemoryTarget::MsixPba(_))) => {
                         let v = self.function.msix_read(t, len as usize);
                         if matches!(len, 4 | 8) {
-                            Ok(v.to_le_bytes()[..len as usize].to_vec())
+                            register = v.to_le_bytes();
+                            Ok(&register[..len as usize])
                         } else {
                             Err(CplStatus::UnsupportedRequest)
                         }
                     }
+                    // `mmio_read` takes 4 or 8 bytes only.
                     Ok(MemoryTarget::Bar(0, off)) => match self.mmio_read(off, len as usize) {
-                        Some(v) => Ok(v.to_le_bytes()[..len as usize].to_vec()),
+                        Some(v) => {
+                            register = v.to_le_bytes();
+                            Ok(&register[..len as usize])
+                        }
                         None => Err(CplStatus::CompleterAbort),
                     },
                     Ok(MemoryTarget::Bar(_, off)) if self.vram.in_bounds(off, len) => {
                         let mut b = vec![0u8; len as usize];
                         self.vram.read(off, &mut b);
-                        Ok(b)
+                        vram = b;
+                        Ok(&vram)
                     }
                     Ok(MemoryTarget::Bar(..)) => Err(CplStatus::UnsupportedRequest),
                 };
@@ -592,7 +654,7 @@ impl Device for SimGpu {
                     Ok(d) => {
                         let mps = TransferSize::from_bytes(self.function.config().max_payload())
                             .unwrap_or(TransferSize::B128);
-                        rules::complete_read(tlp, self.function.id(), &d, Rcb::B64, mps, |c| up.send(c));
+                        rules::complete_read(tlp, self.function.id(), d, Rcb::B64, mps, |c| up.send(c));
                     }
                     Err(status) => up.send(&rules::completion_without_data(tlp, self.function.id(), status)),
                 }

@@ -36,6 +36,7 @@ pub fn checks<P: PciFunction>() -> Vec<Check<P>> {
         Check { name: "copies_both_ways_any_size_and_alignment", run: copies_both_ways },
         Check { name: "vram_to_vram_and_fill", run: vram_to_vram_and_fill },
         Check { name: "kernels_match_the_cpu", run: kernels_match_the_cpu },
+        Check { name: "kernels_across_vram_pages_and_after_larger_ones", run: kernels_across_pages },
         Check { name: "fences_and_interrupts", run: fences_and_interrupts },
         Check { name: "errors_are_reported_and_the_device_goes_on", run: errors_are_reported },
         Check { name: "big_fills_and_overlapping_copies", run: big_fills_and_overlapping_copies },
@@ -137,13 +138,50 @@ fn kernels_match_the_cpu<P: PciFunction>(d: &mut SimGpuDriver<P>) -> Result<(), 
     ok(d.memcpy_to_device(0x50_000, &f32_bytes(&b)), "copy B")?;
     let dims = m as u64 | (nn as u64) << 16 | (k as u64) << 32;
     ok(d.launch(op::MATMUL, [0x40_000, 0x50_000, 0x60_000, dims, 0], WaitMode::Poll), "MATMUL")?;
-    let mut want = vec![0f32; m * nn];
+    same(ok(read_f32s(d, 0x60_000, m * nn), "read C")?, matmul_reference(&a, &b, m, k, nn), "MATMUL result")
+}
+
+/// `m`×`k` times `k`×`n` on the CPU, in the device's order.
+fn matmul_reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
     for i in 0..m {
-        for j in 0..nn {
-            want[i * nn + j] = (0..k).map(|p| a[i * k + p] * b[p * nn + j]).sum();
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
         }
     }
-    same(ok(read_f32s(d, 0x60_000, m * nn), "read C")?, want, "MATMUL result")
+    c
+}
+
+/// Operands that straddle VRAM's 64 KiB pages, longer than a page, and a small MATMUL right
+/// after a larger one (the device keeps its kernels' working buffers between commands).
+fn kernels_across_pages<P: PciFunction>(d: &mut SimGpuDriver<P>) -> Result<(), String> {
+    let n = 40_000;
+    let x: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.25 - 7.0).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 1.5).collect();
+    let (xa, ya, za) = (0xf_fff0u64, 0x20_0004u64, 0x30_0008u64);
+    ok(d.memcpy_to_device(xa, &f32_bytes(&x)), "copy x")?;
+    ok(d.memcpy_to_device(ya, &f32_bytes(&y)), "copy y")?;
+    ok(d.launch(op::VADD, [xa, ya, za, n as u64, 0], WaitMode::Poll), "VADD")?;
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    same(ok(read_f32s(d, za, n), "read z")?, want, "VADD across pages")?;
+    let alpha = -0.75f32;
+    ok(d.launch(op::SAXPY, [xa, ya, n as u64, alpha.to_bits() as u64, 0], WaitMode::Poll), "SAXPY")?;
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| alpha * a + b).collect();
+    same(ok(read_f32s(d, ya, n), "read y")?, want, "SAXPY across pages")?;
+    ok(d.launch(op::REDUCE_SUM, [xa, n as u64, 0x40_fffc, 0, 0], WaitMode::Poll), "REDUCE_SUM")?;
+    same(ok(read_f32s(d, 0x40_fffc, 1), "read sum")?[0], x.iter().sum::<f32>(), "REDUCE_SUM across pages")?;
+    for (m, k, nn, at) in [(64usize, 48usize, 80usize, 0x50_fff0u64), (3, 2, 4, 0x70_0000)] {
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.1).sin()).collect();
+        let b: Vec<f32> = (0..k * nn).map(|i| (i as f32 * 0.3).cos()).collect();
+        let (aa, ba, ca) = (at, at + 0x1_0000, at + 0x2_0004);
+        ok(d.memcpy_to_device(aa, &f32_bytes(&a)), "copy A")?;
+        ok(d.memcpy_to_device(ba, &f32_bytes(&b)), "copy B")?;
+        let dims = m as u64 | (nn as u64) << 16 | (k as u64) << 32;
+        ok(d.launch(op::MATMUL, [aa, ba, ca, dims, 0], WaitMode::Poll), "MATMUL")?;
+        let got = ok(read_f32s(d, ca, m * nn), "read C")?;
+        same(got, matmul_reference(&a, &b, m, k, nn), &format!("MATMUL {m}x{k} times {k}x{nn}"))?;
+    }
+    Ok(())
 }
 
 fn fences_and_interrupts<P: PciFunction>(d: &mut SimGpuDriver<P>) -> Result<(), String> {
