@@ -67,8 +67,14 @@ pub(crate) fn us(d: Duration) -> f64 {
 
 /// (a) Bare UDP ping-pong with 64-byte datagrams. With `connected`, the client's socket is
 /// connected to the server, as a session's client socket is (the server's serves any peer,
-/// as a session server's does): the floor with the same socket set-up as the sessions.
-pub(crate) fn bare_pingpong(busy: bool, connected: bool, n: usize) -> std::io::Result<Rtt> {
+/// as a session server's does): the floor with the same socket set-up as the sessions. The
+/// echoing thread runs on `echo_cpu` where given (the caller's stays where it is).
+pub(crate) fn bare_pingpong(
+    busy: bool,
+    connected: bool,
+    n: usize,
+    echo_cpu: Option<usize>,
+) -> std::io::Result<Rtt> {
     let server = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let client = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let (sa, ca) = (server.local_addr()?, client.local_addr()?);
@@ -79,6 +85,7 @@ pub(crate) fn bare_pingpong(busy: bool, connected: bool, n: usize) -> std::io::R
     }
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        pin_echo(echo_cpu)?;
         let mut buf = [0u8; 2048];
         for _ in 0..total {
             loop {
@@ -120,9 +127,22 @@ pub(crate) fn bare_pingpong(busy: bool, connected: bool, n: usize) -> std::io::R
     Ok(summarize(rtts))
 }
 
+/// Pins an echoing thread to `cpu`, where given.
+fn pin_echo(cpu: Option<usize>) -> std::io::Result<()> {
+    match cpu {
+        Some(c) => crate::affinity::pin(&[c]).map_err(std::io::Error::other),
+        None => Ok(()),
+    }
+}
+
 /// The same ping-pong through one of the link's drivers (no session): the floor of that
-/// driver in that mode.
-pub(crate) fn driver_pingpong(driver: DriverKind, busy: bool, n: usize) -> std::io::Result<Rtt> {
+/// driver in that mode, the echoing thread on `echo_cpu` where given.
+pub(crate) fn driver_pingpong(
+    driver: DriverKind,
+    busy: bool,
+    n: usize,
+    echo_cpu: Option<usize>,
+) -> std::io::Result<Rtt> {
     let mode = mode_of(busy);
     let mut server = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
     let mut client = AnyUdp::bind(SocketAddr::from(LOCAL), driver, &mut |_| {})?;
@@ -131,6 +151,7 @@ pub(crate) fn driver_pingpong(driver: DriverKind, busy: bool, n: usize) -> std::
     client.connect(sa)?;
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        pin_echo(echo_cpu)?;
         let mut echoed = 0;
         let mut from_to = Vec::new();
         while echoed < total {
@@ -698,7 +719,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         "p99 µs",
         "p50 / floor"
     );
-    let floors = [(true, bare_pingpong(true, true, n)?), (false, bare_pingpong(false, true, n)?)];
+    let floors = [(true, bare_pingpong(true, true, n, None)?), (false, bare_pingpong(false, true, n, None)?)];
     for (busy, f) in &floors {
         let mode = if *busy { "busy-poll" } else { "blocking" };
         let poll = if *busy { "busy" } else { "blocking" };
@@ -712,7 +733,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             "1.00"
         );
         // For reference: what not connecting the client's socket costs.
-        let unconnected = bare_pingpong(*busy, false, n)?;
+        let unconnected = bare_pingpong(*busy, false, n, None)?;
         say!(
             "{:<44} {:>10.1} {:>10.1} {:>12.2}",
             "  the same, client socket not connected",

@@ -16,6 +16,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 
 use serde_json::json;
 
+use crate::affinity::{self, PinArg, Placement};
 use crate::bench::{
     Buffers, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
@@ -47,6 +48,12 @@ pub(crate) struct BridgeBench {
     /// default.
     #[arg(long, value_enum)]
     driver: Option<DriverChoice>,
+    /// Which CPUs the register reads' two spinning threads run on: DEVICE,HOST puts the
+    /// echoing thread of each ping-pong floor and the GPU-box endpoint's thread on CPU
+    /// DEVICE, the reading thread on CPU HOST; auto: the first two CPUs this process may use
+    /// (none where it may use one); off: wherever the scheduler puts them.
+    #[arg(long, default_value = "auto", value_parser = PinArg::parse, value_name = "auto|off|DEVICE,HOST")]
+    pin: PinArg,
 }
 
 /// A part of `dxpu bench bridge`'s report.
@@ -104,7 +111,12 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         .collect();
     let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
     let say: &dyn Fn(String) = &say;
-    let mmio = if runs(Section::Mmio) { mmio_section(n, spin, &drivers, say)? } else { Vec::new() };
+    let mmio = if runs(Section::Mmio) {
+        let placement = args.pin.placement(&affinity::allowed()?)?;
+        mmio_section(n, spin, &drivers, placement, say)?
+    } else {
+        Vec::new()
+    };
     let (dma, gso, floors, [copy_floor, staged_floor]) = if runs(Section::Dma) {
         dma_section(&args, spin, &drivers, say)?
     } else {
@@ -133,14 +145,24 @@ fn mmio_section(
     n: usize,
     spin: Duration,
     drivers: &[DriverKind],
+    placement: Option<Placement>,
     say: &dyn Fn(String),
 ) -> Result<Vec<serde_json::Value>, String> {
+    // The reading thread on the host's CPU until this returns; the echoing one on the device's.
+    let _restore = affinity::Restore::here()?;
+    if let Some(p) = placement {
+        affinity::pin(&[p.host])?;
+    }
+    let echo_cpu = placement.map(|p| p.device);
     let mut mmio = Vec::new();
     let row = |path: &str, driver: &str, poll: &str, p50: Duration, p99: Duration| json!({"path": path, "driver": driver, "poll": poll, "p50_us": us(p50), "p99_us": us(p99)});
     say(String::new());
     say(format!(
         "{:<48} {:>8} {:>8} {:>11} {:>11}",
-        format!("(a) MMIO read round trip, {n} reads"),
+        match placement {
+            Some(p) => format!("(a) MMIO read round trip, {n} reads, CPUs {},{}", p.device, p.host),
+            None => format!("(a) MMIO read round trip, {n} reads"),
+        },
         "p50 µs",
         "p99 µs",
         "/ sockets",
@@ -148,7 +170,7 @@ fn mmio_section(
     ));
     let io = |e: std::io::Error| e.to_string();
     for busy in [true, false] {
-        let floor = bare_pingpong(busy, true, n).map_err(io)?;
+        let floor = bare_pingpong(busy, true, n, echo_cpu).map_err(io)?;
         let mode = if busy { "busy-poll" } else { "blocking" };
         let poll_name = if busy { "busy" } else { "blocking" };
         mmio.push(row("bare", "plain", poll_name, floor.p50, floor.p99));
@@ -160,7 +182,7 @@ fn mmio_section(
             "1.00"
         ));
         for &driver in drivers {
-            let dfloor = driver_pingpong(driver, busy, n).map_err(io)?;
+            let dfloor = driver_pingpong(driver, busy, n, echo_cpu).map_err(io)?;
             mmio.push(row("bare", name(driver), poll_name, dfloor.p50, dfloor.p99));
             say(format!(
                 "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11}",
@@ -171,7 +193,14 @@ fn mmio_section(
                 "1.00"
             ));
             let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
-            let gpu = LocalBox::start(driver, poll, Impairment::default())?;
+            let gpu = LocalBox::start_offload(
+                driver,
+                poll,
+                Impairment::default(),
+                Frames::Tagged,
+                link::driver::Offload::AUTO,
+                echo_cpu,
+            )?;
             let mut d = open(&gpu, driver, poll)?;
             let (p50, p99) = mmio_rtt(&mut d, n);
             mmio.push(row("bridged", name(driver), poll_name, p50, p99));
@@ -280,7 +309,7 @@ fn dma_section(
     }
     for (driver, frames, offload) in variants {
         let poll = PollMode::Busy { spin };
-        let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload)?;
+        let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
         let mut d = open(&gpu, driver, poll)?;
         let buf = pinned(&mut d, args.copy_bytes)?;
         let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {

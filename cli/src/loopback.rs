@@ -28,6 +28,7 @@ use testbed::direct::DirectAttach;
 use testbed::model::{self, LinkParams, Prediction, Profile};
 use testbed::workload::{self, Workload, WorkloadReport};
 
+use crate::affinity::{self, PinArg, Placement};
 use crate::config::{DriverArg, PollArg};
 
 /// Options of `dxpu loopback`.
@@ -64,6 +65,13 @@ pub(crate) struct LoopbackArgs {
     /// Busy-poll budget before sleeping in the kernel, µs.
     #[arg(long, default_value_t = 2000)]
     spin_us: u64,
+    /// Which CPUs the spinning threads run on: DEVICE,HOST puts the GPU-box endpoint's thread
+    /// (which runs the device) and the directly attached device on CPU DEVICE, the host's
+    /// driver thread on CPU HOST, so that the device computes on one CPU both ways and the
+    /// two spinning threads never share one; auto: the first two CPUs this process may use
+    /// (none where it may use one); off: wherever the scheduler puts them.
+    #[arg(long, default_value = "auto", value_parser = PinArg::parse, value_name = "auto|off|DEVICE,HOST")]
+    pub(crate) pin: PinArg,
     /// Added one-way delay in each direction, µs (emulates distance).
     #[arg(long, default_value_t = 0)]
     pub(crate) delay_us: u64,
@@ -193,6 +201,7 @@ impl LoopbackArgs {
             driver: DriverArg::Auto,
             poll: PollArg::Busy,
             spin_us: 2000,
+            pin: PinArg::Auto,
             delay_us: 0,
             jitter_us: 0,
             loss: 0.0,
@@ -288,6 +297,8 @@ pub(crate) struct Outcome {
     /// The link as measured before the runs: MMIO round trip p50 and bulk rates.
     pub(crate) link: LinkParams,
     pub(crate) workload: WorkloadArg,
+    /// Where `--pin` put the threads (none: unpinned).
+    pub(crate) placement: Option<Placement>,
     /// TLPs host→box and box→host over every bridged session of the workload, whole (what a
     /// `--capture` of it holds).
     pub(crate) captured: (u64, u64),
@@ -341,6 +352,8 @@ pub(crate) struct LocalBox {
     pub(crate) offload: link::driver::Offload,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The endpoint's thread, to pin.
+    tid: affinity::Thread,
 }
 
 impl LocalBox {
@@ -359,16 +372,18 @@ impl LocalBox {
         impairment: Impairment,
         frames: Frames,
     ) -> Result<LocalBox, String> {
-        LocalBox::start_offload(driver, poll, impairment, frames, link::driver::Offload::AUTO)
+        LocalBox::start_offload(driver, poll, impairment, frames, link::driver::Offload::AUTO, None)
     }
 
-    /// [`LocalBox::start_with`], both endpoints' drivers asked for `offload`.
+    /// [`LocalBox::start_with`], both endpoints' drivers asked for `offload`, the endpoint's
+    /// thread pinned to `cpu` where given.
     pub(crate) fn start_offload(
         driver: DriverKind,
         poll: PollMode,
         impairment: Impairment,
         frames: Frames,
         offload: link::driver::Offload,
+        cpu: Option<usize>,
     ) -> Result<LocalBox, String> {
         let key = random_key();
         let mut link_cfg = link::Config::new(key.clone());
@@ -399,6 +414,12 @@ impl LocalBox {
         let thread = std::thread::Builder::new()
             .name("dxpu-gpu".into())
             .spawn(move || {
+                if let Some(c) = cpu
+                    && let Err(e) = affinity::pin(&[c])
+                {
+                    let _ = tx.send(Err(format!("the GPU-box endpoint's thread: {e}")));
+                    return;
+                }
                 let mut ep = match GpuEndpoint::new(opts) {
                     Ok(ep) => ep,
                     Err(e) => {
@@ -406,14 +427,20 @@ impl LocalBox {
                         return;
                     }
                 };
-                let _ = tx.send(ep.local_addr().map_err(|e| e.to_string()));
+                let _ = tx
+                    .send(ep.local_addr().map(|a| (a, affinity::Thread::here())).map_err(|e| e.to_string()));
                 if let Err(e) = ep.run(&stop2) {
                     log::error!("GPU-box endpoint: {e}");
                 }
             })
             .map_err(|e| format!("starting the GPU-box endpoint: {e}"))?;
-        let addr = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
-        Ok(LocalBox { addr, key, link: link_cfg, offload, stop, thread: Some(thread) })
+        let (addr, tid) = rx.recv().map_err(|_| "the GPU-box endpoint did not start".to_string())??;
+        Ok(LocalBox { addr, key, link: link_cfg, offload, stop, thread: Some(thread), tid })
+    }
+
+    /// Lets the endpoint's thread run only on `cpu`.
+    pub(crate) fn pin(&self, cpu: usize) -> Result<(), String> {
+        self.tid.pin(&[cpu]).map_err(|e| format!("the GPU-box endpoint's thread: {e}"))
     }
 
     /// Options for attaching its gpu0.
@@ -455,12 +482,48 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let driver = args.driver.kind();
     let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
+    // The caller's thread gets its CPUs back however this returns.
+    let _restore = affinity::Restore::here()?;
+    let placement = args.pin.placement(&affinity::allowed()?)?;
+    if let Some(p) = placement {
+        progress(&format!(
+            "pinned: the GPU-box endpoint and the direct device to CPU {}, the host's driver to CPU {}",
+            p.device, p.host
+        ));
+    }
+    // Bridged turns: the box's thread (the device) on the device's CPU, the workload's on
+    // the host's. Direct turns: the device computes on the device's CPU — the synchronous
+    // baseline in the workload's thread, the concurrent one in its own beside the driver on
+    // the host's — and the idle box's thread waits on the host's CPU: it spins for its
+    // budget after every keepalive, which would be taken from the direct device's CPU.
+    let bridged_turn = |gpu: &LocalBox| match placement {
+        Some(p) => gpu.pin(p.device).and_then(|()| affinity::pin(&[p.host])),
+        None => Ok(()),
+    };
+    let direct_turn = |gpu: &LocalBox| match placement {
+        Some(p) => gpu.pin(p.host).and_then(|()| {
+            affinity::pin(&[match args.baseline {
+                BaselineArg::Synchronous => p.device,
+                BaselineArg::Concurrent => p.host,
+            }])
+        }),
+        None => Ok(()),
+    };
+    // Attaching from the host's CPU: the host endpoint's service thread starts there too.
+    let on_host = || placement.map_or(Ok(()), |p| affinity::pin(&[p.host]));
     // A box and an attachment of their own for every RUNS_PER_SESSION bridged runs, each
     // attachment warmed by one run not counted: sessions differ from one to the next (on
     // this machine some run whole copies at half the rate of others), and a figure over one
     // session says more about that session than about the bridges.
     let attach = |progress: &mut dyn FnMut(&str)| -> Result<(LocalBox, SimGpuDriver<RemoteDevice>), String> {
-        let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
+        let gpu = LocalBox::start_offload(
+            driver,
+            poll,
+            imp(11),
+            Frames::from_encrypt(args.encrypt),
+            link::driver::Offload::AUTO,
+            placement.map(|p| p.device),
+        )?;
         progress("attaching gpu0 through the host endpoint");
         let mut o = gpu.attach_options(driver, poll, imp(12));
         o.tap = args.tap.clone();
@@ -470,6 +533,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
         Ok((gpu, d))
     };
+    on_host()?;
     let (gpu, mut d) = attach(progress)?;
     let driver_name = d.pci().driver_name().to_string();
     let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
@@ -481,7 +545,8 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         model::copy_rates(d, RATE_BYTES, 1).map_err(|e| format!("bridged copies: {e}"))
     };
     let mut session_rates = vec![rates_of(&mut d)?];
-    let mut direct = Baseline::open(args.baseline)?;
+    direct_turn(&gpu)?;
+    let mut direct = Baseline::open(args.baseline, placement.map(|p| p.device))?;
     let direct_rtt = direct.mmio_rtt(args.rtt_samples);
     let direct_rates = direct.copy_rates()?;
     let w = args.workload.ok_or("no workload chosen")?;
@@ -489,7 +554,9 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let mut profile = crate::model::count_profile(size)?;
     (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
     // The first attachment is warmed by the round-trip samples' session and one run.
+    bridged_turn(&gpu)?;
     warm_up(&mut d, size, "bridged", progress)?;
+    direct_turn(&gpu)?;
     direct.run(size, &mut |s| progress(&format!("direct (warm-up): {s}")))?;
     // In turns, so that what the machine does meanwhile falls on both alike.
     let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
@@ -499,6 +566,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let mut captured = (0u64, 0u64);
     for i in 1..=args.repeat {
         let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
+        on_host()?;
         let (gpu, mut d) = match current.take() {
             Some(c) => c,
             None => {
@@ -508,6 +576,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
                 (gpu, d)
             }
         };
+        bridged_turn(&gpu)?;
         let before = d.pci().stats();
         bridged.push(
             size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
@@ -515,6 +584,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         );
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
+        direct_turn(&gpu)?;
         direct_runs.push(
             direct
                 .run(size, &mut |s| progress(&format!("direct{of}: {s}")))
@@ -547,6 +617,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         profile,
         link,
         workload: w,
+        placement,
         captured,
     })
 }
@@ -560,7 +631,8 @@ enum Baseline {
 }
 
 impl Baseline {
-    fn open(kind: BaselineArg) -> Result<Baseline, String> {
+    /// The concurrent baseline's device thread is pinned to `cpu` where given.
+    fn open(kind: BaselineArg, cpu: Option<usize>) -> Result<Baseline, String> {
         let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
         let opened = |e: driver::DriverError| format!("opening the direct simgpu: {e}");
         Ok(match kind {
@@ -568,7 +640,14 @@ impl Baseline {
                 SimGpuDriver::open(DirectAttach::new(dev, 256 << 20)).map_err(opened)?,
             )),
             BaselineArg::Concurrent => {
-                let pci = ConcurrentAttach::new(dev, 256 << 20)
+                let pin = move || {
+                    if let Some(c) = cpu
+                        && let Err(e) = affinity::pin(&[c])
+                    {
+                        log::warn!("the direct device's thread: {e}");
+                    }
+                };
+                let pci = ConcurrentAttach::new_with(dev, 256 << 20, pin)
                     .map_err(|e| format!("starting the direct simgpu's thread: {e}"))?;
                 Baseline::Concurrent(Box::new(SimGpuDriver::open(pci).map_err(opened)?))
             }
@@ -836,6 +915,14 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
         args.loss * 100.0,
         if args.encrypt { "encrypted" } else { "authenticated" }
     );
+    match o.placement {
+        Some(p) => outln!(
+            "  CPUs: the GPU-box endpoint and the direct device on {}, the host's driver on {} (--pin)",
+            p.device,
+            p.host
+        ),
+        None => outln!("  CPUs: wherever the scheduler puts the threads (--pin off, or one CPU)"),
+    }
     outln!();
     let runs = o.bridged.len();
     if runs > 1 {
@@ -1004,6 +1091,7 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "gso": o.offload.gso,
         "gro": o.offload.gro,
         "poll": args.poll.name(),
+        "cpus": o.placement.map(|p| json!({ "device": p.device, "host": p.host })),
         "baseline": match args.baseline {
             BaselineArg::Synchronous => "synchronous",
             BaselineArg::Concurrent => "concurrent",

@@ -5,6 +5,7 @@
 #[macro_use]
 mod out;
 
+mod affinity;
 mod bench;
 mod bench_bridge;
 mod bench_model;

@@ -281,6 +281,70 @@ fn loopback_runs_every_workload_unless_told_one() {
     }
 }
 
+/// The CPUs the process's threads named `name` may run on, as /proc lists them ("0", "0-1").
+fn threads_cpus(pid: u32, name: &str) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|v| v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn loopback_pins_its_spinning_threads_where_told() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let run = |pin: &str| {
+        let out = dxpu()
+            .args(["loopback", "--json", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
+            .args(["--workload", "training", "--pin", pin])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "--pin {pin}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["verified"], true, "{v}");
+        v["cpus"].clone()
+    };
+    assert!(run("off").is_null());
+    // Refused before anything runs: the same CPU twice, a CPU not there, not CPUs at all.
+    for bad in ["0,0", "x", "1", "1,2,3"] {
+        let out = dxpu().args(["loopback", "--pin", bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "--pin {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--pin"), "--pin {bad}");
+    }
+    let out = dxpu().args(["loopback", "--workload", "demo", "--pin", "0,1023"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CPU 1023 is not one"), "{out:?}");
+    if cpus < 2 {
+        eprintln!("skipping the pinned runs: this process may use {cpus} CPU");
+        return;
+    }
+    assert_eq!(run("auto"), serde_json::json!({"device": 0, "host": 1}));
+    assert_eq!(run("1,0"), serde_json::json!({"device": 1, "host": 0}));
+    // While it runs: the GPU-box endpoint's thread and the workload's each on one of the two
+    // CPUs, never both; the host endpoint's service thread on the host's.
+    let mut child = dxpu()
+        .args(["loopback", "--workload", "inference", "--repeat", "6", "--rtt-samples", "50", "--pin", "1,0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut seen_box, mut seen_service) = (Vec::new(), Vec::new());
+    while child.try_wait().unwrap().is_none() {
+        seen_box.extend(threads_cpus(child.id(), "dxpu-gpu"));
+        seen_service.extend(threads_cpus(child.id(), "dxpu-host-gpu0"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(!seen_box.is_empty() && seen_box.iter().all(|c| c == "0" || c == "1"), "{seen_box:?}");
+    assert!(seen_box.iter().any(|c| c == "1"), "the box's thread never on the device's CPU: {seen_box:?}");
+    assert!(!seen_service.is_empty() && seen_service.iter().all(|c| c == "0"), "{seen_service:?}");
+}
+
 #[test]
 fn host_serves_a_device_over_vfio_user_and_stops_on_sigterm() {
     use bridge_host::vfio_user::proto::{self, Header, cmd, flags, region};

@@ -118,6 +118,16 @@ impl<D: Device + Send + 'static> ConcurrentAttach<D> {
     /// Attaches `dev` with `host_memory` bytes of DMA-able memory, places its BARs as the
     /// direct platform does, and starts its thread.
     pub fn new(dev: D, host_memory: usize) -> std::io::Result<ConcurrentAttach<D>> {
+        ConcurrentAttach::new_with(dev, host_memory, || {})
+    }
+
+    /// [`ConcurrentAttach::new`], the device's thread running `setup` first (to pin it to a
+    /// CPU, say).
+    pub fn new_with(
+        dev: D,
+        host_memory: usize,
+        setup: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<ConcurrentAttach<D>> {
         let shared = Arc::new(Shared {
             to_device: Queue::default(),
             host: Mutex::new(HostPort::with_memory(host_memory)),
@@ -126,8 +136,10 @@ impl<D: Device + Send + 'static> ConcurrentAttach<D> {
         });
         let requester = dev.id();
         let s = shared.clone();
-        let thread =
-            std::thread::Builder::new().name("dxpu-device".into()).spawn(move || device_loop(dev, s))?;
+        let thread = std::thread::Builder::new().name("dxpu-device".into()).spawn(move || {
+            setup();
+            device_loop(dev, s)
+        })?;
         let _ = shared.device.set(thread.thread().clone());
         let mut d = ConcurrentAttach {
             arena: DmaArena::new(BusAddr(HOST_MEMORY_BASE), host_memory),
