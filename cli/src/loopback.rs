@@ -438,8 +438,12 @@ impl LocalBox {
         Ok(LocalBox { addr, key, link: link_cfg, offload, stop, thread: Some(thread), tid })
     }
 
-    /// Lets the endpoint's thread run only on `cpu`.
+    /// Lets the endpoint's thread run only on `cpu`; an error once it has ended (its thread
+    /// ID may be another's by then).
     pub(crate) fn pin(&self, cpu: usize) -> Result<(), String> {
+        if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+            return Err("the GPU-box endpoint's thread has ended (its log says why)".into());
+        }
         self.tid.pin(&[cpu]).map_err(|e| format!("the GPU-box endpoint's thread: {e}"))
     }
 
@@ -1100,4 +1104,24 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "loss": args.loss,
         "encrypted": args.encrypt,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_box_is_pinned_while_its_thread_runs_and_refused_after() {
+        let gpu = LocalBox::start(DriverKind::Portable, PollMode::Blocking, Impairment::default()).unwrap();
+        let cpu = affinity::allowed().unwrap()[0];
+        gpu.pin(cpu).unwrap();
+        gpu.stop.store(true, Ordering::Relaxed);
+        let end = Instant::now() + Duration::from_secs(5);
+        while !gpu.thread.as_ref().unwrap().is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(gpu.pin(cpu).unwrap_err().contains("has ended"));
+    }
 }
