@@ -21,6 +21,11 @@ pub(crate) fn pin(cpus: &[usize]) -> Result<(), String> {
     pin_thread(None, cpus)
 }
 
+/// [`pin`] to `cpu` where given; nothing where not.
+pub(crate) fn pin_to(cpu: Option<usize>) -> Result<(), String> {
+    cpu.map_or(Ok(()), |c| pin(&[c]))
+}
+
 /// A thread of this process, to pin from another ([`Thread::here`] in it, then
 /// [`Thread::pin`] anywhere).
 #[derive(Clone, Copy, Debug)]

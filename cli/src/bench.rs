@@ -85,7 +85,7 @@ pub(crate) fn bare_pingpong(
     }
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        pin_echo(echo_cpu)?;
+        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut buf = [0u8; 2048];
         for _ in 0..total {
             loop {
@@ -127,14 +127,6 @@ pub(crate) fn bare_pingpong(
     Ok(summarize(rtts))
 }
 
-/// Pins an echoing thread to `cpu`, where given.
-fn pin_echo(cpu: Option<usize>) -> std::io::Result<()> {
-    match cpu {
-        Some(c) => crate::affinity::pin(&[c]).map_err(std::io::Error::other),
-        None => Ok(()),
-    }
-}
-
 /// The same ping-pong through one of the link's drivers (no session): the floor of that
 /// driver in that mode, the echoing thread on `echo_cpu` where given.
 pub(crate) fn driver_pingpong(
@@ -151,7 +143,7 @@ pub(crate) fn driver_pingpong(
     client.connect(sa)?;
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        pin_echo(echo_cpu)?;
+        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut echoed = 0;
         let mut from_to = Vec::new();
         while echoed < total {

@@ -414,9 +414,7 @@ impl LocalBox {
         let thread = std::thread::Builder::new()
             .name("dxpu-gpu".into())
             .spawn(move || {
-                if let Some(c) = cpu
-                    && let Err(e) = affinity::pin(&[c])
-                {
+                if let Err(e) = affinity::pin_to(cpu) {
                     let _ = tx.send(Err(format!("the GPU-box endpoint's thread: {e}")));
                     return;
                 }
@@ -514,7 +512,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         None => Ok(()),
     };
     // Attaching from the host's CPU: the host endpoint's service thread starts there too.
-    let on_host = || placement.map_or(Ok(()), |p| affinity::pin(&[p.host]));
+    let on_host = || affinity::pin_to(placement.map(|p| p.host));
     // A box and an attachment of their own for every RUNS_PER_SESSION bridged runs, each
     // attachment warmed by one run not counted: sessions differ from one to the next (on
     // this machine some run whole copies at half the rate of others), and a figure over one
@@ -645,9 +643,7 @@ impl Baseline {
             )),
             BaselineArg::Concurrent => {
                 let pin = move || {
-                    if let Some(c) = cpu
-                        && let Err(e) = affinity::pin(&[c])
-                    {
+                    if let Err(e) = affinity::pin_to(cpu) {
                         log::warn!("the direct device's thread: {e}");
                     }
                 };

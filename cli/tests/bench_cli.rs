@@ -20,11 +20,38 @@ fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
 }
 
 #[test]
+fn bench_bridge_pins_as_told_and_refuses_bad_cpus() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dxpu = || Command::new(env!("CARGO_BIN_EXE_dxpu"));
+    for bad in ["0,0", "one,two", "3"] {
+        let out = dxpu().args(["bench", "bridge", "--pin", bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "--pin {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--pin"), "--pin {bad}");
+    }
+    let out = dxpu().args(["bench", "bridge", "--only", "mmio", "--pin", "0,1023"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CPU 1023 is not one"), "{out:?}");
+    let args = ["bridge", "--only", "mmio", "--driver", "portable", "--iterations", "100"];
+    let (v, _) = bench_json(&[&args[..], &["--pin", "off"]].concat());
+    assert!(v["cpus"].is_null(), "{v}");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        let (v, err) = bench_json(&[&args[..], &["--pin", "1,0"]].concat());
+        assert_eq!(v["cpus"], serde_json::json!({"device": 1, "host": 0}), "{v}");
+        assert!(err.contains("reads, CPUs 1,0"), "{err}");
+    }
+}
+
+#[test]
 fn bench_bridge_json_is_one_object_with_every_row() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (v, err) = bench_json(&["bridge", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"]);
     assert!(err.contains("(a) MMIO read round trip"), "the table goes to stderr: {err}");
     assert_eq!(v["mtu"], 9000);
+    // The register reads' threads on the first two CPUs the process may use, named.
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        assert_eq!(v["cpus"], serde_json::json!({"device": 0, "host": 1}), "{v}");
+        assert!(err.contains("reads, CPUs 0,1"), "{err}");
+    }
     let mmio = v["mmio"].as_array().unwrap();
     for (path, driver, poll) in
         [("bare", "plain", "busy"), ("bare", "portable", "blocking"), ("bridged", "portable", "busy")]

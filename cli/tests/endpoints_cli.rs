@@ -333,15 +333,20 @@ fn loopback_pins_its_spinning_threads_where_told() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (mut seen_box, mut seen_service) = (Vec::new(), Vec::new());
+    let (mut seen_box, mut seen_service, mut seen_main) = (Vec::new(), Vec::new(), Vec::new());
     while child.try_wait().unwrap().is_none() {
         seen_box.extend(threads_cpus(child.id(), "dxpu-gpu"));
         seen_service.extend(threads_cpus(child.id(), "dxpu-host-gpu0"));
+        seen_main.extend(threads_cpus(child.id(), "dxpu"));
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(child.wait().unwrap().success());
     assert!(!seen_box.is_empty() && seen_box.iter().all(|c| c == "0" || c == "1"), "{seen_box:?}");
     assert!(seen_box.iter().any(|c| c == "1"), "the box's thread never on the device's CPU: {seen_box:?}");
+    // Moved off the device's CPU for the direct runs, while the workload computes there.
+    assert!(seen_box.iter().any(|c| c == "0"), "the box's thread never moved aside: {seen_box:?}");
+    assert!(seen_main.iter().any(|c| c == "1"), "the direct device never on CPU 1: {seen_main:?}");
+    assert!(seen_main.iter().all(|c| c == "0" || c == "1"), "{seen_main:?}");
     assert!(!seen_service.is_empty() && seen_service.iter().all(|c| c == "0"), "{seen_service:?}");
 }
 
