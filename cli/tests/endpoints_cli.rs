@@ -346,7 +346,10 @@ fn loopback_pins_its_spinning_threads_where_told() {
     // Moved off the device's CPU for the direct runs, while the workload computes there.
     assert!(seen_box.iter().any(|c| c == "0"), "the box's thread never moved aside: {seen_box:?}");
     assert!(seen_main.iter().any(|c| c == "1"), "the direct device never on CPU 1: {seen_main:?}");
-    assert!(seen_main.iter().all(|c| c == "0" || c == "1"), "{seen_main:?}");
+    // One CPU at a time, or all it had again once the runs are over (the report's own work).
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let all = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
+    assert!(seen_main.iter().all(|c| c == "0" || c == "1" || c == all), "{seen_main:?} {all}");
     assert!(!seen_service.is_empty() && seen_service.iter().all(|c| c == "0"), "{seen_service:?}");
 }
 
