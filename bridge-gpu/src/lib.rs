@@ -29,7 +29,7 @@ use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::driver::{
     AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, ServerRunner, Tap, Tapped,
 };
-use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session};
+use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session, SessionMap};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
 
 mod attach;
@@ -312,7 +312,7 @@ pub struct GpuEndpoint {
     hosts: HashMap<[u8; 8], String>,
     /// The hosts and their keys, in the order given (and added).
     keys: Vec<HostKey>,
-    sessions: HashMap<u32, SessionInfo>,
+    sessions: SessionMap<SessionInfo>,
     stats: GpuStats,
     /// Routes what the hosts send by class (`bridge::dispatch`), each TLP labelled with its
     /// session.
@@ -522,7 +522,7 @@ impl GpuEndpoint {
             exports,
             hosts,
             keys: opts.hosts.clone(),
-            sessions: HashMap::new(),
+            sessions: SessionMap::default(),
             stats: GpuStats::default(),
             dispatcher: Dispatcher::new(),
             failure_log: None,
@@ -785,7 +785,7 @@ fn handle_kept(
     s: &mut Session,
     kept: Kept<'_>,
     exports: &mut [Export],
-    sessions: &mut HashMap<u32, SessionInfo>,
+    sessions: &mut SessionMap<SessionInfo>,
     stats: &mut GpuStats,
     ctx: &mut AttachCtx<'_>,
 ) {

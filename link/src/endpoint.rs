@@ -9,7 +9,7 @@
 //! mismatch at once.
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
 
 use zerocopy::{FromBytes, IntoBytes};
@@ -21,6 +21,7 @@ use crate::handshake::{
     ResponseBody, SERVER_PROOF, options, transcript,
 };
 use crate::session::{Accepted, DownReason, InPlaceFrom, Session};
+use crate::session_ids::SessionMap;
 use crate::time::Time;
 use crate::wire::{FC_LEN, Frame, FrameRepr, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN};
 
@@ -113,7 +114,7 @@ pub struct Endpoint<A> {
     rng: Rng,
     max_sessions: usize,
     cookies: Cookies,
-    sessions: HashMap<u32, Live<A>>,
+    sessions: SessionMap<Live<A>>,
     replies: VecDeque<Reply<A>>,
     failures: VecDeque<(A, HandshakeFailure)>,
     stats: EndpointStats,
@@ -134,7 +135,7 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
             rng,
             max_sessions,
             cookies,
-            sessions: HashMap::new(),
+            sessions: SessionMap::default(),
             replies: VecDeque::new(),
             failures: VecDeque::new(),
             stats: EndpointStats::default(),

@@ -21,6 +21,7 @@ mod replay_buffer;
 mod replay_window;
 mod seq;
 mod session;
+mod session_ids;
 mod time;
 pub mod wire;
 
@@ -34,4 +35,5 @@ pub use seq::SeqNum;
 pub use session::{
     DownReason, Event, InPlace, InPlaceFrom, Memory, RTT_BUCKETS, Role, SealedFrame, Session, Stats, Transmit,
 };
+pub use session_ids::{SessionIdHasher, SessionMap};
 pub use time::Time;

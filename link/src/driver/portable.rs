@@ -506,11 +506,11 @@ impl Datagrams for PortableUdp {
                 }
             };
             if n < 0 {
+                // Nothing there, most of a busy poll's passes: the errno compared as it is
+                // (`ErrorKind` would decode it first).
                 let e = io::Error::last_os_error();
-                return match e.kind() {
-                    io::ErrorKind::WouldBlock
-                    | io::ErrorKind::Interrupted
-                    | io::ErrorKind::ConnectionRefused => Ok(0),
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::EINTR | libc::ECONNREFUSED) => Ok(0),
                     _ => Err(e),
                 };
             }

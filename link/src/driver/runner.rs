@@ -108,35 +108,36 @@ const SEALED_BATCH: usize = 32;
 /// Sends every frame `session` has now for `to`: DATA frames straight from the session's
 /// replay buffer, where their TLPs were written ([`Datagrams::send_borrowed`]), in batches;
 /// control frames through `control` into the driver's send queue (the caller flushes).
-/// Returns how many.
+/// `batch` is where the sealed frames wait to be handed over together; it is kept by the
+/// runner, so that a pass with nothing to send (most of a busy-polling loop's) costs no
+/// batch to set up. Returns how many.
 fn transmit_session<D: Datagrams>(
     sock: &mut D,
     to: SocketAddr,
     session: &mut Session,
     now: Time,
     control: &mut Vec<u8>,
+    batch: &mut Vec<SealedFrame>,
 ) -> io::Result<usize> {
     let mut sent = 0;
-    let mut batch = [SealedFrame::default(); SEALED_BATCH];
-    let mut n = 0;
+    batch.clear();
     if control.len() < session.mtu() {
         control.resize(session.mtu(), 0);
     }
     loop {
         match session.poll_transmit_in_place(now, control) {
             Some(Transmit::Sealed(f)) => {
-                batch[n] = f;
-                n += 1;
-                if n == SEALED_BATCH {
-                    send_sealed(sock, to, session, &batch[..n])?;
-                    n = 0;
+                batch.push(f);
+                if batch.len() == SEALED_BATCH {
+                    send_sealed(sock, to, session, batch)?;
+                    batch.clear();
                 }
             }
             Some(Transmit::Written(len)) => {
                 // In the order the session made them.
-                if n > 0 {
-                    send_sealed(sock, to, session, &batch[..n])?;
-                    n = 0;
+                if !batch.is_empty() {
+                    send_sealed(sock, to, session, batch)?;
+                    batch.clear();
                 }
                 sock.send_to(to, &control[..len])?;
             }
@@ -144,8 +145,9 @@ fn transmit_session<D: Datagrams>(
         }
         sent += 1;
     }
-    if n > 0 {
-        send_sealed(sock, to, session, &batch[..n])?;
+    if !batch.is_empty() {
+        send_sealed(sock, to, session, batch)?;
+        batch.clear();
     }
     Ok(sent)
 }
@@ -177,6 +179,8 @@ pub struct SessionRunner<D> {
     idle: Idle,
     /// Where control frames are written before they are queued.
     control: Vec<u8>,
+    /// Sealed DATA frames waiting to be handed to the driver together.
+    sealed: Vec<SealedFrame>,
 }
 
 impl<D: Datagrams> SessionRunner<D> {
@@ -191,7 +195,15 @@ impl<D: Datagrams> SessionRunner<D> {
         mode: PollMode,
     ) -> SessionRunner<D> {
         let _ = sock.connect(peer);
-        SessionRunner { sock, peer, session, clock, idle: Idle::new(mode), control: Vec::new() }
+        SessionRunner {
+            sock,
+            peer,
+            session,
+            clock,
+            idle: Idle::new(mode),
+            control: Vec::new(),
+            sealed: Vec::with_capacity(SEALED_BATCH),
+        }
     }
 
     /// One pass: receive what is ready, run timers, send what the session has. Returns
@@ -240,7 +252,14 @@ impl<D: Datagrams> SessionRunner<D> {
 
     /// [`SessionRunner::transmit`] at `now`, a time the caller read just before.
     pub fn transmit_at(&mut self, now: Time) -> io::Result<usize> {
-        let sent = transmit_session(&mut self.sock, self.peer, &mut self.session, now, &mut self.control)?;
+        let sent = transmit_session(
+            &mut self.sock,
+            self.peer,
+            &mut self.session,
+            now,
+            &mut self.control,
+            &mut self.sealed,
+        )?;
         if sent > 0 {
             self.sock.flush()?;
             self.idle.active();
@@ -292,12 +311,21 @@ pub struct ServerRunner<D> {
     idle: Idle,
     /// Where control frames are written before they are queued.
     control: Vec<u8>,
+    /// Sealed DATA frames waiting to be handed to the driver together.
+    sealed: Vec<SealedFrame>,
 }
 
 impl<D: Datagrams> ServerRunner<D> {
     /// A runner for `endpoint`.
     pub fn new(sock: D, endpoint: Endpoint<SocketAddr>, clock: Clock, mode: PollMode) -> ServerRunner<D> {
-        ServerRunner { sock, endpoint, clock, idle: Idle::new(mode), control: Vec::new() }
+        ServerRunner {
+            sock,
+            endpoint,
+            clock,
+            idle: Idle::new(mode),
+            control: Vec::new(),
+            sealed: Vec::with_capacity(SEALED_BATCH),
+        }
     }
 
     /// One pass over the socket and every session.
@@ -352,7 +380,7 @@ impl<D: Datagrams> ServerRunner<D> {
             sent += 1;
         }
         for (_, addr, s) in self.endpoint.sessions() {
-            sent += transmit_session(&mut self.sock, addr, s, now, &mut self.control)?;
+            sent += transmit_session(&mut self.sock, addr, s, now, &mut self.control, &mut self.sealed)?;
         }
         if sent > 0 {
             self.sock.flush()?;
