@@ -4,8 +4,10 @@
 //! an attacker who chooses the keys inserted, which no one does here: a session's ID is the
 //! box's own, derived from its secret cookie key ([`crate::Endpoint`]), so the IDs in a map
 //! are unpredictable and spread evenly already; a forged frame can only make look-ups that
-//! fail. One multiplication spreads an ID over the hash's 64 bits (hashbrown takes the
-//! bucket from the low bits and its tag from the top seven).
+//! fail. One multiplication spreads an ID's low bits over the hash's high ones, and folding
+//! the high half back spreads its high bits over the low ones: hashbrown takes the bucket
+//! from the low bits and its tag from the top seven, so IDs that differ anywhere land apart
+//! in both.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -14,7 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A map from session ID to `V`.
 pub type SessionMap<V> = HashMap<u32, V, BuildHasherDefault<SessionIdHasher>>;
 
-/// The hasher of [`SessionMap`]: Fibonacci hashing of the ID.
+/// The hasher of [`SessionMap`]: Fibonacci hashing of the ID, its high half folded back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SessionIdHasher(u64);
 
@@ -36,7 +38,8 @@ impl Hasher for SessionIdHasher {
     }
 
     fn finish(&self) -> u64 {
-        self.0
+        // A product's low bits depend on its factors' low bits alone.
+        self.0 ^ (self.0 >> 32)
     }
 }
 
@@ -50,11 +53,15 @@ mod tests {
         let b = BuildHasherDefault::<SessionIdHasher>::default();
         // Consecutive and small IDs, the worst case for a hash of the low bits alone: the
         // low 8 bits (a 256-bucket table) and the top 7 (hashbrown's tag) both vary.
-        let hashes: Vec<u64> = (0u32..256).map(|id| b.hash_one(id)).collect();
-        let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0xff).collect();
-        let top: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert!(low.len() > 128, "{} distinct low bytes of 256", low.len());
-        assert!(top.len() > 64, "{} distinct tags of 128", top.len());
+        // IDs differing only in their top byte, the worst case for the product alone (its
+        // low bits would be equal), too.
+        for ids in [(0u32..256).collect::<Vec<_>>(), (0u32..256).map(|k| k << 24).collect()] {
+            let hashes: Vec<u64> = ids.iter().map(|&id| b.hash_one(id)).collect();
+            let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0xff).collect();
+            let top: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+            assert!(low.len() > 128, "{} distinct low bytes of 256", low.len());
+            assert!(top.len() > 64, "{} distinct tags of 128", top.len());
+        }
         assert_ne!(b.hash_one(0u32), b.hash_one(u32::MAX));
     }
 

@@ -110,7 +110,8 @@ const SEALED_BATCH: usize = 32;
 /// control frames through `control` into the driver's send queue (the caller flushes).
 /// `batch` is where the sealed frames wait to be handed over together; it is kept by the
 /// runner, so that a pass with nothing to send (most of a busy-polling loop's) costs no
-/// batch to set up. Returns how many.
+/// batch to set up, and emptied first (a failed send may have left frames in it). Returns
+/// how many.
 fn transmit_session<D: Datagrams>(
     sock: &mut D,
     to: SocketAddr,
@@ -147,7 +148,6 @@ fn transmit_session<D: Datagrams>(
     }
     if !batch.is_empty() {
         send_sealed(sock, to, session, batch)?;
-        batch.clear();
     }
     Ok(sent)
 }
