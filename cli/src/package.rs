@@ -58,12 +58,7 @@ pub(crate) fn keygen(args: KeygenArgs) -> ExitCode {
 fn write_key(path: &Path, n: usize, force: bool) -> Result<String, String> {
     let at = path.display();
     let mut key = vec![0u8; n];
-    let mut filled = 0;
-    while filled < n {
-        let got = rustix::rand::getrandom(&mut key[filled..], rustix::rand::GetRandomFlags::empty())
-            .map_err(|e| format!("the kernel's random source (getrandom): {e}"))?;
-        filled += got;
-    }
+    link::driver::os_random(&mut key).map_err(|e| format!("the kernel's random source (getrandom): {e}"))?;
     let psk = link::PresharedKey::new(&key).ok_or_else(|| format!("{n} bytes is no valid key length"))?;
     let id = hex::encode(psk.key_id());
     if force {

@@ -227,6 +227,25 @@ fn send_copies<D: Datagrams + ?Sized>(d: &mut D, to: SocketAddr, frames: &[&[u8]
     d.flush()
 }
 
+/// Fills `out` from the kernel's random source (`getrandom(2)`, blocking only until the pool
+/// is first initialised at boot).
+///
+/// Straight from the kernel rather than through AWS-LC's generator: AWS-LC seeds itself once
+/// a process with its CPU-jitter entropy source, 28–37 ms of one core before an endpoint could
+/// make its first session ID (`perf record -F 4000` of `dxpu bench bridge --only mmio
+/// --iterations 100`, three runs, 2026-12-03: 111–147 samples in `jent_*`; none since).
+pub fn os_random(out: &mut [u8]) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < out.len() {
+        match rustix::rand::getrandom(&mut out[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// A generator seeded from the OS ([`crate::Rng::from_os`]), for session IDs, nonces and
 /// epochs. If the OS has none to give, the clock and process ID seed it (and it says so
 /// through `log`).
@@ -247,6 +266,24 @@ pub fn os_rng(log: &mut dyn FnMut(&str)) -> crate::Rng {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// The kernel's bytes fill a buffer of any length — empty, one byte, more than the 256
+    /// that one `getrandom` call is guaranteed to return whole — and two draws differ.
+    #[test]
+    fn os_random_fills_every_length() {
+        os_random(&mut []).unwrap();
+        for n in [1usize, 32, 257, 1 << 20] {
+            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+            os_random(&mut a).unwrap();
+            os_random(&mut b).unwrap();
+            if n >= 32 {
+                assert_ne!(a, b, "two draws of {n} bytes were equal");
+                // The last bytes were written too (a short read not retried would leave zeros).
+                assert!(a[n - 32..].iter().any(|&x| x != 0), "the tail of {n} bytes stayed zero");
+            }
+        }
+        assert!(crate::Rng::from_os().is_some());
+    }
 
     /// Receives until `want` datagrams came or a second passed.
     fn collect(d: &mut dyn Datagrams, want: usize) -> Vec<(SocketAddr, Vec<u8>)> {
