@@ -592,7 +592,7 @@ impl GpuEndpoint {
         };
         let now = runner.clock.now();
         let mut sink = |sid: u32, bytes: &[u8]| dispatcher.route(sid, bytes, &mut in_place);
-        let mut active = runner.receive_at(now, Some(&mut sink))? > 0;
+        let mut active = runner.receive_frames_at(now, Some(&mut sink))? > 0;
         // What a session queued instead (nothing, unless it received outside a poll) goes the
         // same way, behind what it holds.
         for (sid, _, s) in runner.endpoint.sessions() {
@@ -601,13 +601,21 @@ impl GpuEndpoint {
                 s.recycle(b);
             }
         }
-        active |= !dispatcher.is_empty();
+        let answered = !dispatcher.is_empty();
         dispatcher.drain(|sid, kept| {
             if let Some(s) = runner.endpoint.session(sid) {
                 let mut ctx = AttachCtx { claims, journal };
                 handle_kept(sid, s, kept, exports, sessions, stats, &mut ctx);
             }
         });
+        // The answers (a register read's completion) leave before anything else is done:
+        // in a host's read the time from here to the send is the round trip's; the timers
+        // and events below overlap the host's turn.
+        if answered {
+            active = true;
+            runner.transmit_at(now)?;
+        }
+        runner.run_timers(now);
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;
@@ -641,8 +649,8 @@ impl GpuEndpoint {
                 }
             }
         }
-        // Answers to the hosts (and acknowledgements due) go out before the devices are
-        // polled, in one pass over the sessions.
+        // What the timers made due (acknowledgements, replays) goes out before the devices
+        // are polled, in one pass over the sessions.
         if runner.transmit_at(now)? > 0 {
             active = true;
         }

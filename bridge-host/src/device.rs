@@ -204,7 +204,7 @@ impl DeviceState {
                     return None;
                 }
             }
-            if !self.pump_at(now) {
+            if !self.pump_for(now, Some(tag)) {
                 if self.removed.is_some() {
                     return None;
                 }

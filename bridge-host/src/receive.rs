@@ -75,6 +75,14 @@ impl DeviceState {
 
     /// [`DeviceState::pump`] at `now`, a time the caller read just before.
     pub(crate) fn pump_at(&mut self, now: Time) -> bool {
+        self.pump_for(now, None)
+    }
+
+    /// [`DeviceState::pump_at`] for a caller waiting on the request with tag `awaited`:
+    /// once the receive completes it, the pump returns at once — the rest (the session's
+    /// events and timers, the send) is left to the next pump or send, off the round trip of
+    /// the read — unless something came that must be answered.
+    pub(crate) fn pump_for(&mut self, now: Time, awaited: Option<tlp::Tag>) -> bool {
         self.last_pump = now;
         if self.fence_raised() {
             // Fenced between calls (the service thread pumps every few ms): act on it now.
@@ -107,13 +115,21 @@ impl DeviceState {
             }
         };
         let mut sink = |bytes: &[u8]| dispatcher.route((), bytes, &mut in_place);
-        let polled = link.receive_at(now, Some(&mut sink));
+        let polled = link.receive_frames_at(now, Some(&mut sink));
         // What the session queued instead (nothing, unless it received outside a pump) goes
         // the same way.
         while let Some(b) = link.session.recv_tlp() {
             dispatcher.route((), &b, &mut in_place);
             link.session.recycle(b);
         }
+        if polled.is_ok()
+            && awaited.is_some_and(|tag| requester.is_done(tag))
+            && dispatcher.is_empty()
+            && self.held.is_empty()
+        {
+            return true;
+        }
+        self.link.run_timers(now);
         let mut active = match polled {
             Ok(n) => n > 0,
             Err(e) => {

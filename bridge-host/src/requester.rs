@@ -100,6 +100,12 @@ impl Requester {
         CompletionMatch::Matched
     }
 
+    /// Whether the request with `tag` has had its last completion (and waits for
+    /// [`Requester::poll`] to take it).
+    pub(crate) fn is_done(&self, tag: Tag) -> bool {
+        self.pending[tag.value() as usize].as_ref().is_some_and(|p| p.status.is_some())
+    }
+
     /// Where the request with `tag` stands; a finished one frees its tag.
     pub(crate) fn poll(&mut self, tag: Tag) -> Outstanding {
         let slot = tag.value() as usize;

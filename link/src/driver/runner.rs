@@ -224,7 +224,15 @@ impl<D: Datagrams> SessionRunner<D> {
     /// The first half of [`SessionRunner::poll_with`]: receives what is ready and runs the
     /// timers, at `now`. Returns the datagrams received. A caller that answers what it
     /// receives sends once, after answering, with [`SessionRunner::transmit_at`].
-    pub fn receive_at(&mut self, now: Time, mut sink: Option<InPlace<'_>>) -> io::Result<usize> {
+    pub fn receive_at(&mut self, now: Time, sink: Option<InPlace<'_>>) -> io::Result<usize> {
+        let received = self.receive_frames_at(now, sink)?;
+        self.run_timers(now);
+        Ok(received)
+    }
+
+    /// [`SessionRunner::receive_at`] without the timers: a caller on a latency-critical path
+    /// answers (or returns) first and runs them with [`SessionRunner::run_timers`] after.
+    pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlace<'_>>) -> io::Result<usize> {
         let peer = self.peer;
         let session = &mut self.session;
         let received = self.sock.recv(&mut |from, bytes| {
@@ -236,11 +244,15 @@ impl<D: Datagrams> SessionRunner<D> {
                 );
             }
         })?;
-        self.session.handle_timeout(now);
         if received > 0 {
             self.idle.active();
         }
         Ok(received)
+    }
+
+    /// Runs the session's timers (replay, acknowledgement, keepalive, idle) at `now`.
+    pub fn run_timers(&mut self, now: Time) {
+        self.session.handle_timeout(now);
     }
 
     /// Sends what the session has now (no receive): call right after queueing a TLP so that
@@ -345,7 +357,15 @@ impl<D: Datagrams> ServerRunner<D> {
     /// The first half of [`ServerRunner::poll_with`]: receives what is ready and runs every
     /// session's timers, at `now`. Returns the datagrams received (see
     /// [`SessionRunner::receive_at`]).
-    pub fn receive_at(&mut self, now: Time, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
+    pub fn receive_at(&mut self, now: Time, sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
+        let received = self.receive_frames_at(now, sink)?;
+        self.run_timers(now);
+        Ok(received)
+    }
+
+    /// [`ServerRunner::receive_at`] without the timers (see
+    /// [`SessionRunner::receive_frames_at`]); run them with [`ServerRunner::run_timers`].
+    pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
         let endpoint = &mut self.endpoint;
         let received = self.sock.recv(&mut |from, bytes| {
             endpoint.handle_datagram_with(
@@ -355,11 +375,15 @@ impl<D: Datagrams> ServerRunner<D> {
                 sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(u32, &[u8]) -> bool),
             );
         })?;
-        self.endpoint.handle_timeout(now);
         if received > 0 {
             self.idle.active();
         }
         Ok(received)
+    }
+
+    /// Runs every session's timers at `now`.
+    pub fn run_timers(&mut self, now: Time) {
+        self.endpoint.handle_timeout(now);
     }
 
     /// Sends what every session has now (no receive). Returns the datagrams sent.
