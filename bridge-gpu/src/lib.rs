@@ -602,6 +602,10 @@ impl GpuEndpoint {
             }
         }
         let answered = !dispatcher.is_empty();
+        // Kept requests are handled before this pass's session events, and that is safe for
+        // an Attach: a host sends one only once its session is up, which takes the box's
+        // ESTABLISHED; the pass that accepted the session queued it and handles its `Up`
+        // below before any later receive can bring the Attach.
         dispatcher.drain(|sid, kept| {
             if let Some(s) = runner.endpoint.session(sid) {
                 let mut ctx = AttachCtx { claims, journal };
