@@ -236,6 +236,38 @@ fn register_reads_back_to_back_see_the_writes_before_them_and_replay_nothing() {
     );
 }
 
+/// The simgpu computes a long MATMUL in bands and the box serves its links between them (a
+/// pass lets a device work about 1 ms): a register read made while the kernel runs is
+/// answered long before the kernel ends — it reads the ring head not yet past the kernel.
+/// Before, the read waited for the whole kernel. (In this debug build a band takes ≈ 18 ms,
+/// longer than the replay timeout; in a release build ≈ 0.8 ms, and `loopback` counts no
+/// replays where it counted 15 a run.)
+#[test]
+fn a_register_read_during_a_long_kernel_is_answered_between_its_bands() {
+    let _g = serial();
+    let gpu = GpuBox::start(gpu_options(local()));
+    let mut o = host_options(gpu.addr, key_a());
+    o.completion_timeout = std::time::Duration::from_secs(5);
+    let mut d = SimGpuDriver::open(RemoteDevice::attach(o).unwrap()).unwrap();
+    // C(256×256) = A·B, A at 0, B at 256 KiB, C at 512 KiB.
+    let dims = 256 | 256 << 16 | 256 << 32;
+    let matmul = driver::Command { opcode: op::MATMUL, args: [0, 256 << 10, 512 << 10, dims, 0] };
+    let t = std::time::Instant::now();
+    d.launch(matmul.opcode, matmul.args, WaitMode::Poll).unwrap();
+    let kernel = t.elapsed();
+    let head = d.read_reg(simgpu_abi::reg::RING_HEAD);
+    d.submit(matmul).unwrap();
+    // Well into the kernel: the device has fetched it (one round trip) and computes.
+    std::thread::sleep(kernel / 4);
+    let t = std::time::Instant::now();
+    let during = d.read_reg(simgpu_abi::reg::RING_HEAD);
+    let read = t.elapsed();
+    d.sync(WaitMode::Poll).unwrap();
+    eprintln!("kernel {kernel:?}, a register read during it {read:?}");
+    assert_eq!(during, head, "the read was not made during the kernel");
+    assert!(read < kernel / 4, "a read during a {kernel:?} kernel took {read:?}");
+}
+
 /// The host asks for encrypted frames, the box does not: the session encrypts both ways (the
 /// stronger ask wins; a box that did not encrypt would fail every tag the host checks), the
 /// host updates its sending key every 64 frames, and the workload is verified.

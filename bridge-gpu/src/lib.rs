@@ -44,6 +44,15 @@ pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, Owne
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
 
+/// How long one pass lets a device work before the endpoint serves its links again (a
+/// step that starts before the end runs to its own end). Inside the hosts' replay timeout
+/// (2 ms) with a MATMUL band to spare, so a long kernel no longer makes them replay frames
+/// the box has (`loopback --workload inference`: 15 replays a run before, none now); long
+/// beside a copy's step (≈ 10 µs for 64 KiB). 200 µs cost inference about a point of
+/// overhead in receives that found nothing (median of six runs in turns, 4.8 → 6.0 %); 1 ms
+/// nothing to see (6.1 → 6.2 %, five).
+const DEVICE_TURN: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A host allowed to attach devices, known by its key.
 #[derive(Clone, Debug)]
 pub struct HostKey {
@@ -663,8 +672,11 @@ impl GpuEndpoint {
             let Some(Owner { sid, .. }) = e.owner else { continue };
             let Some(s) = runner.endpoint.session(sid) else { continue };
             devices_worked |= e.out.flush(s);
-            // Let the device work while its upstream has room; bounded per pass so that
-            // one busy device does not starve the socket.
+            // Let the device work while its upstream has room; bounded per pass, in steps
+            // and in time, so that one busy device does not starve the socket: a step may
+            // be a band of a long kernel, and the link's ACKs and a host's register reads
+            // wait for the end of the pass.
+            let turn_ends = runner.clock.now() + DEVICE_TURN;
             for _ in 0..64 {
                 if !e.out.queue.is_empty() {
                     break;
@@ -674,6 +686,9 @@ impl GpuEndpoint {
                     break;
                 }
                 devices_worked = true;
+                if runner.clock.now() >= turn_ends {
+                    break;
+                }
             }
         }
         // What the devices sent, at a fresh time: a device step may have been long.
