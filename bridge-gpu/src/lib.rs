@@ -317,9 +317,6 @@ struct SessionInfo {
 /// The GPU-box endpoint.
 pub struct GpuEndpoint {
     runner: ServerRunner<Tapped<Impaired<AnyUdp>>>,
-    /// The impairment layer holds what this endpoint sends (`--delay-us` and the like):
-    /// what fell due goes out between device steps, not at the end of the device's turn.
-    impaired: bool,
     exports: Vec<Export>,
     hosts: HashMap<[u8; 8], String>,
     /// The hosts and their keys, in the order given (and added).
@@ -531,7 +528,6 @@ impl GpuEndpoint {
         let runner = ServerRunner::new(sock, endpoint, Clock::new(), opts.poll);
         Ok(GpuEndpoint {
             runner,
-            impaired: !opts.impairment.is_none(),
             exports,
             hosts,
             keys: opts.hosts.clone(),
@@ -583,18 +579,7 @@ impl GpuEndpoint {
 
     /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint {
-            runner,
-            impaired,
-            exports,
-            hosts,
-            sessions,
-            stats,
-            dispatcher,
-            claims,
-            journal,
-            ..
-        } = self;
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, dispatcher, claims, journal, .. } = self;
         // The dispatcher hands over the hosts' posted writes (into BARs) and the completions
         // for the devices' DMA reads where they lie in the receive buffer: their payload is
         // copied once, into the device. What the device sends meanwhile waits in its outbox
@@ -701,11 +686,9 @@ impl GpuEndpoint {
                     break;
                 }
                 devices_worked = true;
-                if *impaired {
-                    // Held frames (an ACK sent a pass ago, delayed) leave when due, as they
-                    // would on a wire, not a whole turn late.
-                    runner.sock.flush()?;
-                }
+                // Frames held back by an impairment (an ACK sent a pass ago, delayed) leave
+                // when due, as on a wire, not a whole turn late.
+                runner.sock.release_held()?;
                 if runner.clock.now() >= turn_ends {
                     break;
                 }

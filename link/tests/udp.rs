@@ -203,3 +203,34 @@ fn loopback_busy_poll_both_drivers() {
         loopback(DriverKind::IoUring, busy, lossy(43), 1500);
     }
 }
+
+/// A datagram the impairment layer delays stays held until it is due and leaves on
+/// `release_held` alone (no send, no receive on the sending socket); the plain driver's
+/// `release_held` does nothing.
+#[test]
+fn a_delayed_datagram_leaves_on_release_held_once_due() {
+    let delay = Duration::from_millis(20);
+    let mut tx = Impaired::new(
+        AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap(),
+        Impairment { delay, ..Impairment::default() },
+    );
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let to = rx.local_addr().unwrap();
+    let sent = std::time::Instant::now();
+    tx.send_to(to, b"held").unwrap();
+    tx.flush().unwrap();
+    tx.release_held().unwrap();
+    let mut buf = [0u8; 16];
+    if sent.elapsed() < delay {
+        assert!(rx.recv(&mut buf).is_err(), "a delayed datagram left before it was due");
+    }
+    std::thread::sleep(delay - sent.elapsed().min(delay) + Duration::from_millis(1));
+    tx.release_held().unwrap();
+    rx.set_nonblocking(false).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let n = rx.recv(&mut buf).expect("the due datagram was not released");
+    assert_eq!(&buf[..n], b"held");
+    let mut plain = AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap();
+    plain.release_held().unwrap();
+}

@@ -216,6 +216,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
         self.inner.spin();
     }
 
+    fn release_held(&mut self) -> io::Result<()> {
+        self.release_due()
+    }
+
     fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
         self.inner.connect(peer)
     }
