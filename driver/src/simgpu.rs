@@ -65,6 +65,9 @@ pub struct Command {
 }
 
 const RING_ENTRIES: u64 = 64;
+/// The least staging buffer the driver allocates: room for the small copies a workload
+/// queues together (a model's tensors) without waiting for the device in between.
+const STAGING_MIN: usize = 4 << 20;
 /// Max_Read_Request_Size the driver sets, as encoded in Device Control (101b: 4096 bytes,
 /// PCIe 6.0 §7.5.3.4): the device's copies from host memory keep 32 reads in flight, and
 /// the larger each read, the more bytes are on their way per round trip.
@@ -100,7 +103,10 @@ pub struct SimGpuDriver<P: PciFunction> {
     /// RING_TAIL as published with the last fence: later, the device has more to do.
     fence_published: u64,
     timeout: Duration,
+    /// Host memory copies go through ([`Self::staging`]): taken from its start by the copies
+    /// queued since the device was last idle, `staging_used` bytes of it.
     staging: Option<DmaBuf>,
+    staging_used: usize,
     /// Host buffers the device reads and writes directly, by index ([`Self::pinned`]).
     pinned: Vec<Option<DmaBuf>>,
     stats: DriverStats,
@@ -214,6 +220,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             fence_published: 0,
             timeout: Duration::from_secs(5),
             staging: None,
+            staging_used: 0,
             pinned: Vec::new(),
             stats: DriverStats::default(),
         };
@@ -353,6 +360,9 @@ impl<P: PciFunction> SimGpuDriver<P> {
             WaitMode::Poll => self.stats.waits_polled += 1,
             WaitMode::Interrupt => self.stats.waits_interrupt += 1,
         }
+        // Nothing was queued after this fence: once it is in, the device is idle.
+        let drains =
+            value == self.next_fence && self.published == self.fence_published && self.tail == self.published;
         if value == self.next_fence && self.published == self.fence_published {
             self.stats.waits_idle += 1;
         }
@@ -386,6 +396,10 @@ impl<P: PciFunction> SimGpuDriver<P> {
             }
         }
         pci_gone(&self.pci)?;
+        if drains {
+            // The device has read every staged byte it was asked to.
+            self.staging_used = 0;
+        }
         if !errored && !self.error_raised() {
             return Ok(());
         }
@@ -401,17 +415,34 @@ impl<P: PciFunction> SimGpuDriver<P> {
         }
     }
 
-    /// A staging buffer of at least `len` bytes, reused across copies (grown when too small)
-    /// so that copies do not use up the platform's DMA memory.
+    /// `len` bytes of the staging buffer no copy in flight uses: after those queued since
+    /// the device was last idle, or — where they leave too little room — from its start once
+    /// the device has drained them (a sync). The buffer is reused across copies, grown (to
+    /// at least `STAGING_MIN`) when too small, so that copies do not use up the platform's
+    /// DMA memory.
     fn staging(&mut self, len: usize) -> Result<DmaBuf, DriverError> {
-        match self.staging {
-            Some(b) if b.len >= len => Ok(DmaBuf { bus: b.bus, len }),
-            _ => {
-                let b = self.pci.dma_alloc(len).ok_or(DriverError::NoMemory(len))?;
-                self.staging = Some(b);
-                Ok(b)
-            }
+        let cap = self.staging.map_or(0, |b| b.len);
+        if self.staging_used + len > cap && self.staging_used > 0 {
+            self.sync(WaitMode::Poll)?;
+            self.staging_used = 0;
         }
+        let b = match self.staging {
+            Some(b) if b.len >= len => b,
+            _ => {
+                // At least STAGING_MIN where the platform has it, else what this copy needs.
+                let b = self
+                    .pci
+                    .dma_alloc(len.max(STAGING_MIN))
+                    .or_else(|| self.pci.dma_alloc(len))
+                    .ok_or(DriverError::NoMemory(len))?;
+                self.staging = Some(b);
+                b
+            }
+        };
+        let at = self.staging_used;
+        // The next copy starts on a 64-byte boundary, as the arena hands buffers out.
+        self.staging_used = (at + len).next_multiple_of(64).min(b.len);
+        Ok(DmaBuf { bus: b.bus + at as u64, len })
     }
 
     /// Host buffer `index` (0..16), of at least `len` bytes: DMA memory the caller fills and
@@ -440,12 +471,29 @@ impl<P: PciFunction> SimGpuDriver<P> {
         self.timeout = timeout;
     }
 
-    /// Copies host bytes into VRAM at `vram` (through a staging buffer).
+    /// Copies host bytes into VRAM at `vram` (through a staging buffer) and waits until the
+    /// device has executed the copy and everything queued before it.
     pub fn memcpy_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
+        self.stage_to_device(vram, data)?;
+        self.sync(WaitMode::Poll)
+    }
+
+    /// Queues a copy of host bytes into VRAM at `vram` and publishes it, returning once the
+    /// bytes are staged — `data` may be reused at once — without waiting for the device, as
+    /// CUDA's `cudaMemcpyAsync` from pageable memory: the copy runs in ring order, so a
+    /// kernel queued after it sees the bytes, and a device error shows at the next wait.
+    /// Copies queued so share the staging buffer; when it is full, the next waits for the
+    /// device to drain it.
+    pub fn memcpy_to_device_async(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
+        self.stage_to_device(vram, data)?;
+        self.publish();
+        Ok(())
+    }
+
+    fn stage_to_device(&mut self, vram: u64, data: &[u8]) -> Result<(), DriverError> {
         let buf = self.staging(data.len())?;
         self.pci.dma_write(&buf, 0, data);
-        self.queue(Command { opcode: op::COPY_H2V, args: [buf.bus.get(), vram, data.len() as u64, 0, 0] })?;
-        self.sync(WaitMode::Poll)
+        self.queue(Command { opcode: op::COPY_H2V, args: [buf.bus.get(), vram, data.len() as u64, 0, 0] })
     }
 
     /// Copies VRAM bytes at `vram` into `out`.

@@ -24,4 +24,11 @@ pub trait Device {
     fn poll(&mut self, up: &mut dyn Upstream) -> bool;
     /// Function-level reset: back to the power-on state; in-flight DMA is dropped.
     fn reset(&mut self);
+    /// How often, since it was made, the device waited — in a link's time, whatever the
+    /// platform's — for reads of host memory it had issued: the round trips its reads put on
+    /// its own critical path, for a platform that completes reads at once and cannot see
+    /// which the device would have waited on. `None` for a device that does not count them.
+    fn reads_waited_on(&self) -> Option<u64> {
+        None
+    }
 }

@@ -29,6 +29,8 @@ const CHUNK: u64 = 1 << 20;
 /// published, up to the ring's end, Max_Read_Request_Size and the next 4 KiB boundary):
 /// commands submitted together cost one read's round trip, not one each.
 pub const PREFETCH: u64 = 16;
+/// Host→VRAM copies [`Device::reads_waited_on`] keeps apart while their bytes land.
+const RING_LANDING: usize = 64;
 /// Bytes a VRAM→host copy writes per `poll`: what a platform must take from the device
 /// before it polls it again (a bridge polls a device only when its upstream took what the
 /// device sent), so a long copy runs only this far ahead of the link, and a completion the
@@ -208,14 +210,26 @@ pub struct SimGpu {
     outstanding: Box<[Option<Outstanding>; TAGS]>,
     /// How many of `outstanding` are in flight.
     in_flight: usize,
+    /// How many of those are host→VRAM copies' reads: a copy whose reads are all issued is
+    /// finished as a command, and the next host→VRAM copy may start while its bytes land.
+    copy_reads: usize,
     next_tag: u16,
+    /// A copy's read failed: the copies in flight with it end.
     failed: bool,
+    /// The ring read in flight failed: what it fetched is not to be trusted.
+    fetch_failed: bool,
     /// DMA completions that matched no outstanding read (dropped, counted).
     pub stray_completions: u64,
     /// The most DMA reads the device had in flight at once.
     pub max_reads_in_flight: usize,
     /// DMA reads that fetched ring entries.
     pub command_fetches: u64,
+    /// The VRAM ranges host→VRAM copies issued since the command processor last needed
+    /// their bytes: on a link, still landing ([`Device::reads_waited_on`]).
+    landing: Vec<(u64, u64)>,
+    /// The times the command processor needed bytes it had read: each ring fetch, and each
+    /// command that had to wait for copies' bytes to land ([`Device::reads_waited_on`]).
+    reads_waited_on: u64,
     /// The compute kernels' working buffers, kept from one command to the next.
     scratch: Scratch,
 }
@@ -275,11 +289,15 @@ impl SimGpu {
             fetched_end: 0,
             outstanding: Box::new([None; TAGS]),
             in_flight: 0,
+            copy_reads: 0,
             next_tag: 0,
             failed: false,
+            fetch_failed: false,
             stray_completions: 0,
             max_reads_in_flight: 0,
             command_fetches: 0,
+            landing: Vec::new(),
+            reads_waited_on: 0,
             scratch: Scratch::default(),
         }
     }
@@ -293,7 +311,9 @@ impl SimGpu {
         match off {
             reg::ID => 1 << 32 | 0x474d_4953,
             reg::STATUS => {
-                let busy = self.regs.ring_head != self.regs.ring_tail || !matches!(self.cp, Cp::Idle);
+                let busy = self.regs.ring_head != self.regs.ring_tail
+                    || !matches!(self.cp, Cp::Idle)
+                    || self.in_flight > 0;
                 busy as u64 | ((self.regs.error != 0) as u64) << 1
             }
             reg::ERROR => self.regs.error,
@@ -387,9 +407,35 @@ impl SimGpu {
 
     /// Ends the read with `tag`: its tag is free again.
     fn retire(&mut self, tag: u16) {
-        if self.outstanding[tag as usize].take().is_some() {
+        if let Some(o) = self.outstanding[tag as usize].take() {
             self.in_flight -= 1;
+            if matches!(o.purpose, ReadPurpose::Copy { .. }) {
+                self.copy_reads -= 1;
+            }
         }
+    }
+
+    /// Whether `command` may start while host→VRAM copies' bytes are still landing: only
+    /// another host→VRAM copy, into VRAM none of them still writes (a copy engine takes its
+    /// descriptors back to back, keeping the link full across them). Anything else — a
+    /// kernel, a fence, a copy out — waits until they have landed.
+    fn may_start_beside_copies(&self, command: &[u8]) -> bool {
+        let landing: Vec<(u64, u64)> = self
+            .outstanding
+            .iter()
+            .flatten()
+            .filter(|o| matches!(o.purpose, ReadPurpose::Copy { .. }))
+            .map(|o| (o.next, o.next.saturating_add(o.remaining)))
+            .collect();
+        Self::starts_beside(command, &landing)
+    }
+
+    /// Whether `command` is a host→VRAM copy into none of the VRAM ranges `landing`.
+    fn starts_beside(command: &[u8], landing: &[(u64, u64)]) -> bool {
+        let word = |at: usize| u64::from_le_bytes(command[at..at + 8].try_into().unwrap_or([0; 8]));
+        let opcode = u32::from_le_bytes(command[0..4].try_into().unwrap_or([0; 4]));
+        let (start, end) = (word(16), word(16).saturating_add(word(24)));
+        opcode == op::COPY_H2V && landing.iter().all(|&(s, e)| e <= start || s >= end)
     }
 
     fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
@@ -413,6 +459,9 @@ impl SimGpu {
         };
         self.outstanding[tag as usize] = Some(Outstanding { purpose, remaining: len, next });
         self.in_flight += 1;
+        if matches!(purpose, ReadPurpose::Copy { .. }) {
+            self.copy_reads += 1;
+        }
         self.max_reads_in_flight = self.max_reads_in_flight.max(self.in_flight);
         true
     }
@@ -480,6 +529,12 @@ impl SimGpu {
             op::NOP => true,
             op::COPY_H2V if c > 0 && self.vram.in_bounds(b, c) => {
                 self.cp = Cp::CopyIn { next_host: a, end_host: a.saturating_add(c), vram_at_next: b };
+                if self.landing.len() >= RING_LANDING {
+                    // Too many to keep apart: count the wait a link might impose.
+                    self.reads_waited_on += 1;
+                    self.landing.clear();
+                }
+                self.landing.push((b, b + c));
                 return false;
             }
             op::COPY_V2H if c > 0 && self.vram.in_bounds(a, c) => {
@@ -737,7 +792,10 @@ impl Device for SimGpu {
         };
         if cpl.status != CplStatus::Success || tlp.ep {
             self.retire(tag);
-            self.failed = true;
+            match o.purpose {
+                ReadPurpose::Commands => self.fetch_failed = true,
+                ReadPurpose::Copy { .. } => self.failed = true,
+            }
             self.raise_error(err::DMA, up);
             return;
         }
@@ -778,7 +836,7 @@ impl Device for SimGpu {
                     self.forget_prefetched();
                     return true;
                 }
-                self.failed = false;
+                self.fetch_failed = false;
                 let head = self.regs.ring_head;
                 if !self.prefetched(head) {
                     // Every published entry up to the ring's end, at most PREFETCH, in one
@@ -796,15 +854,17 @@ impl Device for SimGpu {
                     }
                     (self.fetched_first, self.fetched_next, self.fetched_end) = (head, head, head + n);
                     self.command_fetches += 1;
+                    self.reads_waited_on += 1;
                 }
                 self.cp = Cp::Fetching;
                 true
             }
             Cp::Fetching => {
-                if self.in_flight > 0 {
+                if self.in_flight > self.copy_reads {
+                    // The ring read.
                     return false;
                 }
-                if self.failed {
+                if self.fetch_failed {
                     // The read failed: what it fetched is not to be trusted.
                     self.forget_prefetched();
                     self.finish_command();
@@ -816,7 +876,20 @@ impl Device for SimGpu {
                     return true;
                 }
                 let at = ((head - self.fetched_first) * COMMAND_BYTES) as usize;
-                self.command.copy_from_slice(&self.fetched[at..at + COMMAND_BYTES as usize]);
+                let command = &self.fetched[at..at + COMMAND_BYTES as usize];
+                if self.copy_reads > 0 && !self.may_start_beside_copies(command) {
+                    return false;
+                }
+                if !self.landing.is_empty() && !Self::starts_beside(command, &self.landing) {
+                    // What the link would make this command wait for.
+                    self.reads_waited_on += 1;
+                    self.landing.clear();
+                }
+                if self.copy_reads == 0 {
+                    // No copy in flight: a failure of one before is reported and done with.
+                    self.failed = false;
+                }
+                self.command.copy_from_slice(command);
                 self.fetched_next += 1;
                 if self.execute(up) {
                     self.finish_command();
@@ -825,7 +898,8 @@ impl Device for SimGpu {
             }
             Cp::CopyIn { next_host, end_host, vram_at_next } => {
                 if self.failed {
-                    if self.in_flight == 0 {
+                    if self.copy_reads == 0 {
+                        self.failed = false;
                         self.finish_command();
                     }
                     return true;
@@ -844,7 +918,9 @@ impl Device for SimGpu {
                     vram += n as u64;
                     issued = true;
                 }
-                if host >= end_host && self.in_flight == 0 {
+                if host >= end_host {
+                    // Every read issued: the copy's bytes land as its completions come,
+                    // and what follows waits for them unless it is a copy in beside them.
                     self.finish_command();
                     return true;
                 }
@@ -883,14 +959,21 @@ impl Device for SimGpu {
         }
     }
 
+    fn reads_waited_on(&self) -> Option<u64> {
+        Some(self.reads_waited_on)
+    }
+
     fn reset(&mut self) {
         self.function.reset();
+        self.landing.clear();
         self.vram.clear();
         self.regs = Regs::default();
         self.cp = Cp::Idle;
         self.outstanding.fill(None);
         self.in_flight = 0;
+        self.copy_reads = 0;
         self.failed = false;
+        self.fetch_failed = false;
         self.forget_prefetched();
     }
 }

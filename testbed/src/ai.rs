@@ -190,12 +190,13 @@ pub fn inference<P: PciFunction>(
     let name = format!("upload weights ({l} layers of {w}x{w} fp32)");
     let up_bytes = l * (w * w + b * w) * 4;
     let (_, up_s) = timed(&mut steps, progress, name.clone(), || {
+        // Each tensor staged and its copy queued, one wait for all (as training's upload).
         for i in 0..l {
             let (wa, ba) = (INF_WEIGHTS + (i * w * w * 4) as u64, INF_BIASES + (i * b * w * 4) as u64);
-            d.memcpy_to_device(wa, &f32_bytes(&weights[i])).map_err(driver_err(&name))?;
-            d.memcpy_to_device(ba, &f32_bytes(&broadcast[i])).map_err(driver_err(&name))?;
+            d.memcpy_to_device_async(wa, &f32_bytes(&weights[i])).map_err(driver_err(&name))?;
+            d.memcpy_to_device_async(ba, &f32_bytes(&broadcast[i])).map_err(driver_err(&name))?;
         }
-        Ok(())
+        d.sync(WaitMode::Poll).map_err(driver_err(&name))
     })?;
     let io = b * w * 4;
     let inputs: Vec<Vec<f32>> = (0..s.requests).map(|r| values(b * w, 303 + r as u32, 1.0)).collect();
@@ -274,13 +275,15 @@ pub fn training<P: PciFunction>(
     let up_bytes = (w * w + data.len() * 3 * b * w) * 4;
     let (_, up_s) = timed(&mut steps, progress, name.clone(), || {
         let e = driver_err(&name);
-        d.memcpy_to_device(TR_WEIGHTS, &f32_bytes(&w0)).map_err(&e)?;
+        // Each tensor staged and its copy queued, one wait for all (a framework's
+        // non-blocking copies, then a synchronize).
+        d.memcpy_to_device_async(TR_WEIGHTS, &f32_bytes(&w0)).map_err(&e)?;
         for (i, parts) in data.iter().enumerate() {
             for (p, v) in parts.iter().enumerate() {
-                d.memcpy_to_device(at(i, p as u64), &f32_bytes(v)).map_err(&e)?;
+                d.memcpy_to_device_async(at(i, p as u64), &f32_bytes(v)).map_err(&e)?;
             }
         }
-        Ok(())
+        d.sync(WaitMode::Poll).map_err(&e)
     })?;
     let name = format!(
         "{} steps: {mb} x (forward, backward MATMUL), reduce, SAXPY; loss every {}, checkpoint every {}",

@@ -204,7 +204,13 @@ impl<D: Device> DirectAttach<D> {
 
     /// What crossed the platform since it was attached.
     pub fn counts(&self) -> PlatformCounts {
-        self.host.counts
+        let mut c = self.host.counts;
+        // Reads are completed at once here: where the device says which it would have waited
+        // for on a link (copies taken back to back do not wait on each other), that count.
+        if let Some(n) = self.dev.reads_waited_on() {
+            c.dependent_reads = n;
+        }
+        c
     }
 
     /// Sends one host request to the device and serves everything that follows.

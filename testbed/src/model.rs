@@ -8,9 +8,9 @@
 //! crosses the link. Three kinds do, and the profile counts each:
 //!
 //! - a **blocking register read** stalls the driver for one round trip;
-//! - a **dependent device read** (a command fetch after a doorbell, the first read of a
-//!   copy) stalls the device for one round trip — the reads that keep a copy's window full
-//!   behind it are hidden under its bandwidth;
+//! - a **dependent device read** (a command fetch, a command that needs copies' bytes
+//!   landed) stalls the device for one round trip — copies taken back to back, and the
+//!   reads that keep a copy's window full, are hidden under the bandwidth;
 //! - an **idle wait** (the driver waits for the last fence it published) leaves the device
 //!   idle from its fence write until the driver's next doorbell arrives: one way to the host
 //!   and one way back, a round trip.

@@ -110,20 +110,25 @@ fn inference_profile_counts_what_each_request_does() {
     let s = InferenceSize { batch: 4, layers: 3, dim: 32, requests: 5 };
     let p = profiled(&mut d, Workload::Inference(s));
     let io = (s.batch * s.dim * 4) as u64;
-    // Two synchronous copies per layer to upload, one fence per request.
-    let waits = 2 * s.layers as u64 + s.requests as u64;
+    // Two copies per layer to upload, queued together, one wait for them; one fence per
+    // request.
+    let copies = 2 * s.layers as u64;
+    let waits = 1 + s.requests as u64;
     assert_eq!(p.waits(), waits, "{p:?}");
     assert_eq!(p.driver.waits_idle, waits, "every wait is for the last fence: {p:?}");
-    assert_eq!(p.driver.doorbells, waits);
+    // Each copy published as it is queued, then the upload's fence, then each request's.
+    let doorbells = copies + waits;
+    assert_eq!(p.driver.doorbells, doorbells);
     assert_eq!(p.platform.interrupts, s.requests as u64);
     assert_eq!(p.platform.register_reads, 0, "no register read per wait: {p:?}");
     // Doorbell: RING_TAIL and DOORBELL.
-    assert_eq!(p.platform.register_writes, 2 * waits);
+    assert_eq!(p.platform.register_writes, 2 * doorbells);
     // Each request's output, and one 8-byte fence per wait.
     assert_eq!(p.platform.device_write_bytes, s.requests as u64 * io + 8 * waits);
-    // Each wait: its fetch and its copy in's first read (an upload's copy, a request's input;
-    // the output is written, not read).
-    assert_eq!(p.platform.dependent_reads, 2 * waits, "{p:?}");
+    // The upload: a fetch per doorbell (each copy's and the fence's), the copies taken back
+    // to back, and the fence's wait for their bytes. Each request: its fetch and the first
+    // kernel's wait for the input copy's bytes (the output is written, not read).
+    assert_eq!(p.platform.dependent_reads, copies + 2 + 2 * s.requests as u64, "{p:?}");
     let weights = (s.layers * (s.dim * s.dim + s.batch * s.dim) * 4) as u64;
     assert!(p.platform.device_read_bytes >= weights + s.requests as u64 * io, "{p:?}");
 }

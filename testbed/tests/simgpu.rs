@@ -277,3 +277,155 @@ fn commands_published_together_are_fetched_together_lap_after_lap() {
     let fetches = d.pci().device().command_fetches - fetches0;
     assert!((30..=32).contains(&fetches), "{fetches} reads fetched 90 commands");
 }
+
+/// Host→VRAM copies queued back to back keep the link full across them: the next copy's
+/// reads go out while the one before's are still in flight; a copy into VRAM that one in
+/// flight still writes waits for its bytes to land, and so does anything else (a FENCE).
+/// STATUS says busy while any read is out. The test plays the platform and holds the
+/// completions. The device counts the waits a link would impose (fetch, overlapping copy,
+/// fence) and not the back-to-back start.
+#[test]
+fn copies_in_back_to_back_overlap_their_reads_unless_their_vram_does() {
+    use hw::simgpu_device::COMMAND_BYTES;
+    use hw::{Device, TlpQueue};
+    use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
+
+    let host = Bdf::new(0, 0, 0);
+    let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut up = TlpQueue::default();
+    let req = Request { requester: host, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
+    for (register, v) in [(0x10u16, 0xfe00_0000u32), (0x04, 0x6)] {
+        let d = v.to_le_bytes();
+        let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
+        dev.request(&TlpRepr::new(Body::CfgWrite { req, cfg, data: &d }), &mut up);
+    }
+    let reg_write = |dev: &mut SimGpu, up: &mut TlpQueue, off: u64, v: u64| {
+        let d = v.to_le_bytes();
+        let req = Request { last_be: 0xf, ..req };
+        let t =
+            TlpRepr::new(Body::MemWrite { req, address: Address::new(0xfe00_0000 + off), ph: 0, data: &d });
+        dev.request(&t, up);
+    };
+    let status = |dev: &mut SimGpu| {
+        let mut q = TlpQueue::default();
+        let read = TlpRepr::new(Body::MemRead {
+            req: Request { last_be: 0xf, ..req },
+            address: Address::new(0xfe00_0000 + reg::STATUS),
+            ph: 0,
+            length_dw: 2,
+            locked: false,
+        });
+        dev.request(&read, &mut q);
+        let c = TlpRepr::parse_bytes(&q.0[0], &ParseConfig::default()).unwrap();
+        let Body::Completion { data: Some(d), .. } = c.body else { panic!("{c:?}") };
+        d[0] & 1 == 1
+    };
+    reg_write(&mut dev, &mut up, reg::RING_BASE, 0x1_0000_0000);
+    reg_write(&mut dev, &mut up, reg::RING_SIZE, 8);
+    reg_write(&mut dev, &mut up, reg::RING_TAIL, 4);
+    up.0.clear();
+    // A: 8 KiB into VRAM 0; B: 8 KiB into 64 KiB (beside A); C: 4 KiB into 4 KiB (inside A);
+    // then a FENCE.
+    let (a, b, c) = (0x2_0000_0000u64, 0x2_0001_0000u64, 0x2_0002_0000u64);
+    let mut ring = vec![0u8; 4 * COMMAND_BYTES as usize];
+    let cmds: [(u32, [u64; 3]); 4] = [
+        (op::COPY_H2V, [a, 0, 8192]),
+        (op::COPY_H2V, [b, 0x1_0000, 8192]),
+        (op::COPY_H2V, [c, 0x1000, 4096]),
+        (op::FENCE, [0x3_0000_0000, 7, 0]),
+    ];
+    for (i, (opcode, args)) in cmds.iter().enumerate() {
+        let at = i * COMMAND_BYTES as usize;
+        ring[at..at + 4].copy_from_slice(&opcode.to_le_bytes());
+        for (j, v) in args.iter().enumerate() {
+            ring[at + 8 + 8 * j..at + 16 + 8 * j].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let before = dev.reads_waited_on().unwrap();
+    assert!(dev.poll(&mut up));
+    let fetch = up.0.pop().unwrap();
+    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
+    assert_eq!(fetch.length_dw(), Some(4 * COMMAND_BYTES as u16 / 4));
+    let chunk = rules::CompletionChunk { byte_count: 256, lower_address: 0, data_offset: 0, length_dw: 64 };
+    dev.completion(&rules::completion_with_data(&fetch, host, &chunk, &ring), &mut up);
+    // The reads each poll sends, as (address, length, the TLP).
+    let poll_reads = |dev: &mut SimGpu, up: &mut TlpQueue, polls: usize| {
+        for _ in 0..polls {
+            dev.poll(up);
+        }
+        std::mem::take(&mut up.0)
+            .into_iter()
+            .filter_map(|b| {
+                let t = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
+                let Body::MemRead { address, length_dw, .. } = t.body else { return None };
+                Some((address.value(), length_dw as u64 * 4, b))
+            })
+            .collect::<Vec<_>>()
+    };
+    let from = |reads: &[(u64, u64, Vec<u8>)], base: u64| -> u64 {
+        reads.iter().filter(|r| (base..base + 8192).contains(&r.0)).map(|r| r.1).sum()
+    };
+    let first = poll_reads(&mut dev, &mut up, 20);
+    assert_eq!(from(&first, a), 8192, "A's reads all out");
+    assert_eq!(from(&first, b), 8192, "B's reads out while A's are in flight");
+    assert_eq!(from(&first, c), 0, "C writes VRAM A still writes: it waits");
+    assert!(status(&mut dev), "busy while reads are in flight");
+    // A's and B's completions: A's bytes land, and C starts.
+    let complete = |dev: &mut SimGpu, up: &mut TlpQueue, reads: &[(u64, u64, Vec<u8>)], fill: u8| {
+        for (_, len, b) in reads {
+            let r = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
+            let data = vec![fill; *len as usize];
+            let chunk = rules::CompletionChunk {
+                byte_count: *len as u16,
+                lower_address: 0,
+                data_offset: 0,
+                length_dw: (*len / 4) as u16,
+            };
+            dev.completion(&rules::completion_with_data(&r, host, &chunk, &data), up);
+        }
+    };
+    complete(&mut dev, &mut up, &first, 0xaa);
+    let second = poll_reads(&mut dev, &mut up, 20);
+    assert_eq!(from(&second, c), 4096, "C goes once A's bytes are in");
+    // The FENCE waits for C's bytes: nothing written to the host yet.
+    assert!(up.0.is_empty() && poll_reads(&mut dev, &mut up, 5).is_empty());
+    let fence_written = |up: &TlpQueue| {
+        up.0.iter().any(|b| {
+            let t = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
+            matches!(t.body, Body::MemWrite { address, .. } if address.value() == 0x3_0000_0000)
+        })
+    };
+    complete(&mut dev, &mut up, &second, 0xcc);
+    for _ in 0..5 {
+        dev.poll(&mut up);
+    }
+    assert!(fence_written(&up), "the fence once every copy landed");
+    assert!(!status(&mut dev));
+    // The fetch, C's wait for A, the fence's wait for C: three; B's start is not one.
+    assert_eq!(dev.reads_waited_on().unwrap() - before, 3);
+}
+
+/// `memcpy_to_device_async` returns once the bytes are staged: the caller's buffer is
+/// reused at once, copies queued past the staging buffer's end wait for it to drain, copies
+/// into the same VRAM land in the order queued, and a later read sees every one.
+#[test]
+fn async_copies_in_are_staged_ordered_and_survive_the_staging_buffer_filling() {
+    let mut d = open();
+    let piece = 64 << 10;
+    let mut buf = vec![0u8; piece];
+    // 40 pieces, 2.5 MiB: more than the staging buffer holds at once.
+    for i in 0..40u8 {
+        buf.fill(i);
+        d.memcpy_to_device_async(i as u64 * piece as u64, &buf).unwrap();
+    }
+    // The same VRAM twice: the later copy wins.
+    d.memcpy_to_device_async(0, &pattern(piece, 3)).unwrap();
+    d.memcpy_to_device_async(0, &pattern(piece, 4)).unwrap();
+    let mut out = vec![0u8; piece];
+    d.memcpy_from_device(0, &mut out).unwrap();
+    assert!(out == pattern(piece, 4), "the later copy into the same VRAM");
+    for i in 1..40u8 {
+        d.memcpy_from_device(i as u64 * piece as u64, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == i), "piece {i}");
+    }
+}
