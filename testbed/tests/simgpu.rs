@@ -278,6 +278,123 @@ fn commands_published_together_are_fetched_together_lap_after_lap() {
     assert!((30..=32).contains(&fetches), "{fetches} reads fetched 90 commands");
 }
 
+/// A raw simgpu, bus master, its ring at `RAW_RING` holding `commands` (opcode and arguments
+/// a, b, c), published and fetched: the test plays the platform from there.
+fn raw_simgpu_running(commands: &[(u32, [u64; 3])]) -> (SimGpu, hw::TlpQueue) {
+    use hw::simgpu_device::COMMAND_BYTES;
+    use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
+    let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
+    let mut up = hw::TlpQueue::default();
+    let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
+    for (register, v) in [(0x10u16, RAW_BAR0 as u32), (0x04, 0x6)] {
+        let d = v.to_le_bytes();
+        let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
+        dev.request(&TlpRepr::new(Body::CfgWrite { req, cfg, data: &d }), &mut up);
+    }
+    for (off, v) in [(reg::RING_BASE, RAW_RING), (reg::RING_SIZE, 8), (reg::RING_TAIL, commands.len() as u64)]
+    {
+        let d = v.to_le_bytes();
+        let req = Request { last_be: 0xf, ..req };
+        let t = TlpRepr::new(Body::MemWrite { req, address: Address::new(RAW_BAR0 + off), ph: 0, data: &d });
+        dev.request(&t, &mut up);
+    }
+    up.0.clear();
+    let mut ring = vec![0u8; commands.len() * COMMAND_BYTES as usize];
+    for (i, (opcode, args)) in commands.iter().enumerate() {
+        let at = i * COMMAND_BYTES as usize;
+        ring[at..at + 4].copy_from_slice(&opcode.to_le_bytes());
+        for (j, v) in args.iter().enumerate() {
+            ring[at + 8 + 8 * j..at + 16 + 8 * j].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    assert!(dev.poll(&mut up));
+    let fetch = up.0.pop().unwrap();
+    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
+    assert_eq!(fetch.address(), Some(RAW_RING));
+    let n = ring.len() as u16;
+    let chunk = rules::CompletionChunk { byte_count: n, lower_address: 0, data_offset: 0, length_dw: n / 4 };
+    dev.completion(&rules::completion_with_data(&fetch, RAW_HOST, &chunk, &ring), &mut up);
+    (dev, up)
+}
+
+const RAW_HOST: Bdf = Bdf::new(0, 0, 0);
+const RAW_BAR0: u64 = 0xfe00_0000;
+const RAW_RING: u64 = 0x1_0000_0000;
+
+/// A read the device sent: its address, length and bytes.
+type SentRead = (u64, u64, Vec<u8>);
+
+/// Polls the device `polls` times and takes the reads it sent (what else it sent stays).
+fn raw_reads(dev: &mut SimGpu, up: &mut hw::TlpQueue, polls: usize) -> Vec<SentRead> {
+    use tlp::{Body, ParseConfig, TlpRepr};
+    for _ in 0..polls {
+        dev.poll(up);
+    }
+    let (reads, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut up.0).into_iter().partition(|b| {
+        TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|t| matches!(t.body, Body::MemRead { .. }))
+    });
+    up.0 = rest;
+    reads
+        .into_iter()
+        .map(|b| {
+            let t = TlpRepr::parse_bytes(&b, &ParseConfig::default()).unwrap();
+            let Body::MemRead { address, length_dw, .. } = t.body else { unreachable!() };
+            (address.value(), length_dw as u64 * 4, b.clone())
+        })
+        .collect()
+}
+
+/// Completes `reads` with `fill` bytes, or with Unsupported Request where `fill` is `None`.
+fn raw_complete(dev: &mut SimGpu, up: &mut hw::TlpQueue, reads: &[SentRead], fill: Option<u8>) {
+    use tlp::{CplStatus, ParseConfig, TlpRepr, rules};
+    for (_, len, b) in reads {
+        let r = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
+        let Some(fill) = fill else {
+            dev.completion(&rules::completion_without_data(&r, RAW_HOST, CplStatus::UnsupportedRequest), up);
+            continue;
+        };
+        let data = vec![fill; *len as usize];
+        let (byte_count, length_dw) = (*len as u16, (*len / 4) as u16);
+        let chunk = rules::CompletionChunk { byte_count, lower_address: 0, data_offset: 0, length_dw };
+        dev.completion(&rules::completion_with_data(&r, RAW_HOST, &chunk, &data), up);
+    }
+}
+
+/// Bytes `reads` ask for from host addresses `base..base + 8 KiB`.
+fn raw_read_from(reads: &[SentRead], base: u64) -> u64 {
+    reads.iter().filter(|r| (base..base + 8192).contains(&r.0)).map(|r| r.1).sum()
+}
+
+/// Register `off` of BAR0, read as the host would.
+fn raw_reg(dev: &mut SimGpu, off: u64) -> u64 {
+    use tlp::{Address, Body, ParseConfig, Request, Tag, TlpRepr};
+    let mut q = hw::TlpQueue::default();
+    let read = TlpRepr::new(Body::MemRead {
+        req: Request { requester: RAW_HOST, tag: Tag::new(3).unwrap(), first_be: 0xf, last_be: 0xf },
+        address: Address::new(RAW_BAR0 + off),
+        ph: 0,
+        length_dw: 2,
+        locked: false,
+    });
+    dev.request(&read, &mut q);
+    let c = TlpRepr::parse_bytes(&q.0[0], &ParseConfig::default()).unwrap();
+    let Body::Completion { data: Some(d), .. } = c.body else { panic!("{c:?}") };
+    u64::from_le_bytes(d[..8].try_into().unwrap())
+}
+
+fn raw_busy(dev: &mut SimGpu) -> bool {
+    raw_reg(dev, reg::STATUS) & 1 == 1
+}
+
+/// Whether the device wrote the fence word at `at`.
+fn raw_fence_written(up: &hw::TlpQueue, at: u64) -> bool {
+    use tlp::{Body, ParseConfig, TlpRepr};
+    up.0.iter().any(|b| {
+        TlpRepr::parse_bytes(b, &ParseConfig::default())
+            .is_ok_and(|t| matches!(t.body, Body::MemWrite { address, .. } if address.value() == at))
+    })
+}
+
 /// Host→VRAM copies queued back to back keep the link full across them: the next copy's
 /// reads go out while the one before's are still in flight; a copy into VRAM that one in
 /// flight still writes waits for its bytes to land, and so does anything else (a FENCE).
@@ -286,123 +403,64 @@ fn commands_published_together_are_fetched_together_lap_after_lap() {
 /// fence) and not the back-to-back start.
 #[test]
 fn copies_in_back_to_back_overlap_their_reads_unless_their_vram_does() {
-    use hw::simgpu_device::COMMAND_BYTES;
-    use hw::{Device, TlpQueue};
-    use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
-
-    let host = Bdf::new(0, 0, 0);
-    let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
-    let mut up = TlpQueue::default();
-    let req = Request { requester: host, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
-    for (register, v) in [(0x10u16, 0xfe00_0000u32), (0x04, 0x6)] {
-        let d = v.to_le_bytes();
-        let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
-        dev.request(&TlpRepr::new(Body::CfgWrite { req, cfg, data: &d }), &mut up);
-    }
-    let reg_write = |dev: &mut SimGpu, up: &mut TlpQueue, off: u64, v: u64| {
-        let d = v.to_le_bytes();
-        let req = Request { last_be: 0xf, ..req };
-        let t =
-            TlpRepr::new(Body::MemWrite { req, address: Address::new(0xfe00_0000 + off), ph: 0, data: &d });
-        dev.request(&t, up);
-    };
-    let status = |dev: &mut SimGpu| {
-        let mut q = TlpQueue::default();
-        let read = TlpRepr::new(Body::MemRead {
-            req: Request { last_be: 0xf, ..req },
-            address: Address::new(0xfe00_0000 + reg::STATUS),
-            ph: 0,
-            length_dw: 2,
-            locked: false,
-        });
-        dev.request(&read, &mut q);
-        let c = TlpRepr::parse_bytes(&q.0[0], &ParseConfig::default()).unwrap();
-        let Body::Completion { data: Some(d), .. } = c.body else { panic!("{c:?}") };
-        d[0] & 1 == 1
-    };
-    reg_write(&mut dev, &mut up, reg::RING_BASE, 0x1_0000_0000);
-    reg_write(&mut dev, &mut up, reg::RING_SIZE, 8);
-    reg_write(&mut dev, &mut up, reg::RING_TAIL, 4);
-    up.0.clear();
     // A: 8 KiB into VRAM 0; B: 8 KiB into 64 KiB (beside A); C: 4 KiB into 4 KiB (inside A);
     // then a FENCE.
-    let (a, b, c) = (0x2_0000_0000u64, 0x2_0001_0000u64, 0x2_0002_0000u64);
-    let mut ring = vec![0u8; 4 * COMMAND_BYTES as usize];
-    let cmds: [(u32, [u64; 3]); 4] = [
+    let (a, b, c, fence) = (0x2_0000_0000u64, 0x2_0001_0000u64, 0x2_0002_0000u64, 0x3_0000_0000u64);
+    let commands = [
         (op::COPY_H2V, [a, 0, 8192]),
         (op::COPY_H2V, [b, 0x1_0000, 8192]),
         (op::COPY_H2V, [c, 0x1000, 4096]),
-        (op::FENCE, [0x3_0000_0000, 7, 0]),
+        (op::FENCE, [fence, 7, 0]),
     ];
-    for (i, (opcode, args)) in cmds.iter().enumerate() {
-        let at = i * COMMAND_BYTES as usize;
-        ring[at..at + 4].copy_from_slice(&opcode.to_le_bytes());
-        for (j, v) in args.iter().enumerate() {
-            ring[at + 8 + 8 * j..at + 16 + 8 * j].copy_from_slice(&v.to_le_bytes());
-        }
-    }
-    let before = dev.reads_waited_on().unwrap();
-    assert!(dev.poll(&mut up));
-    let fetch = up.0.pop().unwrap();
-    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
-    assert_eq!(fetch.length_dw(), Some(4 * COMMAND_BYTES as u16 / 4));
-    let chunk = rules::CompletionChunk { byte_count: 256, lower_address: 0, data_offset: 0, length_dw: 64 };
-    dev.completion(&rules::completion_with_data(&fetch, host, &chunk, &ring), &mut up);
-    // The reads each poll sends, as (address, length, the TLP).
-    let poll_reads = |dev: &mut SimGpu, up: &mut TlpQueue, polls: usize| {
-        for _ in 0..polls {
-            dev.poll(up);
-        }
-        std::mem::take(&mut up.0)
-            .into_iter()
-            .filter_map(|b| {
-                let t = TlpRepr::parse_bytes(&b, &ParseConfig::default()).ok()?;
-                let Body::MemRead { address, length_dw, .. } = t.body else { return None };
-                Some((address.value(), length_dw as u64 * 4, b))
-            })
-            .collect::<Vec<_>>()
-    };
-    let from = |reads: &[(u64, u64, Vec<u8>)], base: u64| -> u64 {
-        reads.iter().filter(|r| (base..base + 8192).contains(&r.0)).map(|r| r.1).sum()
-    };
-    let first = poll_reads(&mut dev, &mut up, 20);
-    assert_eq!(from(&first, a), 8192, "A's reads all out");
-    assert_eq!(from(&first, b), 8192, "B's reads out while A's are in flight");
-    assert_eq!(from(&first, c), 0, "C writes VRAM A still writes: it waits");
-    assert!(status(&mut dev), "busy while reads are in flight");
+    let fresh = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()).reads_waited_on().unwrap();
+    let (mut dev, mut up) = raw_simgpu_running(&commands);
+    let first = raw_reads(&mut dev, &mut up, 20);
+    assert_eq!(raw_read_from(&first, a), 8192, "A's reads all out");
+    assert_eq!(raw_read_from(&first, b), 8192, "B's reads out while A's are in flight");
+    assert_eq!(raw_read_from(&first, c), 0, "C writes VRAM A still writes: it waits");
+    assert!(raw_busy(&mut dev), "busy while reads are in flight");
     // A's and B's completions: A's bytes land, and C starts.
-    let complete = |dev: &mut SimGpu, up: &mut TlpQueue, reads: &[(u64, u64, Vec<u8>)], fill: u8| {
-        for (_, len, b) in reads {
-            let r = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
-            let data = vec![fill; *len as usize];
-            let chunk = rules::CompletionChunk {
-                byte_count: *len as u16,
-                lower_address: 0,
-                data_offset: 0,
-                length_dw: (*len / 4) as u16,
-            };
-            dev.completion(&rules::completion_with_data(&r, host, &chunk, &data), up);
-        }
-    };
-    complete(&mut dev, &mut up, &first, 0xaa);
-    let second = poll_reads(&mut dev, &mut up, 20);
-    assert_eq!(from(&second, c), 4096, "C goes once A's bytes are in");
-    // The FENCE waits for C's bytes: nothing written to the host yet.
-    assert!(up.0.is_empty() && poll_reads(&mut dev, &mut up, 5).is_empty());
-    let fence_written = |up: &TlpQueue| {
-        up.0.iter().any(|b| {
-            let t = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
-            matches!(t.body, Body::MemWrite { address, .. } if address.value() == 0x3_0000_0000)
-        })
-    };
-    complete(&mut dev, &mut up, &second, 0xcc);
-    for _ in 0..5 {
-        dev.poll(&mut up);
-    }
-    assert!(fence_written(&up), "the fence once every copy landed");
-    assert!(!status(&mut dev));
+    raw_complete(&mut dev, &mut up, &first, Some(0xaa));
+    let second = raw_reads(&mut dev, &mut up, 20);
+    assert_eq!(raw_read_from(&second, c), 4096, "C goes once A's bytes are in");
+    // The FENCE waits for C's bytes.
+    assert!(!raw_fence_written(&up, fence), "the fence before C's bytes landed");
+    raw_complete(&mut dev, &mut up, &second, Some(0xcc));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert!(raw_fence_written(&up, fence), "the fence once every copy landed");
+    assert!(!raw_busy(&mut dev));
     // The fetch, C's wait for A, the fence's wait for C: three; B's start is not one.
-    assert_eq!(dev.reads_waited_on().unwrap() - before, 3);
+    assert_eq!(dev.reads_waited_on().unwrap() - fresh, 3);
+}
+
+/// A read of one copy failing while the next copy's reads are out: ERROR = 3 and its
+/// interrupt, the copies in flight with it end, and the device goes on to the FENCE once the
+/// rest of their reads are answered (a later copy then runs as usual).
+#[test]
+fn a_failed_read_beside_a_back_to_back_copy_ends_both_and_the_device_goes_on() {
+    let (a, b, d, fence) = (0x2_0000_0000u64, 0x2_0001_0000u64, 0x2_0002_0000u64, 0x3_0000_0000u64);
+    let commands = [
+        (op::COPY_H2V, [a, 0, 8192]),
+        (op::COPY_H2V, [b, 0x1_0000, 8192]),
+        (op::FENCE, [fence, 1, 0]),
+        (op::COPY_H2V, [d, 0x2_0000, 8192]),
+        (op::FENCE, [fence, 2, 0]),
+    ];
+    let (mut dev, mut up) = raw_simgpu_running(&commands);
+    let out = raw_reads(&mut dev, &mut up, 20);
+    assert_eq!((raw_read_from(&out, a), raw_read_from(&out, b)), (8192, 8192));
+    // A's first read fails; the rest are answered.
+    raw_complete(&mut dev, &mut up, &out[..1], None);
+    raw_complete(&mut dev, &mut up, &out[1..], Some(0x55));
+    let later = raw_reads(&mut dev, &mut up, 20);
+    assert_eq!(raw_read_from(&later, d), 8192, "the copy after the fence runs");
+    assert!(raw_fence_written(&up, fence), "the first fence, after the failed copies");
+    raw_complete(&mut dev, &mut up, &later, Some(0x66));
+    up.0.clear();
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert!(raw_fence_written(&up, fence), "the second fence");
+    assert_eq!(raw_reg(&mut dev, reg::ERROR), err::DMA);
+    assert!(raw_reg(&mut dev, reg::INT_STATUS) & 2 != 0, "the error interrupt's status bit");
 }
 
 /// `memcpy_to_device_async` returns once the bytes are staged: the caller's buffer is
