@@ -360,12 +360,12 @@ impl<P: PciFunction> SimGpuDriver<P> {
             WaitMode::Poll => self.stats.waits_polled += 1,
             WaitMode::Interrupt => self.stats.waits_interrupt += 1,
         }
-        // Nothing was queued after this fence: once it is in, the device is idle.
-        let drains =
-            value == self.next_fence && self.published == self.fence_published && self.tail == self.published;
-        if value == self.next_fence && self.published == self.fence_published {
+        let idle = value == self.next_fence && self.published == self.fence_published;
+        if idle {
             self.stats.waits_idle += 1;
         }
+        // Nothing was queued after this fence either: once it is in, the device is drained.
+        let drains = idle && self.tail == self.published;
         if mode == WaitMode::Interrupt {
             // One interrupt per fence queued so: those of earlier fences may still be pending.
             while self.fence_value() < value {

@@ -420,22 +420,22 @@ impl SimGpu {
     /// descriptors back to back, keeping the link full across them). Anything else — a
     /// kernel, a fence, a copy out — waits until they have landed.
     fn may_start_beside_copies(&self, command: &[u8]) -> bool {
-        let landing: Vec<(u64, u64)> = self
-            .outstanding
-            .iter()
-            .flatten()
-            .filter(|o| matches!(o.purpose, ReadPurpose::Copy { .. }))
-            .map(|o| (o.next, o.next.saturating_add(o.remaining)))
-            .collect();
-        Self::starts_beside(command, &landing)
+        let landing = self.outstanding.iter().flatten().filter_map(|o| match o.purpose {
+            ReadPurpose::Copy { .. } => Some((o.next, o.next.saturating_add(o.remaining))),
+            ReadPurpose::Commands => None,
+        });
+        Self::starts_beside(command, landing)
     }
 
-    /// Whether `command` is a host→VRAM copy into none of the VRAM ranges `landing`.
-    fn starts_beside(command: &[u8], landing: &[(u64, u64)]) -> bool {
+    /// Whether `command` is a host→VRAM copy into none of the VRAM ranges `landing` (looked
+    /// at only for such a copy).
+    fn starts_beside(command: &[u8], mut landing: impl Iterator<Item = (u64, u64)>) -> bool {
         let word = |at: usize| u64::from_le_bytes(command[at..at + 8].try_into().unwrap_or([0; 8]));
-        let opcode = u32::from_le_bytes(command[0..4].try_into().unwrap_or([0; 4]));
+        if u32::from_le_bytes(command[0..4].try_into().unwrap_or([0; 4])) != op::COPY_H2V {
+            return false;
+        }
         let (start, end) = (word(16), word(16).saturating_add(word(24)));
-        opcode == op::COPY_H2V && landing.iter().all(|&(s, e)| e <= start || s >= end)
+        landing.all(|(s, e)| e <= start || s >= end)
     }
 
     fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
@@ -880,7 +880,7 @@ impl Device for SimGpu {
                 if self.copy_reads > 0 && !self.may_start_beside_copies(command) {
                     return false;
                 }
-                if !self.landing.is_empty() && !Self::starts_beside(command, &self.landing) {
+                if !self.landing.is_empty() && !Self::starts_beside(command, self.landing.iter().copied()) {
                     // What the link would make this command wait for.
                     self.reads_waited_on += 1;
                     self.landing.clear();

@@ -471,19 +471,44 @@ fn async_copies_in_are_staged_ordered_and_survive_the_staging_buffer_filling() {
     let mut d = open();
     let piece = 64 << 10;
     let mut buf = vec![0u8; piece];
-    // 40 pieces, 2.5 MiB: more than the staging buffer holds at once.
-    for i in 0..40u8 {
+    let waits = |d: &SimGpuDriver<DirectAttach<SimGpu>>| d.stats().waits_polled;
+    let before = waits(&d);
+    // 80 pieces, 5 MiB: more than the 4 MiB staging buffer holds at once. The first 64 fit
+    // and wait for nothing; a later one finds it full and waits for the device to drain it.
+    for i in 0..80u8 {
+        if i == 64 {
+            assert_eq!(waits(&d), before, "a copy that fitted waited for the device");
+        }
         buf.fill(i);
         d.memcpy_to_device_async(i as u64 * piece as u64, &buf).unwrap();
     }
+    assert_eq!(waits(&d), before + 1, "the full staging buffer drained once");
     // The same VRAM twice: the later copy wins.
     d.memcpy_to_device_async(0, &pattern(piece, 3)).unwrap();
     d.memcpy_to_device_async(0, &pattern(piece, 4)).unwrap();
     let mut out = vec![0u8; piece];
     d.memcpy_from_device(0, &mut out).unwrap();
     assert!(out == pattern(piece, 4), "the later copy into the same VRAM");
-    for i in 1..40u8 {
+    for i in 1..80u8 {
         d.memcpy_from_device(i as u64 * piece as u64, &mut out).unwrap();
         assert!(out.iter().all(|&b| b == i), "piece {i}");
     }
+}
+
+/// A host→VRAM copy whose VRAM lies past the end (at the top of the 64-bit range, where a
+/// range's end overflows), queued behind a copy still landing: refused with ERROR = 2 as
+/// ever, no panic, and the FENCE after it still waits for the first copy's bytes.
+#[test]
+fn a_copy_past_vram_beside_a_landing_copy_is_refused_and_the_fence_still_waits() {
+    let (a, fence) = (0x2_0000_0000u64, 0x3_0000_0000u64);
+    let commands =
+        [(op::COPY_H2V, [a, 0, 8192]), (op::COPY_H2V, [a, u64::MAX - 10, 8192]), (op::FENCE, [fence, 1, 0])];
+    let (mut dev, mut up) = raw_simgpu_running(&commands);
+    let out = raw_reads(&mut dev, &mut up, 20);
+    assert_eq!(raw_read_from(&out, a), 8192, "only the first copy reads");
+    assert!(!raw_fence_written(&up, fence), "the fence before the first copy landed");
+    raw_complete(&mut dev, &mut up, &out, Some(0x11));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert!(raw_fence_written(&up, fence));
+    assert_eq!(raw_reg(&mut dev, reg::ERROR), err::BAD_ARGUMENT);
 }
