@@ -268,11 +268,18 @@ impl<P: PciFunction> SimGpuDriver<P> {
     }
 
     /// Queues one command without telling the device: commands queued together are
-    /// published by the next [`Self::fence`] (or [`Self::sync`], [`Self::submit`]) with one
+    /// published by the next [`Self::flush`] (or [`Self::fence`], [`Self::sync`], [`Self::submit`]) with one
     /// RING_TAIL write and one doorbell, and fetched together — as a GPU stack queues a
     /// stream's copies and kernels and synchronizes once.
     pub fn enqueue(&mut self, c: Command) -> Result<(), DriverError> {
         self.queue(c)
+    }
+
+    /// Publishes the commands queued so far without a fence and without waiting: the device
+    /// starts on them while the host queues the next ones (a framework's asynchronous
+    /// launches, synchronized only where the host reads a result).
+    pub fn flush(&mut self) {
+        self.publish();
     }
 
     /// Tells the device about the commands written since the last time: RING_TAIL, then

@@ -29,6 +29,8 @@ const CHUNK: u64 = 1 << 20;
 /// published, up to the ring's end, Max_Read_Request_Size and the next 4 KiB boundary):
 /// commands submitted together cost one read's round trip, not one each.
 pub const PREFETCH: u64 = 16;
+/// The prefetch buffer: the read being executed and the one fetched ahead.
+const FETCHED_BYTES: usize = (2 * PREFETCH * COMMAND_BYTES) as usize;
 /// Host→VRAM copies [`Device::reads_waited_on`] keeps apart while their bytes land.
 const RING_LANDING: usize = 64;
 /// Bytes a VRAM→host copy writes per `poll`: what a platform must take from the device
@@ -137,8 +139,8 @@ impl Vram {
 /// What an outstanding DMA read is for.
 #[derive(Clone, Copy, Debug)]
 enum ReadPurpose {
-    /// Ring entries, into the prefetch buffer.
-    Commands,
+    /// Ring entries, into the prefetch buffer from this byte on.
+    Commands { at: u64 },
     /// Part of a host→VRAM copy: bytes land at this VRAM offset.
     Copy { vram: u64 },
 }
@@ -201,11 +203,18 @@ pub struct SimGpu {
     command: [u8; COMMAND_BYTES as usize],
     /// Ring entries fetched ahead: `fetched[0..]` holds ring slots `fetched_first` up to
     /// `fetched_end` (exclusive); `fetched_next` is the next not yet executed. Each is used
-    /// once: after the ring wraps, the same slot holds another command.
-    fetched: [u8; (PREFETCH * COMMAND_BYTES) as usize],
+    /// once: after the ring wraps, the same slot holds another command. Room for two
+    /// reads: the one being executed and the one fetched ahead ([`SimGpu::fetch_ahead`]).
+    fetched: [u8; FETCHED_BYTES],
     fetched_first: u64,
     fetched_next: u64,
     fetched_end: u64,
+    /// The first ring slot of the ring read in flight (its entries, up to `fetched_end`,
+    /// are not there yet), or of one that failed (`fetch_failed`) until the processor
+    /// reaches it. One ring read at a time.
+    ring_read: Option<u64>,
+    /// Whether the processor has had to wait for `ring_read` (counted once).
+    ring_read_waited: bool,
     /// DMA reads in flight, by tag.
     outstanding: Box<[Option<Outstanding>; TAGS]>,
     /// How many of `outstanding` are in flight.
@@ -283,10 +292,12 @@ impl SimGpu {
             regs: Regs::default(),
             cp: Cp::Idle,
             command: [0; COMMAND_BYTES as usize],
-            fetched: [0; (PREFETCH * COMMAND_BYTES) as usize],
+            fetched: [0; FETCHED_BYTES],
             fetched_first: 0,
             fetched_next: 0,
             fetched_end: 0,
+            ring_read: None,
+            ring_read_waited: false,
             outstanding: Box::new([None; TAGS]),
             in_flight: 0,
             copy_reads: 0,
@@ -422,7 +433,7 @@ impl SimGpu {
     fn may_start_beside_copies(&self, command: &[u8]) -> bool {
         let landing = self.outstanding.iter().flatten().filter_map(|o| match o.purpose {
             ReadPurpose::Copy { .. } => Some((o.next, o.next.saturating_add(o.remaining))),
-            ReadPurpose::Commands => None,
+            ReadPurpose::Commands { .. } => None,
         });
         Self::starts_beside(command, landing)
     }
@@ -454,7 +465,7 @@ impl SimGpu {
             locked: false,
         }));
         let next = match purpose {
-            ReadPurpose::Commands => 0,
+            ReadPurpose::Commands { at } => at,
             ReadPurpose::Copy { vram } => vram,
         };
         self.outstanding[tag as usize] = Some(Outstanding { purpose, remaining: len, next });
@@ -650,6 +661,58 @@ impl SimGpu {
         slot == self.fetched_next && self.fetched_next < self.fetched_end
     }
 
+    /// Reads the ring entries published after those prefetched while a command executes,
+    /// as a GPU's front end reads its command buffer ahead of its engines: commands
+    /// published while the device is busy are there when it gets to them, the read's round
+    /// trip hidden under the work before them. One ring read at a time, never across the
+    /// ring's end (the processor reads from the start when it gets there).
+    fn fetch_ahead(&mut self, up: &mut dyn Upstream) {
+        if self.ring_read.is_some() || matches!(self.cp, Cp::Idle) {
+            return;
+        }
+        let (size, tail, head) = (self.regs.ring_size, self.regs.ring_tail, self.regs.ring_head);
+        if !(2..=4096).contains(&size) || !size.is_power_of_two() || tail >= size {
+            return;
+        }
+        // The window goes on from the command executing (its slot still the head) or the next.
+        let from = self.fetched_end;
+        if !(self.fetched_next == head || self.fetched_next == head + 1)
+            || from >= size
+            || from < self.fetched_next
+        {
+            return;
+        }
+        let published = match tail {
+            t if t >= from => t - from,
+            // Wrapped: up to the ring's end. A tail between the head and what was fetched
+            // went back; nothing is read ahead of it.
+            t if t < head => size - from,
+            _ => 0,
+        };
+        let held = from - self.fetched_next;
+        let addr = self.regs.ring_base + from * COMMAND_BYTES;
+        let mrrs = self.function.config().max_read_request() as u64;
+        let n = published
+            .min(PREFETCH)
+            .min(2 * PREFETCH - held)
+            .min(mrrs / COMMAND_BYTES)
+            .min((PAGE - addr % PAGE) / COMMAND_BYTES);
+        if n == 0 {
+            return;
+        }
+        // What is still to execute moves to the buffer's start; the read lands after it.
+        let keep = ((self.fetched_next - self.fetched_first) * COMMAND_BYTES) as usize;
+        let held_bytes = (held * COMMAND_BYTES) as usize;
+        self.fetched.copy_within(keep..keep + held_bytes, 0);
+        self.fetched_first = self.fetched_next;
+        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { at: held_bytes as u64 }, up) {
+            return;
+        }
+        self.fetched_end = from + n;
+        (self.ring_read, self.ring_read_waited) = (Some(from), false);
+        self.command_fetches += 1;
+    }
+
     fn forget_prefetched(&mut self) {
         self.fetched_end = self.fetched_next;
     }
@@ -793,7 +856,7 @@ impl Device for SimGpu {
         if cpl.status != CplStatus::Success || tlp.ep {
             self.retire(tag);
             match o.purpose {
-                ReadPurpose::Commands => self.fetch_failed = true,
+                ReadPurpose::Commands { .. } => self.fetch_failed = true,
                 ReadPurpose::Copy { .. } => self.failed = true,
             }
             self.raise_error(err::DMA, up);
@@ -804,7 +867,7 @@ impl Device for SimGpu {
         let n = (d.len().saturating_sub(pad) as u64).min(o.remaining).min(cpl.byte_count as u64);
         let bytes = &d[pad.min(d.len())..pad.min(d.len()) + n as usize];
         match o.purpose {
-            ReadPurpose::Commands => {
+            ReadPurpose::Commands { .. } => {
                 let at = (o.next as usize).min(self.fetched.len());
                 let end = (at + bytes.len()).min(self.fetched.len());
                 self.fetched[at..end].copy_from_slice(&bytes[..end - at]);
@@ -814,6 +877,9 @@ impl Device for SimGpu {
         o.next += n;
         o.remaining -= n;
         if o.remaining == 0 {
+            if matches!(o.purpose, ReadPurpose::Commands { .. }) {
+                self.ring_read = None;
+            }
             self.retire(tag);
         } else {
             self.outstanding[tag as usize] = Some(o);
@@ -824,6 +890,7 @@ impl Device for SimGpu {
         if !self.function.bus_master() {
             return false;
         }
+        self.fetch_ahead(up);
         match self.cp.clone() {
             Cp::Idle => {
                 if self.regs.ring_head == self.regs.ring_tail {
@@ -836,9 +903,14 @@ impl Device for SimGpu {
                     self.forget_prefetched();
                     return true;
                 }
-                self.fetch_failed = false;
                 let head = self.regs.ring_head;
                 if !self.prefetched(head) {
+                    if self.ring_read.is_some() && !self.fetch_failed {
+                        // A read of entries forgotten since (the ring was reprogrammed)
+                        // still fills the buffer: the next starts once it has landed.
+                        return false;
+                    }
+                    (self.ring_read, self.fetch_failed) = (None, false);
                     // Every published entry up to the ring's end, at most PREFETCH, in one
                     // read that honours Max_Read_Request_Size and does not cross 4 KiB.
                     let addr = self.regs.ring_base + head * COMMAND_BYTES;
@@ -848,11 +920,12 @@ impl Device for SimGpu {
                     let to_4k = PAGE - addr % PAGE;
                     let n =
                         published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
-                    self.fetched = [0; (PREFETCH * COMMAND_BYTES) as usize];
-                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands, up) {
+                    self.fetched = [0; FETCHED_BYTES];
+                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { at: 0 }, up) {
                         return false;
                     }
                     (self.fetched_first, self.fetched_next, self.fetched_end) = (head, head, head + n);
+                    (self.ring_read, self.ring_read_waited) = (Some(head), true);
                     self.command_fetches += 1;
                     self.reads_waited_on += 1;
                 }
@@ -860,12 +933,18 @@ impl Device for SimGpu {
                 true
             }
             Cp::Fetching => {
-                if self.in_flight > self.copy_reads {
-                    // The ring read.
-                    return false;
-                }
-                if self.fetch_failed {
+                if self.ring_read.is_some_and(|from| self.fetched_next >= from) {
+                    if !self.fetch_failed {
+                        // The next command is in the ring read still in flight.
+                        if !self.ring_read_waited {
+                            // Fetched ahead, and not far enough: the link makes it wait.
+                            self.reads_waited_on += 1;
+                            self.ring_read_waited = true;
+                        }
+                        return false;
+                    }
                     // The read failed: what it fetched is not to be trusted.
+                    (self.ring_read, self.fetch_failed) = (None, false);
                     self.forget_prefetched();
                     self.finish_command();
                     return true;
@@ -974,6 +1053,7 @@ impl Device for SimGpu {
         self.copy_reads = 0;
         self.failed = false;
         self.fetch_failed = false;
+        (self.ring_read, self.ring_read_waited) = (None, false);
         self.forget_prefetched();
     }
 }

@@ -32,7 +32,9 @@ pub struct InferenceSize {
 /// `training`: per step, for each micro-batch a forward MATMUL, the residual (VADD) and a
 /// backward MATMUL for the gradient; the gradients reduced (VADD); an optimizer update
 /// (SAXPY); the loss read back every `loss_every` steps and the weights copied to the host
-/// every `checkpoint_every`; one polled fence per step.
+/// every `checkpoint_every`. The host runs ahead as a framework does: a step's commands
+/// are published without waiting, and a polled fence is waited on only where the host reads
+/// what the device wrote (a loss or a checkpoint) and after the last step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TrainingSize {
     /// Rows of each micro-batch (1..=256).
@@ -320,6 +322,11 @@ pub fn training<P: PciFunction>(
             }
             if ckpt {
                 d.enqueue(cmd(op::COPY_V2H, TR_WEIGHTS, ckptb.bus.get(), wbytes as u64, 0)).map_err(&e)?;
+            }
+            if !(loss || ckpt || step + 1 == s.steps) {
+                // Nothing of this step is read here: the next step's commands go behind it.
+                d.flush();
+                continue;
             }
             d.sync(WaitMode::Poll).map_err(&e)?;
             if loss {

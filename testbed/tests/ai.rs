@@ -134,6 +134,24 @@ fn inference_profile_counts_what_each_request_does() {
 }
 
 #[test]
+fn training_waits_only_where_the_host_reads_a_result() {
+    // Fewer commands than the ring holds: no publish because the ring looked full.
+    let s = TrainingSize { batch: 8, dim: 8, micro_batches: 1, steps: 7, loss_every: 3, checkpoint_every: 5 };
+    let p = profiled(&mut open(), Workload::Training(s));
+    assert_eq!(p.platform.register_reads, 0, "{p:?}");
+    // The upload's wait; steps 3 and 6 (loss), 5 (checkpoint) and 7 (the last); the weights
+    // read back. The other steps are published behind the ones before, not waited for.
+    assert_eq!(p.waits(), 1 + 4 + 1, "{p:?}");
+    assert_eq!(p.driver.waits_idle, p.waits(), "each wait is for the last fence: {p:?}");
+    // Every step rings the doorbell once, whether or not it waits.
+    let steps_alone = {
+        let one = TrainingSize { steps: 1, ..s };
+        profiled(&mut open(), Workload::Training(one)).driver.doorbells
+    };
+    assert_eq!(p.driver.doorbells, steps_alone + 6, "{p:?}");
+}
+
+#[test]
 fn a_copys_window_of_reads_is_one_dependency_and_an_overlapped_wait_none() {
     let mut d = open();
     let before = (d.pci().counts(), d.stats());

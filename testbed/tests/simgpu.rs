@@ -281,24 +281,31 @@ fn commands_published_together_are_fetched_together_lap_after_lap() {
 /// A raw simgpu, bus master, its ring at `RAW_RING` holding `commands` (opcode and arguments
 /// a, b, c), published and fetched: the test plays the platform from there.
 fn raw_simgpu_running(commands: &[(u32, [u64; 3])]) -> (SimGpu, hw::TlpQueue) {
-    use hw::simgpu_device::COMMAND_BYTES;
-    use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
+    use tlp::{ConfigTarget, ParseConfig, Request, Tag, TlpRepr};
     let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
     let mut up = hw::TlpQueue::default();
     let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
     for (register, v) in [(0x10u16, RAW_BAR0 as u32), (0x04, 0x6)] {
         let d = v.to_le_bytes();
         let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
-        dev.request(&TlpRepr::new(Body::CfgWrite { req, cfg, data: &d }), &mut up);
+        dev.request(&TlpRepr::new(tlp::Body::CfgWrite { req, cfg, data: &d }), &mut up);
     }
     for (off, v) in [(reg::RING_BASE, RAW_RING), (reg::RING_SIZE, 8), (reg::RING_TAIL, commands.len() as u64)]
     {
-        let d = v.to_le_bytes();
-        let req = Request { last_be: 0xf, ..req };
-        let t = TlpRepr::new(Body::MemWrite { req, address: Address::new(RAW_BAR0 + off), ph: 0, data: &d });
-        dev.request(&t, &mut up);
+        raw_write_reg(&mut dev, &mut up, off, v);
     }
     up.0.clear();
+    assert!(dev.poll(&mut up));
+    let fetch = up.0.pop().unwrap();
+    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
+    assert_eq!(fetch.address(), Some(RAW_RING));
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(commands));
+    (dev, up)
+}
+
+/// Ring entries: opcode and arguments a, b, c.
+fn raw_ring(commands: &[(u32, [u64; 3])]) -> Vec<u8> {
+    use hw::simgpu_device::COMMAND_BYTES;
     let mut ring = vec![0u8; commands.len() * COMMAND_BYTES as usize];
     for (i, (opcode, args)) in commands.iter().enumerate() {
         let at = i * COMMAND_BYTES as usize;
@@ -307,14 +314,26 @@ fn raw_simgpu_running(commands: &[(u32, [u64; 3])]) -> (SimGpu, hw::TlpQueue) {
             ring[at + 8 + 8 * j..at + 16 + 8 * j].copy_from_slice(&v.to_le_bytes());
         }
     }
-    assert!(dev.poll(&mut up));
-    let fetch = up.0.pop().unwrap();
-    let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
-    assert_eq!(fetch.address(), Some(RAW_RING));
-    let n = ring.len() as u16;
-    let chunk = rules::CompletionChunk { byte_count: n, lower_address: 0, data_offset: 0, length_dw: n / 4 };
-    dev.completion(&rules::completion_with_data(&fetch, RAW_HOST, &chunk, &ring), &mut up);
-    (dev, up)
+    ring
+}
+
+/// A posted write of register `off` of BAR0, as the host sends it.
+fn raw_write_reg(dev: &mut SimGpu, up: &mut hw::TlpQueue, off: u64, v: u64) {
+    use tlp::{Address, Body, Request, Tag, TlpRepr};
+    let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0xf };
+    let d = v.to_le_bytes();
+    dev.request(
+        &TlpRepr::new(Body::MemWrite { req, address: Address::new(RAW_BAR0 + off), ph: 0, data: &d }),
+        up,
+    );
+}
+
+/// Completes the read `read` with `data`, all of it.
+fn raw_complete_with(dev: &mut SimGpu, up: &mut hw::TlpQueue, read: &tlp::TlpRepr<'_>, data: &[u8]) {
+    let n = data.len() as u16;
+    let chunk =
+        tlp::rules::CompletionChunk { byte_count: n, lower_address: 0, data_offset: 0, length_dw: n / 4 };
+    dev.completion(&tlp::rules::completion_with_data(read, RAW_HOST, &chunk, data), up);
 }
 
 const RAW_HOST: Bdf = Bdf::new(0, 0, 0);
@@ -349,14 +368,11 @@ fn raw_complete(dev: &mut SimGpu, up: &mut hw::TlpQueue, reads: &[SentRead], fil
     use tlp::{CplStatus, ParseConfig, TlpRepr, rules};
     for (_, len, b) in reads {
         let r = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
-        let Some(fill) = fill else {
-            dev.completion(&rules::completion_without_data(&r, RAW_HOST, CplStatus::UnsupportedRequest), up);
-            continue;
-        };
-        let data = vec![fill; *len as usize];
-        let (byte_count, length_dw) = (*len as u16, (*len / 4) as u16);
-        let chunk = rules::CompletionChunk { byte_count, lower_address: 0, data_offset: 0, length_dw };
-        dev.completion(&rules::completion_with_data(&r, RAW_HOST, &chunk, &data), up);
+        match fill {
+            Some(fill) => raw_complete_with(dev, up, &r, &vec![fill; *len as usize]),
+            None => dev
+                .completion(&rules::completion_without_data(&r, RAW_HOST, CplStatus::UnsupportedRequest), up),
+        }
     }
 }
 
@@ -511,4 +527,155 @@ fn a_copy_past_vram_beside_a_landing_copy_is_refused_and_the_fence_still_waits()
     assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
     assert!(raw_fence_written(&up, fence));
     assert_eq!(raw_reg(&mut dev, reg::ERROR), err::BAD_ARGUMENT);
+}
+
+/// The values the device wrote to the fence word at `at`, in order.
+fn raw_fences(up: &hw::TlpQueue, at: u64) -> Vec<u64> {
+    use tlp::{Body, ParseConfig, TlpRepr};
+    up.0.iter()
+        .filter_map(|b| match TlpRepr::parse_bytes(b, &ParseConfig::default()).ok()?.body {
+            Body::MemWrite { address, data, .. } if address.value() == at => {
+                Some(u64::from_le_bytes(data.get(..8)?.try_into().ok()?))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Ring reads among `reads`: those of the ring at `ring` (its 8 slots).
+fn raw_ring_reads(reads: &[SentRead], ring: u64) -> Vec<&SentRead> {
+    reads.iter().filter(|r| (ring..ring + 8 * 64).contains(&r.0)).collect()
+}
+
+const RAW_FENCE: u64 = 0x3_0000_0000;
+const RAW_OUT: u64 = 0x4_0000_0000;
+
+/// A raw simgpu executing a 1 MiB COPY_V2H (16 polls' worth) from ring slot 0, with
+/// FENCE 1 and FENCE 2 published into slots 1 and 2 while it runs; the reads it sent then.
+fn raw_busy_then_published() -> (SimGpu, hw::TlpQueue, Vec<SentRead>) {
+    let (mut dev, mut up) = raw_simgpu_running(&[(op::COPY_V2H, [0, RAW_OUT, 1 << 20])]);
+    assert!(raw_reads(&mut dev, &mut up, 2).is_empty(), "a copy out reads nothing");
+    assert!(raw_busy(&mut dev));
+    raw_write_reg(&mut dev, &mut up, reg::RING_TAIL, 3);
+    let reads = raw_reads(&mut dev, &mut up, 1);
+    (dev, up, reads)
+}
+
+const RAW_FENCES_1_2: [(u32, [u64; 3]); 2] = [(op::FENCE, [RAW_FENCE, 1, 0]), (op::FENCE, [RAW_FENCE, 2, 0])];
+
+/// Entries published while a command executes are fetched ahead, as a GPU's front end
+/// reads its pushbuffer: the ring read goes out at once (not when the command ends), and
+/// when it lands before the processor gets there, the link costs the processor nothing — the
+/// device counts one round trip (the first fetch), not two. The entries run in order, once.
+#[test]
+fn entries_published_while_the_device_works_are_fetched_ahead() {
+    let fresh = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()).reads_waited_on().unwrap();
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let ring = raw_ring_reads(&reads, RAW_RING);
+    assert_eq!(ring.len(), 1, "one ring read while the copy runs: {reads:?}");
+    assert_eq!((ring[0].0, ring[0].1), (RAW_RING + 64, 128), "slots 1 and 2");
+    let fetch = tlp::TlpRepr::parse_bytes(&ring[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&RAW_FENCES_1_2));
+    assert!(raw_fences(&up, RAW_FENCE).is_empty(), "the fences wait for the copy before them");
+    assert!(raw_reads(&mut dev, &mut up, 40).is_empty(), "nothing fetched twice");
+    assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2]);
+    assert!(!raw_busy(&mut dev));
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 3);
+    assert_eq!(dev.reads_waited_on().unwrap() - fresh, 1, "the fetch ahead landed in time");
+    assert_eq!(dev.command_fetches, 2);
+}
+
+/// A fetch ahead that has not landed when the processor gets to it is waited for, and
+/// counted as the round trip the link makes the device wait — once.
+#[test]
+fn a_fetch_ahead_still_in_flight_is_waited_for_and_counted_once() {
+    let fresh = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()).reads_waited_on().unwrap();
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let ring = raw_ring_reads(&reads, RAW_RING);
+    assert_eq!(ring.len(), 1);
+    assert!(raw_reads(&mut dev, &mut up, 40).is_empty());
+    assert!(raw_fences(&up, RAW_FENCE).is_empty(), "no fence before its entry is in");
+    assert!(raw_busy(&mut dev), "busy while the ring read is out");
+    let fetch = tlp::TlpRepr::parse_bytes(&ring[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&RAW_FENCES_1_2));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2]);
+    assert_eq!(dev.reads_waited_on().unwrap() - fresh, 2, "the first fetch and the one waited for");
+}
+
+/// A fetch ahead answered with Unsupported Request: ERROR = 3 and its interrupt, the entry
+/// at its start dropped as a failed fetch's is, and the ones after it fetched again and run.
+#[test]
+fn a_failed_fetch_ahead_is_reported_and_the_entries_after_it_fetched_again() {
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let ring: Vec<SentRead> = raw_ring_reads(&reads, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(ring.len(), 1);
+    raw_complete(&mut dev, &mut up, &ring, None);
+    let again = raw_reads(&mut dev, &mut up, 40);
+    let again: Vec<SentRead> = raw_ring_reads(&again, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(again.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), [(RAW_RING + 128, 64)], "slot 2 again");
+    let fetch = tlp::TlpRepr::parse_bytes(&again[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&RAW_FENCES_1_2[1..]));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert_eq!(raw_fences(&up, RAW_FENCE), [2], "slot 1 dropped, slot 2 run");
+    assert_eq!(raw_reg(&mut dev, reg::ERROR), err::DMA);
+    assert!(raw_reg(&mut dev, reg::INT_STATUS) & 2 != 0, "the error interrupt's status bit");
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 3);
+}
+
+/// A fetch ahead stops at the ring's end (slots 6 and 7 of 8, published with the tail
+/// wrapped to 1); slot 0 is read from the ring's start when the processor gets there.
+#[test]
+fn a_fetch_ahead_stops_at_the_ring_end_and_the_wrap_is_read_from_the_start() {
+    let mut commands = vec![(op::NOP, [0; 3]); 5];
+    commands.push((op::COPY_V2H, [0, RAW_OUT, 1 << 20]));
+    let (mut dev, mut up) = raw_simgpu_running(&commands);
+    for _ in 0..20 {
+        if raw_reg(&mut dev, reg::RING_HEAD) == 5 {
+            break;
+        }
+        dev.poll(&mut up);
+    }
+    assert!(raw_reads(&mut dev, &mut up, 1).is_empty());
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 5, "the copy in slot 5 runs");
+    raw_write_reg(&mut dev, &mut up, reg::RING_TAIL, 1);
+    let reads = raw_reads(&mut dev, &mut up, 1);
+    let ahead: Vec<SentRead> = raw_ring_reads(&reads, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(ahead.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), [(RAW_RING + 6 * 64, 128)]);
+    let fences =
+        [(op::FENCE, [RAW_FENCE, 6, 0]), (op::FENCE, [RAW_FENCE, 7, 0]), (op::FENCE, [RAW_FENCE, 8, 0])];
+    let fetch = tlp::TlpRepr::parse_bytes(&ahead[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&fences[..2]));
+    let start = raw_reads(&mut dev, &mut up, 40);
+    let start: Vec<SentRead> = raw_ring_reads(&start, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(start.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), [(RAW_RING, 64)], "slot 0");
+    assert_eq!(raw_fences(&up, RAW_FENCE), [6, 7]);
+    let fetch = tlp::TlpRepr::parse_bytes(&start[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&fences[2..]));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert_eq!(raw_fences(&up, RAW_FENCE), [6, 7, 8]);
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 1);
+}
+
+/// The ring moved (RING_BASE written) while a fetch ahead of the old one is in flight: what
+/// it brings is never executed; the processor waits for it to land, then reads the new ring.
+#[test]
+fn a_fetch_ahead_of_a_ring_since_moved_is_never_executed() {
+    const MOVED: u64 = 0x1_8000_0000;
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let stale: Vec<SentRead> = raw_ring_reads(&reads, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(stale.len(), 1);
+    raw_write_reg(&mut dev, &mut up, reg::RING_BASE, MOVED);
+    // The copy runs to its end; the processor reads nothing while the old read is out.
+    assert!(raw_reads(&mut dev, &mut up, 40).is_empty());
+    let old = [(op::FENCE, [RAW_FENCE, 99, 0]), (op::FENCE, [RAW_FENCE, 99, 0])];
+    let fetch = tlp::TlpRepr::parse_bytes(&stale[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&old));
+    let new = raw_reads(&mut dev, &mut up, 5);
+    let new: Vec<SentRead> = raw_ring_reads(&new, MOVED).into_iter().cloned().collect();
+    assert_eq!(new.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), [(MOVED + 64, 128)], "slots 1 and 2");
+    let fetch = tlp::TlpRepr::parse_bytes(&new[0].2, &tlp::ParseConfig::default()).unwrap();
+    raw_complete_with(&mut dev, &mut up, &fetch, &raw_ring(&RAW_FENCES_1_2));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2], "the new ring's entries, not the old read's");
 }
