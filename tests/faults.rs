@@ -214,3 +214,37 @@ fn a_link_that_loses_half_its_datagrams_still_gets_every_completion() {
     assert_eq!(s.completion_timeouts, 0, "{s:?}");
     assert!(s.link.retransmits > 0, "{s:?}");
 }
+
+/// Half of all datagrams lost each way and the rest reordered (jitter), with the driver's
+/// stall timeout at 1 s: 8 MiB copies each way take longer than that here, and arrive byte
+/// for byte — the waits follow the link (frames still arriving), not the clock. With a
+/// fixed fence timeout (9b5fbd6) the first copy failed "fence 1 not reached within 1s".
+#[test]
+fn half_the_datagrams_lost_and_reordered_and_the_waits_go_on_while_frames_flow() {
+    let _g = serial();
+    let lossy =
+        |seed| Impairment { loss: 0.5, jitter: Duration::from_micros(200), seed, ..Impairment::default() };
+    let mut g = gpu_options(local());
+    g.impairment = lossy(31);
+    g.link.idle_timeout = Duration::from_secs(3);
+    let gpu = GpuBox::start(g);
+    let mut h = host_options(gpu.addr, key_a());
+    h.impairment = lossy(32);
+    h.link.idle_timeout = Duration::from_secs(3);
+    h.attach_timeout = Duration::from_secs(10);
+    let remote = RemoteDevice::attach(h).unwrap();
+    let mut d = SimGpuDriver::open(remote).unwrap();
+    d.set_timeout(Duration::from_secs(1));
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let start = Instant::now();
+    d.memcpy_to_device(0, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    d.memcpy_from_device(0, &mut back).unwrap();
+    let took = start.elapsed();
+    assert!(back == data, "the copy came back different");
+    eprintln!("8 MiB each way at 50 % loss: {took:?}");
+    run(&mut d, WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+    assert!(d.pci().removed().is_none(), "{:?}", d.pci().removed());
+    let s = d.pci().stats();
+    assert!(s.link.retransmits > 0 && s.link.replay_timeouts > 0, "{:?}", s.link);
+}

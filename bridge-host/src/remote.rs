@@ -453,6 +453,12 @@ impl PciFunction for RemoteDevice {
     fn removed(&self) -> Option<String> {
         RemoteDevice::removed(self)
     }
+    /// Frames the link received from the box: while they come, the box is there and the
+    /// link recovering, however slowly (a driver's waits go on; they end when the link is
+    /// declared dead and the device removed).
+    fn progress(&self) -> u64 {
+        self.enter().link.session.stats().frames_received
+    }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
         let mut g = self.enter();
         wait_interrupt(timeout, |left| {

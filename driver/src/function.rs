@@ -90,6 +90,14 @@ pub trait PciFunction {
     fn removed(&self) -> Option<String> {
         None
     }
+    /// A count that moves whenever the platform hears from the device: frames its link
+    /// received, TLPs it carried. A driver's wait goes on while it moves — a lossy link that
+    /// recovers slowly is still a link — and gives up only once it stood still for the
+    /// driver's stall timeout or at the driver's ceiling. `0` for a platform that cannot
+    /// tell (the wait then ends after the stall timeout, as a fixed timeout would).
+    fn progress(&self) -> u64 {
+        0
+    }
 }
 
 /// Where x86 platforms decode MSI writes (the Local APIC's window): the address every

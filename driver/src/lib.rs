@@ -17,4 +17,4 @@ pub use function::{
     BusAddr, DmaArena, DmaBuf, Interrupts, MAX_VECTORS, MSI_BASE, MsixTableInfo, PciFunction, WaitStep,
     find_capability, msix_table, wait_interrupt,
 };
-pub use simgpu::{Command, DriverError, DriverStats, SimGpuDriver, WaitMode};
+pub use simgpu::{Command, DriverError, DriverStats, Patience, SimGpuDriver, WaitMode};

@@ -4,7 +4,7 @@
 //! the command ring, submits work, and waits for fences by polling or by interrupt.
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use simgpu_abi::{COMMAND_BYTES, DEVICE_ID, ERROR_VECTOR, MSIX_TABLE_OFFSET, VENDOR_ID, err, op, reg};
 
@@ -36,14 +36,81 @@ pub enum DriverError {
     /// The device is gone (surprise removal), for the reason the platform gave.
     #[error("device removed: {0}")]
     Removed(String),
-    /// A fence did not arrive in time.
-    #[error("fence {value} not reached within {timeout:?}")]
+    /// A fence did not arrive before the wait's ceiling, though the platform kept hearing
+    /// from the device (a device that never finishes on a live link).
+    #[error("fence {value} not reached within the {timeout:?} ceiling")]
     Timeout {
         /// The fence value waited for.
         value: u64,
-        /// How long.
+        /// The ceiling.
         timeout: Duration,
     },
+    /// A fence did not arrive, and the platform heard nothing from the device for the stall
+    /// timeout.
+    #[error("fence {value} not reached: nothing heard from the device for {idle:?}")]
+    Stalled {
+        /// The fence value waited for.
+        value: u64,
+        /// How long nothing moved.
+        idle: Duration,
+    },
+}
+
+/// How long a wait on the device may last: while the platform keeps hearing from the
+/// device ([`PciFunction::progress`]) up to `ceiling`; with nothing heard, `stall`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Patience {
+    /// Nothing heard from the device for this long ends a wait.
+    pub stall: Duration,
+    /// No wait lasts longer.
+    pub ceiling: Duration,
+}
+
+impl Default for Patience {
+    /// 5 s stalled, 120 s in all: a lossy link's recovery (50 % loss each way moves a
+    /// 16 MiB copy in seconds) fits, a hung device on a live link is told within minutes.
+    fn default() -> Patience {
+        Patience { stall: Duration::from_secs(5), ceiling: Duration::from_secs(120) }
+    }
+}
+
+/// One wait's clock: when it started, and when the platform last showed progress.
+struct WaitClock {
+    start: Instant,
+    seen: u64,
+    moved: Instant,
+}
+
+impl WaitClock {
+    fn start<P: PciFunction>(pci: &P) -> WaitClock {
+        let now = Instant::now();
+        WaitClock { start: now, seen: pci.progress(), moved: now }
+    }
+
+    /// `Err` once the wait for fence `value` has run out of `p`: `pci` showed no progress
+    /// for `p.stall`, or `p.ceiling` passed.
+    fn check<P: PciFunction>(&mut self, pci: &P, p: Patience, value: u64) -> Result<(), DriverError> {
+        let now = Instant::now();
+        let progress = pci.progress();
+        if progress != self.seen {
+            (self.seen, self.moved) = (progress, now);
+        }
+        if now - self.start >= p.ceiling {
+            return Err(DriverError::Timeout { value, timeout: p.ceiling });
+        }
+        if now - self.moved >= p.stall {
+            return Err(DriverError::Stalled { value, idle: now - self.moved });
+        }
+        Ok(())
+    }
+
+    /// How long the wait may sleep before it must look again (at most `slice`).
+    fn left(&self, p: Patience, slice: Duration) -> Duration {
+        let now = Instant::now();
+        let to_ceiling = (self.start + p.ceiling).saturating_duration_since(now);
+        let to_stall = (self.moved + p.stall).saturating_duration_since(now);
+        slice.min(to_ceiling).min(to_stall)
+    }
 }
 
 /// How to wait for a fence.
@@ -75,6 +142,8 @@ const MAX_READ_REQUEST: u32 = 5;
 /// How often a fence wait, once the device raised its error interrupt, asks whether it
 /// stopped (ERROR set, STATUS not busy).
 const ERROR_CHECK_INTERVAL: Duration = Duration::from_micros(100);
+/// The longest an interrupt wait sleeps before it looks at the platform's progress again.
+const INTERRUPT_SLICE: Duration = Duration::from_millis(50);
 /// Vector the driver uses for command completion.
 pub const DONE_VECTOR: u16 = 0;
 
@@ -102,7 +171,7 @@ pub struct SimGpuDriver<P: PciFunction> {
     next_fence: u64,
     /// RING_TAIL as published with the last fence: later, the device has more to do.
     fence_published: u64,
-    timeout: Duration,
+    patience: Patience,
     /// Host memory copies go through ([`Self::staging`]): taken from its start by the copies
     /// queued since the device was last idle, `staging_used` bytes of it.
     staging: Option<DmaBuf>,
@@ -218,7 +287,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             fence,
             next_fence: 0,
             fence_published: 0,
-            timeout: Duration::from_secs(5),
+            patience: Patience::default(),
             staging: None,
             staging_used: 0,
             pinned: Vec::new(),
@@ -298,12 +367,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
     fn queue(&mut self, c: Command) -> Result<(), DriverError> {
         // The ring is full when the next tail would reach the head: only then ask the device
         // how far it has fetched — after telling it what waits — and wait for it.
-        let start = std::time::Instant::now();
+        let mut clock = WaitClock::start(&self.pci);
         while (self.tail + 1) % RING_ENTRIES == self.head {
             self.publish();
             self.head = self.read_reg(reg::RING_HEAD) % RING_ENTRIES;
             pci_gone(&self.pci)?;
-            if (self.tail + 1) % RING_ENTRIES == self.head && start.elapsed() > self.timeout {
+            if (self.tail + 1) % RING_ENTRIES == self.head
+                && clock.check(&self.pci, self.patience, self.next_fence).is_err()
+            {
                 return Err(DriverError::Unusable("command ring full and not draining"));
             }
         }
@@ -361,8 +432,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
     /// with the same `mode`), then reports ERROR if the device raised its error interrupt.
     /// The fence word is watched in host memory (where the device's write lands); no
     /// register is read unless the device raised an error.
+    ///
+    /// The wait follows the platform, not the clock: it goes on while the platform hears
+    /// from the device (a lossy link recovering its frames), ends at once when the device is
+    /// removed (its link declared dead), and gives up after [`Patience::stall`] with nothing
+    /// heard or at [`Patience::ceiling`].
     pub fn wait(&mut self, value: u64, mode: WaitMode) -> Result<(), DriverError> {
-        let start = std::time::Instant::now();
+        let mut clock = WaitClock::start(&self.pci);
+        let start = clock.start;
         match mode {
             WaitMode::Poll => self.stats.waits_polled += 1,
             WaitMode::Interrupt => self.stats.waits_interrupt += 1,
@@ -376,10 +453,10 @@ impl<P: PciFunction> SimGpuDriver<P> {
         if mode == WaitMode::Interrupt {
             // One interrupt per fence queued so: those of earlier fences may still be pending.
             while self.fence_value() < value {
-                let left = self.timeout.saturating_sub(start.elapsed());
+                let left = clock.left(self.patience, INTERRUPT_SLICE);
                 if !self.pci.wait_interrupt(DONE_VECTOR, left) {
                     pci_gone(&self.pci)?;
-                    return Err(DriverError::Timeout { value, timeout: self.timeout });
+                    clock.check(&self.pci, self.patience, value)?;
                 }
             }
         }
@@ -389,7 +466,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             errored = errored || self.error_raised();
             // A device that stopped on an error (the ring misconfigured) never writes the
             // fence: once it raised an error, ask now and then whether it stopped.
-            let now = std::time::Instant::now();
+            let now = Instant::now();
             if errored && now >= next_error_check {
                 if self.read_reg(reg::ERROR) != 0 && self.read_reg(reg::STATUS) & 1 == 0 {
                     break;
@@ -398,9 +475,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             }
             // A device that vanished writes nothing more: say so at once, not at the timeout.
             pci_gone(&self.pci)?;
-            if start.elapsed() > self.timeout {
-                return Err(DriverError::Timeout { value, timeout: self.timeout });
-            }
+            clock.check(&self.pci, self.patience, value)?;
         }
         pci_gone(&self.pci)?;
         if drains {
@@ -473,9 +548,20 @@ impl<P: PciFunction> SimGpuDriver<P> {
         }
     }
 
-    /// Sets how long to wait for the device (ring space, fences); 5 s unless changed.
-    pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
+    /// Sets how long a wait (ring space, fences) may last with nothing heard from the
+    /// device; 5 s unless changed ([`Patience::stall`]).
+    pub fn set_timeout(&mut self, stall: Duration) {
+        self.patience.stall = stall;
+    }
+
+    /// Sets how long waits may last ([`Patience`]).
+    pub fn set_patience(&mut self, patience: Patience) {
+        self.patience = patience;
+    }
+
+    /// How long waits may last.
+    pub fn patience(&self) -> Patience {
+        self.patience
     }
 
     /// Copies host bytes into VRAM at `vram` (through a staging buffer) and waits until the

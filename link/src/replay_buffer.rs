@@ -130,13 +130,19 @@ impl ReplayBuffer {
         }
     }
 
-    /// The replay timer fired: the oldest frame is replayed and the timeout doubles (up to
-    /// 2^16 times). False if nothing is held.
+    /// The replay timer fired: every frame held is replayed, oldest first, as PCIe's
+    /// REPLAY_TIMER does (PCIe 6.0 §3.6.2.1), and the timeout doubles (up to 2^16 times).
+    /// False if nothing is held.
+    ///
+    /// Every frame, not the oldest alone: a NAK names one gap at a time, so where loss is
+    /// heavy (NAKs lost too) a burst of lost frames would otherwise be recovered one timer
+    /// expiry each, the timer backing off to its ceiling.
     pub(crate) fn timed_out(&mut self) -> bool {
-        let Some(oldest) = self.unacked.front().map(|s| s.seq) else { return false };
-        if !self.due.contains(&oldest) {
-            self.due.push_back(oldest);
+        if self.unacked.is_empty() {
+            return false;
         }
+        self.due.clear();
+        self.due.extend(self.unacked.iter().map(|s| s.seq));
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         true
     }
@@ -212,19 +218,23 @@ mod tests {
     }
 
     #[test]
-    fn the_timer_replays_the_oldest_and_backs_off_until_progress() {
+    fn the_timer_replays_every_frame_held_and_backs_off_until_progress() {
         let (base, max) = (Duration::from_millis(1), Duration::from_millis(50));
         let mut r = ReplayBuffer::new(4);
         assert!(!r.timed_out(), "nothing held");
         assert_eq!(r.timeout(base, max), base);
         r.push(sent(7, 1));
         r.push(sent(8, 1));
+        r.push(sent(9, 1));
+        r.nak(SeqNum(9));
         for _ in 0..3 {
             assert!(r.timed_out());
         }
         assert_eq!(r.timeout(base, max), Duration::from_millis(8));
         assert_eq!(r.next_due(), Some(0));
-        assert_eq!(r.next_due(), None, "the oldest once, however often the timer fired");
+        assert_eq!(r.next_due(), Some(1));
+        assert_eq!(r.next_due(), Some(2), "oldest first, the NAKed one among them");
+        assert_eq!(r.next_due(), None, "each once, however often the timer fired");
         for _ in 0..40 {
             r.timed_out();
         }
