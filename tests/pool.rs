@@ -211,7 +211,7 @@ fn five_hundred_rounds_of_concurrent_claims_never_give_a_device_two_owners() {
             std::thread::spawn(move || {
                 let rt = rt();
                 let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
-                let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+                let lease = rt.block_on(client.lease_grant(30)).unwrap().id();
                 let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ i as u64;
                 let mut pick = move |n: usize| {
                     rng ^= rng << 13;
@@ -291,11 +291,11 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let a = PoolBox::start(cfg.clone(), "box-a", 1);
     let rt = rt();
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
-    let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+    let lease = rt.block_on(client.lease_grant(30)).unwrap().id();
     let mut first = |_: usize| 0;
     // One cache of records for every claim here, as a host keeps.
     let records = pool::RecordCache::default();
-    let claim = |client: &mut etcd_client::Client, pick: &mut (dyn FnMut(usize) -> usize + Send)| {
+    let claim = |client: &mut pool::etcd::Client, pick: &mut (dyn FnMut(usize) -> usize + Send)| {
         rt.block_on(pool::claim_one(
             client,
             &cfg,
@@ -382,7 +382,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     }
     let mut report = h.health_reporter();
     report("gpu0", "does not answer config reads after its reset (Vendor ID 0xffff)");
-    let state = |client: &mut etcd_client::Client| {
+    let state = |client: &mut pool::etcd::Client| {
         let ls = rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
         ls.into_iter().find(|e| e.box_name == "box-h").map(|e| e.state)
     };
@@ -497,7 +497,7 @@ fn a_host_cut_off_from_etcd_fences_itself_before_its_lease_expires_and_another_h
     // Another host claims it once the lease has expired at etcd, and the box lets it in.
     let rt = rt();
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
-    let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+    let lease = rt.block_on(client.lease_grant(30)).unwrap().id();
     let mut first = |_: usize| 0;
     let req = ClaimRequest {
         host: "host-b",
@@ -554,7 +554,7 @@ fn claims_survive_one_etcd_member_lost_and_fail_clearly_without_quorum_while_dev
     let a = PoolBox::start(cfg.clone(), "box-a", 2);
     let rt = rt();
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
-    let lease = rt.block_on(client.lease_grant(60, None)).unwrap().id();
+    let lease = rt.block_on(client.lease_grant(60)).unwrap().id();
     let mut first = |_: usize| 0;
     let req = ClaimRequest {
         host: "host-a",
@@ -694,7 +694,7 @@ fn across_network_namespaces_a_host_cut_off_from_etcd_but_not_from_the_box_fence
     let taken = in_ns(&net.a, move || {
         let rt = rt();
         let mut client = rt.block_on(pool::connect(&cfg_a)).unwrap();
-        let lease = rt.block_on(client.lease_grant(30, None)).unwrap().id();
+        let lease = rt.block_on(client.lease_grant(30)).unwrap().id();
         let mut first = |_: usize| 0;
         let req = ClaimRequest {
             host: "host-b",

@@ -32,8 +32,7 @@ pub(crate) struct ModelBench {
     /// Workload scale, as `dxpu loopback --scale` (1..=32).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
     scale: u32,
-    /// A TrueType font for the plots' text (default: DejaVu Sans where Debian's
-    /// fonts-dejavu-core puts it).
+    /// A TrueType font for the plots' text (default: DejaVu Sans, built in).
     #[arg(long, value_name = "FILE")]
     font: Option<PathBuf>,
 }
@@ -92,26 +91,22 @@ impl Point {
     }
 }
 
-/// Where Debian and others put DejaVu Sans.
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-];
-
-/// Registers the plots' font (plotters draws text with it, in both formats).
+/// Registers the plots' font (plotters draws text with it, in both formats): the file
+/// given, else DejaVu Sans built into the binary (the `dejavu` crate), so that the plots need
+/// no font installed.
 fn register_font(font: Option<&Path>) -> Result<(), String> {
-    let path = match font {
-        Some(p) => p.to_path_buf(),
-        None => FONTS.iter().map(PathBuf::from).find(|p| p.exists()).ok_or_else(|| {
-            format!("no font for the plots in {FONTS:?}: install fonts-dejavu-core or give --font FILE")
-        })?,
+    let bytes: &'static [u8] = match font {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| format!("--font {}: {e}", path.display()))?;
+            // Registered once for the process's life, as plotters keeps it.
+            Box::leak(bytes.into_boxed_slice())
+        }
+        None => dejavu::sans::regular(),
     };
-    let bytes = std::fs::read(&path).map_err(|e| format!("--font {}: {e}", path.display()))?;
-    // Registered once for the process's life, as plotters keeps it.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| format!("--font {}: not a TrueType font plotters can read", path.display()))
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| match font {
+        Some(p) => format!("--font {}: not a TrueType font plotters can read", p.display()),
+        None => "the built-in DejaVu Sans: plotters cannot read it".to_string(),
+    })
 }
 
 /// The plot of one workload: measured overhead (median, min–max bars) against the round

@@ -1,7 +1,7 @@
 //! What `dxpu pool` runs: the inventory, drain / undrain, revoke, and the changes as they
 //! happen.
 
-use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use crate::etcd::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
 use serde::Serialize;
 
 use crate::claim::snapshot;
@@ -125,7 +125,7 @@ pub async fn revoke(
     require_device(client, cfg, b, d).await?;
     let key = Keys::new(&cfg.prefix).claim(b, d);
     let r = client
-        .delete(key, Some(etcd_client::DeleteOptions::new().with_prev_key()))
+        .delete(key, Some(crate::etcd::DeleteOptions::new().with_prev_key()))
         .await
         .map_err(|e| etcd_error(cfg, "revoking", e))?;
     Ok(r.prev_kvs()
@@ -162,8 +162,7 @@ pub async fn watch(
     let (_w, mut stream) = client
         .watch(format!("{}/", cfg.prefix), Some(WatchOptions::new().with_prefix().with_prev_key()))
         .await
-        .map_err(|e| etcd_error(cfg, "watching", e))?
-        .split();
+        .map_err(|e| etcd_error(cfg, "watching", e))?;
     loop {
         let resp = match stream.message().await {
             Ok(Some(r)) => r,

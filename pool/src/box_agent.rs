@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::etcd::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
-use etcd_client::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use tokio::sync::mpsc;
 
 use crate::{ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error};
@@ -306,8 +306,7 @@ impl Run {
         let cfg = &self.cfg;
         let mut client = crate::connect(cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
-        let lease =
-            client.lease_grant(ttl, None).await.map_err(|e| etcd_error(cfg, "granting a lease", e))?.id();
+        let lease = client.lease_grant(ttl).await.map_err(|e| etcd_error(cfg, "granting a lease", e))?.id();
         let puts: Vec<TxnOp> = self
             .devices
             .iter()
@@ -341,8 +340,7 @@ impl Run {
         let (_watcher, mut watch) = client
             .watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1)))
             .await
-            .map_err(|e| etcd_error(cfg, "watching the claims", e))?
-            .split();
+            .map_err(|e| etcd_error(cfg, "watching the claims", e))?;
         let (mut keeper, mut alive) = client
             .lease_keep_alive(lease)
             .await

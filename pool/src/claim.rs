@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use crate::etcd::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::{
     ClaimRecord, DeviceRecord, DrainRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error,
@@ -260,7 +260,7 @@ async fn free_devices(
     };
     if !stale.is_empty() {
         // Many (the first claim): the whole prefix; a few: just those, in one transaction.
-        let got: Vec<etcd_client::KeyValue> = if stale.len() > 16 {
+        let got: Vec<crate::etcd::KeyValue> = if stale.len() > 16 {
             let r = client
                 .get(devices_at.clone(), Some(GetOptions::new().with_prefix()))
                 .await

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use crate::etcd::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::mpsc;
 
 use crate::claim::{Claim, ClaimRequest, Filter, RecordCache, claim_one, release};
@@ -240,7 +240,7 @@ impl Run {
         let ttl = cfg.lease_ttl;
         let asked = Instant::now();
         let lease = client
-            .lease_grant(ttl.as_secs() as i64, None)
+            .lease_grant(ttl.as_secs() as i64)
             .await
             .map_err(|e| etcd_error(&cfg, "granting a lease", e))?
             .id();

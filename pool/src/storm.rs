@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{PutOptions, Txn, TxnOp};
+use crate::etcd::{PutOptions, Txn, TxnOp};
 use serde::Serialize;
 
 use crate::claim::{ClaimRequest, Filter, RecordCache, RoundTrips, claim_one, release};
@@ -67,7 +67,7 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
     let hosts: Vec<String> = (0..p.hosts).map(|i| format!("host-{i}")).collect();
     // The boxes: one lease each, their devices put in one transaction per box.
     for b in 0..p.boxes {
-        let lease = client.lease_grant(60, None).await.map_err(|e| etcd_error(&cfg, "granting", e))?.id();
+        let lease = client.lease_grant(60).await.map_err(|e| etcd_error(&cfg, "granting", e))?.id();
         let puts: Vec<TxnOp> = (0..p.devices_per_box)
             .map(|d| {
                 let r = DeviceRecord {
@@ -109,7 +109,7 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
         let mut client = client.clone();
         let hold = p.hold;
         tasks.push(tokio::spawn(async move {
-            let Ok(lease) = client.lease_grant(60, None).await.map(|l| l.id()) else {
+            let Ok(lease) = client.lease_grant(60).await.map(|l| l.id()) else {
                 errors.fetch_add(1, Ordering::Relaxed);
                 return;
             };
@@ -167,7 +167,7 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
     }
     let seconds = started.elapsed().as_secs_f64();
     let _ = client
-        .delete(format!("{}/", cfg.prefix), Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .delete(format!("{}/", cfg.prefix), Some(crate::etcd::DeleteOptions::new().with_prefix()))
         .await;
     let mut lat = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
     lat.sort_by(f64::total_cmp);
