@@ -725,3 +725,103 @@ fn across_network_namespaces_a_host_cut_off_from_etcd_but_not_from_the_box_fence
     drop(a);
     drop(cluster);
 }
+
+/// A stock etcd (default flags: a client ping at most every 5 s, none without a stream):
+/// a box and a host with 30 s leases, and a watch, through a quiet period three times as
+/// long as the 4 s after which 9b5fbd6's client (a ping a second) was sent GOAWAY — its
+/// watch ended, its box registered again with a new lease, its host's renewals failed. Then
+/// the member is restarted under them: the watch resumes from its revision (each change
+/// once), the box keeps its lease (no new registration), the host its claim.
+#[test]
+fn a_stock_etcd_keeps_quiet_agents_and_their_watches_and_a_restart_resumes_them() {
+    let _serial = dxpu_tests::serial();
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let mut cluster = EtcdCluster::start_stock(1).expect("a stock etcd starts");
+    let mut cfg = cluster.config();
+    cfg.lease_ttl = Duration::from_secs(30);
+    let record = DeviceRecord {
+        advertise: "127.0.0.1:9".into(),
+        vendor_id: simgpu_abi::VENDOR_ID,
+        device_id: simgpu_abi::DEVICE_ID,
+        class: 0x03_02_00,
+        vram_bytes: 1 << 30,
+        health: "ok".into(),
+        allow: vec!["*".into()],
+        since: 0,
+    };
+    let agent = BoxAgent::start(cfg.clone(), "box-q", vec![("gpu0".into(), record)]).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !agent.registered() {
+        assert!(Instant::now() < end, "the box registers");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fenced = Arc::new(AtomicBool::new(false));
+    let f = fenced.clone();
+    let opts = pool::HostAgentOptions {
+        host: "host-a".into(),
+        want: 1,
+        filter: Filter::default(),
+        cool_down: Duration::from_secs(2),
+    };
+    let host =
+        pool::HostAgent::start(cfg.clone(), opts, Box::new(move |_, _| f.store(true, Ordering::SeqCst)))
+            .unwrap();
+    let claim = match host.events().recv_timeout(Duration::from_secs(10)).unwrap() {
+        pool::HostEvent::Claimed { claim, .. } => claim,
+        other => panic!("{other:?}"),
+    };
+    // The watch, on a thread of its own, every change it sees sent here.
+    let (tx, changes) = mpsc::channel();
+    let wcfg = cfg.clone();
+    let watching = std::thread::spawn(move || {
+        let rt = rt();
+        let mut client = rt.block_on(pool::connect(&wcfg)).unwrap();
+        rt.block_on(pool::admin::watch(&mut client, &wcfg, &mut |c| tx.send(c.clone()).is_ok()))
+    });
+    let rt = rt();
+    let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    let device_key = format!("{}/devices/box-q/gpu0", cfg.prefix);
+    let revision_of = |client: &mut pool::etcd::Client, key: &str| {
+        let got = rt.block_on(client.get(key.to_string(), None)).unwrap();
+        got.kvs().first().map(|kv| (kv.create_revision(), kv.mod_revision(), kv.lease))
+    };
+    let registered = revision_of(&mut client, &device_key).expect("the device is registered");
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(!watching.is_finished(), "the watch ended during the quiet period: {:?}", watching.join());
+    assert_eq!(revision_of(&mut client, &device_key), Some(registered), "the box registered again");
+    assert_eq!((agent.registrations(), agent.stream_resumes()), (1, 0));
+    assert!(!fenced.load(Ordering::SeqCst), "the host fenced itself");
+    let claim_key = format!("{}/claims/box-q/gpu0", cfg.prefix);
+    assert_eq!(
+        revision_of(&mut client, &claim_key).map(|r| r.0 as u64),
+        Some(claim.token),
+        "the claim moved"
+    );
+    rt.block_on(pool::admin::drain(&mut client, &cfg, "box-q", "gpu0")).unwrap();
+    let seen = changes.recv_timeout(Duration::from_secs(5)).expect("the watch sees the drain");
+    assert_eq!((seen.kind.as_str(), seen.event.as_str()), ("drain", "put"), "{seen:?}");
+
+    // The member restarts under them: streams break, and resume.
+    cluster.kill(0);
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.restart(0).unwrap();
+    cluster.wait_ready(Duration::from_secs(20)).unwrap();
+    let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    rt.block_on(pool::admin::undrain(&mut client, &cfg, "box-q", "gpu0")).unwrap();
+    let seen = changes.recv_timeout(Duration::from_secs(15)).expect("the resumed watch sees the undrain");
+    assert_eq!((seen.kind.as_str(), seen.event.as_str()), ("drain", "delete"), "{seen:?}");
+    assert!(changes.recv_timeout(Duration::from_millis(500)).is_err(), "a change shown twice");
+    let end = Instant::now() + Duration::from_secs(10);
+    while agent.stream_resumes() == 0 || !agent.registered() {
+        assert!(Instant::now() < end, "the box resumes its streams");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(agent.registrations(), 1, "the box registered again after the restart");
+    assert_eq!(revision_of(&mut client, &device_key), Some(registered), "the device's key was rewritten");
+    assert!(!fenced.load(Ordering::SeqCst), "the host fenced itself");
+    drop(host);
+    agent.stop();
+}

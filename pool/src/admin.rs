@@ -151,26 +151,82 @@ pub struct Change {
     pub host: Option<String>,
 }
 
-/// Calls `each` with every change under the prefix from now on, until it returns false or
-/// the watch fails.
+/// Calls `each` with every change under the prefix from now on, until it returns false.
+/// A watch that breaks (a member restarted, the connection lost) is resumed from the
+/// revision after the last change seen, so that no change is missed or shown twice; only
+/// one compacted past that revision ends it (Err: the changes since are gone from etcd).
 pub async fn watch(
     client: &mut Client,
     cfg: &PoolConfig,
     each: &mut dyn FnMut(&Change) -> bool,
 ) -> Result<(), PoolError> {
     let keys = Keys::new(&cfg.prefix);
-    let (_w, mut stream) = client
-        .watch(format!("{}/", cfg.prefix), Some(WatchOptions::new().with_prefix().with_prev_key()))
-        .await
-        .map_err(|e| etcd_error(cfg, "watching", e))?;
+    let mut from: i64 = 0;
+    let mut failures = 0u32;
+    loop {
+        let mut opts = WatchOptions::new().with_prefix().with_prev_key().with_progress_notify();
+        if from > 0 {
+            opts = opts.with_start_revision(from);
+        }
+        let mut stream = match client.watch(format!("{}/", cfg.prefix), Some(opts)).await {
+            Ok((_w, stream)) => stream,
+            Err(e) => {
+                if failures.is_multiple_of(10) {
+                    log::warn!("{}; retrying", etcd_error(cfg, "watching", e));
+                }
+                failures += 1;
+                tokio::time::sleep(crate::backoff(failures)).await;
+                continue;
+            }
+        };
+        match watch_stream(&mut stream, &keys, &mut from, each).await {
+            Ok(()) => return Ok(()),
+            Err(WatchEnd::Compacted(at)) => {
+                return Err(PoolError::NotFound(format!(
+                    "the watch fell behind: etcd compacted its history to revision {at}, past {from}"
+                )));
+            }
+            Err(WatchEnd::Broken(e)) => {
+                log::warn!("{}; resuming from revision {from}", etcd_error(cfg, "watching", e));
+                failures = 0;
+            }
+        }
+    }
+}
+
+enum WatchEnd {
+    Compacted(i64),
+    Broken(crate::etcd::Error),
+}
+
+/// One watch stream's changes, `from` kept at the revision to resume from.
+async fn watch_stream(
+    stream: &mut crate::etcd::WatchStream,
+    keys: &Keys,
+    from: &mut i64,
+    each: &mut dyn FnMut(&Change) -> bool,
+) -> Result<(), WatchEnd> {
     loop {
         let resp = match stream.message().await {
             Ok(Some(r)) => r,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(etcd_error(cfg, "watching", e)),
+            Ok(None) => return Err(WatchEnd::Broken(crate::etcd::Error::StreamClosed("watch"))),
+            Err(e) => return Err(WatchEnd::Broken(e)),
         };
+        if resp.canceled() {
+            return Err(match resp.compact_revision() {
+                0 => WatchEnd::Broken(crate::etcd::Error::WatchCanceled(resp.cancel_reason().to_string())),
+                at => WatchEnd::Compacted(at),
+            });
+        }
+        if resp.events().is_empty()
+            && let Some(h) = resp.header()
+        {
+            // A progress notification: every change through it was sent.
+            *from = (*from).max(h.revision() + 1);
+        }
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
+            *from = (*from).max(kv.mod_revision() + 1);
             let (kind, under) =
                 [("device", keys.devices()), ("claim", keys.claims()), ("drain", keys.drains())]
                     .into_iter()

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use crate::etcd::{EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use crate::etcd::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
 use tokio::sync::mpsc;
 
@@ -167,6 +166,8 @@ pub struct BoxAgent {
     stop: Arc<tokio::sync::Notify>,
     stopping: Arc<AtomicBool>,
     registered: Arc<AtomicBool>,
+    registrations: Arc<AtomicU64>,
+    stream_resumes: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -196,6 +197,7 @@ impl BoxAgent {
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopping = Arc::new(AtomicBool::new(false));
         let registered = Arc::new(AtomicBool::new(false));
+        let (registrations, stream_resumes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let rt = crate::runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
         let run = Run {
             cfg,
@@ -206,17 +208,40 @@ impl BoxAgent {
             stop: stop.clone(),
             stopping: stopping.clone(),
             registered: registered.clone(),
+            registrations: registrations.clone(),
+            stream_resumes: stream_resumes.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("dxpu-pool-box".into())
             .spawn(move || rt.block_on(run.main(rx, health_rx)))
             .map_err(|e| PoolError::Config(format!("starting the pool thread: {e}")))?;
-        Ok(BoxAgent { table, lookups, health, stop, stopping, registered, thread: Some(thread) })
+        Ok(BoxAgent {
+            table,
+            lookups,
+            health,
+            stop,
+            stopping,
+            registered,
+            registrations,
+            stream_resumes,
+            thread: Some(thread),
+        })
     }
 
     /// Whether the devices are registered (with the current lease).
     pub fn registered(&self) -> bool {
         self.registered.load(Ordering::Acquire)
+    }
+
+    /// How many leases the devices were registered under (1 while the first lease lives,
+    /// however often its streams broke and were resumed).
+    pub fn registrations(&self) -> u64 {
+        self.registrations.load(Ordering::Relaxed)
+    }
+
+    /// How many times the watch and keep-alive were reopened on the same lease.
+    pub fn stream_resumes(&self) -> u64 {
+        self.stream_resumes.load(Ordering::Relaxed)
     }
 
     /// The claims, for `bridge_gpu::GpuEndpoint::set_claims`.
@@ -267,6 +292,9 @@ struct Run {
     stop: Arc<tokio::sync::Notify>,
     stopping: Arc<AtomicBool>,
     registered: Arc<AtomicBool>,
+    /// Leases registered under, and streams resumed on the same lease.
+    registrations: Arc<AtomicU64>,
+    stream_resumes: Arc<AtomicU64>,
 }
 
 impl Run {
@@ -281,14 +309,17 @@ impl Run {
             match self.session(&mut lookups, &mut health).await {
                 Ok(()) => break,
                 Err(e) => {
-                    self.registered.store(false, Ordering::Release);
+                    if self.registered.swap(false, Ordering::AcqRel) {
+                        // It had been registered: a new run of failures starts.
+                        failures = 0;
+                    }
                     // The first failure at once, then one in ten.
                     if failures.is_multiple_of(10) {
                         log::warn!("pool: {e}; retrying");
                     }
                     failures += 1;
                     tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                        _ = tokio::time::sleep(crate::backoff(failures)) => {}
                         _ = self.stop.notified() => break,
                     }
                 }
@@ -296,17 +327,20 @@ impl Run {
         }
     }
 
-    /// One connection's life: register, read the claims, watch them and keep the lease
-    /// alive until something fails (Err: start again) or the agent stops (Ok).
+    /// One lease's life: register the devices under it, then read the claims, watch them and
+    /// keep the lease alive — reopening the watch from the revision it had reached and the
+    /// keep-alive on the same lease whenever a stream breaks (a member restarted, a GOAWAY),
+    /// without registering again. Ends Ok when the agent stops; Err when the lease is gone
+    /// (expired or revoked while etcd was unreachable: register again) or could not be had.
     async fn session(
         &mut self,
         lookups: &mut mpsc::UnboundedReceiver<(String, u64)>,
         health: &mut mpsc::UnboundedReceiver<(String, String)>,
     ) -> Result<(), PoolError> {
-        let cfg = &self.cfg;
-        let mut client = crate::connect(cfg).await?;
+        let cfg = self.cfg.clone();
+        let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
-        let lease = client.lease_grant(ttl).await.map_err(|e| etcd_error(cfg, "granting a lease", e))?.id();
+        let lease = client.lease_grant(ttl).await.map_err(|e| etcd_error(&cfg, "granting a lease", e))?.id();
         let puts: Vec<TxnOp> = self
             .devices
             .iter()
@@ -321,60 +355,123 @@ impl Run {
         client
             .txn(Txn::new().and_then(puts))
             .await
-            .map_err(|e| etcd_error(cfg, "registering the devices", e))?;
-        let prefix = self.keys.box_claims(&self.box_name);
-        let got = client
-            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| etcd_error(cfg, "reading the claims", e))?;
-        let revision = got.header().map_or(0, |h| h.revision());
-        let mut claims = HashMap::new();
-        for kv in got.kvs() {
-            if let (Some((_, d)), Ok(c)) =
-                (self.keys.split(&self.keys.claims(), kv.key()), decode::<ClaimRecord>(kv))
-            {
-                claims.insert(d.to_string(), (c.host, kv.create_revision() as u64));
-            }
-        }
-        self.table.reset(claims, revision);
-        let (_watcher, mut watch) = client
-            .watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1)))
-            .await
-            .map_err(|e| etcd_error(cfg, "watching the claims", e))?;
-        let (mut keeper, mut alive) = client
-            .lease_keep_alive(lease)
-            .await
-            .map_err(|e| etcd_error(cfg, "keeping the lease alive", e))?;
-        self.registered.store(true, Ordering::Release);
+            .map_err(|e| etcd_error(&cfg, "registering the devices", e))?;
         log::info!(
             "pool: box {} registered {} device(s) with lease {lease:x} ({ttl} s)",
             self.box_name,
             self.devices.len()
         );
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        // Where the watch goes on from; None: read the claims afresh first.
+        let mut resume: Option<i64> = None;
+        let mut broken = 0u32;
+        loop {
+            match self.serve(&mut client, lease, &mut resume, &mut broken, lookups, health).await {
+                Served::Stopped => return Ok(()),
+                Served::LeaseGone(e) => return Err(e),
+                Served::StreamBroken(e) => {
+                    // The devices stay registered: their keys live as long as the lease.
+                    if broken.is_multiple_of(10) {
+                        log::warn!("pool: {e}; resuming with lease {lease:x}");
+                    }
+                    broken += 1;
+                    self.stream_resumes.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        _ = tokio::time::sleep(crate::backoff(broken)) => {}
+                        _ = self.stop.notified() => {
+                            let _ = client.lease_revoke(lease).await;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The watch and the keep-alive on `lease`, opened (from `resume`, or after reading the
+    /// claims afresh) and served until one breaks, the lease is gone, or the agent stops.
+    async fn serve(
+        &mut self,
+        client: &mut Client,
+        lease: i64,
+        resume: &mut Option<i64>,
+        broken: &mut u32,
+        lookups: &mut mpsc::UnboundedReceiver<(String, u64)>,
+        health: &mut mpsc::UnboundedReceiver<(String, String)>,
+    ) -> Served {
+        let cfg = self.cfg.clone();
+        let prefix = self.keys.box_claims(&self.box_name);
+        let from = match *resume {
+            Some(r) => r,
+            None => {
+                let got = match client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await {
+                    Ok(g) => g,
+                    Err(e) => return Served::StreamBroken(etcd_error(&cfg, "reading the claims", e)),
+                };
+                let revision = got.header().map_or(0, |h| h.revision());
+                let mut claims = HashMap::new();
+                for kv in got.kvs() {
+                    if let (Some((_, d)), Ok(c)) =
+                        (self.keys.split(&self.keys.claims(), kv.key()), decode::<ClaimRecord>(kv))
+                    {
+                        claims.insert(d.to_string(), (c.host, kv.create_revision() as u64));
+                    }
+                }
+                self.table.reset(claims, revision);
+                *resume = Some(revision + 1);
+                revision + 1
+            }
+        };
+        let watch_opts = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
+        let (_watcher, mut watch) = match client.watch(prefix, Some(watch_opts)).await {
+            Ok(w) => w,
+            Err(e) => return Served::StreamBroken(etcd_error(&cfg, "watching the claims", e)),
+        };
+        let (mut keeper, mut alive) = match client.lease_keep_alive(lease).await {
+            Ok(k) => k,
+            Err(e @ crate::etcd::Error::LeaseGone(_)) => {
+                return Served::LeaseGone(etcd_error(&cfg, "keeping the lease alive", e));
+            }
+            Err(e) => return Served::StreamBroken(etcd_error(&cfg, "keeping the lease alive", e)),
+        };
+        self.registered.store(true, Ordering::Release);
+        *broken = 0;
         let mut renew = tokio::time::interval(cfg.lease_ttl / 3);
+        renew.tick().await;
         loop {
             tokio::select! {
                 _ = renew.tick() => {
-                    keeper.keep_alive().await.map_err(|e| etcd_error(cfg, "renewing the lease", e))?;
+                    if let Err(e) = keeper.keep_alive().await {
+                        return Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e));
+                    }
                     match tokio::time::timeout(cfg.request_timeout, alive.message()).await {
                         Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                        Ok(Ok(Some(_))) => return Err(PoolError::NotFound(format!("lease {lease:x} expired; registering again"))),
-                        Ok(Ok(None)) => return Err(PoolError::NotFound("the lease stream ended".into())),
-                        Ok(Err(e)) => return Err(etcd_error(cfg, "renewing the lease", e)),
-                        Err(_) => return Err(PoolError::NotFound(format!("no lease renewal within {:?}", cfg.request_timeout))),
+                        Ok(Ok(Some(_))) => return Served::LeaseGone(PoolError::NotFound(format!("lease {lease:x} expired; registering again"))),
+                        Ok(Ok(None)) => return Served::StreamBroken(PoolError::NotFound("the lease stream ended".into())),
+                        Ok(Err(e)) => return Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e)),
+                        Err(_) => return Served::StreamBroken(PoolError::NotFound(format!("no lease renewal within {:?}", cfg.request_timeout))),
                     }
                 }
                 msg = watch.message() => {
                     let resp = match msg {
                         Ok(Some(r)) => r,
-                        Ok(None) => return Err(PoolError::NotFound("the claims watch ended".into())),
-                        Err(e) => return Err(etcd_error(cfg, "watching the claims", e)),
+                        Ok(None) => return Served::StreamBroken(PoolError::NotFound("the claims watch ended".into())),
+                        Err(e) => return Served::StreamBroken(etcd_error(&cfg, "watching the claims", e)),
                     };
                     if resp.canceled() {
-                        return Err(PoolError::NotFound(format!("the claims watch was cancelled: {}", resp.cancel_reason())));
+                        // Compacted past where it would resume: read the claims afresh.
+                        if resp.compact_revision() > 0 {
+                            *resume = None;
+                        }
+                        return Served::StreamBroken(PoolError::NotFound(format!(
+                            "the claims watch was cancelled: {} (compacted to {})",
+                            resp.cancel_reason(),
+                            resp.compact_revision()
+                        )));
                     }
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
+                        *resume = Some(resume.unwrap_or(0).max(kv.mod_revision() + 1));
                         let Some((_, d)) = self.keys.split(&self.keys.claims(), kv.key()) else { continue };
                         let claim = match ev.event_type() {
                             EventType::Put => decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64)),
@@ -383,6 +480,10 @@ impl Run {
                         self.table.apply(d, claim, kv.mod_revision());
                     }
                     if let Some(h) = resp.header() {
+                        if resp.events().is_empty() {
+                            // A progress notification: every event through it was sent.
+                            *resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
+                        }
                         self.table.advance(h.revision());
                     }
                 }
@@ -390,14 +491,16 @@ impl Run {
                     let Some((_, r)) = self.devices.iter_mut().find(|(d, _)| *d == device) else { continue };
                     r.health = h;
                     let (key, value) = (self.keys.device(&self.box_name, &device), encode(r));
-                    client
-                        .put(key, value, Some(PutOptions::new().with_lease(lease)))
-                        .await
-                        .map_err(|e| etcd_error(cfg, "updating a device's health", e))?;
+                    if let Err(e) = client.put(key, value, Some(PutOptions::new().with_lease(lease))).await {
+                        return Served::StreamBroken(etcd_error(&cfg, "updating a device's health", e));
+                    }
                 }
                 Some((device, ticket)) = lookups.recv() => {
                     let key = self.keys.claim(&self.box_name, &device);
-                    let got = client.get(key, None).await.map_err(|e| etcd_error(cfg, "reading a claim", e))?;
+                    let got = match client.get(key, None).await {
+                        Ok(g) => g,
+                        Err(e) => return Served::StreamBroken(etcd_error(&cfg, "reading a claim", e)),
+                    };
                     let revision = got.header().map_or(0, |h| h.revision());
                     let claim = got.kvs().first().and_then(|kv| {
                         decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))
@@ -407,11 +510,21 @@ impl Run {
                 _ = self.stop.notified() => {
                     let _ = client.lease_revoke(lease).await;
                     log::info!("pool: box {} left the pool (lease {lease:x} revoked)", self.box_name);
-                    return Ok(());
+                    return Served::Stopped;
                 }
             }
         }
     }
+}
+
+/// How [`Run::serve`] ended.
+enum Served {
+    /// The agent stops.
+    Stopped,
+    /// etcd no longer holds the lease: register again under a new one.
+    LeaseGone(PoolError),
+    /// A stream or request failed: open them again on the same lease.
+    StreamBroken(PoolError),
 }
 
 #[cfg(test)]

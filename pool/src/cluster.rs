@@ -25,6 +25,9 @@ pub struct EtcdCluster {
     token: String,
     /// What each member's command is run under (`ip netns exec NS`), if anything.
     wrap: Vec<String>,
+    /// Every flag but names and addresses at etcd's default (keepalive, heartbeat,
+    /// election): a cluster as an operator's stock etcd runs.
+    stock: bool,
 }
 
 /// Where the `etcd` binary is, if anywhere (`$DXPU_ETCD`, then `PATH`, then `/usr/bin`).
@@ -51,13 +54,38 @@ impl EtcdCluster {
         Ok(c)
     }
 
+    /// Starts `n` members with etcd's default flags but for names and addresses (its
+    /// 5 s `--grpc-keepalive-min-time` among them, its 100 ms heartbeat and 1 s election
+    /// timeout), as an operator's stock etcd, and waits until the cluster has a leader.
+    pub fn start_stock(n: usize) -> Result<EtcdCluster, PoolError> {
+        let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
+        c.stock = true;
+        c.spawn_all()?;
+        c.wait_ready(Duration::from_secs(20))?;
+        Ok(c)
+    }
+
     /// Starts `n` members listening on `ip`, each command run under `wrap` (`["ip", "netns",
     /// "exec", NS]` puts them in a network namespace). Returns at once: call
     /// [`EtcdCluster::wait_ready`] from where `ip` can be reached.
     pub fn start_with(n: usize, ip: &str, wrap: &[&str]) -> Result<EtcdCluster, PoolError> {
+        let mut c = EtcdCluster::prepare(n, ip, wrap)?;
+        c.spawn_all()?;
+        Ok(c)
+    }
+
+    fn spawn_all(&mut self) -> Result<(), PoolError> {
         let bin = etcd_binary().ok_or_else(|| {
             PoolError::Config("etcd not found (Debian package etcd-server, or set DXPU_ETCD)".into())
         })?;
+        for i in 0..self.members.len() {
+            self.spawn(i, &bin, "new")?;
+        }
+        Ok(())
+    }
+
+    /// The members' names, addresses and directory, none started.
+    fn prepare(n: usize, ip: &str, wrap: &[&str]) -> Result<EtcdCluster, PoolError> {
         let base = if std::path::Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
@@ -76,11 +104,13 @@ impl EtcdCluster {
                 child: None,
             });
         }
-        let mut c = EtcdCluster { dir, members, token, wrap: wrap.iter().map(|w| w.to_string()).collect() };
-        for i in 0..n {
-            c.spawn(i, &bin, "new")?;
-        }
-        Ok(c)
+        Ok(EtcdCluster {
+            dir,
+            members,
+            token,
+            wrap: wrap.iter().map(|w| w.to_string()).collect(),
+            stock: false,
+        })
     }
 
     fn spawn(&mut self, i: usize, bin: &std::path::Path, state: &str) -> Result<(), PoolError> {
@@ -98,6 +128,10 @@ impl EtcdCluster {
             }
             None => Command::new(bin),
         };
+        if !self.stock {
+            // Elections in half a second, not the WAN-sized defaults: this is one machine.
+            cmd.args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+        }
         let child = cmd
             .args(["--name", &m.name])
             .arg("--data-dir")
@@ -106,8 +140,6 @@ impl EtcdCluster {
             .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
             .args(["--initial-cluster", &initial.join(",")])
             .args(["--initial-cluster-state", state, "--initial-cluster-token", &self.token])
-            // Elections in half a second, not the WAN-sized defaults: this is one machine.
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -213,16 +213,17 @@ impl Run {
                 Ok(End::Fenced) => {
                     // Every claim of that lease is void; the endpoint was told.
                     self.held.clear();
+                    failures = 0;
                 }
                 Err(e) => {
                     if failures.is_multiple_of(10) {
                         log::warn!("pool: {e}; retrying");
                     }
                     failures += 1;
-                    // Wait a moment before trying again; only a stop (or the agent's handle
+                    // Wait a moment, longer after each failure in a row, before trying again; only a stop (or the agent's handle
                     // gone) ends the agent. A release meanwhile is of a claim whose lease is
                     // gone with it: nothing to delete.
-                    match tokio::time::timeout(Duration::from_millis(300), cmds.recv()).await {
+                    match tokio::time::timeout(crate::backoff(failures), cmds.recv()).await {
                         Ok(Some(Cmd::Stop) | None) => break,
                         Ok(Some(Cmd::Release(..))) | Err(_) => {}
                     }

@@ -195,6 +195,14 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// The wait before the `n`th attempt in a row: 100 ms doubling to 5 s, with up to half of
+/// it again at random, so that boxes cut off together do not come back in step.
+pub(crate) fn backoff(n: u32) -> Duration {
+    let base = Duration::from_millis(100).saturating_mul(1 << n.min(6)).min(Duration::from_secs(5));
+    let jitter = (crate::unix_now_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(17)) % 1000;
+    base + base.mul_f64(jitter as f64 / 2000.0)
+}
+
 /// A current-thread runtime for an agent's thread.
 pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()
