@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use bridge_gpu::{GpuEndpoint, GpuOptions};
 use clap::Args;
@@ -303,18 +304,23 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
             None => None,
         };
     let entries = crate::host_run::entries(all);
-    let labels: Vec<String> = entries.iter().map(|e| e.label.clone()).collect();
     let mut rt =
         crate::host_run::HostRuntime::new(args.config.clone(), file, overrides, entries, stop.clone());
     rt.tap = capture.as_ref().and_then(|c| c.tap());
-    for l in &labels {
-        if let Err(e) = rt.attach(l) {
-            rt.detach_all();
-            return fail("host", e);
-        }
-    }
+    // Every device attaches on a thread of its own: one box that does not answer costs its
+    // device, not the others.
+    rt.attach_all();
     let mut ok = true;
     if args.workload {
+        while !rt.settled() {
+            rt.step();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        rt.step();
+        for (name, why) in rt.down() {
+            log::error!("{name}: not attached, no workload: {why}");
+            ok = false;
+        }
         if rt.served() > 0 {
             log::warn!("--workload runs on the devices not served over vfio-user only");
         }
@@ -343,14 +349,9 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         }
         stop.store(true, Ordering::Relaxed);
         rt.detach_all();
-    } else {
-        match crate::host_run::serve(&mut rt, &hup) {
-            Ok(stayed) => ok = stayed,
-            Err(e) => {
-                rt.detach_all();
-                return fail("host", e);
-            }
-        }
+    } else if let Err(e) = crate::host_run::serve(&mut rt, &hup) {
+        rt.detach_all();
+        return fail("host", e);
     }
     drop(rt);
     if let Some(c) = capture

@@ -1,8 +1,14 @@
 //! `dxpu host` with `[[attach]]`: each configured device attached (and served over
 //! vfio-user where the file says), watched, and changed at run time — `dxpu ctl attach` /
 //! `detach` of a configured device, SIGHUP or `dxpu ctl reload` for the whole file — while
-//! the others keep running. The control socket and the metrics server answer from the main
-//! loop, which holds no device's lock between calls: a client never holds up a datapath.
+//! the others keep running.
+//!
+//! A fault stays with its device: every attach runs on a thread of its own, and one that
+//! fails (a box that does not answer, a key it refuses) or a device removed later (its link
+//! dead) is tried again with backoff and jitter, said in the log, shown as `down` in `dxpu
+//! ctl devices` and the metrics — never touching another device. The control socket and the
+//! metrics server answer from the main loop, which holds no device's lock and waits on no
+//! attach: a `ctl attach` is answered when its attempt ends, other calls meanwhile.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +25,13 @@ use crate::config::{self, HostFile};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::gpu_run::link_json;
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
+use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+
+/// The wait before re-attaching a device whose attach failed or which was removed: from
+/// `RETRY_MIN`, doubling with jitter, to `RETRY_MAX` (a box down for a day is asked about
+/// twice a minute, and hosts that lost one box together do not come back in step).
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// One `[[attach]]`: its options and vfio-user socket, by label (the device's name, or
 /// `device@server` where two boxes export the same name).
@@ -37,28 +50,110 @@ enum Held {
     Served { stop: Arc<AtomicBool>, thread: JoinHandle<RemoteDevice>, path: PathBuf },
 }
 
+impl Held {
+    /// Gives the device back to its box (a vfio-user server stops first: its VMM sees the
+    /// socket close).
+    fn detach(self, label: &str) -> Result<(), String> {
+        match self {
+            Held::Direct(d) => d.detach(),
+            Held::Served { stop, thread, path } => {
+                stop.store(true, Ordering::Relaxed);
+                match thread.join() {
+                    Ok(d) => d.detach(),
+                    Err(_) => {
+                        return Err(format!("{label}: the vfio-user thread for {} panicked", path.display()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 struct Attached {
     held: Held,
     watch: RemovalWatch,
     since: SystemTime,
     /// The UDP driver carrying its session.
     driver: &'static str,
-    /// Counted once when it is first seen removed.
-    removal_seen: bool,
+}
+
+/// What one `[[attach]]` is doing.
+enum Slot {
+    /// Not wanted: detached by `dxpu ctl detach`.
+    Detached,
+    /// An attempt on a thread of its own; `waiters` are `ctl attach` calls, answered when
+    /// it ends.
+    Attaching {
+        attempt: JoinHandle<Result<Attached, String>>,
+        started: Instant,
+        waiters: Vec<Call>,
+    },
+    Up(Attached),
+    /// The last attempt failed, or the device was removed: tried again at `retry`.
+    Down {
+        why: String,
+        since: SystemTime,
+        retry: Instant,
+    },
+}
+
+/// Per-slot counts and the slot's backoff.
+struct SlotLife {
+    slot: Slot,
+    /// Attempts that failed, and removals, in a row (0 once up).
+    failures: u32,
+    waits: pool::Backoff,
+    /// Attach attempts that failed, in all.
+    attach_failures: u64,
+    /// Surprise removals seen.
+    removals: u64,
+    /// Why the last attempt failed or the device was last removed (kept while it is tried
+    /// again; cleared once it is up).
+    last_error: Option<String>,
+}
+
+impl SlotLife {
+    fn new() -> SlotLife {
+        SlotLife {
+            slot: Slot::Detached,
+            failures: 0,
+            waits: pool::Backoff::new(RETRY_MIN, RETRY_MAX),
+            attach_failures: 0,
+            removals: 0,
+            last_error: None,
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match &self.slot {
+            Slot::Detached => "detached",
+            Slot::Attaching { .. } => "attaching",
+            Slot::Up(a) if a.watch.removed().is_some() => "removed",
+            Slot::Up(_) => "attached",
+            Slot::Down { .. } => "down",
+        }
+    }
+
+    fn attached(&self) -> Option<&Attached> {
+        match &self.slot {
+            Slot::Up(a) => Some(a),
+            _ => None,
+        }
+    }
 }
 
 /// The host endpoint's devices and what it was configured with.
 pub(crate) struct HostRuntime {
     pub(crate) path: PathBuf,
     pub(crate) file: HostFile,
-    /// `--server`, `--driver`, `--poll` as given.
-    pub(crate) server: Option<String>,
-    pub(crate) driver: Option<String>,
-    pub(crate) poll: Option<String>,
+    /// `--server`, `--driver`, `--poll` as given (a reload applies them again).
+    overrides: [Option<String>; 3],
     pub(crate) entries: Vec<Entry>,
-    attached: BTreeMap<String, Attached>,
-    /// Surprise removals seen, per label.
-    removals: BTreeMap<String, u64>,
+    slots: BTreeMap<String, SlotLife>,
+    /// Attempts whose slot was detached or reconfigured meanwhile: what they attach is
+    /// given back as soon as they end.
+    orphans: Vec<(String, JoinHandle<Result<Attached, String>>)>,
     stop: Arc<AtomicBool>,
     started: Instant,
     /// A capture's tap, given to every attach.
@@ -81,6 +176,46 @@ pub(crate) fn entries(all: Vec<(AttachOptions, Option<PathBuf>)>) -> Vec<Entry> 
         .collect()
 }
 
+/// One attach attempt, on its own thread: the session, the device's identity, and its
+/// vfio-user server where the entry has a socket.
+fn attach_entry(e: Entry, stop: Arc<AtomicBool>, tap: Option<link::driver::Tap>) -> Result<Attached, String> {
+    let label = e.label;
+    let mut o = e.opts;
+    // A signal ends an attach in progress and every wait on an attached device at once.
+    o.cancel = Some(stop);
+    o.tap = tap;
+    let (name, id, wait) = (o.device.clone(), o.device_id, o.poll);
+    let mut d = RemoteDevice::attach(o).map_err(|err| match err {
+        bridge_host::AttachError::Cancelled => format!("{label}: stopped by a signal while attaching"),
+        err => format!("{label}: {err}"),
+    })?;
+    let ids = driver::PciFunction::config_read(&mut d, 0);
+    let driver = d.driver_name();
+    log::info!("{name} at {id}: vendor {:#06x} device {:#06x}", ids & 0xffff, ids >> 16);
+    let watch = d.removal_watch();
+    let held = match e.socket {
+        None => Held::Direct(d),
+        Some(path) => {
+            let mut server =
+                VfioUserServer::bind(&path, d, wait).map_err(|err| format!("{label}: vfio-user: {err}"))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            // Raised by a detach, and for every server when the endpoint stops.
+            let stop2 = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("dxpu-vfio-user-{name}"))
+                .spawn(move || {
+                    if let Err(err) = server.serve(&stop2) {
+                        log::error!("vfio-user {}: {err}", server.path().display());
+                    }
+                    server.into_device()
+                })
+                .map_err(|err| format!("{label}: starting the vfio-user thread: {err}"))?;
+            Held::Served { stop, thread, path }
+        }
+    };
+    Ok(Attached { held, watch, since: SystemTime::now(), driver })
+}
+
 impl HostRuntime {
     pub(crate) fn new(
         path: PathBuf,
@@ -89,27 +224,23 @@ impl HostRuntime {
         entries: Vec<Entry>,
         stop: Arc<AtomicBool>,
     ) -> HostRuntime {
-        let [server, driver, poll] = overrides;
+        let slots = entries.iter().map(|e| (e.label.clone(), SlotLife::new())).collect();
         HostRuntime {
             path,
             file,
-            server,
-            driver,
-            poll,
+            overrides,
             entries,
-            attached: BTreeMap::new(),
-            removals: BTreeMap::new(),
+            slots,
+            orphans: Vec::new(),
             stop,
             started: Instant::now(),
             tap: None,
         }
     }
 
-    /// Attaches entry `label` (served over vfio-user if its entry says so).
-    pub(crate) fn attach(&mut self, label: &str) -> Result<(), String> {
-        if self.attached.contains_key(label) {
-            return Err(format!("attach {label}: already attached"));
-        }
+    /// Starts an attempt to attach `label` on its own thread (ends at once if it is attached
+    /// or being attached).
+    fn start_attach(&mut self, label: &str) -> Result<(), String> {
         let Some(e) = self.entries.iter().find(|e| e.label == label).cloned() else {
             return Err(format!(
                 "attach {label}: no such [[attach]] in {} (configured: {})",
@@ -117,148 +248,278 @@ impl HostRuntime {
                 self.labels().join(", ")
             ));
         };
-        let mut o = e.opts.clone();
-        // A signal ends an attach in progress and every wait on an attached device at once.
-        o.cancel = Some(self.stop.clone());
-        o.tap = self.tap.clone();
-        let (name, id, wait) = (o.device.clone(), o.device_id, o.poll);
-        let mut d = RemoteDevice::attach(o).map_err(|err| match err {
-            bridge_host::AttachError::Cancelled => format!("{label}: stopped by a signal while attaching"),
-            err => err.to_string(),
-        })?;
-        let ids = driver::PciFunction::config_read(&mut d, 0);
-        let driver = d.driver_name();
-        log::info!("{name} at {id}: vendor {:#06x} device {:#06x}", ids & 0xffff, ids >> 16);
-        let watch = d.removal_watch();
-        let held = match e.socket {
-            None => Held::Direct(d),
-            Some(path) => {
-                let mut server = VfioUserServer::bind(&path, d, wait)
-                    .map_err(|err| format!("{label}: vfio-user: {err}"))?;
-                let stop = Arc::new(AtomicBool::new(false));
-                // Raised by a detach, and for every server when the endpoint stops.
-                let stop2 = stop.clone();
-                let thread = std::thread::Builder::new()
-                    .name(format!("dxpu-vfio-user-{name}"))
-                    .spawn(move || {
-                        if let Err(err) = server.serve(&stop2) {
-                            log::error!("vfio-user {}: {err}", server.path().display());
-                        }
-                        server.into_device()
-                    })
-                    .map_err(|err| format!("{label}: starting the vfio-user thread: {err}"))?;
-                Held::Served { stop, thread, path }
-            }
-        };
-        self.attached.insert(
-            label.to_string(),
-            Attached { held, watch, since: SystemTime::now(), driver, removal_seen: false },
-        );
+        let life = self.slots.entry(label.to_string()).or_insert_with(SlotLife::new);
+        if matches!(life.slot, Slot::Up(_) | Slot::Attaching { .. }) {
+            return Ok(());
+        }
+        let (stop, tap) = (self.stop.clone(), self.tap.clone());
+        let attempt = std::thread::Builder::new()
+            .name(format!("dxpu-attach-{}", e.opts.device))
+            .spawn(move || attach_entry(e, stop, tap))
+            .map_err(|err| format!("attach {label}: starting its thread: {err}"))?;
+        life.slot = Slot::Attaching { attempt, started: Instant::now(), waiters: Vec::new() };
         Ok(())
     }
 
-    /// Detaches `label`: a vfio-user server stops (its VMM sees the socket close), the box
-    /// takes the device back.
-    pub(crate) fn detach(&mut self, label: &str) -> Result<(), String> {
-        let Some(a) = self.attached.remove(label) else {
-            return Err(format!(
-                "detach {label}: not attached (attached: {})",
-                self.attached.keys().cloned().collect::<Vec<_>>().join(", ")
-            ));
-        };
-        match a.held {
-            Held::Direct(d) => d.detach(),
-            Held::Served { stop, thread, path } => {
-                stop.store(true, Ordering::Relaxed);
-                match thread.join() {
-                    Ok(d) => d.detach(),
-                    Err(_) => {
-                        return Err(format!("{label}: the vfio-user thread for {} panicked", path.display()));
+    /// Starts attaching every configured device, each on its own thread.
+    pub(crate) fn attach_all(&mut self) {
+        for l in self.labels() {
+            if let Err(e) = self.start_attach(&l) {
+                log::error!("{e}");
+            }
+        }
+    }
+
+    /// Whether every device's first attempt has ended (attached or down).
+    pub(crate) fn settled(&self) -> bool {
+        !self.slots.values().any(|s| matches!(s.slot, Slot::Attaching { .. }))
+    }
+
+    /// Moves every slot on: attempts that ended become up or down (answering their `ctl
+    /// attach` calls), removed devices are given back and go down, devices down whose wait
+    /// is over are tried again. Returns whether anything changed state.
+    pub(crate) fn step(&mut self) -> bool {
+        let mut changed = false;
+        let now = Instant::now();
+        let stopping = self.stop.load(Ordering::Relaxed);
+        for (label, life) in &mut self.slots {
+            match &mut life.slot {
+                Slot::Attaching { attempt, .. } if attempt.is_finished() => {
+                    let Slot::Attaching { attempt, started, waiters } =
+                        std::mem::replace(&mut life.slot, Slot::Detached)
+                    else {
+                        continue;
+                    };
+                    changed = true;
+                    let result = attempt
+                        .join()
+                        .unwrap_or_else(|_| Err(format!("{label}: the attach thread panicked")));
+                    match result {
+                        Ok(a) => {
+                            log::info!("{label}: attached in {:.3} s", started.elapsed().as_secs_f64());
+                            (life.failures, life.slot, life.last_error) = (0, Slot::Up(a), None);
+                            life.waits.reset();
+                            for w in waiters {
+                                w.answer(Ok(json!({ "attached": label })));
+                            }
+                        }
+                        Err(why) => {
+                            life.failures += 1;
+                            life.attach_failures += 1;
+                            let wait = life.waits.next_wait();
+                            if stopping {
+                                log::info!("{why}");
+                            } else {
+                                log::error!(
+                                    "{why}; trying again in {:.1} s (attempt {} failed)",
+                                    wait.as_secs_f64(),
+                                    life.failures
+                                );
+                            }
+                            for w in waiters {
+                                w.answer(Err(RpcError::failed(&why)));
+                            }
+                            life.last_error = Some(why.clone());
+                            life.slot = Slot::Down { why, since: SystemTime::now(), retry: now + wait };
+                        }
                     }
+                }
+                Slot::Up(a) if !stopping => {
+                    let Some(why) = a.watch.removed() else { continue };
+                    let Slot::Up(a) = std::mem::replace(&mut life.slot, Slot::Detached) else { continue };
+                    changed = true;
+                    life.removals += 1;
+                    life.failures += 1;
+                    let wait = life.waits.next_wait();
+                    log::error!(
+                        "{label}: removed ({why}); given back, attaching again in {:.1} s",
+                        wait.as_secs_f64()
+                    );
+                    if let Err(e) = a.held.detach(label) {
+                        log::error!("{e}");
+                    }
+                    let why = format!("removed: {why}");
+                    life.last_error = Some(why.clone());
+                    life.slot = Slot::Down { why, since: SystemTime::now(), retry: now + wait };
+                }
+                _ => {}
+            }
+        }
+        let due: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, l)| matches!(l.slot, Slot::Down { retry, .. } if retry <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !stopping {
+            for l in due {
+                changed = true;
+                if let Err(e) = self.start_attach(&l) {
+                    log::error!("{e}");
                 }
             }
         }
+        let (done, pending): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.orphans).into_iter().partition(|(_, t)| t.is_finished());
+        self.orphans = pending;
+        for (label, t) in done {
+            if let Ok(Ok(a)) = t.join()
+                && let Err(e) = a.held.detach(&label)
+            {
+                log::error!("{e}");
+            }
+        }
+        changed
+    }
+
+    /// `dxpu ctl attach NAME`: an attempt now (the call answered when it ends), unless it is
+    /// attached already.
+    fn attach_call(&mut self, c: Call) {
+        let name = match c.only_params(&["name"]).and_then(|()| c.str_param("name")) {
+            Ok(n) => n,
+            Err(e) => return c.answer(Err(e)),
+        };
+        if let Some(SlotLife { slot: Slot::Up(_), .. }) = self.slots.get(&name) {
+            return c.answer(Err(RpcError::failed(format!("attach {name}: already attached"))));
+        }
+        if let Err(e) = self.start_attach(&name) {
+            return c.answer(Err(RpcError::failed(e)));
+        }
+        if let Some(SlotLife { slot: Slot::Attaching { waiters, .. }, .. }) = self.slots.get_mut(&name) {
+            waiters.push(c);
+        }
+    }
+
+    /// Detaches `label`: a vfio-user server stops (its VMM sees the socket close), the box
+    /// takes the device back; an attempt in progress is abandoned (what it attaches is given
+    /// back), a retry cancelled. It stays detached until `ctl attach` or a reload.
+    pub(crate) fn detach(&mut self, label: &str) -> Result<(), String> {
+        let Some(life) = self.slots.get_mut(label) else {
+            return Err(format!("detach {label}: not configured (configured: {})", self.labels().join(", ")));
+        };
+        match std::mem::replace(&mut life.slot, Slot::Detached) {
+            Slot::Detached => return Err(format!("detach {label}: not attached")),
+            Slot::Up(a) => a.held.detach(label)?,
+            Slot::Attaching { attempt, waiters, .. } => {
+                for w in waiters {
+                    w.answer(Err(RpcError::failed(format!("attach {label}: detached while attaching"))));
+                }
+                self.orphans.push((label.to_string(), attempt));
+            }
+            Slot::Down { .. } => {}
+        }
+        life.failures = 0;
+        life.waits.reset();
         log::info!("{label}: detached");
         Ok(())
     }
 
     /// The devices held here, not served over vfio-user (for `--workload`).
     pub(crate) fn take_direct(&mut self) -> Vec<(String, RemoteDevice)> {
-        let labels: Vec<String> = self
-            .attached
-            .iter()
-            .filter(|(_, a)| matches!(a.held, Held::Direct(_)))
-            .map(|(l, _)| l.clone())
-            .collect();
         let mut out = Vec::new();
-        for l in labels {
-            if let Some(Attached { held: Held::Direct(d), .. }) = self.attached.remove(&l) {
-                out.push((l, d));
+        for (l, life) in &mut self.slots {
+            if let Slot::Up(Attached { held: Held::Direct(_), .. }) = life.slot
+                && let Slot::Up(Attached { held: Held::Direct(d), .. }) =
+                    std::mem::replace(&mut life.slot, Slot::Detached)
+            {
+                out.push((l.clone(), d));
             }
         }
         out
     }
 
+    /// Why each device that is not up is not (for `--workload`).
+    pub(crate) fn down(&self) -> Vec<(String, String)> {
+        self.slots
+            .iter()
+            .filter_map(|(l, s)| match &s.slot {
+                Slot::Down { why, .. } => Some((l.clone(), why.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// How many are served over vfio-user.
     pub(crate) fn served(&self) -> usize {
-        self.attached.values().filter(|a| matches!(a.held, Held::Served { .. })).count()
+        self.slots
+            .values()
+            .filter(|s| matches!(s.slot, Slot::Up(Attached { held: Held::Served { .. }, .. })))
+            .count()
     }
 
     /// How many are attached.
     pub(crate) fn attached(&self) -> usize {
-        self.attached.len()
+        self.slots.values().filter(|s| s.attached().is_some()).count()
     }
 
     fn labels(&self) -> Vec<String> {
         self.entries.iter().map(|e| e.label.clone()).collect()
     }
 
-    /// Notes devices newly removed; returns their labels and why.
-    pub(crate) fn newly_removed(&mut self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        if self.stop.load(Ordering::Relaxed) {
-            // A stop cancels every device: that is no removal.
-            return out;
+    /// What the service manager is told: how many are up, and which are not and why.
+    pub(crate) fn status_line(&self) -> String {
+        let down: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.attached().is_none())
+            .map(|(l, s)| match &s.slot {
+                Slot::Down { why, .. } => format!("{l} down ({why})"),
+                _ => format!("{l} {}", s.state()),
+            })
+            .collect();
+        let mut line = format!("{} of {} device(s) attached", self.attached(), self.slots.len());
+        if !down.is_empty() {
+            line.push_str("; ");
+            line.push_str(&down.join("; "));
         }
-        for (l, a) in &mut self.attached {
-            if a.removal_seen {
-                continue;
-            }
-            if let Some(why) = a.watch.removed() {
-                a.removal_seen = true;
-                *self.removals.entry(l.clone()).or_default() += 1;
-                out.push((l.clone(), why));
-            }
-        }
-        out
+        // One line: sd_notify's STATUS ends at a newline.
+        line.replace('\n', " ")
     }
 
-    /// Detaches everything (at the stop).
+    /// Detaches everything (at the stop); attempts in progress end (the stop flag cancels
+    /// them) and what they attached is given back.
     pub(crate) fn detach_all(&mut self) {
-        let labels: Vec<String> = self.attached.keys().cloned().collect();
+        let labels: Vec<String> = self.slots.keys().cloned().collect();
         for l in labels {
-            if let Err(e) = self.detach(&l) {
-                log::error!("{e}");
+            if let Some(life) = self.slots.get_mut(&l) {
+                match std::mem::replace(&mut life.slot, Slot::Detached) {
+                    Slot::Up(a) => {
+                        if let Err(e) = a.held.detach(&l) {
+                            log::error!("{e}");
+                        }
+                    }
+                    Slot::Attaching { attempt, waiters, .. } => {
+                        for w in waiters {
+                            w.answer(Err(RpcError::failed(format!("attach {l}: the endpoint is stopping"))));
+                        }
+                        self.orphans.push((l.clone(), attempt));
+                    }
+                    Slot::Detached | Slot::Down { .. } => {}
+                }
+            }
+        }
+        for (label, t) in std::mem::take(&mut self.orphans) {
+            match t.join() {
+                Ok(Ok(a)) => {
+                    if let Err(e) = a.held.detach(&label) {
+                        log::error!("{e}");
+                    }
+                }
+                Ok(Err(why)) => log::info!("{why}"),
+                Err(_) => log::error!("{label}: the attach thread panicked"),
             }
         }
     }
 
-    /// Reads the file again; attaches added entries, detaches removed ones, re-attaches
-    /// changed ones; untouched ones are not disturbed. Refused, nothing changed, if the file
-    /// does not validate or changes what needs a restart.
-    pub(crate) fn reload(&mut self) -> Result<Value, String> {
-        let mut file: HostFile = config::read(&self.path)?;
-        if let Some(d) = &self.driver {
-            file.link.driver = Some(d.clone());
-        }
-        if let Some(p) = &self.poll {
-            file.link.poll = Some(p.clone());
-        }
-        let all =
-            file.attachments(self.server.as_deref()).map_err(|e| format!("{}: {e}", self.path.display()))?;
-        if file.pool.is_some() {
-            return Err(format!("{}: give [[attach]] or [pool], not both", self.path.display()));
-        }
+    /// Applies a configuration read and validated elsewhere ([`read_host_file`]): attaches
+    /// added entries, detaches removed ones, re-attaches changed ones (each attach on its own
+    /// thread, as at the start); untouched ones are not disturbed. Refused, nothing changed,
+    /// if it changes what needs a restart.
+    pub(crate) fn apply(
+        &mut self,
+        file: HostFile,
+        all: Vec<(AttachOptions, Option<PathBuf>)>,
+    ) -> Result<Value, String> {
         let fixed = self.file.restart_only_changes(&file);
         if !fixed.is_empty() {
             return Err(format!(
@@ -268,22 +529,20 @@ impl HostRuntime {
             ));
         }
         let new = entries(all);
-        let (mut added, mut removed, mut changed, mut unchanged, mut failed) =
-            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut added, mut removed, mut changed, mut unchanged) = (vec![], vec![], vec![], vec![]);
         let old = std::mem::take(&mut self.entries);
+        // Detaching looks a label up among the entries: the old ones until the new apply.
+        self.entries = old.clone();
         for o in &old {
             match new.iter().find(|n| n.label == o.label) {
                 None => {
-                    if self.attached.contains_key(&o.label) {
-                        let _ = self.detach(&o.label);
-                    }
+                    let _ = self.detach(&o.label);
+                    self.slots.remove(&o.label);
                     removed.push(o.label.clone());
                 }
                 Some(n) if self.file.same_attach(o.index, &file, n.index) => unchanged.push(o.label.clone()),
                 Some(_) => {
-                    if self.attached.contains_key(&o.label) {
-                        let _ = self.detach(&o.label);
-                    }
+                    let _ = self.detach(&o.label);
                     changed.push(o.label.clone());
                 }
             }
@@ -296,15 +555,12 @@ impl HostRuntime {
                 added.push(n.label.clone());
             }
             if (is_new || changed.contains(&n.label))
-                && let Err(e) = self.attach(&n.label)
+                && let Err(e) = self.start_attach(&n.label)
             {
                 log::error!("reload: {e}");
-                failed.push(json!({"device": n.label, "error": e}));
             }
         }
-        Ok(
-            json!({"added": added, "removed": removed, "changed": changed, "unchanged": unchanged, "failed": failed}),
-        )
+        Ok(json!({"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}))
     }
 
     /// Answers one control call.
@@ -312,7 +568,8 @@ impl HostRuntime {
         match c.method.as_str() {
             "status" => {
                 c.only_params(&[])?;
-                let drivers: Vec<&'static str> = self.attached.values().map(|a| a.driver).collect();
+                let drivers: Vec<&'static str> =
+                    self.slots.values().filter_map(|s| s.attached().map(|a| a.driver)).collect();
                 Ok(json!({
                     "role": "host",
                     "version": env!("CARGO_PKG_VERSION"),
@@ -325,7 +582,7 @@ impl HostRuntime {
                     },
                     "config": self.path.display().to_string(),
                     "devices": self.entries.len(),
-                    "attached": self.attached.len(),
+                    "attached": self.attached(),
                 }))
             }
             "devices" => {
@@ -336,7 +593,7 @@ impl HostRuntime {
                 c.only_params(&[])?;
                 let mut out = Vec::new();
                 for e in &self.entries {
-                    let Some(a) = self.attached.get(&e.label) else { continue };
+                    let Some(a) = self.slots.get(&e.label).and_then(SlotLife::attached) else { continue };
                     let s = a.watch.stats();
                     let mut v = json!({
                         "device": e.label,
@@ -354,22 +611,19 @@ impl HostRuntime {
                 c.only_params(&[])?;
                 let mut m = serde_json::Map::new();
                 for e in &self.entries {
-                    if let Some(a) = self.attached.get(&e.label) {
+                    if let Some(a) = self.slots.get(&e.label).and_then(SlotLife::attached) {
                         m.insert(e.label.clone(), host_stats_json(&a.watch.stats()));
                     }
                 }
-                Ok(json!({"devices": m, "surprise_removals": self.removals}))
+                let removals: BTreeMap<&String, u64> =
+                    self.slots.iter().filter(|(_, s)| s.removals > 0).map(|(l, s)| (l, s.removals)).collect();
+                Ok(json!({"devices": m, "surprise_removals": removals}))
             }
-            "attach" | "detach" => {
+            "detach" => {
                 c.only_params(&["name"])?;
                 let name = c.str_param("name")?;
-                let r = if c.method == "attach" { self.attach(&name) } else { self.detach(&name) };
-                r.map_err(RpcError::failed)?;
-                Ok(json!({ format!("{}ed", c.method): name }))
-            }
-            "reload" => {
-                c.only_params(&[])?;
-                self.reload().map_err(RpcError::failed)
+                self.detach(&name).map_err(RpcError::failed)?;
+                Ok(json!({ "detached": name }))
             }
             "metrics" => Ok(Value::String(self.metrics().render())),
             m => Err(RpcError::new(
@@ -382,21 +636,30 @@ impl HostRuntime {
     }
 
     fn device_json(&self, e: &Entry) -> Value {
-        let a = self.attached.get(&e.label);
+        let life = self.slots.get(&e.label);
+        let a = life.and_then(SlotLife::attached);
         let stats = a.map(|a| a.watch.stats());
-        let state = match a {
-            None => "detached",
-            Some(a) if a.watch.removed().is_some() => "removed",
-            Some(_) => "attached",
+        let epoch = |t: &SystemTime| t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let (retry_in, since) = match life.map(|l| &l.slot) {
+            Some(Slot::Down { retry, since, .. }) => {
+                (Some(retry.saturating_duration_since(Instant::now()).as_secs_f64()), Some(epoch(since)))
+            }
+            Some(Slot::Up(a)) => (None, Some(epoch(&a.since))),
+            _ => (None, None),
         };
+        let error = life.and_then(|l| l.last_error.clone());
         json!({
             "name": e.label,
             "device": e.opts.device,
             "server": e.opts.server.to_string(),
             "host_view": e.opts.device_id.to_string(),
             "box_id": a.map(|a| a.watch.box_id().to_string()),
-            "state": state,
+        "state": life.map_or("detached", SlotLife::state),
+            "since": since,
             "removed": a.and_then(|a| a.watch.removed()),
+            "error": error,
+            "retry_in_s": retry_in,
+            "attach_failures": life.map_or(0, |l| l.attach_failures),
             "vfio_user_socket": e.socket.as_ref().map(|p| p.display().to_string()),
             "counters": stats.as_ref().map(host_stats_json),
         })
@@ -405,18 +668,51 @@ impl HostRuntime {
     fn metrics(&self) -> Exposition {
         let mut x = host_exposition();
         for e in &self.entries {
-            let a = self.attached.get(&e.label);
-            let state = match a {
-                None => "detached",
-                Some(a) if a.watch.removed().is_some() => "removed",
-                Some(_) => "attached",
-            };
-            let removals = self.removals.get(&e.label).copied().unwrap_or(0);
-            let stats = a.map(|a| a.watch.stats());
+            let life = self.slots.get(&e.label);
+            let state = life.map_or("detached", SlotLife::state);
+            let removals = life.map_or(0, |l| l.removals);
+            let stats = life.and_then(SlotLife::attached).map(|a| a.watch.stats());
             device_metrics(&mut x, &e.label, &e.opts.server.to_string(), state, removals, stats.as_ref());
+            let d = labels(&[("device", &e.label)]);
+            x.gauge(
+                "device_up",
+                "The device is attached and its link up (1), or not (0)",
+                d.clone(),
+                if state == "attached" { 1.0 } else { 0.0 },
+            );
+            x.counter(
+                "attach_failures",
+                "Attach attempts that failed (the box unreachable or refusing)",
+                d,
+                life.map_or(0, |l| l.attach_failures),
+            );
         }
         x
     }
+}
+
+/// A host's configuration as read: the file and its attachments (options, vfio-user socket).
+pub(crate) type HostConfig = (HostFile, Vec<(AttachOptions, Option<PathBuf>)>);
+
+/// Reads and validates the host's configuration file, with the command line's overrides:
+/// the file and its attachments. Runs off the main loop ([`read_with_deadline`]).
+pub(crate) fn read_host_file(
+    path: &std::path::Path,
+    overrides: &[Option<String>; 3],
+) -> Result<HostConfig, String> {
+    let [server, driver, poll] = overrides;
+    let mut file: HostFile = config::read(path)?;
+    if let Some(d) = driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = poll {
+        file.link.poll = Some(p.clone());
+    }
+    let all = file.attachments(server.as_deref()).map_err(|e| format!("{}: {e}", path.display()))?;
+    if file.pool.is_some() {
+        return Err(format!("{}: give [[attach]] or [pool], not both", path.display()));
+    }
+    Ok((file, all))
 }
 
 /// A host endpoint's exposition, before its devices.
@@ -508,51 +804,110 @@ pub(crate) fn host_stats_json(s: &HostStats) -> Value {
     })
 }
 
-/// The main loop of `dxpu host` with `[[attach]]` and no `--workload`: watches removals,
-/// answers control calls and scrapes, reloads on SIGHUP, until a signal stops it. Returns
-/// whether every device stayed.
-pub(crate) fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<bool, String> {
+/// The main loop of `dxpu host` with `[[attach]]` and no `--workload`: moves the devices'
+/// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the
+/// loop), until a signal stops it. Tells the service manager it is ready once every device's
+/// first attach has ended, and which are up whenever that changes.
+pub(crate) fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
     let calls = Calls::new();
-    let control =
+    let _control =
         rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
     let _metrics = match rt.file.metrics.listen()? {
         Some(a) => Some(MetricsServer::bind(a, calls.sender())?),
         None => None,
     };
-    log::info!(
-        "{} device(s) attached, {} served over vfio-user; SIGINT or SIGTERM detaches and exits",
-        rt.attached(),
-        rt.served()
-    );
-    crate::notify::ready(&format!("{} device(s) attached", rt.attached()));
-    let mut ok = true;
+    let mut ready = false;
+    let mut status = String::new();
+    let mut reload: Option<PendingRead<HostConfig>> = None;
+    let mut reload_again = false;
     while !rt.stop.load(Ordering::Relaxed) {
-        if let Some(c) = calls.next_within(Duration::from_millis(50)) {
-            let r = rt.answer(&c);
-            c.answer(r);
+        if let Some(c) = calls.next_within(Duration::from_millis(20)) {
+            match c.method.as_str() {
+                "attach" => rt.attach_call(c),
+                "reload" => match c.only_params(&[]) {
+                    Err(e) => c.answer(Err(e)),
+                    Ok(()) => {
+                        if reload.is_none() {
+                            reload = start_reload(rt);
+                        }
+                        match reload.as_mut() {
+                            Some(r) => r.wait_with(c),
+                            None => {
+                                c.answer(Err(RpcError::failed("reload: could not start reading the file")))
+                            }
+                        }
+                    }
+                },
+                _ => {
+                    let r = rt.answer(&c);
+                    c.answer(r);
+                }
+            }
         }
-        for (label, why) in rt.newly_removed() {
-            ok = false;
-            if control.is_some() {
-                log::error!(
-                    "{label}: removed ({why}); `dxpu ctl detach {label}` then `attach {label}` to take it again"
-                );
-            } else {
-                log::error!("{label}: removed ({why}); exiting");
-                rt.stop.store(true, Ordering::Relaxed);
+        rt.step();
+        if !ready && rt.settled() {
+            ready = true;
+            log::info!(
+                "{} of {} device(s) attached, {} served over vfio-user; SIGINT or SIGTERM detaches and exits",
+                rt.attached(),
+                rt.entries.len(),
+                rt.served()
+            );
+        }
+        if ready {
+            let now = rt.status_line();
+            if now != status {
+                crate::notify::ready(&now);
+                status = now;
             }
         }
         if hup.swap(false, Ordering::Relaxed) {
-            crate::notify::reloading();
-            match rt.reload() {
-                Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
-                Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+            if reload.is_some() {
+                reload_again = true;
+            } else {
+                reload = start_reload(rt);
             }
-            crate::notify::ready(&format!("{} device(s) attached", rt.attached()));
+        }
+        if let Some(mut r) = reload.take() {
+            match r.poll() {
+                ReadState::Reading => reload = Some(r),
+                ReadState::Done(read) => {
+                    let applied = read.and_then(|(file, all)| rt.apply(file, all));
+                    match &applied {
+                        Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
+                        Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+                    }
+                    r.answer(&applied);
+                    // Ready again, with what is up now.
+                    status.clear();
+                    if reload_again {
+                        reload_again = false;
+                        reload = start_reload(rt);
+                    }
+                }
+            }
         }
     }
     crate::notify::notify("STOPPING=1");
     rt.stop.store(true, Ordering::Relaxed);
+    if let Some(r) = reload {
+        r.answer(&Err("reload: the endpoint is stopping".into()));
+    }
     rt.detach_all();
-    Ok(ok)
+    Ok(())
+}
+
+/// Starts reading the file again off the loop (said to the service manager).
+fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig>> {
+    crate::notify::reloading();
+    let (path, overrides) = (rt.path.clone(), rt.overrides.clone());
+    match PendingRead::start(rt.path.display().to_string(), READ_DEADLINE, move || {
+        read_host_file(&path, &overrides)
+    }) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            log::error!("{e}");
+            None
+        }
+    }
 }

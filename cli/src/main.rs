@@ -26,6 +26,7 @@ mod package;
 mod pcap_decode;
 mod pool_cmd;
 mod pool_run;
+mod reload;
 mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;

@@ -414,7 +414,8 @@ fn a_signal_during_the_handshake_stops_the_host_at_once() {
     sigterm(&host);
     let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
     assert!(t.elapsed() < Duration::from_millis(1000), "stopped after {:?}: {err}", t.elapsed());
-    assert_eq!(code, 1, "{err}");
+    // A stop asked for is no failure: the attach in progress ends, saying so.
+    assert_eq!(code, 0, "{err}");
     assert!(err.contains("stopped by a signal while attaching"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }

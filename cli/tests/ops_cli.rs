@@ -6,186 +6,14 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
-const KEY_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
-
-/// Endpoint processes share two cores: one test at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn dxpu() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dxpu"))
-}
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dxpu-ops-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn device(name: &str, allow: &str) -> String {
-    format!("[[device]]\nname = \"{name}\"\nsim = {{ vram_mib = 256 }}\nallow = [{allow}]\n")
-}
-
-fn gpu_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
-    let mut t = format!(
-        "listen = \"127.0.0.1:{port}\"\n[link]\nidle_timeout_ms = 1000\n[control]\nsocket = \"{}\"\n\
-         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-         [[host]]\nname = \"host-a\"\nkey = \"{KEY_A}\"\n[[host]]\nname = \"host-b\"\nkey = \"{KEY_B}\"\n",
-        dir.join("gpu.sock").display()
-    );
-    for d in devices {
-        t.push_str(&device(d, "\"host-a\", \"host-b\""));
-    }
-    t
-}
-
-fn host_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
-    let mut t = format!(
-        "[control]\nsocket = \"{}\"\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
-        dir.join("host.sock").display()
-    );
-    for d in devices {
-        t.push_str(&format!(
-            "[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"{d}\"\nkey = \"{KEY_A}\"\n"
-        ));
-    }
-    t
-}
-
-/// A process whose log goes to a file (a pipe nobody reads would fill and stall it).
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn start(dir: &Path, what: &str, config: &Path) -> Proc {
-        let log = dir.join(format!("{what}.log"));
-        let f = std::fs::File::create(&log).unwrap();
-        let child = dxpu().arg(what).arg("--config").arg(config).stderr(Stdio::from(f)).spawn().unwrap();
-        Proc { child, log }
-    }
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's PID.
-        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
-    }
-    fn stop(mut self) -> (i32, String) {
-        self.signal(libc::SIGTERM);
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return (st.code().unwrap_or(-1), self.log());
-            }
-            assert!(Instant::now() < end, "did not stop within 10 s:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < end, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `dxpu ctl --json` and its parsed response.
-fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
-    let out = dxpu().args(["ctl", "--json", "--socket"]).arg(sock).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!("ctl {args:?}: not JSON ({e}): {text} {}", String::from_utf8_lossy(&out.stderr))
-    });
-    (out.status.success(), v)
-}
-
-fn result(sock: &Path, args: &[&str]) -> Value {
-    let (ok, v) = ctl(sock, args);
-    assert!(ok, "ctl {args:?}: {v}");
-    v["result"].clone()
-}
-
-/// A raw JSON-RPC exchange on the socket.
-fn raw(sock: &Path, line: &str) -> Value {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    writeln!(s, "{line}").unwrap();
-    let mut buf = Vec::new();
-    let mut b = [0u8; 4096];
-    while !buf.ends_with(b"\n") {
-        let n = s.read(&mut b).unwrap();
-        assert!(n > 0, "closed without an answer to {line}");
-        buf.extend_from_slice(&b[..n]);
-    }
-    serde_json::from_slice(&buf).unwrap()
-}
-
-fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    text.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
-/// The value of the sample `name{labels}` (labels in the order the endpoint writes them).
-fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn promtool_check(text: &str) {
-    let Ok(mut p) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("skipping promtool's check: promtool not found (Debian package prometheus)");
-        return;
-    };
-    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = p.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
-    list.as_array().unwrap().iter().find(|d| d[key] == name).unwrap_or_else(|| panic!("no {name} in {list}"))
-}
+mod common;
+use common::*;
 
 #[test]
 fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_session() {
@@ -259,15 +87,18 @@ fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_
     assert_eq!(s0_after["session"], s0["session"], "gpu0's session changed");
     assert_eq!(s0_after["since"], s0["since"]);
 
-    // The box takes a device away (unexport): the host sees it removed; export brings it back.
+    // The box takes a device away (unexport): the host sees it removed, gives it back and
+    // goes on trying to attach it (down, saying why); export brings it back by itself.
     assert_eq!(result(&gs, &["unexport", "gpu1"]), json!({"unexported": "gpu1"}));
-    until("the host sees gpu1 removed", Duration::from_secs(5), || {
-        by_name(&result(&hs, &["devices"]), "name", "gpu1")["state"] == "removed"
+    until("the host sees gpu1 down", Duration::from_secs(5), || {
+        let d = by_name(&result(&hs, &["devices"]), "name", "gpu1").clone();
+        d["state"] == "down" && d["error"].as_str().is_some_and(|e| e.contains("removed"))
     });
     assert_eq!(result(&gs, &["devices"]).as_array().unwrap().len(), 1);
     assert_eq!(result(&gs, &["export", "gpu1"]), json!({"exported": "gpu1"}));
-    result(&hs, &["detach", "gpu1"]);
-    result(&hs, &["attach", "gpu1"]);
+    until("the host attaches gpu1 again by itself", Duration::from_secs(15), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu1")["state"] == "attached"
+    });
     assert_eq!(by_name(&result(&gs, &["devices"]), "name", "gpu1")["owner"], "host-a");
     assert_eq!(by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"], s0["session"]);
 
@@ -291,7 +122,7 @@ fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_
     assert!(t.starts_with("DEVICE") && t.contains("gpu0") && t.contains("host-a"), "{t}");
 
     let (code, log) = host.stop();
-    assert_eq!(code, 1, "gpu1 was removed once, so the host reports a failure at exit:\n{log}");
+    assert_eq!(code, 0, "a stop asked for is no failure, whatever the devices went through:\n{log}");
     assert!(log.contains("gpu1: removed"), "{log}");
     let (code, log) = gpu.stop();
     assert_eq!(code, 0, "{log}");

@@ -163,6 +163,8 @@ pub async fn watch(
     let keys = Keys::new(&cfg.prefix);
     let mut from: i64 = 0;
     let mut failures = 0u32;
+    let mut waits =
+        crate::Backoff::new(std::time::Duration::from_millis(100), std::time::Duration::from_secs(5));
     loop {
         let mut opts = WatchOptions::new().with_prefix().with_prev_key().with_progress_notify();
         if from > 0 {
@@ -175,7 +177,7 @@ pub async fn watch(
                     log::warn!("{}; retrying", etcd_error(cfg, "watching", e));
                 }
                 failures += 1;
-                tokio::time::sleep(crate::backoff(failures)).await;
+                tokio::time::sleep(waits.next_wait()).await;
                 continue;
             }
         };
@@ -189,6 +191,7 @@ pub async fn watch(
             Err(WatchEnd::Broken(e)) => {
                 log::warn!("{}; resuming from revision {from}", etcd_error(cfg, "watching", e));
                 failures = 0;
+                waits.reset();
             }
         }
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::etcd::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
@@ -305,6 +306,7 @@ impl Run {
     ) {
         self.keys = Keys::new(&self.cfg.prefix);
         let mut failures = 0u32;
+        let mut waits = crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         while !self.stopping.load(Ordering::Acquire) {
             match self.session(&mut lookups, &mut health).await {
                 Ok(()) => break,
@@ -312,6 +314,7 @@ impl Run {
                     if self.registered.swap(false, Ordering::AcqRel) {
                         // It had been registered: a new run of failures starts.
                         failures = 0;
+                        waits.reset();
                     }
                     // The first failure at once, then one in ten.
                     if failures.is_multiple_of(10) {
@@ -319,7 +322,7 @@ impl Run {
                     }
                     failures += 1;
                     tokio::select! {
-                        _ = tokio::time::sleep(crate::backoff(failures)) => {}
+                        _ = tokio::time::sleep(waits.next_wait()) => {}
                         _ = self.stop.notified() => break,
                     }
                 }
@@ -365,6 +368,7 @@ impl Run {
         // Where the watch goes on from; None: read the claims afresh first.
         let mut resume: Option<i64> = None;
         let mut broken = 0u32;
+        let mut waits = crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match self.serve(&mut client, lease, &mut resume, &mut broken, lookups, health).await {
                 Served::Stopped => return Ok(()),
@@ -376,8 +380,12 @@ impl Run {
                     }
                     broken += 1;
                     self.stream_resumes.fetch_add(1, Ordering::Relaxed);
+                    if broken == 1 {
+                        // The streams had opened since the last failure: a new run starts.
+                        waits.reset();
+                    }
                     tokio::select! {
-                        _ = tokio::time::sleep(crate::backoff(broken)) => {}
+                        _ = tokio::time::sleep(waits.next_wait()) => {}
                         _ = self.stop.notified() => {
                             let _ = client.lease_revoke(lease).await;
                             return Ok(());

@@ -207,6 +207,7 @@ impl Run {
 
     async fn main(mut self, mut cmds: mpsc::UnboundedReceiver<Cmd>) {
         let mut failures = 0u32;
+        let mut waits = crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             match self.lease_life(&mut cmds).await {
                 Ok(End::Stop) => break,
@@ -214,6 +215,7 @@ impl Run {
                     // Every claim of that lease is void; the endpoint was told.
                     self.held.clear();
                     failures = 0;
+                    waits.reset();
                 }
                 Err(e) => {
                     if failures.is_multiple_of(10) {
@@ -223,7 +225,7 @@ impl Run {
                     // Wait a moment, longer after each failure in a row, before trying again; only a stop (or the agent's handle
                     // gone) ends the agent. A release meanwhile is of a claim whose lease is
                     // gone with it: nothing to delete.
-                    match tokio::time::timeout(crate::backoff(failures), cmds.recv()).await {
+                    match tokio::time::timeout(waits.next_wait(), cmds.recv()).await {
                         Ok(Some(Cmd::Stop) | None) => break,
                         Ok(Some(Cmd::Release(..))) | Err(_) => {}
                     }

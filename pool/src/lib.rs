@@ -195,12 +195,37 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
-/// The wait before the `n`th attempt in a row: 100 ms doubling to 5 s, with up to half of
-/// it again at random, so that boxes cut off together do not come back in step.
-pub(crate) fn backoff(n: u32) -> Duration {
-    let base = Duration::from_millis(100).saturating_mul(1 << n.min(6)).min(Duration::from_secs(5));
-    let jitter = (crate::unix_now_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(17)) % 1000;
-    base + base.mul_f64(jitter as f64 / 2000.0)
+/// The waits between attempts in a row that fail (etcd unreachable, a box that does not
+/// answer): exponential from `min` to `max`, each with a random jitter of up to itself
+/// (backon's `ExponentialBuilder`), so that agents cut off together do not come back in
+/// step; [`Backoff::reset`] after a success.
+#[derive(Debug)]
+pub struct Backoff {
+    builder: backon::ExponentialBuilder,
+    waits: backon::ExponentialBackoff,
+    max: Duration,
+}
+
+impl Backoff {
+    /// From `min`, doubling, to `max`.
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        let builder = backon::ExponentialBuilder::new()
+            .with_min_delay(min)
+            .with_max_delay(max)
+            .with_jitter()
+            .without_max_times();
+        Backoff { builder, waits: backon::BackoffBuilder::build(builder), max }
+    }
+
+    /// How long to wait before the next attempt.
+    pub fn next_wait(&mut self) -> Duration {
+        self.waits.next().unwrap_or(self.max)
+    }
+
+    /// The next failure waits `min` again.
+    pub fn reset(&mut self) {
+        self.waits = backon::BackoffBuilder::build(self.builder);
+    }
 }
 
 /// A current-thread runtime for an agent's thread.

@@ -1,0 +1,111 @@
+//! A configuration read off the endpoint's loop: the file is read and validated on a thread
+//! of its own, with a deadline, and only the validated result reaches the loop — a key file
+//! that blocks (a FIFO, a hung network mount) costs that reload, never the datapath, the
+//! control socket or the other devices.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::control::{Call, RpcError};
+
+/// How long a reload may take to read and validate its files.
+pub(crate) const READ_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A reload in progress: its reading thread's answer, and the `ctl reload` calls waiting.
+pub(crate) struct PendingRead<T> {
+    rx: mpsc::Receiver<Result<T, String>>,
+    started: Instant,
+    deadline: Duration,
+    what: String,
+    waiters: Vec<Call>,
+}
+
+/// What became of a pending read when looked at.
+pub(crate) enum ReadState<T> {
+    /// Still reading, within its deadline.
+    Reading,
+    /// Read and validated (or refused, saying why).
+    Done(Result<T, String>),
+}
+
+impl<T: Send + 'static> PendingRead<T> {
+    /// Starts `read` on a thread of its own; `what` names it in errors (the file's path).
+    pub(crate) fn start(
+        what: String,
+        deadline: Duration,
+        read: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<PendingRead<T>, String> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("dxpu-reload".into())
+            .spawn(move || {
+                let _ = tx.send(read());
+            })
+            .map_err(|e| format!("reload: starting the reading thread: {e}"))?;
+        Ok(PendingRead { rx, started: Instant::now(), deadline, what, waiters: Vec::new() })
+    }
+
+    /// A `ctl reload` call, answered when the reload ends.
+    pub(crate) fn wait_with(&mut self, c: Call) {
+        self.waiters.push(c);
+    }
+
+    /// Whether the read ended: its result, or an error once the deadline passed (the thread
+    /// is left to finish on its own; what it reads then is dropped).
+    pub(crate) fn poll(&mut self) -> ReadState<T> {
+        match self.rx.try_recv() {
+            Ok(r) => ReadState::Done(r),
+            Err(mpsc::TryRecvError::Disconnected) => ReadState::Done(Err(format!(
+                "reload of {}: the reading thread ended without an answer",
+                self.what
+            ))),
+            Err(mpsc::TryRecvError::Empty) if self.started.elapsed() >= self.deadline => {
+                ReadState::Done(Err(format!(
+                    "reload of {}: reading and validating did not finish within {:?} (a file that blocks: a FIFO, a hung mount?)",
+                    self.what, self.deadline
+                )))
+            }
+            Err(mpsc::TryRecvError::Empty) => ReadState::Reading,
+        }
+    }
+
+    /// Answers every waiting call with `r`.
+    pub(crate) fn answer(self, r: &Result<serde_json::Value, String>) {
+        for w in self.waiters {
+            w.answer(r.clone().map_err(RpcError::failed));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_that_blocks_ends_at_its_deadline_and_one_that_answers_is_done() {
+        let (hold, blocked) = mpsc::channel::<()>();
+        let mut p = PendingRead::start("slow.toml".into(), Duration::from_millis(100), move || {
+            let _ = blocked.recv();
+            Ok(1)
+        })
+        .unwrap();
+        assert!(matches!(p.poll(), ReadState::Reading));
+        std::thread::sleep(Duration::from_millis(150));
+        match p.poll() {
+            ReadState::Done(Err(e)) => {
+                assert!(e.contains("slow.toml") && e.contains("did not finish"), "{e}")
+            }
+            _ => panic!("the deadline passed"),
+        }
+        drop(hold);
+        let mut q = PendingRead::start("ok.toml".into(), READ_DEADLINE, || Ok(2)).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match q.poll() {
+                ReadState::Done(r) => break assert_eq!(r, Ok(2)),
+                ReadState::Reading => assert!(Instant::now() < end),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

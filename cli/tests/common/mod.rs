@@ -1,0 +1,194 @@
+//! What the process-level tests of the endpoints share: keys, ports, configuration files,
+//! endpoint processes with their logs, `dxpu ctl`, metrics scrapes.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+pub const KEY_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+/// Endpoint processes share two cores: one test at a time.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn dxpu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dxpu"))
+}
+
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dxpu-ops-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn device(name: &str, allow: &str) -> String {
+    format!("[[device]]\nname = \"{name}\"\nsim = {{ vram_mib = 256 }}\nallow = [{allow}]\n")
+}
+
+pub fn gpu_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
+    let mut t = format!(
+        "listen = \"127.0.0.1:{port}\"\n[link]\nidle_timeout_ms = 1000\n[control]\nsocket = \"{}\"\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+         [[host]]\nname = \"host-a\"\nkey = \"{KEY_A}\"\n[[host]]\nname = \"host-b\"\nkey = \"{KEY_B}\"\n",
+        dir.join("gpu.sock").display()
+    );
+    for d in devices {
+        t.push_str(&device(d, "\"host-a\", \"host-b\""));
+    }
+    t
+}
+
+pub fn host_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> String {
+    let mut t = format!(
+        "[control]\nsocket = \"{}\"\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+        dir.join("host.sock").display()
+    );
+    for d in devices {
+        t.push_str(&format!(
+            "[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"{d}\"\nkey = \"{KEY_A}\"\n"
+        ));
+    }
+    t
+}
+
+/// A process whose log goes to a file (a pipe nobody reads would fill and stall it).
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn start(dir: &Path, what: &str, config: &Path) -> Proc {
+        Proc::start_with_env(dir, what, config, &[])
+    }
+    /// With `env` set for the process (`NOTIFY_SOCKET`, …).
+    pub fn start_with_env(dir: &Path, what: &str, config: &Path, env: &[(&str, &Path)]) -> Proc {
+        let log = dir.join(format!("{what}.log"));
+        let f = std::fs::File::create(&log).unwrap();
+        let mut cmd = dxpu();
+        cmd.arg(what).arg("--config").arg(config).stderr(Stdio::from(f));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Proc { child: cmd.spawn().unwrap(), log }
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's PID.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+    }
+    pub fn stop(mut self) -> (i32, String) {
+        self.signal(libc::SIGTERM);
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (st.code().unwrap_or(-1), self.log());
+            }
+            assert!(Instant::now() < end, "did not stop within 10 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < end, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `dxpu ctl --json` and its parsed response.
+pub fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
+    let out = dxpu().args(["ctl", "--json", "--socket"]).arg(sock).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!("ctl {args:?}: not JSON ({e}): {text} {}", String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.success(), v)
+}
+
+pub fn result(sock: &Path, args: &[&str]) -> Value {
+    let (ok, v) = ctl(sock, args);
+    assert!(ok, "ctl {args:?}: {v}");
+    v["result"].clone()
+}
+
+/// A raw JSON-RPC exchange on the socket.
+pub fn raw(sock: &Path, line: &str) -> Value {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    writeln!(s, "{line}").unwrap();
+    let mut buf = Vec::new();
+    let mut b = [0u8; 4096];
+    while !buf.ends_with(b"\n") {
+        let n = s.read(&mut b).unwrap();
+        assert!(n > 0, "closed without an answer to {line}");
+        buf.extend_from_slice(&b[..n]);
+    }
+    serde_json::from_slice(&buf).unwrap()
+}
+
+pub fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    text.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name{labels}` (labels in the order the endpoint writes them).
+pub fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
+}
+
+pub fn promtool_check(text: &str) {
+    let Ok(mut p) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipping promtool's check: promtool not found (Debian package prometheus)");
+        return;
+    };
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
+    list.as_array().unwrap().iter().find(|d| d[key] == name).unwrap_or_else(|| panic!("no {name} in {list}"))
+}

@@ -1,0 +1,99 @@
+//! Faults that stay local, in the endpoints as processes (docs/reliability.md): one box
+//! that does not answer costs its own device only; the control socket serves while an
+//! attach is in progress; the service manager is told which devices are up.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
+
+/// Two `[[attach]]`: gpu0 on a live box, gpu9 on a port nobody answers. gpu0 attaches and
+/// keeps its one session while gpu9 is tried again and again (down, saying why, in `ctl
+/// devices` and the metrics); `ctl status` answers at once while a `ctl attach gpu9` is in
+/// progress; sd_notify says ready with which device is up. On 9b5fbd6 the host attached
+/// gpu0, then detached it and exited 1 after 5 s ("the handshake did not complete in time").
+#[test]
+fn one_box_that_does_not_answer_costs_its_device_only() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("isolation");
+    let (port, dead, gm, hm) = (free_udp_port(), free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let hcfg = dir.join("host.toml");
+    let mut h = host_toml(&dir, port, hm, &["gpu0"]);
+    h.push_str(&format!("[[attach]]\nserver = \"127.0.0.1:{dead}\"\ndevice = \"gpu9\"\nkey = \"{KEY_A}\"\n"));
+    h.push_str("[link]\nhandshake_timeout_ms = 1000\n");
+    std::fs::write(&hcfg, h).unwrap();
+    let notify_path = dir.join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
+    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    let started = Instant::now();
+    let mut host = Proc::start_with_env(&dir, "host", &hcfg, &[("NOTIFY_SOCKET", &notify_path)]);
+    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    until("gpu0 attached", Duration::from_secs(5), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
+    });
+    let session = by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"].clone();
+    // Ready once every first attempt ended, saying which device is up and why the other
+    // is not.
+    let mut ready = String::new();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !ready.contains("READY=1") {
+        assert!(Instant::now() < end, "never ready: {ready}");
+        let mut b = [0u8; 1024];
+        if let Ok(n) = notify.recv(&mut b) {
+            ready = String::from_utf8_lossy(&b[..n]).into_owned();
+        }
+    }
+    assert!(ready.contains("STATUS=1 of 2 device(s) attached; gpu9 down ("), "{ready}");
+    let d9 = by_name(&result(&hs, &["devices"]), "name", "gpu9").clone();
+    assert!(["down", "attaching"].contains(&d9["state"].as_str().unwrap()), "{d9}");
+    // Past the 5 s after which the old host gave up on everything, and a few retries of gpu9.
+    while started.elapsed() < Duration::from_secs(8) {
+        assert!(host.child.try_wait().unwrap().is_none(), "the host exited:\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let d0 = by_name(&result(&hs, &["devices"]), "name", "gpu0").clone();
+    assert_eq!(d0["state"], "attached", "{d0}");
+    assert_eq!(
+        by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"],
+        session,
+        "gpu0 was disturbed"
+    );
+    assert_eq!(by_name(&result(&gs, &["devices"]), "name", "gpu0")["counters"]["attaches"], 1);
+    let d9 = by_name(&result(&hs, &["devices"]), "name", "gpu9").clone();
+    assert!(d9["attach_failures"].as_u64().unwrap() >= 2, "gpu9 not tried again: {d9}");
+    let why = d9["error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("gpu9") && why.contains("handshake"), "{d9}");
+    let metrics = scrape(hm);
+    assert_eq!(sample(&metrics, "dxpu_device_up{device=\"gpu9\"}"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "dxpu_device_up{device=\"gpu0\"}"), Some(1.0), "{metrics}");
+    assert!(sample(&metrics, "dxpu_attach_failures_total{device=\"gpu9\"}").unwrap() >= 2.0, "{metrics}");
+
+    // A ctl attach of the dead box waits for its attempt (1 s handshake timeout); other
+    // calls are answered meanwhile.
+    let _ = ctl(&hs, &["detach", "gpu9"]);
+    let attach = dxpu()
+        .args(["ctl", "--json", "--socket"])
+        .arg(&hs)
+        .args(["attach", "gpu9"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    assert_eq!(result(&hs, &["status"])["attached"], 1);
+    assert!(t.elapsed() < Duration::from_millis(500), "status waited {:?} behind an attach", t.elapsed());
+    let out = attach.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the attach of a dead box succeeded");
+    assert!(host.log().contains("gpu9"), "{}", host.log());
+    let (code, log) = host.stop();
+    assert_eq!(code, 0, "{log}");
+    drop(gpu);
+    let _ = std::fs::remove_dir_all(dir);
+}
