@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use crate::config::{self, GpuFile};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
+use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
 
 /// What `dxpu gpu` runs on besides the endpoint.
 pub(crate) struct GpuRuntime {
@@ -27,6 +28,9 @@ pub(crate) struct GpuRuntime {
     pub(crate) opts: GpuOptions,
     pub(crate) started: Instant,
 }
+
+/// A box's configuration as read: the file and the options it gives.
+type GpuConfig = (GpuFile, GpuOptions);
 
 /// Serves until `stop`; SIGHUP (`hup`) reloads. Control and metrics run if configured.
 pub(crate) fn serve(
@@ -44,25 +48,112 @@ pub(crate) fn serve(
     };
     let listen = ep.local_addr().map_err(|e| e.to_string())?;
     crate::notify::ready(&format!("listening on {listen}"));
+    // Files are read off this loop, which carries every device's TLPs: a key file that
+    // blocks costs the reload, not the sessions (docs/reliability.md).
+    let mut reload: Option<PendingRead<GpuConfig>> = None;
+    let mut reload_again = false;
+    let mut exports: Vec<(PendingRead<GpuConfig>, Call, String)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         if !ep.poll().map_err(|e| e.to_string())? {
             ep.wait().map_err(|e| e.to_string())?;
         }
         if hup.swap(false, Ordering::Relaxed) {
-            crate::notify::reloading();
-            match reload(ep, rt) {
-                Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
-                Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+            if reload.is_some() {
+                reload_again = true;
+            } else {
+                reload = start_read(rt, true);
             }
-            crate::notify::ready(&format!("listening on {listen}"));
         }
         while let Some(c) = calls.try_next() {
-            let r = answer(ep, rt, &c);
-            c.answer(r);
+            match c.method.as_str() {
+                "reload" => match c.only_params(&[]) {
+                    Err(e) => c.answer(Err(e)),
+                    Ok(()) => {
+                        if reload.is_none() {
+                            reload = start_read(rt, true);
+                        }
+                        match reload.as_mut() {
+                            Some(r) => r.wait_with(c),
+                            None => {
+                                c.answer(Err(RpcError::failed("reload: could not start reading the file")))
+                            }
+                        }
+                    }
+                },
+                "export" => match c.only_params(&["name"]).and_then(|()| c.str_param("name")) {
+                    Err(e) => c.answer(Err(e)),
+                    Ok(name) => match start_read(rt, false) {
+                        Some(r) => exports.push((r, c, name)),
+                        None => c.answer(Err(RpcError::failed("export: could not start reading the file"))),
+                    },
+                },
+                _ => {
+                    let r = answer(ep, rt, &c);
+                    c.answer(r);
+                }
+            }
+        }
+        if let Some(mut r) = reload.take() {
+            match r.poll() {
+                ReadState::Reading => reload = Some(r),
+                ReadState::Done(read) => {
+                    let applied = read.and_then(|(file, opts)| apply(ep, rt, file, opts));
+                    match &applied {
+                        Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
+                        Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+                    }
+                    r.answer(&applied);
+                    crate::notify::ready(&format!("listening on {listen}"));
+                    if std::mem::take(&mut reload_again) {
+                        reload = start_read(rt, true);
+                    }
+                }
+            }
+        }
+        let mut i = 0;
+        while i < exports.len() {
+            let ReadState::Done(read) = exports[i].0.poll() else {
+                i += 1;
+                continue;
+            };
+            let (_, c, name) = exports.swap_remove(i);
+            c.answer(read.and_then(|(_, opts)| export(ep, rt, &opts, &name)).map_err(RpcError::failed));
         }
     }
     crate::notify::notify("STOPPING=1");
+    if let Some(r) = reload {
+        r.answer(&Err("reload: the endpoint is stopping".into()));
+    }
+    for (_, c, name) in exports {
+        c.answer(Err(RpcError::failed(format!("export {name}: the endpoint is stopping"))));
+    }
     ep.shutdown().map_err(|e| e.to_string())
+}
+
+/// Starts reading the file off the loop (for a reload: said to the service manager).
+fn start_read(rt: &GpuRuntime, reloading: bool) -> Option<PendingRead<GpuConfig>> {
+    if reloading {
+        crate::notify::reloading();
+    }
+    let (path, overrides) = (rt.path.clone(), [rt.listen.clone(), rt.driver.clone(), rt.poll.clone()]);
+    match PendingRead::start(rt.path.display().to_string(), READ_DEADLINE, move || {
+        read_options(&path, &overrides)
+    }) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            log::error!("{e}");
+            None
+        }
+    }
+}
+
+/// `dxpu ctl export NAME`: the `[[device]]` of that name in the file as just read.
+fn export(ep: &mut GpuEndpoint, rt: &GpuRuntime, opts: &GpuOptions, name: &str) -> Result<Value, String> {
+    let Some(spec) = opts.exports.iter().find(|e| e.name == name) else {
+        return Err(format!("export {name}: no [[device]] of that name in {}", rt.path.display()));
+    };
+    ep.add_export(spec).map_err(|e| e.to_string())?;
+    Ok(json!({"exported": name}))
 }
 
 fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, RpcError> {
@@ -96,28 +187,11 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
             c.only_params(&[])?;
             Ok(stats_json(ep))
         }
-        "export" => {
-            c.only_params(&["name"])?;
-            let name = c.str_param("name")?;
-            let opts = read_options(rt).map_err(RpcError::failed)?.1;
-            let Some(spec) = opts.exports.iter().find(|e| e.name == name) else {
-                return Err(RpcError::failed(format!(
-                    "export {name}: no [[device]] of that name in {}",
-                    rt.path.display()
-                )));
-            };
-            ep.add_export(spec).map_err(RpcError::failed)?;
-            Ok(json!({"exported": name}))
-        }
         "unexport" => {
             c.only_params(&["name"])?;
             let name = c.str_param("name")?;
             ep.remove_export(&name).map_err(RpcError::failed)?;
             Ok(json!({"unexported": name}))
-        }
-        "reload" => {
-            c.only_params(&[])?;
-            reload(ep, rt).map_err(RpcError::failed)
         }
         "metrics" => Ok(Value::String(metrics(ep).render())),
         m => Err(RpcError::new(
@@ -136,25 +210,33 @@ fn poll_name(o: &GpuOptions) -> &'static str {
     }
 }
 
-/// The file as it is now, with the command line's overrides, and the options it gives
-/// (validated exactly as at start).
-fn read_options(rt: &GpuRuntime) -> Result<(GpuFile, GpuOptions), String> {
-    let mut file: GpuFile = config::read(&rt.path)?;
-    if let Some(d) = &rt.driver {
+/// The file as it is now, with the command line's overrides (`--listen`, `--driver`,
+/// `--poll`), and the options it gives (validated exactly as at start). Runs off the loop.
+fn read_options(
+    path: &std::path::Path,
+    overrides: &[Option<String>; 3],
+) -> Result<(GpuFile, GpuOptions), String> {
+    let [listen, driver, poll] = overrides;
+    let mut file: GpuFile = config::read(path)?;
+    if let Some(d) = driver {
         file.link.driver = Some(d.clone());
     }
-    if let Some(p) = &rt.poll {
+    if let Some(p) = poll {
         file.link.poll = Some(p.clone());
     }
-    let opts = file.options(rt.listen.as_deref()).map_err(|e| format!("{}: {e}", rt.path.display()))?;
+    let opts = file.options(listen.as_deref()).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((file, opts))
 }
 
-/// Reads the file again and applies what changed: exports added, removed, or changed
+/// Applies a file read and validated off the loop: exports added, removed, or changed
 /// (removed and exported again; only their allow list: changed in place), hosts added.
-/// Refused, nothing changed, if the file does not validate or changes what needs a restart.
-pub(crate) fn reload(ep: &mut GpuEndpoint, rt: &mut GpuRuntime) -> Result<Value, String> {
-    let (file, opts) = read_options(rt)?;
+/// Refused, nothing changed, if it changes what needs a restart.
+fn apply(
+    ep: &mut GpuEndpoint,
+    rt: &mut GpuRuntime,
+    file: GpuFile,
+    opts: GpuOptions,
+) -> Result<Value, String> {
     let fixed = rt.file.restart_only_changes(&file);
     if !fixed.is_empty() {
         return Err(format!("{}: {} changed: that needs a restart", rt.path.display(), fixed.join(", ")));

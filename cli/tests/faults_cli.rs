@@ -97,3 +97,55 @@ fn one_box_that_does_not_answer_costs_its_device_only() {
     drop(gpu);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A reload whose key file blocks (a FIFO nobody writes; a hung network mount): the box's
+/// loop goes on — the attached host keeps its session, `ctl status` answers at once — and the
+/// reload applies once the file can be read. On 9b5fbd6 the read ran on the loop: the host
+/// was surprise-removed after the link's idle timeout and the control socket went silent.
+#[test]
+fn a_reload_whose_key_file_blocks_does_not_freeze_the_box() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("fifo-reload");
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    let base = gpu_toml(&dir, port, gm, &["gpu0"]);
+    std::fs::write(&gcfg, &base).unwrap();
+    let hcfg = dir.join("host.toml");
+    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
+    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    let host = Proc::start(&dir, "host", &hcfg);
+    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    until("gpu0 attached", Duration::from_secs(5), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
+    });
+    let session = by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"].clone();
+    let fifo = dir.join("host-c.key");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::write(&gcfg, format!("{base}[[host]]\nname = \"host-c\"\nkey_file = \"{}\"\n", fifo.display()))
+        .unwrap();
+    gpu.signal(libc::SIGHUP);
+    // Three times the link's idle timeout (1 s): the box's loop must keep answering.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        let asked = Instant::now();
+        let st = result(&gs, &["status"]);
+        assert!(asked.elapsed() < Duration::from_millis(500), "status took {:?}", asked.elapsed());
+        assert_eq!(st["sessions"], 1, "{st}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"], "attached");
+    assert_eq!(by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"], session);
+    assert!(!gpu.log().contains("reloaded"), "{}", gpu.log());
+    // The key arrives: the reload applies.
+    std::fs::write(&fifo, format!("{}\n", "c3".repeat(32))).unwrap();
+    until("the reload applies", Duration::from_secs(5), || gpu.log().contains("reloaded"));
+    assert!(result(&gs, &["status"])["hosts"].as_array().unwrap().iter().any(|h| h == "host-c"));
+    assert_eq!(by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"], session);
+    let (code, log) = host.stop();
+    assert_eq!(code, 0, "{log}");
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
