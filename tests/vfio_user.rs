@@ -593,7 +593,7 @@ fn the_socket_is_private_whatever_the_umask_and_nothing_else_at_its_path_is_repl
     // A regular file at the path stays, and the server says why it will not start.
     std::fs::write(&path, b"precious").unwrap();
     let e = VfioUserServer::bind(&path, attach("gpu0"), link::driver::PollMode::Blocking).err().unwrap();
-    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert!(e.to_string().contains("is a regular file: refusing to replace it"), "{e}");
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
     std::fs::remove_file(&path).unwrap();
 

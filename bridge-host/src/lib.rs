@@ -25,7 +25,8 @@
 //! the same register-and-mask model as the box's functions), `requester` (tags, outstanding
 //! reads, completion timeouts), `dma` (the windows), `device` (the state of one attached
 //! device and the request path), `receive` (what arrives, through `bridge::dispatch`),
-//! `remote` (the public API and the service thread), `vfio_user` (the server for VMMs);
+//! `remote` (the public API and the service thread), `vfio_user` (the server for VMMs),
+//! `socket_path` (a UNIX socket at a path an operator named, never replacing what is not ours);
 //! `addr` and `error` are the types that cross the API.
 //!
 //! The calling thread drives the link itself (run-to-completion): a register read queues
@@ -63,6 +64,7 @@ mod fence;
 mod receive;
 mod remote;
 mod requester;
+pub mod socket_path;
 mod stats;
 pub mod vfio_user;
 
@@ -74,6 +76,7 @@ pub use driver::MSI_BASE;
 pub use error::HostError;
 pub use fence::Fence;
 pub use remote::{RemoteDevice, RemovalWatch};
+pub use socket_path::SocketAccess;
 pub use stats::{HostStats, LatencyHistogram};
 
 pub(crate) use device::Access;

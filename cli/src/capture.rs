@@ -64,7 +64,13 @@ impl Capture {
     /// Creates `path` (replacing it) and starts its writer; `limit` bounds its size.
     pub(crate) fn create(path: &Path, limit: u64) -> Result<Capture, String> {
         let at = path.display().to_string();
-        let f = File::create(path).map_err(|e| format!("--capture {at}: {e}"))?;
+        // A file that is there already is someone's: never truncated (docs/reliability.md).
+        let f = File::options().write(true).create_new(true).open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                format!("--capture {at}: exists; refusing to overwrite it (remove it, or name another file)")
+            }
+            _ => format!("--capture {at}: {e}"),
+        })?;
         let mut w = PcapNgWriter::new(BufWriter::new(f)).map_err(|e| format!("--capture {at}: {e}"))?;
         let idb = InterfaceDescriptionBlock {
             linktype: DataLink::ETHERNET,

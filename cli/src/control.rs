@@ -8,9 +8,8 @@
 //! datapath never waits on a client.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -132,35 +131,23 @@ impl Calls {
 
 /// The control socket, serving until dropped.
 pub(crate) struct ControlServer {
-    path: PathBuf,
+    socket: bridge_host::socket_path::SocketPath,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
 }
 
 impl ControlServer {
-    /// Binds `path` (mode 0600; a stale socket there that nobody serves is replaced, a live
-    /// one is an error) and starts accepting.
+    /// Binds `path` (mode 0600; a stale socket there that nobody serves is replaced; a live
+    /// one, or anything that is not a socket — a file, a symlink — is an error and is left
+    /// alone) and starts accepting.
     pub(crate) fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, String> {
         let at = path.display();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| format!("control socket {at}: creating {}: {e}", dir.display()))?;
         }
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(format!("control socket {at}: another process serves it"));
-            }
-            std::fs::remove_file(path)
-                .map_err(|e| format!("control socket {at}: removing the stale socket: {e}"))?;
-        }
-        // Created with no permission for group and others: a client that could connect
-        // between bind and chmod would be one of the owner's.
-        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-        let bound = UnixListener::bind(path);
-        rustix::process::umask(old);
-        let listener = bound.map_err(|e| format!("control socket {at}: {e}"))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("control socket {at}: chmod 0600: {e}"))?;
+        let (listener, socket) = bridge_host::socket_path::bind(path, bridge_host::SocketAccess::default())
+            .map_err(|e| format!("control socket: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| format!("control socket {at}: {e}"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -169,7 +156,7 @@ impl ControlServer {
             .spawn(move || accept_loop(listener, tx, stop2))
             .map_err(|e| format!("control socket {at}: starting its thread: {e}"))?;
         log::info!("control socket on {at}");
-        Ok(ControlServer { path: path.to_path_buf(), stop, accept: Some(accept) })
+        Ok(ControlServer { socket, stop, accept: Some(accept) })
     }
 }
 
@@ -179,7 +166,7 @@ impl Drop for ControlServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        self.socket.remove();
     }
 }
 
@@ -362,7 +349,7 @@ mod tests {
         t.join().unwrap();
     }
 
-    fn socket_path(what: &str) -> PathBuf {
+    fn socket_path(what: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("dxpu-control-{what}-{}.sock", std::process::id()))
     }
 

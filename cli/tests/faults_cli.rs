@@ -149,3 +149,42 @@ fn a_reload_whose_key_file_blocks_does_not_freeze_the_box() {
     assert_eq!(code, 0, "{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `[control] socket` naming the configuration file, a symlink to it, or a live socket: the
+/// endpoint refuses to start, says why, and the file is untouched. A stale socket (nobody
+/// listens) is replaced. On 9b5fbd6 the configuration file itself was deleted.
+#[test]
+fn a_control_socket_path_that_is_not_a_stale_socket_is_refused_and_left_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sock-path");
+    let port = free_udp_port();
+    let gcfg = dir.join("gpu.toml");
+    let link = dir.join("link.sock");
+    std::os::unix::fs::symlink(&gcfg, &link).unwrap();
+    for (target, why) in [(&gcfg, "a regular file"), (&link, "a symbolic link")] {
+        let text = gpu_toml(&dir, port, free_tcp_port(), &["gpu0"])
+            .replace(&dir.join("gpu.sock").display().to_string(), &target.display().to_string());
+        std::fs::write(&gcfg, &text).unwrap();
+        let out = dxpu().arg("gpu").arg("--config").arg(&gcfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(why) && err.contains("refusing to replace it"), "{err}");
+        assert_eq!(std::fs::read_to_string(&gcfg).unwrap(), text, "the configuration file was touched");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    }
+    // A live socket (another endpoint's) is refused; a stale one replaced.
+    let sock = dir.join("gpu.sock");
+    let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::write(&gcfg, gpu_toml(&dir, port, free_tcp_port(), &["gpu0"])).unwrap();
+    let out = dxpu().arg("gpu").arg("--config").arg(&gcfg).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("live socket"), "{out:?}");
+    drop(live);
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    until("the box serves over the stale socket's path", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    assert!(!sock.exists(), "its own socket is removed at the stop");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -64,13 +64,17 @@ impl VfioUserServer {
             }
         };
         if !h.is_command() {
-            log::warn!("vfio-user {}: reply {} to nothing asked; dropped", self.path.display(), h.id);
+            log::warn!(
+                "vfio-user {}: reply {} to nothing asked; dropped",
+                self.socket.path().display(),
+                h.id
+            );
             return None;
         }
         let req = match proto::parse_request(h.command, &m.payload, MAX_DATA_XFER) {
             Ok(r) => r,
             Err(e) => {
-                log::warn!("vfio-user {}: {e}", self.path.display());
+                log::warn!("vfio-user {}: {e}", self.socket.path().display());
                 return answer(Err(errno::EINVAL), &self.counters);
             }
         };
@@ -78,13 +82,13 @@ impl VfioUserServer {
         if !m.fds.is_empty() && !expects_fds {
             log::warn!(
                 "vfio-user {}: {} came with file descriptors",
-                self.path.display(),
+                self.socket.path().display(),
                 cmd::name(h.command)
             );
             return answer(Err(errno::EINVAL), &self.counters);
         }
         if !s.version && !matches!(req, Request::Version { .. }) {
-            log::warn!("vfio-user {}: {} before VERSION", self.path.display(), cmd::name(h.command));
+            log::warn!("vfio-user {}: {} before VERSION", self.socket.path().display(), cmd::name(h.command));
             return answer(Err(errno::EINVAL), &self.counters);
         }
         let r = match req {
@@ -92,7 +96,7 @@ impl VfioUserServer {
                 if major != 0 {
                     log::warn!(
                         "vfio-user {}: client speaks version {major}.{minor}; this server 0.1",
-                        self.path.display()
+                        self.socket.path().display()
                     );
                     Err(errno::ENOTSUP)
                 } else {
@@ -133,7 +137,7 @@ impl VfioUserServer {
                 } else {
                     log::debug!(
                         "vfio-user {}: DMA_UNMAP of {address:#x}+{size:#x}: not mapped",
-                        self.path.display()
+                        self.socket.path().display()
                     );
                     Err(errno::ENOENT)
                 }
@@ -182,7 +186,7 @@ impl VfioUserServer {
             Request::Unsupported { command } => {
                 log::debug!(
                     "vfio-user {}: {} ({command}) not implemented",
-                    self.path.display(),
+                    self.socket.path().display(),
                     cmd::name(command)
                 );
                 Err(if command == cmd::DEVICE_FEATURE { errno::ENOTSUP } else { errno::ENOSYS })
@@ -212,14 +216,17 @@ impl VfioUserServer {
         if bad {
             log::warn!(
                 "vfio-user {}: DMA_MAP {address:#x}+{size:#x} (offset {offset:#x}, flags {flags:#x}, {} fds) refused",
-                self.path.display(),
+                self.socket.path().display(),
                 fds.len()
             );
             return Err(errno::EINVAL);
         }
         let Ok(len) = usize::try_from(size) else { return Err(errno::EINVAL) };
         if self.device.window_count() >= MAX_DMA_MAPS as usize {
-            log::warn!("vfio-user {}: DMA_MAP: {MAX_DMA_MAPS} windows already mapped", self.path.display());
+            log::warn!(
+                "vfio-user {}: DMA_MAP: {MAX_DMA_MAPS} windows already mapped",
+                self.socket.path().display()
+            );
             return Err(errno::ENOSPC);
         }
         let added = match fds.pop() {
@@ -230,7 +237,7 @@ impl VfioUserServer {
                         "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: the client's file is not a memfd sealed \
                          against shrinking (F_SEAL_SHRINK), so it is not mapped here (a truncation would crash \
                          this process); the device reaches it through DMA_READ / DMA_WRITE messages, slower",
-                        self.path.display()
+                        self.socket.path().display()
                     );
                     let io = ClientDma { chan: s.chan.clone(), counters: self.counters.clone() };
                     self.device.map_client_window(BusAddr(address), len, Box::new(io), read, write)
@@ -238,7 +245,7 @@ impl VfioUserServer {
                 Err(e) => {
                     log::warn!(
                         "vfio-user {}: DMA_MAP {address:#x}+{size:#x}: cannot map the client's file at {offset:#x}: {e}",
-                        self.path.display()
+                        self.socket.path().display()
                     );
                     return Err(e.raw_os_error().map_or(errno::EINVAL, |n| n as u32));
                 }
@@ -251,7 +258,7 @@ impl VfioUserServer {
         match added {
             Ok(()) => Ok(Vec::new()),
             Err(why) => {
-                log::warn!("vfio-user {}: DMA_MAP: {why}", self.path.display());
+                log::warn!("vfio-user {}: DMA_MAP: {why}", self.socket.path().display());
                 Err(errno::EEXIST)
             }
         }
@@ -410,7 +417,7 @@ impl VfioUserServer {
             let _ = f.write(&1u64.to_ne_bytes());
             log::error!(
                 "vfio-user {}: device removed ({why}); error notifier signalled",
-                self.path.display()
+                self.socket.path().display()
             );
         }
     }
@@ -444,7 +451,7 @@ impl VfioUserServer {
                 Access::Write(b) => self.device.bar_write(index as usize, offset, b),
             };
             if let Err(e) = done {
-                log::debug!("vfio-user {}: region access refused: {e}", self.path.display());
+                log::debug!("vfio-user {}: region access refused: {e}", self.socket.path().display());
                 return Err(errno::EINVAL);
             }
         } else {
@@ -456,7 +463,7 @@ impl VfioUserServer {
             if n <= 4 || n.is_power_of_two() {
                 log::warn!(
                     "vfio-user {}: access to region {index} at {offset:#x} failed (reads return all-ones): device removed: {why} ({n} so far)",
-                    self.path.display()
+                    self.socket.path().display()
                 );
             }
         }

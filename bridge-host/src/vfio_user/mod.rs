@@ -38,7 +38,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use crate::RemoteDevice;
+use crate::socket_path::{SocketAccess, SocketPath};
 use driver::{MsixTableInfo, find_capability, msix_table};
 use link::driver::PollMode;
 use proto::{cmd, errno};
@@ -136,7 +137,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A vfio-user server for one remote device.
 pub struct VfioUserServer {
     listener: UnixListener,
-    path: PathBuf,
+    socket: SocketPath,
     device: RemoteDevice,
     /// Blocking: sleep in `poll` on the client socket and the link together. Busy: poll
     /// both without sleeping for `spin` after the last thing that happened, then sleep.
@@ -153,52 +154,24 @@ pub struct VfioUserServer {
     said_no_link_fd: bool,
 }
 
-/// A listening UNIX socket at `path` that only this user can connect to: bound, made 0600,
-/// and only then listening, so no connection can come in while the mode still follows the
-/// umask (connecting to a socket that does not listen yet is refused).
-fn bind_private(path: &Path) -> io::Result<UnixListener> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let at = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()));
-    match std::fs::symlink_metadata(path) {
-        Ok(m) => {
-            use std::os::unix::fs::FileTypeExt;
-            if !m.file_type().is_socket() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a socket: refusing to replace it", path.display()),
-                ));
-            }
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is a live socket: another server listens there", path.display()),
-                ));
-            }
-            std::fs::remove_file(path).map_err(|e| at(e, "removing the stale socket"))?;
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(at(e, "looking at")),
-    }
-    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
-        .map_err(|e| at(e.into(), "a socket for"))?;
-    let addr = SocketAddrUnix::new(path).map_err(|e| at(e.into(), "the socket address"))?;
-    rustix::net::bind(&fd, &addr).map_err(|e| at(e.into(), "binding"))?;
-    let listening = rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o600))
-        .and_then(|()| rustix::net::listen(&fd, 16));
-    if let Err(e) = listening {
-        let _ = std::fs::remove_file(path);
-        return Err(at(e.into(), "making private and listening on"));
-    }
-    Ok(UnixListener::from(fd))
-}
-
 impl VfioUserServer {
     /// Serves `device` on a UNIX socket at `path`, created with mode 0600 whatever the umask
     /// (only this user may connect: the socket is the VM's door to the device). A stale socket
     /// there (nobody listening) is replaced; a live one, or anything that is not a socket, is
     /// left alone and refused.
     pub fn bind(path: &Path, device: RemoteDevice, wait: PollMode) -> io::Result<VfioUserServer> {
-        let listener = bind_private(path)?;
+        VfioUserServer::bind_with(path, SocketAccess::default(), device, wait)
+    }
+
+    /// [`VfioUserServer::bind`] with the socket's mode, owner and group given (a VMM that
+    /// runs as another user — libvirt's QEMU — connects through a group).
+    pub fn bind_with(
+        path: &Path,
+        access: SocketAccess,
+        device: RemoteDevice,
+        wait: PollMode,
+    ) -> io::Result<VfioUserServer> {
+        let (listener, socket) = crate::socket_path::bind(path, access)?;
         listener.set_nonblocking(true)?;
         let mut device = device;
         let msix_cap = find_capability(&mut device, 0x11);
@@ -218,7 +191,7 @@ impl VfioUserServer {
         log::info!("vfio-user: serving {} on {} ({} MSI-X vectors)", device.box_id(), path.display(), n);
         Ok(VfioUserServer {
             listener,
-            path: path.to_path_buf(),
+            socket,
             device,
             wait,
             idle_since: None,
@@ -239,7 +212,7 @@ impl VfioUserServer {
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.socket.path()
     }
 
     /// The device served.
@@ -247,9 +220,9 @@ impl VfioUserServer {
         &self.device
     }
 
-    /// Gives the device back (the socket file is removed).
+    /// Gives the device back (the socket file is removed, if the path still holds it).
     pub fn into_device(self) -> RemoteDevice {
-        let _ = std::fs::remove_file(&self.path);
+        self.socket.remove();
         self.device.set_interrupt_sink(None);
         self.device
     }
@@ -260,7 +233,7 @@ impl VfioUserServer {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     bump(&self.counters.clients);
-                    log::info!("vfio-user {}: client connected", self.path.display());
+                    log::info!("vfio-user {}: client connected", self.socket.path().display());
                     self.serve_client(stream, stop);
                     self.client_gone();
                 }
@@ -293,7 +266,7 @@ impl VfioUserServer {
                 log::info!(
                     "vfio-user {}: the link driver has no descriptor to sleep on (io_uring after \
                      sleeping in its multishot receive); waking every millisecond while it has none",
-                    self.path.display()
+                    self.socket.path().display()
                 );
             }
             cap.min(Duration::from_millis(1))
@@ -327,13 +300,13 @@ impl VfioUserServer {
         // Non-blocking: the client's bytes are taken as they come (see `Channel`), and the
         // link is driven between them whatever the client does.
         if let Err(e) = stream.set_nonblocking(true) {
-            log::error!("vfio-user {}: client socket: {e}", self.path.display());
+            log::error!("vfio-user {}: client socket: {e}", self.socket.path().display());
             return;
         }
         let client_fd = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
-                log::error!("vfio-user {}: client socket: {e}", self.path.display());
+                log::error!("vfio-user {}: client socket: {e}", self.socket.path().display());
                 return;
             }
         };
@@ -353,7 +326,7 @@ impl VfioUserServer {
                 Some(Err(RecvError::TooLarge(h))) => {
                     log::warn!(
                         "vfio-user {}: {} of {} bytes is over the {MAX_MESSAGE}-byte limit",
-                        self.path.display(),
+                        self.socket.path().display(),
                         cmd::name(h.command),
                         h.size
                     );
@@ -373,7 +346,10 @@ impl VfioUserServer {
                     self.refuse_others();
                     let mut c = lock(&chan);
                     if let Err(e) = c.flush() {
-                        log::info!("vfio-user {}: client gone while replying: {e}", self.path.display());
+                        log::info!(
+                            "vfio-user {}: client gone while replying: {e}",
+                            self.socket.path().display()
+                        );
                         return;
                     }
                     if ready && let Err(e) = c.fill() {
@@ -382,7 +358,7 @@ impl VfioUserServer {
                     }
                     if let Some(why) = c.stalled(Instant::now()) {
                         bump(&self.counters.stalled);
-                        log::warn!("vfio-user {}: dropping the client: {why}", self.path.display());
+                        log::warn!("vfio-user {}: dropping the client: {why}", self.socket.path().display());
                         return;
                     }
                     None
@@ -395,11 +371,11 @@ impl VfioUserServer {
                 if let Some(r) = reply
                     && let Err(e) = c.send(&r)
                 {
-                    log::info!("vfio-user {}: client gone while replying: {e}", self.path.display());
+                    log::info!("vfio-user {}: client gone while replying: {e}", self.socket.path().display());
                     return;
                 }
                 if c.gone {
-                    log::info!("vfio-user {}: client gone", self.path.display());
+                    log::info!("vfio-user {}: client gone", self.socket.path().display());
                     return;
                 }
             }
@@ -411,7 +387,7 @@ impl VfioUserServer {
             let lost = lock(&chan).lost.take();
             if let Some(why) = lost {
                 bump(&self.counters.stalled);
-                log::warn!("vfio-user {}: dropping the client: {why}", self.path.display());
+                log::warn!("vfio-user {}: dropping the client: {why}", self.socket.path().display());
                 return;
             }
         }
@@ -419,13 +395,15 @@ impl VfioUserServer {
 
     fn log_closing(&self, e: &RecvError) {
         match e {
-            RecvError::Closed => log::info!("vfio-user {}: client disconnected", self.path.display()),
+            RecvError::Closed => {
+                log::info!("vfio-user {}: client disconnected", self.socket.path().display())
+            }
             RecvError::Fatal(why) => {
-                log::warn!("vfio-user {}: closing the connection: {why}", self.path.display())
+                log::warn!("vfio-user {}: closing the connection: {why}", self.socket.path().display())
             }
             RecvError::TooLarge(h) => log::warn!(
                 "vfio-user {}: closing the connection: {} of {} bytes",
-                self.path.display(),
+                self.socket.path().display(),
                 cmd::name(h.command),
                 h.size
             ),
@@ -436,7 +414,10 @@ impl VfioUserServer {
     fn refuse_others(&self) {
         while let Ok((s, _)) = self.listener.accept() {
             bump(&self.counters.refused);
-            log::warn!("vfio-user {}: refused a second client: one is being served", self.path.display());
+            log::warn!(
+                "vfio-user {}: refused a second client: one is being served",
+                self.socket.path().display()
+            );
             drop(s);
         }
     }
@@ -464,13 +445,19 @@ impl VfioUserServer {
         let command = u16::from_le_bytes(c) & !(1 << 2);
         self.device.config_write_bytes(0x04, &command.to_le_bytes());
         let Some(cap) = self.pcie_cap else {
-            log::warn!("vfio-user {}: the device has no PCI Express capability: no FLR", self.path.display());
+            log::warn!(
+                "vfio-user {}: the device has no PCI Express capability: no FLR",
+                self.socket.path().display()
+            );
             return;
         };
         let mut b = [0u8; 4];
         self.device.config_read_bytes(cap + 4, &mut b);
         if u32::from_le_bytes(b) & (1 << 28) == 0 {
-            log::warn!("vfio-user {}: the device cannot do a function-level reset", self.path.display());
+            log::warn!(
+                "vfio-user {}: the device cannot do a function-level reset",
+                self.socket.path().display()
+            );
             return;
         }
         let mut ctl = [0u8; 2];
@@ -482,7 +469,7 @@ impl VfioUserServer {
             self.device.service();
             std::thread::sleep(Duration::from_millis(5));
         }
-        log::info!("vfio-user {}: device reset (FLR)", self.path.display());
+        log::info!("vfio-user {}: device reset (FLR)", self.socket.path().display());
     }
 }
 
