@@ -6,9 +6,7 @@
 //! here is always one the endpoint already keeps, so what a scrape reports is what
 //! `dxpu ctl stats` says.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -173,33 +171,40 @@ fn family(f: &Family) -> proto::MetricFamily {
     out
 }
 
-/// The metrics server: one scrape at a time, each bounded in time.
+/// How long a client may take to send its request's head; then its connection is closed.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may stay open in all.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+/// Connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a scrape waits for the endpoint's loop to answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The metrics server: hyper's HTTP/1 on a small tokio runtime of its own, each connection
+/// a task, so that scrapes are served concurrently and no slow, idle or hostile client holds
+/// up another (a request head must arrive within 5 s, a connection lives at most 30 s, at
+/// most 64 at once). Each scrape asks the endpoint's loop for the exposition through a call.
 pub(crate) struct MetricsServer {
-    stop: Arc<AtomicBool>,
+    stop: Arc<tokio::sync::Notify>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl MetricsServer {
     /// Listens on `addr`; each scrape sends a `metrics` call to the endpoint through `calls`.
     pub(crate) fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, String> {
-        let listener = TcpListener::bind(addr).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+        let listener =
+            std::net::TcpListener::bind(addr).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("metrics.listen {addr}: {e}"))?;
         listener.set_nonblocking(true).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("metrics: its runtime: {e}"))?;
+        let stop = Arc::new(tokio::sync::Notify::new());
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("dxpu-metrics".into())
-            .spawn(move || {
-                while !stop2.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((s, _)) => scrape(s, &calls),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20))
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
-                    }
-                }
-            })
+            .spawn(move || rt.block_on(serve(listener, calls, stop2)))
             .map_err(|e| format!("metrics: starting its thread: {e}"))?;
         log::info!("metrics on http://{addr}/metrics");
         Ok(MetricsServer { stop, thread: Some(thread) })
@@ -208,46 +213,96 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-/// One HTTP exchange: `GET /metrics` answered with the exposition, anything else 404/405.
-fn scrape(mut s: TcpStream, calls: &mpsc::Sender<Call>) {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    let text = String::from_utf8_lossy(&head);
-    let mut first = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    let (status, body, ctype) = if method != "GET" {
-        ("405 Method Not Allowed", "only GET\n".to_string(), "text/plain")
-    } else if path != "/metrics" && !path.starts_with("/metrics?") {
-        ("404 Not Found", "metrics are at /metrics\n".to_string(), "text/plain")
-    } else {
-        let (call, answer) = Call::new("metrics", serde_json::Value::Null);
-        let got = calls.send(call).ok().and_then(|_| answer.recv_timeout(Duration::from_secs(5)).ok());
-        match got {
-            Some(Ok(serde_json::Value::String(t))) => ("200 OK", t, prometheus::TEXT_FORMAT),
-            _ => ("503 Service Unavailable", "the endpoint did not answer\n".to_string(), "text/plain"),
-        }
+async fn serve(listener: std::net::TcpListener, calls: mpsc::Sender<Call>, stop: Arc<tokio::sync::Notify>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return log::error!("metrics: {e}"),
     };
-    let _ = write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = stop.notified() => return,
+        };
+        let stream = tokio::select! {
+            a = listener.accept() => match a {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    log::warn!("metrics: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = stop.notified() => return,
+        };
+        let calls = calls.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| answer(req, calls.clone()));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                // One request a connection (`Connection: close`), as a scraper needs.
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            // A connection kept open past its lifetime is closed, whatever it does.
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+        });
+    }
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+/// One request: `GET` or `HEAD /metrics` answered with the exposition, other paths 404,
+/// other methods 405 (with `Allow`).
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+    calls: mpsc::Sender<Call>,
+) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    let text = |status: u16, body: &str| {
+        let mut r = hyper::Response::new(Body::from(body.to_string()));
+        *r.status_mut() =
+            hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        r.headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
+        r
+    };
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        let mut r = text(405, "only GET and HEAD\n");
+        r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET, HEAD"));
+        return Ok(r);
+    }
+    if req.uri().path() != "/metrics" {
+        return Ok(text(404, "metrics are at /metrics\n"));
+    }
+    let (call, reply) = Call::new("metrics", serde_json::Value::Null);
+    if calls.send(call).is_err() {
+        return Ok(text(503, "the endpoint is stopping\n"));
+    }
+    // The endpoint's loop answers between its polls: wait for it off this runtime's thread.
+    let got =
+        tokio::task::spawn_blocking(move || reply.recv_timeout(ANSWER_TIMEOUT).ok()).await.ok().flatten();
+    Ok(match got {
+        Some(Ok(serde_json::Value::String(t))) => {
+            let mut r = hyper::Response::new(Body::from(t));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(prometheus::TEXT_FORMAT),
+            );
+            r
+        }
+        _ => text(503, "the endpoint did not answer\n"),
+    })
 }
 
 /// The link counters of one session, labelled `labels` (device, host, peer).

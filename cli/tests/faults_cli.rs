@@ -188,3 +188,54 @@ fn a_control_socket_path_that_is_not_a_stale_socket_is_refused_and_left_alone() 
     assert!(!sock.exists(), "its own socket is removed at the stop");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Twenty idle connections and one that trickles a byte every 1.5 s to the metrics port:
+/// scrapes still answer at once, and HEAD is answered too. On 9b5fbd6 the server took one
+/// connection at a time, waiting up to 2 s for each request: six idle connections made a
+/// scrape take 11.6 s, and the trickler blinded it for as long as it went on.
+#[test]
+fn no_slow_or_idle_client_blocks_a_scrape() {
+    use std::io::{Read, Write};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("metrics-slow");
+    let (port, gm) = (free_udp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    until("the metrics port", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", gm)).is_ok()
+    });
+    let idle: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(("127.0.0.1", gm)).unwrap()).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let trickler = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", gm)).unwrap();
+        for b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n".iter() {
+            if s2.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let t = Instant::now();
+        let text = scrape(gm);
+        assert!(t.elapsed() < Duration::from_secs(1), "a scrape took {:?}", t.elapsed());
+        assert!(text.contains("dxpu_up{role=\"gpu\""), "{text}");
+    }
+    // HEAD: the headers of a scrape, no body.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", gm)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut head = String::new();
+    s.read_to_string(&mut head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.ends_with("\r\n\r\n"), "a body came with HEAD: {head}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(idle);
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    trickler.join().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
