@@ -245,10 +245,68 @@ fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBoo
     }
 }
 
+/// JSON in which no object names a key twice: `{"method":"status","method":"reload"}` is
+/// refused rather than read as its last key (RFC 8259 §4 leaves duplicates' meaning to the
+/// reader; a control socket must not guess which of two methods was meant).
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(Strict(e)) = a.next_element()? {
+            v.push(e);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut m = serde_json::Map::new();
+        while let Some(k) = a.next_key::<String>()? {
+            let Strict(v) = a.next_value()?;
+            if m.insert(k.clone(), v).is_some() {
+                return Err(serde::de::Error::custom(format!("the key {k:?} appears twice in one object")));
+            }
+        }
+        Ok(Value::Object(m))
+    }
+}
+
 /// One request line: parsed, checked, handed to the endpoint, answered.
 fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Value {
-    let req: Value = match serde_json::from_slice(text) {
-        Ok(v) => v,
+    let req: Value = match serde_json::from_slice::<Strict>(text) {
+        Ok(v) => v.0,
         Err(e) => return response(Value::Null, Err(RpcError::new(PARSE_ERROR, format!("not JSON: {e}")))),
     };
     let id = req.get("id").cloned().unwrap_or(Value::Null);
@@ -285,20 +343,54 @@ fn response(id: Value, r: Result<Value, RpcError>) -> Value {
     }
 }
 
-/// Calls `method` on the control socket at `path` (the `dxpu ctl` side).
+/// The longest answer `dxpu ctl` reads (a devices list of thousands fits many times over).
+pub(crate) const MAX_ANSWER: usize = 16 << 20;
+
+/// Calls `method` on the control socket at `path` (the `dxpu ctl` side). `timeout` is a
+/// deadline for the whole exchange, not per read, and an answer longer than
+/// [`MAX_ANSWER`] is refused: a server that trickles or streams without end costs the
+/// caller that long and that much, no more.
 pub(crate) fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, String> {
     let at = path.display();
+    let deadline = std::time::Instant::now() + timeout;
     let mut s = UnixStream::connect(path).map_err(|e| format!("control socket {at}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
     writeln!(s, "{req}").map_err(|e| format!("control socket {at}: sending: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).map_err(|e| format!("control socket {at}: reading: {e}"))?;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("control socket {at}: no complete answer within {timeout:?}"));
+        }
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        let n = match s.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(format!("control socket {at}: no complete answer within {timeout:?}"));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("control socket {at}: reading: {e}")),
+        };
+        if n == 0 {
+            break;
+        }
+        match buf[..n].iter().position(|b| *b == b'\n') {
+            Some(i) => {
+                line.extend_from_slice(&buf[..i]);
+                break;
+            }
+            None => line.extend_from_slice(&buf[..n]),
+        }
+        if line.len() > MAX_ANSWER {
+            return Err(format!("control socket {at}: the answer is longer than {MAX_ANSWER} bytes"));
+        }
+    }
     if line.is_empty() {
         return Err(format!("control socket {at}: closed without an answer"));
     }
-    serde_json::from_str(&line).map_err(|e| format!("control socket {at}: the answer is not JSON: {e}"))
+    serde_json::from_slice(&line).map_err(|e| format!("control socket {at}: the answer is not JSON: {e}"))
 }
 
 /// Seconds since `started`, to the millisecond.
@@ -313,6 +405,59 @@ mod tests {
 
     fn err_code(v: &Value) -> Option<i64> {
         v.get("error")?.get("code")?.as_i64()
+    }
+
+    #[test]
+    fn a_key_named_twice_is_refused_not_read_as_the_last() {
+        let (tx, rx) = mpsc::channel::<Call>();
+        let v = handle_line(br#"{"jsonrpc":"2.0","id":1,"method":"status","method":"reload"}"#, &tx);
+        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("\"method\" appears twice"), "{v}");
+        let v = handle_line(
+            br#"{"jsonrpc":"2.0","id":1,"method":"detach","params":{"name":"a","name":"b"}}"#,
+            &tx,
+        );
+        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v}");
+        assert!(rx.try_recv().is_err(), "a call reached the endpoint");
+    }
+
+    /// A server that streams a line without end, and one that trickles a byte at a time:
+    /// `call` stops at MAX_ANSWER and at its deadline (on 9b5fbd6 it grew to 4.4 GB in 8 s,
+    /// and its timeout was per read).
+    #[test]
+    fn an_endless_or_trickling_answer_ends_at_its_bound_and_deadline() {
+        let dir = std::env::temp_dir().join(format!("dxpu-ctl-endless-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for trickle in [false, true] {
+            let path = dir.join(format!("s{trickle}.sock"));
+            let _ = std::fs::remove_file(&path);
+            let l = UnixListener::bind(&path).unwrap();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let chunk = vec![b'a'; 64 << 10];
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(5) {
+                    let r = if trickle { s.write_all(b"a") } else { s.write_all(&chunk) };
+                    if r.is_err() {
+                        break;
+                    }
+                    if trickle {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            });
+            let t = Instant::now();
+            let e = call(&path, "status", Value::Null, Duration::from_millis(800)).unwrap_err();
+            let took = t.elapsed();
+            if trickle {
+                assert!(e.contains("no complete answer within"), "{e}");
+                assert!(took < Duration::from_millis(1500), "{took:?}");
+            } else {
+                assert!(e.contains("longer than"), "{e}");
+            }
+            server.join().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
