@@ -859,6 +859,35 @@ impl HostFile {
             }
             out.push((o, a.vfio_user_socket.clone()));
         }
+        // Each device its own place in the host's view: those without `bdf` take the first
+        // free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given.
+        let given: Vec<tlp::Bdf> = self
+            .attach
+            .iter()
+            .zip(&out)
+            .filter(|(a, _)| a.bdf.is_some())
+            .map(|(_, (o, _))| o.device_id)
+            .collect();
+        for (i, (o, _)) in out.iter().enumerate() {
+            if self.attach[i].bdf.is_some()
+                && let Some(j) =
+                    (0..i).find(|j| self.attach[*j].bdf.is_some() && out[*j].0.device_id == o.device_id)
+            {
+                return Err(bad(
+                    &format!("attach[{i}].bdf"),
+                    format!("\"{}\"", o.device_id),
+                    &format!("attach[{j}] is at that BDF already: each device needs its own"),
+                ));
+            }
+        }
+        let mut free = (1u8..32).map(|d| tlp::Bdf::new(0, d, 0)).filter(|b| !given.contains(b));
+        for (i, (o, _)) in out.iter_mut().enumerate() {
+            if self.attach[i].bdf.is_none() {
+                o.device_id = free.next().ok_or_else(|| {
+                    bad(&format!("attach[{i}]"), i, "no free BDF on bus 0 left for it: give bdf")
+                })?;
+            }
+        }
         Ok(out)
     }
 }
@@ -1141,5 +1170,25 @@ mod tests {
         ))
         .unwrap();
         assert!(f.options(None).unwrap_err().contains("attach[0].server"));
+    }
+
+    /// Devices without `bdf` each get their own place in the host's view (on 9b5fbd6 every
+    /// one was at 00:01.0), past the ones given; two given the same BDF are refused.
+    #[test]
+    fn each_attach_gets_its_own_bdf() {
+        let attach = |dev: &str, bdf: Option<&str>| {
+            let b = bdf.map(|b| format!("bdf = \"{b}\"\n")).unwrap_or_default();
+            format!("[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"{dev}\"\nkey = \"{KEY}\"\n{b}")
+        };
+        let text =
+            [attach("a", None), attach("b", Some("00:01.0")), attach("c", None), attach("d", None)].concat();
+        let f: HostFile = toml::from_str(&text).unwrap();
+        let bdfs: Vec<String> =
+            f.attachments(None).unwrap().iter().map(|(o, _)| o.device_id.to_string()).collect();
+        assert_eq!(bdfs, ["00:02.0", "00:01.0", "00:03.0", "00:04.0"]);
+        let text = [attach("a", Some("00:07.0")), attach("b", Some("00:07.0"))].concat();
+        let f: HostFile = toml::from_str(&text).unwrap();
+        let e = f.attachments(None).unwrap_err();
+        assert!(e.contains("attach[1].bdf") && e.contains("attach[0] is at that BDF already"), "{e}");
     }
 }

@@ -79,6 +79,12 @@ pub struct Config {
     pub key_update_frames: u64,
 }
 
+/// The most TLPs a send queue of one class holds ([`Config::max_queued`]).
+pub const MAX_QUEUED: usize = 65536;
+/// The most bytes the replay buffer (and the out-of-order buffer) of one session may hold:
+/// window × MTU.
+pub const MAX_WINDOW_BYTES: usize = 96 << 20;
+
 impl Config {
     /// Defaults for a datacenter network with the given key: MTU 1472, window and credits
     /// sized for [`DEFAULT_PATH_BANDWIDTH`] and [`DEFAULT_PATH_RTT`]
@@ -143,8 +149,21 @@ impl Config {
         if self.window == 0 || self.window > 4096 {
             return bad("window", self.window.to_string(), "must be 1..=4096 frames");
         }
-        if self.max_queued == 0 {
-            return bad("max_queued", "0".into(), "must be at least 1");
+        if self.max_queued == 0 || self.max_queued > MAX_QUEUED {
+            return bad(
+                "max_queued",
+                self.max_queued.to_string(),
+                "must be 1..=65536 TLPs per class (the send queues are bounded by it)",
+            );
+        }
+        // The replay and out-of-order buffers each hold up to window × MTU bytes: bounded,
+        // per session (design invariant: memory per session is bounded by configuration).
+        if self.window as usize * self.mtu > MAX_WINDOW_BYTES {
+            return bad(
+                "window",
+                format!("{} (× mtu {} = {} bytes)", self.window, self.mtu, self.window as usize * self.mtu),
+                "window × mtu must be at most 96 MiB (each of the replay and out-of-order buffers holds that much)",
+            );
         }
         for (key, (h, d)) in [
             ("credits.posted", self.credits.posted),
@@ -219,6 +238,22 @@ mod tests {
             625_000u64.div_ceil(1472 - (crate::wire::BODY_AT + crate::wire::TRAILER_LEN) as u64) as u32
         );
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_window_times_mtu_past_96_mib_or_a_queue_past_65536_is_refused() {
+        let mut c = cfg(65507);
+        c.window = 4096;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("window") && e.contains("268316672 bytes"), "{e}");
+        c.window = 1024;
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        // What the path sizing gives at the largest MTU stays within the bound.
+        c.size_for_path(u64::MAX, Duration::MAX);
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        c.max_queued = 100_000_000;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("max_queued") && e.contains("100000000"), "{e}");
     }
 
     #[test]

@@ -26,7 +26,10 @@ mod time;
 pub mod wire;
 
 pub use auth::{PresharedKey, Rng};
-pub use config::{Config, CreditGrant, DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT, MAX_IN_FLIGHT};
+pub use config::{
+    Config, CreditGrant, DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT, MAX_IN_FLIGHT, MAX_QUEUED,
+    MAX_WINDOW_BYTES,
+};
 pub use endpoint::{Endpoint, EndpointStats, HandshakeFailure};
 pub use error::{ConfigError, FrameError, SendError};
 pub use handshake::{COOKIE_LEN, Refusal};
