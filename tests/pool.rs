@@ -332,7 +332,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let mut d = attach(a.addr, "host-a", &c1).unwrap();
     assert_eq!(d.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
     let revoked = rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0")).unwrap();
-    assert_eq!(revoked, Some(("host-a".to_string(), c1.token)));
+    assert_eq!(revoked, pool::admin::Revoked::Claim { host: "host-a".to_string(), token: c1.token });
     let end = Instant::now() + Duration::from_secs(3);
     while d.removed().is_none() {
         assert!(Instant::now() < end, "the revoked host is cut off within 3 s");
@@ -393,6 +393,23 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     assert_eq!(claim(&mut client, &mut first), None, "an unhealthy device is not claimed");
     h.stop();
     assert_eq!(state(&mut client), None, "a box that stops leaves the pool at once");
+    // Something that is not a claim at a device's claim key keeps everyone from claiming it:
+    // pool ls says so (on 9b5fbd6 it listed the device free), and revoke says what it cleared
+    // (it said "was not claimed").
+    let claimed = rt.block_on(pool::snapshot(&mut client, &cfg, None)).unwrap();
+    let (_, token) = claimed.claims.values().next().cloned().unwrap();
+    let held = Claim { box_name: "box-a".into(), device: "gpu0".into(), token, record: c4.record.clone() };
+    assert!(rt.block_on(pool::release(&mut client, &cfg, &held, None)).unwrap());
+    let claim_key = pool::Keys::new(&cfg.prefix).claim("box-a", "gpu0");
+    rt.block_on(client.put(claim_key, "not json", None)).unwrap();
+    let ls = rt.block_on(pool::admin::ls(&mut client, &cfg)).unwrap();
+    assert_eq!(ls.iter().find(|e| e.box_name == "box-a").unwrap().state, "bad-claim", "{ls:?}");
+    assert_eq!(claim(&mut client, &mut first), None);
+    match rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0")).unwrap() {
+        pool::admin::Revoked::Unreadable { why, .. } => assert!(why.contains("not a dxpu record"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(claim(&mut client, &mut first).is_some(), "claimable once the bad record is gone");
     assert_one_owner_at_a_time(&a.events());
 }
 

@@ -86,8 +86,13 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Revoke { target } => {
                 let (b, d) = admin::parse_target(&target)?;
                 match admin::revoke(&mut client, &cfg, &b, &d).await? {
-                    Some((host, token)) => outln!("{b}/{d}: claim {token} of {host} revoked"),
-                    None => outln!("{b}/{d}: was not claimed"),
+                    admin::Revoked::Claim { host, token } => {
+                        outln!("{b}/{d}: claim {token} of {host} revoked")
+                    }
+                    admin::Revoked::Unreadable { token, why } => {
+                        outln!("{b}/{d}: an unreadable claim record (revision {token}: {why}) deleted")
+                    }
+                    admin::Revoked::Nothing => outln!("{b}/{d}: was not claimed"),
                 }
             }
             PoolCommand::Watch { json } => {

@@ -21,7 +21,8 @@ pub struct Entry {
     pub vendor_id: u16,
     /// PCI Device ID.
     pub device_id: u16,
-    /// `free`, `claimed`, `draining` or `unhealthy`.
+    /// `free`, `claimed`, `draining`, `unhealthy`, or `bad-claim` (its claim key holds
+    /// something that is not a claim: nobody can claim it until `dxpu pool revoke`).
     pub state: String,
     /// The claiming host, if any.
     pub host: Option<String>,
@@ -36,8 +37,12 @@ fn state(
     r: &DeviceRecord,
     claim: Option<&(ClaimRecord, u64)>,
     drain: Option<&DrainRecord>,
+    bad_claim: bool,
 ) -> (&'static str, u64) {
-    if r.health != "ok" {
+    if bad_claim {
+        // Nobody can claim it while its claim key holds something else.
+        ("bad-claim", r.since)
+    } else if r.health != "ok" {
         ("unhealthy", r.since)
     } else if let Some(d) = drain {
         ("draining", d.since)
@@ -56,7 +61,7 @@ pub async fn ls(client: &mut Client, cfg: &PoolConfig) -> Result<Vec<Entry>, Poo
         .iter()
         .map(|(k, r)| {
             let claim = s.claims.get(k);
-            let (state, since) = state(r, claim, s.drains.get(k));
+            let (state, since) = state(r, claim, s.drains.get(k), s.bad_claims.contains_key(k));
             Entry {
                 box_name: k.0.clone(),
                 device: k.1.clone(),
@@ -116,21 +121,41 @@ pub async fn undrain(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) ->
 
 /// Deletes the claim on `b/d`: its box cuts the owner off and resets the device. The claim
 /// that was revoked (host, token), if there was one.
-pub async fn revoke(
-    client: &mut Client,
-    cfg: &PoolConfig,
-    b: &str,
-    d: &str,
-) -> Result<Option<(String, u64)>, PoolError> {
+pub async fn revoke(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) -> Result<Revoked, PoolError> {
     require_device(client, cfg, b, d).await?;
     let key = Keys::new(&cfg.prefix).claim(b, d);
     let r = client
         .delete(key, Some(crate::etcd::DeleteOptions::new().with_prev_key()))
         .await
         .map_err(|e| etcd_error(cfg, "revoking", e))?;
-    Ok(r.prev_kvs()
-        .first()
-        .and_then(|kv| decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))))
+    Ok(match r.prev_kvs().first() {
+        None => Revoked::Nothing,
+        Some(kv) => match decode::<ClaimRecord>(kv) {
+            Ok(c) => Revoked::Claim { host: c.host, token: kv.create_revision() as u64 },
+            Err(e) => Revoked::Unreadable { token: kv.create_revision() as u64, why: e.to_string() },
+        },
+    })
+}
+
+/// What `revoke` deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Revoked {
+    /// A claim: its host and token.
+    Claim {
+        /// The host that held it.
+        host: String,
+        /// Its fencing token.
+        token: u64,
+    },
+    /// Something at the claim key that was not a claim (it kept the device unclaimable).
+    Unreadable {
+        /// Its revision.
+        token: u64,
+        /// Why it is not a claim.
+        why: String,
+    },
+    /// Nothing: the device was not claimed.
+    Nothing,
 }
 
 /// One change, as `dxpu pool watch` prints it.

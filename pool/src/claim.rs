@@ -74,6 +74,9 @@ pub struct Snapshot {
     pub claims: HashMap<(String, String), (ClaimRecord, u64)>,
     /// `(box, device)` → drain.
     pub drains: HashMap<(String, String), DrainRecord>,
+    /// `(box, device)` → why its claim key holds something that is not a claim: no host
+    /// can claim the device while it is there (`dxpu pool revoke` clears it).
+    pub bad_claims: HashMap<(String, String), String>,
 }
 
 fn pair(b: &str, d: &str) -> (String, String) {
@@ -81,7 +84,9 @@ fn pair(b: &str, d: &str) -> (String, String) {
 }
 
 /// Reads devices, claims and drains in one transaction (one round trip, one revision).
-/// Records that do not parse are skipped with a warning: one bad key must not stop the pool.
+/// Records that do not parse are skipped with a warning (once per key and revision): one bad
+/// key must not stop the pool. A claim key that does not parse still holds its device (no
+/// claim can be created over it), so it is kept in `bad_claims`.
 pub async fn snapshot(
     client: &mut Client,
     cfg: &PoolConfig,
@@ -107,7 +112,9 @@ pub async fn snapshot(
         let Some((b, d)) = keys.split(&keys.devices(), kv.key()) else { continue };
         match decode::<DeviceRecord>(kv) {
             Ok(r) => s.devices.push((pair(b, d), r)),
-            Err(e) => log::warn!("{e}"),
+            Err(e) => {
+                crate::warn_bad_record(kv, &e);
+            }
         }
     }
     for kv in claims.kvs() {
@@ -116,7 +123,10 @@ pub async fn snapshot(
             Ok(r) => {
                 s.claims.insert(pair(b, d), (r, kv.create_revision() as u64));
             }
-            Err(e) => log::warn!("{e}"),
+            Err(e) => {
+                crate::warn_bad_record(kv, &e);
+                s.bad_claims.insert(pair(b, d), e.to_string());
+            }
         }
     }
     for kv in drains.kvs() {
@@ -125,7 +135,9 @@ pub async fn snapshot(
             Ok(r) => {
                 s.drains.insert(pair(b, d), r);
             }
-            Err(e) => log::warn!("{e}"),
+            Err(e) => {
+                crate::warn_bad_record(kv, &e);
+            }
         }
     }
     Ok(s)
@@ -290,7 +302,9 @@ async fn free_devices(
                 Ok(r) => {
                     cache.records.insert(kv.key().to_vec(), (kv.mod_revision(), r));
                 }
-                Err(e) => log::warn!("{e}"),
+                Err(e) => {
+                    crate::warn_bad_record(kv, &e);
+                }
             }
         }
     }

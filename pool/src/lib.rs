@@ -190,6 +190,25 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(kv: &etcd::KeyValue) -> Resul
     })
 }
 
+/// Logs a record that is not dxpu's, once per key and revision: listings run several times
+/// a second, and one bad key must not flood the log (it is said again when it changes).
+pub(crate) fn warn_bad_record(kv: &etcd::KeyValue, e: &PoolError) -> bool {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    /// Keys and revisions already said.
+    type Said = Mutex<HashSet<(Vec<u8>, i64)>>;
+    static SAID: OnceLock<Said> = OnceLock::new();
+    let mut said = SAID.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if said.len() >= 4096 {
+        said.clear();
+    }
+    let new = said.insert((kv.key().to_vec(), kv.mod_revision()));
+    if new {
+        log::warn!("{e} (revision {}; `dxpu pool revoke` clears a bad claim)", kv.mod_revision());
+    }
+    new
+}
+
 pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // Plain structs of strings and numbers always serialize.
     serde_json::to_vec(v).unwrap_or_default()
@@ -237,4 +256,23 @@ pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 pub fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, PoolError> {
     let rt = runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
     Ok(rt.block_on(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listing runs several times a second: a bad record is said once per revision (on
+    /// 9b5fbd6, about five times a second for as long as it stayed).
+    #[test]
+    fn a_bad_record_is_warned_about_once_per_revision() {
+        let kv =
+            |rev| etcd::KeyValue { key: b"/t/claims/b/d".to_vec(), mod_revision: rev, ..Default::default() };
+        let e = PoolError::BadRecord { key: "/t/claims/b/d".into(), why: "not a dxpu record".into() };
+        assert!(warn_bad_record(&kv(7), &e));
+        for _ in 0..10 {
+            assert!(!warn_bad_record(&kv(7), &e));
+        }
+        assert!(warn_bad_record(&kv(8), &e), "changed: said again");
+    }
 }
