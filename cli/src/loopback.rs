@@ -731,6 +731,10 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
     let stop = crate::daemon::stop_flag()?;
+    // A hangup (the terminal closed) stops it as SIGTERM does: its socket removed, the
+    // device given back (it has no file to reload).
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, stop.clone())
+        .map_err(|e| format!("signal handler: {e}"))?;
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
     let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
     let mut o = gpu.attach_options(driver, poll, imp(12));
@@ -743,7 +747,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     let mut server = bridge_host::vfio_user::VfioUserServer::bind(&path, remote, poll)
         .map_err(|e| format!("--vfio-user: {e}"))?;
     eprintln!(
-        "dxpu loopback: serving the remote simgpu on {} (QEMU: -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'); SIGINT or SIGTERM stops",
+        "dxpu loopback: serving the remote simgpu on {} (QEMU: -device '{{\"driver\":\"vfio-user-pci\",\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}'); SIGINT, SIGTERM or SIGHUP stops",
         path.display(),
         path.display()
     );

@@ -41,6 +41,9 @@ pub enum AnyUdp {
     Portable(Box<PortableUdp>),
 }
 
+/// How long a bind waits for a port still in use to be freed.
+pub const PORT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl AnyUdp {
     /// Binds a socket with the chosen driver. `Auto` probes io_uring and falls back to the
     /// portable driver, reporting why through `log`.
@@ -50,7 +53,36 @@ impl AnyUdp {
 
     /// [`AnyUdp::bind`] with the offloads `offload` asks for; the log line says which are
     /// in use and why any is not.
+    ///
+    /// A port still in use is waited for, up to [`PORT_WAIT`], saying so: a process killed
+    /// a moment ago (SIGKILL, no chance to cancel its io_uring requests) holds its port until
+    /// it has exited and the kernel has torn its ring down — a restart at once found it taken
+    /// every time.
     pub fn bind_with(
+        addr: SocketAddr,
+        kind: DriverKind,
+        offload: Offload,
+        log: &mut dyn FnMut(&str),
+    ) -> io::Result<AnyUdp> {
+        let deadline = std::time::Instant::now() + PORT_WAIT;
+        let mut said = false;
+        loop {
+            match AnyUdp::bind_once(addr, kind, offload, log) {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+                    if !said {
+                        said = true;
+                        log(&format!(
+                            "{addr} is in use; waiting up to {PORT_WAIT:?} for it to be freed (an endpoint stopped a moment ago holds it until it has exited)"
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn bind_once(
         addr: SocketAddr,
         kind: DriverKind,
         offload: Offload,
@@ -60,6 +92,8 @@ impl AnyUdp {
             DriverKind::Portable => AnyUdp::Portable(Box::new(PortableUdp::bind_with(addr, offload)?)),
             DriverKind::IoUring => AnyUdp::Uring(Box::new(UringUdp::bind_with(addr, offload)?)),
             DriverKind::Auto => match UringUdp::bind_with(addr, offload) {
+                // The port, not io_uring: no reason to fall back.
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
                 Ok(u) => {
                     log(
                         "link driver: io_uring (multishot RecvMsg into a provided buffer ring when sleeping, single-shot MSG_DONTWAIT RecvMsg when spinning, batched Send)",
