@@ -36,3 +36,54 @@ macro_rules! outln {
 macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
 }
+
+/// Progress of a long command on standard error: a bar (indicatif) where standard error is a
+/// terminal, else a line now and then (every 30 s) so that a log shows it is alive, and
+/// nothing more.
+pub(crate) struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    what: &'static str,
+    total: f64,
+    said: std::cell::Cell<f64>,
+}
+
+impl Progress {
+    /// Progress of `what` over `total` (seconds, or any unit `at` is given in).
+    pub(crate) fn new(what: &'static str, total: f64) -> Progress {
+        use std::io::IsTerminal;
+        let bar = io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(total.max(1.0).round() as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b.set_prefix(what);
+            b
+        });
+        Progress { bar, what, total, said: std::cell::Cell::new(0.0) }
+    }
+
+    /// Now at `done` of the total, with a short message.
+    pub(crate) fn at(&self, done: f64, msg: &str) {
+        match &self.bar {
+            Some(b) => {
+                b.set_position(done.min(self.total).max(0.0).round() as u64);
+                b.set_message(msg.to_string());
+            }
+            None if done - self.said.get() >= 30.0 => {
+                self.said.set(done);
+                eprintln!("dxpu {}: {:.0} of {:.0}: {msg}", self.what, done, self.total);
+            }
+            None => {}
+        }
+    }
+
+    /// Done: the bar is cleared.
+    pub(crate) fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -47,10 +47,21 @@ pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, 
             .append(true)
             .open(path)
             .map_err(|e| format!("pool.ownership_log = {}: {e}", path.display()))?;
-        let epoch = Instant::now();
+        let unix_us = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64)
+        };
+        // A start ends every ownership the log last showed: the devices were reset since (a
+        // box killed writes no releases). Times are Unix microseconds, comparable across
+        // restarts and boxes.
+        let start = serde_json::json!({"unix_us": unix_us(), "event": "started", "box": gp.box_name});
+        writeln!(f, "{start}")
+            .and_then(|_| f.flush())
+            .map_err(|e| format!("pool.ownership_log = {}: {e}", path.display()))?;
         ep.set_ownership_sink(Box::new(move |ev| {
             let line = serde_json::json!({
-                "t_us": epoch.elapsed().as_micros() as u64,
+                "unix_us": unix_us(),
                 "device": ev.device,
                 "host": ev.host,
                 "token": ev.token,

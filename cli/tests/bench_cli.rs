@@ -210,3 +210,32 @@ fn bench_pool_storms_a_cluster_it_starts_and_counts_no_double_allocation() {
         assert!(r["round_trips_per_claim"].as_f64().unwrap() >= 2.0, "{r}");
     }
 }
+
+/// The fault-injection soak, short (CI's run of it; docs/reliability.md has the 30-minute
+/// one): every run accounted for, no device with two owners, box-a answering throughout.
+#[test]
+fn a_short_chaos_soak_accounts_for_every_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dxpu-chaos-test-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_dxpu"))
+        .args(["bench", "chaos", "--minutes", "0.5", "--seed", "7", "--json", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "{v:#}");
+    assert_eq!(v["ok"], true, "{v:#}");
+    assert!(v["verified"].as_u64().unwrap() > 0, "{v:#}");
+    assert_eq!(v["two_owner_violations"].as_array().unwrap().len(), 0, "{v:#}");
+    assert_eq!(v["unexplained"].as_array().unwrap().len(), 0, "{v:#}");
+    let runs = v["runs"].as_u64().unwrap();
+    assert_eq!(runs, v["verified"].as_u64().unwrap() + v["failed"].as_u64().unwrap(), "{v:#}");
+    assert!(v["faults"].as_object().unwrap().len() >= 4, "too few kinds of fault: {v:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
