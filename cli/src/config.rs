@@ -182,7 +182,11 @@ fn pool_config(
     ttl: Option<u64>,
     prefix: &Option<String>,
 ) -> Result<pool::PoolConfig, String> {
-    let mut c = pool::PoolConfig::new(etcd.to_vec());
+    let etcd: Vec<String> = etcd
+        .iter()
+        .map(|e| pool::etcd_url(e).map_err(|why| format!("pool.etcd: {why}")))
+        .collect::<Result<_, _>>()?;
+    let mut c = pool::PoolConfig::new(etcd);
     if let Some(t) = ttl {
         within("pool.lease_ttl_s", Some(t), 2..=3600, "s")?;
         c.lease_ttl = Duration::from_secs(t);

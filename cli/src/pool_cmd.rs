@@ -8,11 +8,19 @@ use pool::{PoolConfig, admin};
 /// Options of `dxpu pool`.
 #[derive(Args, Debug)]
 pub(crate) struct PoolArgs {
-    /// etcd client URLs, comma-separated (`http://127.0.0.1:2379,http://10.0.0.2:2379`).
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// etcd endpoints, comma-separated, as URLs or host:port (`10.0.0.2:2379,10.0.0.3:2379`),
+    /// as etcdctl's `--endpoints` and `ETCDCTL_ENDPOINTS`.
+    #[arg(
+        long,
+        visible_alias = "endpoints",
+        value_delimiter = ',',
+        env = "DXPU_ETCD_ENDPOINTS",
+        default_value = "127.0.0.1:2379",
+        global = true
+    )]
     etcd: Vec<String>,
     /// The pool's key prefix.
-    #[arg(long, default_value = "/dxpu")]
+    #[arg(long, default_value = "/dxpu", global = true)]
     prefix: String,
     #[command(subcommand)]
     command: PoolCommand,
@@ -56,7 +64,12 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 }
 
 pub(crate) fn run(args: PoolArgs) -> ExitCode {
-    let mut cfg = PoolConfig::new(args.etcd);
+    let etcd: Result<Vec<String>, String> = args.etcd.iter().map(|e| pool::etcd_url(e)).collect();
+    let etcd = match etcd {
+        Ok(e) => e,
+        Err(e) => return fail(format!("--etcd: {e}")),
+    };
+    let mut cfg = PoolConfig::new(etcd);
     cfg.prefix = args.prefix;
     cfg.request_timeout = std::time::Duration::from_secs(3);
     if let Err(e) = cfg.validate() {

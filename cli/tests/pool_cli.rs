@@ -123,6 +123,21 @@ fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_tt
     let mut box_a = Proc::start(&dir, "box-a", &["gpu"], &box_toml(&cluster, "box-a", free_port(), &log_a));
     let _box_b = Proc::start(&dir, "box-b", &["gpu"], &box_toml(&cluster, "box-b", free_port(), &log_b));
     until("both boxes register eight devices", Duration::from_secs(20), || ls(&cluster).len() == 8);
+    // As etcdctl takes its endpoints: from the environment, as host:port, the flag after the
+    // verb; the same listing.
+    let hostports: Vec<String> =
+        cluster.endpoints().iter().map(|e| e.trim_start_matches("http://").to_string()).collect();
+    let env = dxpu()
+        .args(["pool", "ls", "--json"])
+        .env("DXPU_ETCD_ENDPOINTS", hostports.join(","))
+        .output()
+        .unwrap();
+    assert!(env.status.success(), "{}", String::from_utf8_lossy(&env.stderr));
+    let after = dxpu().args(["pool", "ls", "--json", "--etcd", &hostports.join(",")]).output().unwrap();
+    assert!(after.status.success(), "{}", String::from_utf8_lossy(&after.stderr));
+    for out in [&env.stdout, &after.stdout] {
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(out).unwrap().as_array().unwrap().len(), 8);
+    }
 
     // A host with a workload: claims two, runs it on both, releases them, exits 0.
     let cfg = dir.join("host-w.toml");

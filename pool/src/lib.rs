@@ -90,6 +90,22 @@ impl PoolConfig {
     }
 }
 
+/// An etcd endpoint as a URL: `http://host:port` as given, or `host:port` (etcdctl's
+/// `--endpoints` form) made one. TLS (`https://`) is not supported.
+pub fn etcd_url(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.starts_with("https://") {
+        return Err(format!("{s:?}: TLS to etcd is not supported yet; give an http:// URL or host:port"));
+    }
+    let url = if s.starts_with("http://") { s.to_string() } else { format!("http://{s}") };
+    let rest = &url["http://".len()..];
+    let hostport = rest.split('/').next().unwrap_or_default();
+    match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(url),
+        _ => Err(format!("{s:?}: not an etcd endpoint (host:port, or http://host:port)")),
+    }
+}
+
 /// Why a pool operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -264,6 +280,16 @@ mod tests {
 
     /// A listing runs several times a second: a bad record is said once per revision (on
     /// 9b5fbd6, about five times a second for as long as it stayed).
+    #[test]
+    fn endpoints_are_taken_as_urls_or_host_port() {
+        assert_eq!(etcd_url("10.0.0.2:2379").unwrap(), "http://10.0.0.2:2379");
+        assert_eq!(etcd_url("http://h:1").unwrap(), "http://h:1");
+        assert_eq!(etcd_url("[::1]:2379").unwrap(), "http://[::1]:2379");
+        for bad in ["https://h:1", "h", "h:0", ":2379", "h:99999", ""] {
+            assert!(etcd_url(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_bad_record_is_warned_about_once_per_revision() {
         let kv =
