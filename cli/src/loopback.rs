@@ -100,6 +100,10 @@ pub(crate) struct LoopbackArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Say every step of every run on standard error (else a progress bar on a terminal,
+    /// and a line per workload elsewhere).
+    #[arg(long, short)]
+    verbose: bool,
     /// Instead of running the workload, serve the remote simgpu to a VMM over vfio-user on
     /// DIR/gpu0.sock (QEMU: -device vfio-user-pci) until SIGINT or SIGTERM.
     #[arg(long, value_name = "DIR")]
@@ -208,6 +212,7 @@ impl LoopbackArgs {
             encrypt: false,
             rtt_samples: 2000,
             json: false,
+            verbose: false,
             vfio_user: None,
             log_level: "warn".into(),
             capture: None,
@@ -782,13 +787,8 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         };
     }
     let start = Instant::now();
-    let quiet = args.json;
-    let mut progress = |s: &str| {
-        if !quiet {
-            eprintln!("[{:6.2} s] {s}", start.elapsed().as_secs_f64());
-        }
-    };
     let workloads = args.workload.map_or(WorkloadArg::ALL.to_vec(), |w| vec![w]);
+    let mut steps = Steps::new(&args, start);
     let capture = match &args.capture {
         Some(f) => match crate::capture::Capture::create(f, args.capture_limit) {
             Ok(c) => Some(c),
@@ -805,7 +805,10 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     for w in workloads {
         let mut one = args.clone();
         one.workload = Some(w);
-        match run(&one, &mut progress) {
+        steps.begin(w, args.repeat);
+        let r = run(&one, &mut |m| steps.step(m));
+        steps.end(w, r.as_ref().ok());
+        match r {
             Ok(o) => outcomes.push(o),
             Err(e) => {
                 if args.json {
@@ -863,6 +866,81 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         print_summary(&outcomes);
     }
     ExitCode::SUCCESS
+}
+
+/// What `dxpu loopback` says while it runs, on standard error: every step with `--verbose`;
+/// else on a terminal a bar that shows the workload, the run and the step, cleared before
+/// the report; else (a log, a pipe) a line as each workload starts and ends; nothing with
+/// `--json`.
+enum Steps {
+    Quiet,
+    Every(Instant),
+    Bar(indicatif::ProgressBar),
+    Lines(Instant),
+}
+
+impl Steps {
+    fn new(args: &LoopbackArgs, start: Instant) -> Steps {
+        use std::io::IsTerminal;
+        if args.verbose {
+            Steps::Every(start)
+        } else if args.json {
+            Steps::Quiet
+        } else if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix}: {wide_msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar.enable_steady_tick(Duration::from_millis(120));
+            Steps::Bar(bar)
+        } else {
+            Steps::Lines(start)
+        }
+    }
+
+    fn begin(&mut self, w: WorkloadArg, repeat: u32) {
+        match self {
+            Steps::Bar(b) => b.set_prefix(w.name()),
+            Steps::Lines(t) => {
+                eprintln!(
+                    "[{:6.1} s] {}: {repeat} runs each way, bridged and direct in turns",
+                    t.elapsed().as_secs_f64(),
+                    w.name()
+                )
+            }
+            Steps::Quiet | Steps::Every(_) => {}
+        }
+    }
+
+    fn step(&mut self, m: &str) {
+        match self {
+            Steps::Every(t) => eprintln!("[{:6.2} s] {m}", t.elapsed().as_secs_f64()),
+            Steps::Bar(b) => b.set_message(m.to_string()),
+            Steps::Quiet | Steps::Lines(_) => {}
+        }
+    }
+
+    fn end(&mut self, w: WorkloadArg, o: Option<&Outcome>) {
+        match (self, o) {
+            (Steps::Lines(t), Some(o)) => eprintln!(
+                "[{:6.1} s] {}: verified, overhead {:.1} %",
+                t.elapsed().as_secs_f64(),
+                w.name(),
+                o.overhead().median
+            ),
+            (Steps::Bar(b), _) => b.set_message(String::new()),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        if let Steps::Bar(b) = self {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// Every workload's overhead beside the model's prediction, one line each.

@@ -279,6 +279,17 @@ fn loopback_runs_every_workload_unless_told_one() {
     for name in ["demo", "inference", "training", "data-loading"] {
         assert!(summary.contains(name), "{summary}");
     }
+    // Not a terminal: a line as each workload starts and ends, not one per step (on
+    // 9b5fbd6 the default run printed 820 lines before its report); -v prints every step.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().count() <= 12, "{err}");
+    assert_eq!(err.matches(": verified, overhead").count(), 4, "{err}");
+    let out = dxpu()
+        .args(["loopback", "-v", "--workload", "demo", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bridged (warm-up): ") && err.lines().count() > 20, "{err}");
 }
 
 /// The CPUs the process's threads named `name` may run on, as /proc lists them ("0", "0-1").
