@@ -246,6 +246,41 @@ struct AttachSection {
     bdf: Option<String>,
     service_interval_ms: Option<u64>,
     vfio_user_socket: Option<PathBuf>,
+    /// The socket's permission bits (TOML `0o660`); 0600 unless given.
+    vfio_user_socket_mode: Option<u32>,
+    /// Its owning group, by name or number (a VMM running as another user connects
+    /// through it: libvirt's QEMU).
+    vfio_user_socket_group: Option<String>,
+    /// Its owning user, by name or number.
+    vfio_user_socket_owner: Option<String>,
+}
+
+/// Where a device is served over vfio-user, and who may connect to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ServedSocket {
+    pub(crate) path: PathBuf,
+    pub(crate) access: bridge_host::SocketAccess,
+}
+
+/// A user or group named in a file: by number, or by name through the system's databases.
+fn id_of(key: &str, value: &str, group: bool) -> Result<u32, String> {
+    if let Ok(n) = value.parse::<u32>() {
+        return Ok(n);
+    }
+    let found = if group {
+        nix::unistd::Group::from_name(value).map(|g| g.map(|g| g.gid.as_raw()))
+    } else {
+        nix::unistd::User::from_name(value).map(|u| u.map(|u| u.uid.as_raw()))
+    };
+    match found {
+        Ok(Some(id)) => Ok(id),
+        Ok(None) => Err(bad(
+            key,
+            format!("\"{value}\""),
+            &format!("no such {}", if group { "group" } else { "user" }),
+        )),
+        Err(e) => Err(bad(key, format!("\"{value}\""), &format!("looking it up: {e}"))),
+    }
 }
 
 /// The whole file of `dxpu host`.
@@ -762,7 +797,7 @@ impl HostFile {
     pub(crate) fn attachments(
         &self,
         server: Option<&str>,
-    ) -> Result<Vec<(AttachOptions, Option<PathBuf>)>, String> {
+    ) -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, String> {
         if self.attach.is_empty() && self.pool.is_none() {
             return Err(
                 "attach: at least one [[attach]] with server, device and key (or a [pool]) is needed".into(),
@@ -784,11 +819,11 @@ impl HostFile {
                     "not a box's address: the box listens on a real address and port (7440 by default)",
                 ));
             }
-            if let Some((j, _)) =
-                out.iter().enumerate().find(|(_, (o, _)): &(usize, &(AttachOptions, Option<PathBuf>))| {
+            if let Some((j, _)) = out.iter().enumerate().find(
+                |(_, (o, _)): &(usize, &(AttachOptions, Option<ServedSocket>))| {
                     o.server == addr && o.device == a.device
-                })
-            {
+                },
+            ) {
                 return Err(bad(
                     &format!("{at}.device"),
                     format!("\"{}\"", a.device),
@@ -852,7 +887,7 @@ impl HostFile {
                         &format!("its directory {} does not exist", dir.display()),
                     ));
                 }
-                if out.iter().any(|(_, s)| s.as_deref() == Some(p.as_path())) {
+                if out.iter().any(|(_, s)| s.as_ref().is_some_and(|s| s.path == *p)) {
                     return Err(bad(&name, p.display(), "another [[attach]] is served on it already"));
                 }
                 o.dma_memory = 0;
@@ -861,7 +896,45 @@ impl HostFile {
                     o.driver = link::driver::DriverKind::Portable;
                 }
             }
-            out.push((o, a.vfio_user_socket.clone()));
+            let served = match &a.vfio_user_socket {
+                None => {
+                    for (k, set) in [
+                        ("vfio_user_socket_mode", a.vfio_user_socket_mode.is_some()),
+                        ("vfio_user_socket_group", a.vfio_user_socket_group.is_some()),
+                        ("vfio_user_socket_owner", a.vfio_user_socket_owner.is_some()),
+                    ] {
+                        if set {
+                            return Err(bad(&format!("{at}.{k}"), "given", "only with vfio_user_socket"));
+                        }
+                    }
+                    None
+                }
+                Some(p) => {
+                    let mode = a.vfio_user_socket_mode.unwrap_or(0o600);
+                    if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
+                        return Err(bad(
+                            &format!("{at}.vfio_user_socket_mode"),
+                            format!("0o{mode:o}"),
+                            "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
+                        ));
+                    }
+                    let gid = a
+                        .vfio_user_socket_group
+                        .as_deref()
+                        .map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true))
+                        .transpose()?;
+                    let uid = a
+                        .vfio_user_socket_owner
+                        .as_deref()
+                        .map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false))
+                        .transpose()?;
+                    Some(ServedSocket {
+                        path: p.clone(),
+                        access: bridge_host::SocketAccess { mode, uid, gid },
+                    })
+                }
+            };
+            out.push((o, served));
         }
         // Each device its own place in the host's view: those without `bdf` take the first
         // free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given.
@@ -970,7 +1043,8 @@ mod tests {
                 .unwrap();
         assert_eq!((h.agent.want, h.agent.filter.vendor_id), (2, Some(0x1234)));
         let box_cases = [
-            ("etcd = [\"127.0.0.1:2379\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
+            ("etcd = [\"https://127.0.0.1:2379\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
+            ("etcd = [\"127.0.0.1\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
             ("etcd = []\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"", "etcd"),
             (&*format!("{etcd}\nbox = \"a/b\"\nadvertise = \"10.0.0.7:7440\""), "pool.box"),
             (&*format!("{etcd}\nbox = \"b\"\nadvertise = \"0.0.0.0:7440\""), "pool.advertise"),
@@ -980,6 +1054,9 @@ mod tests {
             ),
             (&*format!("{etcd}\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"\nleas_ttl_s = 5"), "leas_ttl_s"),
         ];
+        // host:port is taken as etcdctl takes it.
+        let g = gpu_pool("etcd = [\"127.0.0.1:2379\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"").unwrap();
+        assert_eq!(g.config.etcd, ["http://127.0.0.1:2379"]);
         for (text, key) in box_cases {
             let e = gpu_pool(text).err().unwrap_or_else(|| panic!("{text:?} accepted"));
             assert!(e.contains(key), "error for {key:?} does not name it: {e}");
@@ -1097,7 +1174,7 @@ mod tests {
             assert!(e.contains(key) && e.contains(why), "expected {key} / {why}: {e}");
             assert!(!e.contains("link.link") && !e.contains("link setting"), "{e}");
         }
-        let host = |extra: &str| -> Result<Vec<(AttachOptions, Option<PathBuf>)>, String> {
+        let host = |extra: &str| -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, String> {
             toml::from_str::<HostFile>(&format!(
                 "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\n{extra}"
             ))
@@ -1115,6 +1192,23 @@ mod tests {
             host(&format!("[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\""))
                 .unwrap_err();
         assert!(twice.contains("attach[1].device") && twice.contains("attach[0]"), "{twice}");
+        let tmp = std::env::temp_dir().join("gpu0.sock").display().to_string();
+        let open = host(&format!("vfio_user_socket = {tmp:?}\nvfio_user_socket_mode = 0o666")).unwrap_err();
+        assert!(open.contains("vfio_user_socket_mode = 0o666") && open.contains("others nothing"), "{open}");
+        let nogroup =
+            host(&format!("vfio_user_socket = {tmp:?}\nvfio_user_socket_group = \"no-such-group-dxpu\""))
+                .unwrap_err();
+        assert!(nogroup.contains("vfio_user_socket_group") && nogroup.contains("no such group"), "{nogroup}");
+        let alone = host("vfio_user_socket_mode = 0o660").unwrap_err();
+        assert!(alone.contains("only with vfio_user_socket"), "{alone}");
+        let given = host(&format!(
+            "vfio_user_socket = {tmp:?}\nvfio_user_socket_mode = 0o660\nvfio_user_socket_group = \"0\""
+        ))
+        .unwrap();
+        assert_eq!(
+            given[0].1.as_ref().map(|s| s.access),
+            Some(bridge_host::SocketAccess { mode: 0o660, uid: None, gid: Some(0) })
+        );
         let no_dir = host("vfio_user_socket = \"/nonexistent-dxpu-dir/gpu0.sock\"").unwrap_err();
         assert!(
             no_dir.contains("attach[0].vfio_user_socket") && no_dir.contains("does not exist"),
@@ -1165,7 +1259,8 @@ mod tests {
         .unwrap()
         .attachments(None)
         .unwrap();
-        assert_eq!(served[0].1.as_deref(), Some(sock.as_path()));
+        assert_eq!(served[0].1.as_ref().map(|s| s.path.as_path()), Some(sock.as_path()));
+        assert_eq!(served[0].1.as_ref().map(|s| s.access), Some(bridge_host::SocketAccess::default()));
         assert_eq!(served[0].0.dma_memory, 0, "a VMM grants guest memory: no arena");
         assert_eq!(served[0].0.driver, link::driver::DriverKind::Portable);
         assert_eq!(o[0].server, "127.0.0.1:1".parse().unwrap());

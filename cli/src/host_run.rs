@@ -21,7 +21,7 @@ use bridge_host::vfio_user::VfioUserServer;
 use bridge_host::{AttachOptions, HostStats, LatencyHistogram, RemoteDevice, RemovalWatch};
 use serde_json::{Value, json};
 
-use crate::config::{self, HostFile};
+use crate::config::{self, HostFile, ServedSocket};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::gpu_run::link_json;
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
@@ -41,7 +41,7 @@ pub(crate) struct Entry {
     /// Its index among the file's `[[attach]]`.
     index: usize,
     pub(crate) opts: AttachOptions,
-    pub(crate) socket: Option<PathBuf>,
+    pub(crate) socket: Option<ServedSocket>,
 }
 
 /// An attached device: held here, or handed to its vfio-user server's thread.
@@ -161,7 +161,7 @@ pub(crate) struct HostRuntime {
 }
 
 /// Labels each attachment: the device's name, or `device@server` where it repeats.
-pub(crate) fn entries(all: Vec<(AttachOptions, Option<PathBuf>)>) -> Vec<Entry> {
+pub(crate) fn entries(all: Vec<(AttachOptions, Option<ServedSocket>)>) -> Vec<Entry> {
     let names: Vec<String> = all.iter().map(|(o, _)| o.device.clone()).collect();
     all.into_iter()
         .enumerate()
@@ -195,9 +195,9 @@ fn attach_entry(e: Entry, stop: Arc<AtomicBool>, tap: Option<link::driver::Tap>)
     let watch = d.removal_watch();
     let held = match e.socket {
         None => Held::Direct(d),
-        Some(path) => {
-            let mut server =
-                VfioUserServer::bind(&path, d, wait).map_err(|err| format!("{label}: vfio-user: {err}"))?;
+        Some(ServedSocket { path, access }) => {
+            let mut server = VfioUserServer::bind_with(&path, access, d, wait)
+                .map_err(|err| format!("{label}: vfio-user: {err}"))?;
             let stop = Arc::new(AtomicBool::new(false));
             // Raised by a detach, and for every server when the endpoint stops.
             let stop2 = stop.clone();
@@ -518,7 +518,7 @@ impl HostRuntime {
     pub(crate) fn apply(
         &mut self,
         file: HostFile,
-        all: Vec<(AttachOptions, Option<PathBuf>)>,
+        all: Vec<(AttachOptions, Option<ServedSocket>)>,
     ) -> Result<Value, String> {
         let fixed = self.file.restart_only_changes(&file);
         if !fixed.is_empty() {
@@ -660,7 +660,7 @@ impl HostRuntime {
             "error": error,
             "retry_in_s": retry_in,
             "attach_failures": life.map_or(0, |l| l.attach_failures),
-            "vfio_user_socket": e.socket.as_ref().map(|p| p.display().to_string()),
+            "vfio_user_socket": e.socket.as_ref().map(|s| s.path.display().to_string()),
             "counters": stats.as_ref().map(host_stats_json),
         })
     }
@@ -692,7 +692,7 @@ impl HostRuntime {
 }
 
 /// A host's configuration as read: the file and its attachments (options, vfio-user socket).
-pub(crate) type HostConfig = (HostFile, Vec<(AttachOptions, Option<PathBuf>)>);
+pub(crate) type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
 
 /// Reads and validates the host's configuration file, with the command line's overrides:
 /// the file and its attachments. Runs off the main loop ([`read_with_deadline`]).

@@ -285,7 +285,18 @@ fn loopback_runs_every_workload_unless_told_one() {
     assert!(err.lines().count() <= 12, "{err}");
     assert_eq!(err.matches(": verified, overhead").count(), 4, "{err}");
     let out = dxpu()
-        .args(["loopback", "-v", "--workload", "demo", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
+        .args([
+            "loopback",
+            "-v",
+            "--workload",
+            "demo",
+            "--scale",
+            "1",
+            "--repeat",
+            "1",
+            "--rtt-samples",
+            "50",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

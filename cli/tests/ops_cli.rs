@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -396,5 +396,91 @@ fn json_logs_are_one_object_a_line_with_session_host_and_device_as_fields() {
     let host_lines = parse(&String::from_utf8_lossy(&out.stderr));
     let a = host_lines.iter().find(|v| v["msg"].as_str().unwrap().starts_with("attached gpu0")).unwrap();
     assert_eq!(a["peer"], format!("127.0.0.1:{port}"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The vfio-user socket's mode and group come from the file: a user in that group can
+/// connect (as libvirt's QEMU does), a user outside it cannot; with neither key it stays
+/// 0600. Needs root (to make the two users and give the socket a group); skips otherwise.
+#[test]
+fn a_vfio_user_socket_is_open_to_its_group_and_no_one_else() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making users and groups needs root");
+        return;
+    }
+    let sh = |cmd: &[&str]| Command::new(cmd[0]).args(&cmd[1..]).output().map(|o| o.status.code());
+    // Exit 9: it exists already (a run before this one).
+    for c in [
+        &["groupadd", "-f", "dxpu-vm"][..],
+        &["useradd", "-M", "-N", "-g", "dxpu-vm", "-s", "/usr/sbin/nologin", "dxpu-vm-in"],
+        &["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", "dxpu-vm-out"],
+    ] {
+        match sh(c) {
+            Ok(Some(0 | 9)) => {}
+            other => {
+                eprintln!("skipped: {c:?}: {other:?}");
+                return;
+            }
+        }
+    }
+    let id = |u: &str| {
+        let out = Command::new("id").args(["-u", u]).output().unwrap();
+        let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let out = Command::new("id").args(["-g", u]).output().unwrap();
+        (uid, String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().unwrap())
+    };
+    let (inside, outside) = (id("dxpu-vm-in"), id("dxpu-vm-out"));
+    let dir = tempdir("sock-group");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The binary where both users can run it (the tree may sit under a private home).
+    let exe = dir.join("dxpu");
+    std::fs::copy(env!("CARGO_BIN_EXE_dxpu"), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
+    let sock = dir.join("gpu0-vm.sock");
+    let private = dir.join("gpu1-vm.sock");
+    let mut h = format!("[metrics]\nlisten = \"127.0.0.1:{hm}\"\n");
+    h.push_str(&format!(
+        "[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu0\"\nkey = \"{KEY_A}\"\n\
+         vfio_user_socket = {:?}\nvfio_user_socket_mode = 0o660\nvfio_user_socket_group = \"dxpu-vm\"\n\
+         [[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu1\"\nkey = \"{KEY_A}\"\nvfio_user_socket = {:?}\n",
+        sock.display().to_string(),
+        private.display().to_string()
+    ));
+    let hcfg = dir.join("host.toml");
+    std::fs::write(&hcfg, h).unwrap();
+    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    until("the box", Duration::from_secs(10), || gpu.log().contains("listening on"));
+    let host = Proc::start(&dir, "host", &hcfg);
+    until("both sockets", Duration::from_secs(10), || sock.exists() && private.exists());
+    let m = std::fs::metadata(&sock).unwrap();
+    assert_eq!((m.mode() & 0o777, m.gid()), (0o660, inside.1), "{:o}", m.mode());
+    assert_eq!(std::fs::metadata(&private).unwrap().mode() & 0o777, 0o600);
+    // Connecting as each user: `dxpu ctl` is a UNIX-socket client; the server speaks
+    // vfio-user, so a connection that gets in ends in some other error, never EACCES.
+    let connect = |who: (u32, u32), path: &Path| {
+        let out = Command::new(&exe)
+            .args(["ctl", "--timeout", "2", "--socket"])
+            .arg(path)
+            .arg("status")
+            .uid(who.0)
+            .gid(who.1)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = connect(inside, &sock);
+    assert!(!e.contains("Permission denied"), "a member of the socket's group was refused: {e}");
+    let e = connect(outside, &sock);
+    assert!(e.contains("Permission denied"), "a user outside the group got in: {e}");
+    let e = connect(inside, &private);
+    assert!(e.contains("Permission denied"), "the 0600 socket let a group member in: {e}");
+    drop(host);
+    drop(gpu);
     let _ = std::fs::remove_dir_all(dir);
 }
