@@ -237,7 +237,7 @@ fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBoo
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let answer = handle_line(&text, calls);
+        let Some(answer) = handle_line(&text, calls) else { continue };
         if writeln!(out, "{answer}").and_then(|_| out.flush()).is_err() {
             // The client does not read (the write timed out) or went away.
             return;
@@ -303,37 +303,57 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
     }
 }
 
-/// One request line: parsed, checked, handed to the endpoint, answered.
-fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Value {
+/// One request line: parsed, checked, handed to the endpoint, answered — as JSON-RPC 2.0
+/// says: a request without `id` is a notification (done, not answered), an array is a batch
+/// (answered with an array of the answers to its requests, nothing if all were
+/// notifications; an empty one is an Invalid Request).
+fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Option<Value> {
     let req: Value = match serde_json::from_slice::<Strict>(text) {
         Ok(v) => v.0,
-        Err(e) => return response(Value::Null, Err(RpcError::new(PARSE_ERROR, format!("not JSON: {e}")))),
+        Err(e) => {
+            return Some(response(Value::Null, Err(RpcError::new(PARSE_ERROR, format!("not JSON: {e}")))));
+        }
     };
+    match req {
+        Value::Array(batch) if batch.is_empty() => {
+            Some(response(Value::Null, Err(RpcError::new(INVALID_REQUEST, "an empty batch"))))
+        }
+        Value::Array(batch) => {
+            let answers: Vec<Value> = batch.iter().filter_map(|r| handle_request(r, calls)).collect();
+            (!answers.is_empty()).then_some(Value::Array(answers))
+        }
+        req => handle_request(&req, calls),
+    }
+}
+
+/// One request object; `None` for a notification.
+fn handle_request(req: &Value, calls: &mpsc::Sender<Call>) -> Option<Value> {
+    if !req.is_object() {
+        return Some(response(Value::Null, Err(RpcError::new(INVALID_REQUEST, "a request is an object"))));
+    }
+    let notification = req.get("id").is_none();
     let id = req.get("id").cloned().unwrap_or(Value::Null);
     if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
-        return response(
+        return Some(response(
             Value::Null,
             Err(RpcError::new(INVALID_REQUEST, "id must be a string, number or null")),
-        );
+        ));
     }
     if req.get("jsonrpc") != Some(&json!("2.0")) {
-        return response(id, Err(RpcError::new(INVALID_REQUEST, "\"jsonrpc\": \"2.0\" is required")));
+        return Some(response(id, Err(RpcError::new(INVALID_REQUEST, "\"jsonrpc\": \"2.0\" is required"))));
     }
     let Some(method) = req.get("method").and_then(Value::as_str) else {
-        return response(id, Err(RpcError::new(INVALID_REQUEST, "\"method\" must be a string")));
+        return Some(response(id, Err(RpcError::new(INVALID_REQUEST, "\"method\" must be a string"))));
     };
     let params = req.get("params").cloned().unwrap_or(Value::Null);
     let (call, answer) = Call::new(method, params);
     if calls.send(call).is_err() {
-        return response(id, Err(RpcError::failed("the endpoint is stopping")));
+        return (!notification).then(|| response(id, Err(RpcError::failed("the endpoint is stopping"))));
     }
-    match answer.recv_timeout(ANSWER_TIMEOUT) {
-        Ok(r) => response(id, r),
-        Err(_) => response(
-            id,
-            Err(RpcError::failed(format!("the endpoint did not answer within {ANSWER_TIMEOUT:?}"))),
-        ),
-    }
+    let r = answer.recv_timeout(ANSWER_TIMEOUT).unwrap_or_else(|_| {
+        Err(RpcError::failed(format!("the endpoint did not answer within {ANSWER_TIMEOUT:?}")))
+    });
+    (!notification).then(|| response(id, r))
 }
 
 fn response(id: Value, r: Result<Value, RpcError>) -> Value {
@@ -403,21 +423,21 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    fn err_code(v: &Value) -> Option<i64> {
-        v.get("error")?.get("code")?.as_i64()
+    fn err_code(v: &Option<Value>) -> Option<i64> {
+        v.as_ref()?.get("error")?.get("code")?.as_i64()
     }
 
     #[test]
     fn a_key_named_twice_is_refused_not_read_as_the_last() {
         let (tx, rx) = mpsc::channel::<Call>();
         let v = handle_line(br#"{"jsonrpc":"2.0","id":1,"method":"status","method":"reload"}"#, &tx);
-        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("\"method\" appears twice"), "{v}");
+        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v:?}");
+        assert!(v.unwrap()["error"]["message"].as_str().unwrap().contains("\"method\" appears twice"));
         let v = handle_line(
             br#"{"jsonrpc":"2.0","id":1,"method":"detach","params":{"name":"a","name":"b"}}"#,
             &tx,
         );
-        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v}");
+        assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v:?}");
         assert!(rx.try_recv().is_err(), "a call reached the endpoint");
     }
 
@@ -474,7 +494,13 @@ mod tests {
             }
         });
         assert_eq!(err_code(&handle_line(b"{", &tx)), Some(PARSE_ERROR));
-        assert_eq!(err_code(&handle_line(b"[1]", &tx)), Some(INVALID_REQUEST));
+        assert_eq!(
+            handle_line(b"[1]", &tx),
+            Some(
+                json!([{"jsonrpc": "2.0", "id": null, "error": {"code": INVALID_REQUEST, "message": "a request is an object"}}])
+            )
+        );
+        assert_eq!(err_code(&handle_line(b"[]", &tx)), Some(INVALID_REQUEST));
         assert_eq!(err_code(&handle_line(br#"{"method":"echo","id":1}"#, &tx)), Some(INVALID_REQUEST));
         assert_eq!(
             err_code(&handle_line(br#"{"jsonrpc":"2.0","method":5,"id":1}"#, &tx)),
@@ -489,7 +515,20 @@ mod tests {
             Some(METHOD_NOT_FOUND)
         );
         let ok = handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":{"a":1},"id":"q"}"#, &tx);
-        assert_eq!(ok, json!({"jsonrpc": "2.0", "id": "q", "result": {"a": 1}}));
+        assert_eq!(ok, Some(json!({"jsonrpc": "2.0", "id": "q", "result": {"a": 1}})));
+        // A notification (no id) is done and not answered (on 9b5fbd6 it got a reply).
+        assert_eq!(handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":[1]}"#, &tx), None);
+        // A batch gets the answers to its requests, in order, none for its notifications
+        // (on 9b5fbd6 a batch was refused).
+        let b = handle_line(
+            br#"[{"jsonrpc":"2.0","method":"echo","params":[1],"id":1},{"jsonrpc":"2.0","method":"echo"},{"jsonrpc":"2.0","method":"x","id":2}]"#,
+            &tx,
+        );
+        let b = b.unwrap();
+        assert_eq!(b.as_array().map(Vec::len), Some(2), "{b}");
+        assert_eq!(b[0]["result"], json!([1]));
+        assert_eq!(b[1]["error"]["code"], METHOD_NOT_FOUND);
+        assert_eq!(handle_line(br#"[{"jsonrpc":"2.0","method":"echo"}]"#, &tx), None, "all notifications");
         drop(tx);
         t.join().unwrap();
     }
@@ -520,7 +559,7 @@ mod tests {
             (0..64).try_for_each(|_| w.write_all(&chunk)).is_ok()
         });
         let v = read_answer(&s);
-        assert_eq!(err_code(&v), Some(INVALID_REQUEST), "{v}");
+        assert_eq!(err_code(&Some(v.clone())), Some(INVALID_REQUEST), "{v}");
         assert!(v["error"]["message"].as_str().unwrap().contains("longer than"), "{v}");
         assert!(!writer.join().unwrap(), "the server read all 64 MiB of one line");
         drop(server);
@@ -547,7 +586,7 @@ mod tests {
         }
         let extra = UnixStream::connect(&path).unwrap();
         let v = read_answer(&extra);
-        assert_eq!(err_code(&v), Some(FAILED), "{v}");
+        assert_eq!(err_code(&Some(v.clone())), Some(FAILED), "{v}");
         assert!(v["error"]["message"].as_str().unwrap().contains("too many control clients"), "{v}");
         // One goes away: a new client is served again (its thread is counted out first).
         drop(held.pop());

@@ -1,5 +1,5 @@
 //! `dxpu ctl`: calls a running endpoint's control socket and prints the answer as a table,
-//! or as the raw JSON-RPC response with `--json`.
+//! or as JSON with `--json` (the result alone; an error as its error object).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +15,7 @@ pub(crate) struct CtlArgs {
     /// it exists, else /run/dxpu/host.sock.
     #[arg(long, short)]
     socket: Option<PathBuf>,
-    /// Print the JSON-RPC response as it came.
+    /// Print the result as JSON (an error as `{"error": {"code", "message"}}`, exit status 1).
     #[arg(long)]
     json: bool,
     /// Seconds to wait for the answer (an attach may take the link's handshake timeout).
@@ -70,19 +70,22 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.json {
-        outln!("{resp}");
-    }
     if let Some(err) = resp.get("error") {
         let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
         let msg = err.get("message").and_then(Value::as_str).unwrap_or("?");
-        if !args.json {
+        if args.json {
+            // For a script: the error object, on standard output, and the exit status.
+            outln!("{}", serde_json::json!({ "error": err }));
+        } else {
             eprintln!("dxpu ctl: {}: {msg} (JSON-RPC error {code})", args.method);
         }
         return ExitCode::FAILURE;
     }
-    if !args.json {
-        out!("{}", table(&args.method, resp.get("result").unwrap_or(&Value::Null)));
+    let result = resp.get("result").unwrap_or(&Value::Null);
+    if args.json {
+        outln!("{result}");
+    } else {
+        out!("{}", table(&args.method, result));
     }
     ExitCode::SUCCESS
 }

@@ -29,6 +29,10 @@ pub(crate) struct GpuRuntime {
     pub(crate) started: Instant,
 }
 
+/// The box's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
+pub(crate) const METHODS: [&str; 8] =
+    ["status", "devices", "sessions", "stats", "export", "unexport", "reload", "rpc_get_methods"];
+
 /// A box's configuration as read: the file and the options it gives.
 type GpuConfig = (GpuFile, GpuOptions);
 
@@ -193,12 +197,14 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
             ep.remove_export(&name).map_err(RpcError::failed)?;
             Ok(json!({"unexported": name}))
         }
+        "rpc_get_methods" => {
+            c.only_params(&[])?;
+            Ok(serde_json::json!(METHODS))
+        }
         "metrics" => Ok(Value::String(metrics(ep).render())),
         m => Err(RpcError::new(
             METHOD_NOT_FOUND,
-            format!(
-                "no method '{m}' (dxpu gpu has: status, devices, sessions, stats, export, unexport, reload)"
-            ),
+            format!("no method '{m}' (dxpu gpu has: {})", METHODS.join(", ")),
         )),
     }
 }

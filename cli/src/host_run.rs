@@ -33,6 +33,10 @@ use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// The host's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
+pub(crate) const METHODS: [&str; 8] =
+    ["status", "devices", "sessions", "stats", "attach", "detach", "reload", "rpc_get_methods"];
+
 /// One `[[attach]]`: its options and vfio-user socket, by label (the device's name, or
 /// `device@server` where two boxes export the same name).
 #[derive(Clone)]
@@ -625,12 +629,14 @@ impl HostRuntime {
                 self.detach(&name).map_err(RpcError::failed)?;
                 Ok(json!({ "detached": name }))
             }
+            "rpc_get_methods" => {
+                c.only_params(&[])?;
+                Ok(serde_json::json!(METHODS))
+            }
             "metrics" => Ok(Value::String(self.metrics().render())),
             m => Err(RpcError::new(
                 METHOD_NOT_FOUND,
-                format!(
-                    "no method '{m}' (dxpu host has: status, devices, sessions, stats, attach, detach, reload)"
-                ),
+                format!("no method '{m}' (dxpu host has: {})", METHODS.join(", ")),
             )),
         }
     }

@@ -167,6 +167,9 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
     Ok(Use::Served { watch, stop: own_stop, thread, path })
 }
 
+/// A pool host's control methods (`rpc_get_methods` lists them).
+const METHODS: [&str; 5] = ["status", "devices", "sessions", "stats", "rpc_get_methods"];
+
 /// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
 /// runs the workload on every device once `want` are held, releases them and ends.
 pub(crate) fn run_host(
@@ -412,9 +415,10 @@ fn answer(
             }
             Ok(Value::String(x.render()))
         }
+        "rpc_get_methods" => Ok(serde_json::json!(METHODS)),
         m => Err(RpcError::new(
             METHOD_NOT_FOUND,
-            format!("no method '{m}' (a pool host has: status, devices, sessions, stats)"),
+            format!("no method '{m}' (a pool host has: {})", METHODS.join(", ")),
         )),
     }
 }

@@ -102,6 +102,12 @@ fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_
     assert_eq!(by_name(&result(&gs, &["devices"]), "name", "gpu1")["owner"], "host-a");
     assert_eq!(by_name(&result(&gs, &["sessions"]), "device", "gpu0")["session"], s0["session"]);
 
+    // Each says what it answers (SPDK's rpc_get_methods).
+    assert!(result(&gs, &["rpc_get_methods"]).as_array().unwrap().iter().any(|m| m == "unexport"));
+    assert!(result(&hs, &["rpc_get_methods"]).as_array().unwrap().iter().any(|m| m == "attach"));
+    // --json prints the result alone.
+    assert_eq!(result(&gs, &["status"])["role"], "gpu");
+
     // Errors come back as JSON-RPC errors, with the code the spec gives.
     let code = |v: &Value| v["error"]["code"].as_i64();
     assert_eq!(code(&ctl(&gs, &["bogus"]).1), Some(-32601));

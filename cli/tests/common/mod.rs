@@ -135,7 +135,7 @@ pub fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
 pub fn result(sock: &Path, args: &[&str]) -> Value {
     let (ok, v) = ctl(sock, args);
     assert!(ok, "ctl {args:?}: {v}");
-    v["result"].clone()
+    v
 }
 
 /// A raw JSON-RPC exchange on the socket.
