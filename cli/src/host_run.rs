@@ -701,7 +701,7 @@ impl HostRuntime {
 pub(crate) type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
 
 /// Reads and validates the host's configuration file, with the command line's overrides:
-/// the file and its attachments. Runs off the main loop ([`read_with_deadline`]).
+/// the file and its attachments. Runs off the main loop (`crate::reload::PendingRead`).
 pub(crate) fn read_host_file(
     path: &std::path::Path,
     overrides: &[Option<String>; 3],
