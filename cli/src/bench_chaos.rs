@@ -505,7 +505,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
             tally.probes += 1;
             let t = Instant::now();
             let sock = boxes[0].socket(&dir);
-            if let Err(e) = crate::control::call(&sock, "status", Value::Null, PROBE_LIMIT) {
+            if let Err(e) = ops::control::call(&sock, "status", Value::Null, PROBE_LIMIT) {
                 tally.probe_failures.push(format!("control at {:.0} s: {e}", start.elapsed().as_secs_f64()));
             }
             tally.probe_max = tally.probe_max.max(t.elapsed());

@@ -36,8 +36,8 @@ pub(crate) struct VfioUserBench {
     #[arg(long, default_value_t = 1 << 20)]
     message_copy_bytes: usize,
     /// UDP driver of both endpoints (auto means portable here).
-    #[arg(long, value_enum, default_value_t = crate::config::DriverArg::Portable)]
-    driver: crate::config::DriverArg,
+    #[arg(long, value_enum, default_value_t = crate::args::DriverArg::Portable)]
+    driver: crate::args::DriverArg,
 }
 
 const IOVA: u64 = 0x4000_0000;

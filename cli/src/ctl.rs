@@ -63,7 +63,7 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let resp = match crate::control::call(&socket, &args.method, p, Duration::from_secs(args.timeout)) {
+    let resp = match ops::control::call(&socket, &args.method, p, Duration::from_secs(args.timeout)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("dxpu ctl: {e}");

@@ -1,17 +1,16 @@
 //! `dxpu gpu` and `dxpu host`: the two endpoints as daemons, configured by a TOML file with
-//! command-line overrides, logging through `log`, stopping cleanly on SIGINT/SIGTERM.
+//! command-line overrides, logging through `log`, stopping cleanly on SIGINT/SIGTERM: the
+//! arguments, and the `--workload` run; the rest is `ops`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use bridge_gpu::{GpuEndpoint, GpuOptions};
+use bridge_host::RemoteDevice;
 use clap::Args;
 use driver::SimGpuDriver;
 
-use crate::config::{self, DriverArg, GpuFile, HostFile, PollArg};
+use crate::args::{DriverArg, PollArg};
 
 /// Options of `dxpu gpu`.
 #[derive(Args, Debug)]
@@ -33,7 +32,7 @@ pub(crate) struct GpuArgs {
     #[arg(long, value_name = "FILE")]
     capture: Option<PathBuf>,
     /// The capture file's size bound in bytes; packets beyond it are counted, not written.
-    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    #[arg(long, default_value_t = ops::capture::DEFAULT_LIMIT, requires = "capture")]
     capture_limit: u64,
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
@@ -67,7 +66,7 @@ pub(crate) struct HostArgs {
     #[arg(long, value_name = "FILE")]
     capture: Option<PathBuf>,
     /// The capture file's size bound in bytes; packets beyond it are counted, not written.
-    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    #[arg(long, default_value_t = ops::capture::DEFAULT_LIMIT, requires = "capture")]
     capture_limit: u64,
     /// Log level: error, warn, info, debug or trace (`RUST_LOG` works too).
     #[arg(long, default_value = "info")]
@@ -87,73 +86,13 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-/// Starts logging at `level` unless `RUST_LOG` says otherwise.
-pub(crate) fn init_logging(level: &str) -> Result<(), String> {
-    init_logging_as(level, LogFormat::Text)
-}
-
-/// [`init_logging`] in `format`.
-pub(crate) fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
-    if !["error", "warn", "info", "debug", "trace", "off"].contains(&level) {
-        return Err(format!("--log-level {level}: must be error, warn, info, debug, trace or off"));
+impl LogFormat {
+    fn ops(self) -> ops::process::LogFormat {
+        match self {
+            LogFormat::Text => ops::process::LogFormat::Text,
+            LogFormat::Json => ops::process::LogFormat::Json,
+        }
     }
-    let env = env_logger::Env::default().default_filter_or(level);
-    let mut b = env_logger::Builder::from_env(env);
-    b.format_target(false);
-    if format == LogFormat::Json {
-        b.format(|buf, r| {
-            use std::io::Write;
-            let mut m = serde_json::Map::new();
-            m.insert("ts".into(), buf.timestamp_micros().to_string().into());
-            m.insert("level".into(), r.level().as_str().into());
-            m.insert("target".into(), r.target().into());
-            m.insert("msg".into(), r.args().to_string().into());
-            let _ = r.key_values().visit(&mut JsonFields(&mut m));
-            writeln!(buf, "{}", serde_json::Value::Object(m))
-        });
-    }
-    let _ = b.try_init();
-    Ok(())
-}
-
-/// A log record's key-value fields (session, host, device, peer, token) into its JSON line.
-struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
-
-impl<'kvs> log::kv::VisitSource<'kvs> for JsonFields<'_> {
-    fn visit_pair(
-        &mut self,
-        key: log::kv::Key<'kvs>,
-        value: log::kv::Value<'kvs>,
-    ) -> Result<(), log::kv::Error> {
-        let v = match value.to_u64() {
-            Some(n) => serde_json::Value::from(n),
-            None => serde_json::Value::from(value.to_string()),
-        };
-        self.0.insert(key.as_str().to_string(), v);
-        Ok(())
-    }
-}
-
-/// A flag SIGHUP sets: the endpoint reads its configuration again.
-pub(crate) fn hup_flag() -> Result<Arc<AtomicBool>, String> {
-    let hup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
-        .map_err(|e| format!("signal handler: {e}"))?;
-    Ok(hup)
-}
-
-/// A flag that SIGINT and SIGTERM set; a second one while it is set ends the process at once
-/// (exit status 1), for a stop that takes too long.
-pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The conditional shutdown is registered first, so that it sees the flag as the first
-        // signal left it.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
-            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
-            .map_err(|e| format!("signal handler: {e}"))?;
-    }
-    Ok(stop)
 }
 
 fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
@@ -162,203 +101,66 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
 }
 
 pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
-    if let Err(e) = init_logging_as(&args.log_level, args.log_format) {
+    if let Err(e) = ops::process::init_logging_as(&args.log_level, args.log_format.ops()) {
         return fail("gpu", e);
     }
-    let mut file: GpuFile = match config::read(&args.config) {
-        Ok(f) => f,
-        Err(e) => return fail("gpu", e),
-    };
-    if let Some(d) = args.driver {
-        file.link.driver = Some(d.name().into());
-    }
-    if let Some(p) = args.poll {
-        file.link.poll = Some(p.name().into());
-    }
-    let mut opts = match file.options(args.listen.as_deref()) {
-        Ok(o) => o,
-        Err(e) => return fail("gpu", format!("{}: {e}", args.config.display())),
-    };
-    let capture =
-        match args.capture.as_deref().map(|f| crate::capture::Capture::create(f, args.capture_limit)) {
-            Some(Ok(c)) => Some(c),
-            Some(Err(e)) => return fail("gpu", e),
-            None => None,
-        };
-    opts.tap = capture.as_ref().and_then(|c| c.tap());
-    let stop = match stop_flag() {
-        Ok(s) => s,
-        Err(e) => return fail("gpu", e),
-    };
-    let opts_exports = opts.exports.clone();
-    let mut rt = crate::gpu_run::GpuRuntime {
-        path: args.config.clone(),
-        file: file.clone(),
-        listen: args.listen.clone(),
+    let start = ops::gpu_run::GpuStart {
+        config: args.config,
+        listen: args.listen,
         driver: args.driver.map(|d| d.name().to_string()),
         poll: args.poll.map(|p| p.name().to_string()),
-        // Without the tap: the capture ends with the endpoint.
-        opts: GpuOptions { tap: None, ..opts.clone() },
-        started: std::time::Instant::now(),
+        capture: args.capture.map(|f| (f, args.capture_limit)),
     };
-    let hup = match hup_flag() {
-        Ok(h) => h,
-        Err(e) => return fail("gpu", e),
+    match ops::gpu_run::run(start) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail("gpu", e),
+    }
+}
+
+/// The demo workload on one device, verified; the device detached after.
+fn workload(name: &str, d: RemoteDevice, stop: &AtomicBool) -> bool {
+    let mut drv = match SimGpuDriver::open(d) {
+        Ok(drv) => drv,
+        Err(e) => {
+            log::error!("{name}: {e}");
+            return false;
+        }
     };
-    let mut ep = match GpuEndpoint::new(opts) {
-        Ok(ep) => ep,
-        Err(e) => return fail("gpu", e),
+    let size = testbed::workload::WorkloadSize::scaled(1);
+    let ok = match testbed::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
+        Ok(r) => {
+            log::info!("{name}: workload verified in {:.3} s", r.seconds);
+            true
+        }
+        Err(e) if stop.load(Ordering::Relaxed) => {
+            log::error!("{name}: workload stopped by a signal ({e})");
+            false
+        }
+        Err(e) => {
+            log::error!("{name}: {e}");
+            false
+        }
     };
-    match ep.local_addr() {
-        Ok(a) => log::info!("listening on {a}"),
-        Err(e) => return fail("gpu", e),
-    }
-    let agent = match &file.pool {
-        Some(p) => match p.pool(&opts_exports).and_then(|gp| crate::pool_run::start_box(&mut ep, &gp)) {
-            Ok(a) => Some(a),
-            Err(e) => return fail("gpu", format!("{}: {e}", args.config.display())),
-        },
-        None => None,
-    };
-    let served = crate::gpu_run::serve(&mut ep, &mut rt, &stop, &hup);
-    // The devices leave the pool at once (their lease revoked) rather than at its expiry.
-    if let Some(a) = agent {
-        a.stop();
-    }
-    if let Err(e) = served {
-        return fail("gpu", e);
-    }
-    let exports = ep.stats().exports;
-    // The endpoint's tap goes with it: the capture's writer has the last packet.
-    drop(ep);
-    if let Some(c) = capture
-        && let Err(e) = c.finish()
-    {
-        log::error!("{e}");
-    }
-    for (name, s) in exports {
-        log::info!(
-            "{name}: {} attaches, {} refused, {} host requests, {} device requests, {} DMA dropped at resets",
-            s.attaches,
-            s.refusals,
-            s.host_requests,
-            s.device_requests,
-            s.dma_dropped
-        );
-    }
-    log::info!("stopped");
-    ExitCode::SUCCESS
+    drv.into_pci().detach();
+    ok
 }
 
 pub(crate) fn run_host(args: HostArgs) -> ExitCode {
-    if let Err(e) = init_logging_as(&args.log_level, args.log_format) {
+    if let Err(e) = ops::process::init_logging_as(&args.log_level, args.log_format.ops()) {
         return fail("host", e);
     }
-    let mut file: HostFile = match config::read(&args.config) {
-        Ok(f) => f,
-        Err(e) => return fail("host", e),
+    let start = ops::host_run::HostStart {
+        config: args.config,
+        server: args.server,
+        driver: args.driver.map(|d| d.name().to_string()),
+        poll: args.poll.map(|p| p.name().to_string()),
+        capture: args.capture.map(|f| (f, args.capture_limit)),
     };
-    if let Some(d) = args.driver {
-        file.link.driver = Some(d.name().into());
+    let mut run_on = workload;
+    let r = ops::host_run::run(start, args.workload.then_some(&mut run_on as ops::host_run::Workload<'_>));
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => fail("host", e),
     }
-    if let Some(p) = args.poll {
-        file.link.poll = Some(p.name().into());
-    }
-    let all = match file.attachments(args.server.as_deref()) {
-        Ok(o) => o,
-        Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
-    };
-    let pool = match file.pool() {
-        Ok(p) => p,
-        Err(e) => return fail("host", format!("{}: {e}", args.config.display())),
-    };
-    let stop = match stop_flag() {
-        Ok(s) => s,
-        Err(e) => return fail("host", e),
-    };
-    if let Some(hp) = pool {
-        if args.capture.is_some() {
-            return fail("host", "--capture: for the devices of [[attach]]; a pool's are not captured");
-        }
-        if !all.is_empty() {
-            return fail("host", format!("{}: give [[attach]] or [pool], not both", args.config.display()));
-        }
-        let ops = (file.control.clone(), file.metrics.clone());
-        let ok = crate::pool_run::run_host(hp, stop, args.workload, ops);
-        log::info!("stopped");
-        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
-    }
-    let hup = match hup_flag() {
-        Ok(h) => h,
-        Err(e) => return fail("host", e),
-    };
-    let overrides = [
-        args.server.clone(),
-        args.driver.map(|d| d.name().to_string()),
-        args.poll.map(|p| p.name().to_string()),
-    ];
-    let capture =
-        match args.capture.as_deref().map(|f| crate::capture::Capture::create(f, args.capture_limit)) {
-            Some(Ok(c)) => Some(c),
-            Some(Err(e)) => return fail("host", e),
-            None => None,
-        };
-    let entries = crate::host_run::entries(all);
-    let mut rt =
-        crate::host_run::HostRuntime::new(args.config.clone(), file, overrides, entries, stop.clone());
-    rt.tap = capture.as_ref().and_then(|c| c.tap());
-    // Every device attaches on a thread of its own: one box that does not answer costs its
-    // device, not the others.
-    rt.attach_all();
-    let mut ok = true;
-    if args.workload {
-        while !rt.settled() {
-            rt.step();
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        rt.step();
-        for (name, why) in rt.down() {
-            log::error!("{name}: not attached, no workload: {why}");
-            ok = false;
-        }
-        if rt.served() > 0 {
-            log::warn!("--workload runs on the devices not served over vfio-user only");
-        }
-        for (name, d) in rt.take_direct() {
-            let mut drv = match SimGpuDriver::open(d) {
-                Ok(drv) => drv,
-                Err(e) => {
-                    log::error!("{name}: {e}");
-                    ok = false;
-                    continue;
-                }
-            };
-            let size = testbed::workload::WorkloadSize::scaled(1);
-            match testbed::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
-                Ok(r) => log::info!("{name}: workload verified in {:.3} s", r.seconds),
-                Err(e) if stop.load(Ordering::Relaxed) => {
-                    log::error!("{name}: workload stopped by a signal ({e})");
-                    ok = false;
-                }
-                Err(e) => {
-                    log::error!("{name}: {e}");
-                    ok = false;
-                }
-            }
-            drv.into_pci().detach();
-        }
-        stop.store(true, Ordering::Relaxed);
-        rt.detach_all();
-    } else if let Err(e) = crate::host_run::serve(&mut rt, &hup) {
-        rt.detach_all();
-        return fail("host", e);
-    }
-    drop(rt);
-    if let Some(c) = capture
-        && let Err(e) = c.finish()
-    {
-        log::error!("{e}");
-    }
-    log::info!("stopped");
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

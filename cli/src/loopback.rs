@@ -29,7 +29,7 @@ use testbed::model::{self, LinkParams, Prediction, Profile};
 use testbed::workload::{self, Workload, WorkloadReport};
 
 use crate::affinity::{self, PinArg, Placement};
-use crate::config::{DriverArg, PollArg};
+use crate::args::{DriverArg, PollArg};
 
 /// Options of `dxpu loopback`.
 #[derive(Args, Debug, Clone)]
@@ -92,7 +92,7 @@ pub(crate) struct LoopbackArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) capture: Option<std::path::PathBuf>,
     /// The capture file's size bound in bytes; packets beyond it are counted, not written.
-    #[arg(long, default_value_t = crate::capture::DEFAULT_LIMIT, requires = "capture")]
+    #[arg(long, default_value_t = ops::capture::DEFAULT_LIMIT, requires = "capture")]
     pub(crate) capture_limit: u64,
     /// The capture's tap (set from --capture).
     #[arg(skip)]
@@ -216,7 +216,7 @@ impl LoopbackArgs {
             vfio_user: None,
             log_level: "warn".into(),
             capture: None,
-            capture_limit: crate::capture::DEFAULT_LIMIT,
+            capture_limit: ops::capture::DEFAULT_LIMIT,
             tap: None,
         }
     }
@@ -735,7 +735,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     let driver = if driver == DriverKind::Auto { DriverKind::Portable } else { driver };
     let poll = args.poll.mode(Duration::from_micros(args.spin_us));
     let imp = |seed| args.impairment(seed);
-    let stop = crate::daemon::stop_flag()?;
+    let stop = ops::process::stop_flag()?;
     // A hangup (the terminal closed) stops it as SIGTERM does: its socket removed, the
     // device given back (it has no file to reload).
     signal_hook::flag::register(signal_hook::consts::SIGHUP, stop.clone())
@@ -773,7 +773,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
 }
 
 pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
-    if let Err(e) = crate::daemon::init_logging(&args.log_level) {
+    if let Err(e) = ops::process::init_logging(&args.log_level) {
         eprintln!("dxpu loopback: {e}");
         return ExitCode::FAILURE;
     }
@@ -790,7 +790,7 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     let workloads = args.workload.map_or(WorkloadArg::ALL.to_vec(), |w| vec![w]);
     let mut steps = Steps::new(&args, start);
     let capture = match &args.capture {
-        Some(f) => match crate::capture::Capture::create(f, args.capture_limit) {
+        Some(f) => match ops::capture::Capture::create(f, args.capture_limit) {
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("dxpu loopback: {e}");

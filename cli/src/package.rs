@@ -124,7 +124,7 @@ mod tests {
         assert_ne!(std::fs::read_to_string(&p).unwrap(), a);
         // What keygen writes is a key the configuration takes.
         let hex = std::fs::read_to_string(&p).unwrap();
-        assert!(link::PresharedKey::new(&crate::config::parse_hex(hex.trim()).unwrap()).is_some());
+        assert!(link::PresharedKey::new(&ops::config::parse_hex(hex.trim()).unwrap()).is_some());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

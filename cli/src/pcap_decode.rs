@@ -16,9 +16,9 @@ use link::wire::{Frame, FrameType, TlpRecords};
 use serde_json::{Value, json};
 use tlp::{ParseConfig, TlpRepr};
 
-use crate::capture::{Datagram, read_datagrams};
 use crate::tlp_cmd::Format;
 use crate::tlp_json::TlpJson;
+use ops::capture::{Datagram, read_datagrams};
 
 /// The frame type's name, as the dissector shows it.
 pub(crate) fn frame_name(t: FrameType) -> String {

@@ -23,7 +23,7 @@ pub(crate) enum TlpCommand {
         frames: bool,
         /// With --pcap: the box's UDP port, for telling directions apart in a capture that
         /// holds no handshake.
-        #[arg(long, default_value_t = crate::config::DEFAULT_PORT, requires = "pcap")]
+        #[arg(long, default_value_t = ops::config::DEFAULT_PORT, requires = "pcap")]
         box_port: u16,
         /// Output format: one JSON object per line, or one trace line per TLP.
         #[arg(long, value_enum, default_value_t = Format::Json)]

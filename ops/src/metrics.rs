@@ -16,10 +16,10 @@ use prometheus::proto::{self, MetricType};
 use crate::control::Call;
 
 /// Label pairs of one sample.
-pub(crate) type Labels = Vec<(String, String)>;
+pub type Labels = Vec<(String, String)>;
 
 /// Builds label pairs from `(name, value)`s.
-pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
@@ -41,7 +41,7 @@ struct Family {
 
 /// One scrape's metrics, families in the order first added.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Exposition {
+pub struct Exposition {
     families: Vec<Family>,
 }
 
@@ -58,18 +58,18 @@ impl Exposition {
     }
 
     /// A counter, `dxpu_{name}_total` on the wire.
-    pub(crate) fn counter(&mut self, name: &str, help: &str, labels: Labels, v: u64) {
+    pub fn counter(&mut self, name: &str, help: &str, labels: Labels, v: u64) {
         self.add(&format!("{name}_total"), help, MetricType::COUNTER, labels, Value::Counter(v));
     }
 
     /// A gauge, `dxpu_{name}`.
-    pub(crate) fn gauge(&mut self, name: &str, help: &str, labels: Labels, v: f64) {
+    pub fn gauge(&mut self, name: &str, help: &str, labels: Labels, v: f64) {
         self.add(name, help, MetricType::GAUGE, labels, Value::Gauge(v));
     }
 
     /// A histogram from power-of-two buckets: `buckets[i]` counts values in
     /// `[2^i, 2^(i+1))` of `unit` (seconds per unit), the last open-ended; `sum` in seconds.
-    pub(crate) fn log2_histogram(
+    pub fn log2_histogram(
         &mut self,
         name: &str,
         help: &str,
@@ -92,7 +92,7 @@ impl Exposition {
     }
 
     /// The text exposition format 0.0.4.
-    pub(crate) fn render(self) -> String {
+    pub fn render(self) -> String {
         let families: Vec<proto::MetricFamily> = self.families.iter().map(family).collect();
         prometheus::TextEncoder::new()
             .encode_to_string(&families)
@@ -101,7 +101,7 @@ impl Exposition {
 
     /// The value of counter `name` (without `dxpu_` and `_total`) with `labels`, for tests.
     #[cfg(test)]
-    pub(crate) fn counter_value(&self, name: &str, labels: &Labels) -> Option<u64> {
+    pub fn counter_value(&self, name: &str, labels: &Labels) -> Option<u64> {
         let f = self.families.iter().find(|f| f.name == format!("dxpu_{name}_total"))?;
         f.samples.iter().find(|(l, _)| l == labels).and_then(|(_, v)| match v {
             Value::Counter(c) => Some(*c),
@@ -184,14 +184,14 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// a task, so that scrapes are served concurrently and no slow, idle or hostile client holds
 /// up another (a request head must arrive within 5 s, a connection lives at most 30 s, at
 /// most 64 at once). Each scrape asks the endpoint's loop for the exposition through a call.
-pub(crate) struct MetricsServer {
+pub struct MetricsServer {
     stop: Arc<tokio::sync::Notify>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl MetricsServer {
     /// Listens on `addr`; each scrape sends a `metrics` call to the endpoint through `calls`.
-    pub(crate) fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, String> {
+    pub fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, String> {
         let listener =
             std::net::TcpListener::bind(addr).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("metrics.listen {addr}: {e}"))?;
@@ -306,7 +306,7 @@ async fn answer(
 }
 
 /// The link counters of one session, labelled `labels` (device, host, peer).
-pub(crate) fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
+pub fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
     let with = |extra: &[(&str, &str)]| {
         let mut v = l.clone();
         v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use crate::control::{Call, RpcError};
 
 /// How long a reload may take to read and validate its files.
-pub(crate) const READ_DEADLINE: Duration = Duration::from_secs(10);
+pub const READ_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A reload in progress: its reading thread's answer, and the `ctl reload` calls waiting.
-pub(crate) struct PendingRead<T> {
+pub struct PendingRead<T> {
     rx: mpsc::Receiver<Result<T, String>>,
     started: Instant,
     deadline: Duration,
@@ -21,7 +21,7 @@ pub(crate) struct PendingRead<T> {
 }
 
 /// What became of a pending read when looked at.
-pub(crate) enum ReadState<T> {
+pub enum ReadState<T> {
     /// Still reading, within its deadline.
     Reading,
     /// Read and validated (or refused, saying why).
@@ -30,7 +30,7 @@ pub(crate) enum ReadState<T> {
 
 impl<T: Send + 'static> PendingRead<T> {
     /// Starts `read` on a thread of its own; `what` names it in errors (the file's path).
-    pub(crate) fn start(
+    pub fn start(
         what: String,
         deadline: Duration,
         read: impl FnOnce() -> Result<T, String> + Send + 'static,
@@ -46,13 +46,13 @@ impl<T: Send + 'static> PendingRead<T> {
     }
 
     /// A `ctl reload` call, answered when the reload ends.
-    pub(crate) fn wait_with(&mut self, c: Call) {
+    pub fn wait_with(&mut self, c: Call) {
         self.waiters.push(c);
     }
 
     /// Whether the read ended: its result, or an error once the deadline passed (the thread
     /// is left to finish on its own; what it reads then is dropped).
-    pub(crate) fn poll(&mut self) -> ReadState<T> {
+    pub fn poll(&mut self) -> ReadState<T> {
         match self.rx.try_recv() {
             Ok(r) => ReadState::Done(r),
             Err(mpsc::TryRecvError::Disconnected) => ReadState::Done(Err(format!(
@@ -70,7 +70,7 @@ impl<T: Send + 'static> PendingRead<T> {
     }
 
     /// Answers every waiting call with `r`.
-    pub(crate) fn answer(self, r: &Result<serde_json::Value, String>) {
+    pub fn answer(self, r: &Result<serde_json::Value, String>) {
         for w in self.waiters {
             w.answer(r.clone().map_err(RpcError::failed));
         }

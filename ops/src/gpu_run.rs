@@ -15,7 +15,7 @@ use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
 
 /// What `dxpu gpu` runs on besides the endpoint.
-pub(crate) struct GpuRuntime {
+pub struct GpuRuntime {
     /// The configuration file, read again on reload.
     pub(crate) path: PathBuf,
     /// The file as last applied.
@@ -30,14 +30,14 @@ pub(crate) struct GpuRuntime {
 }
 
 /// The box's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
-pub(crate) const METHODS: [&str; 8] =
+pub const METHODS: [&str; 8] =
     ["status", "devices", "sessions", "stats", "export", "unexport", "reload", "rpc_get_methods"];
 
 /// A box's configuration as read: the file and the options it gives.
 type GpuConfig = (GpuFile, GpuOptions);
 
 /// Serves until `stop`; SIGHUP (`hup`) reloads. Control and metrics run if configured.
-pub(crate) fn serve(
+pub fn serve(
     ep: &mut GpuEndpoint,
     rt: &mut GpuRuntime,
     stop: &AtomicBool,
@@ -324,7 +324,7 @@ fn device_json(r: &ExportReport) -> Value {
 }
 
 /// A session's link counters as JSON (both endpoints' `sessions`).
-pub(crate) fn link_json(l: &link::Stats) -> Value {
+pub fn link_json(l: &link::Stats) -> Value {
     json!({
         "rtt_p50_us": l.rtt_quantile_us(0.5), "rtt_p99_us": l.rtt_quantile_us(0.99),
         "rtt_samples": l.rtt_samples(),
@@ -446,4 +446,89 @@ fn metrics(ep: &mut GpuEndpoint) -> Exposition {
         x.counter("handshakes_refused", "Handshakes refused, by reason", labels(&[("reason", why)]), n);
     }
     x
+}
+
+/// How `dxpu gpu` was started: the file and the command line's overrides (as the file
+/// spells the values).
+#[derive(Clone, Debug, Default)]
+pub struct GpuStart {
+    /// The configuration file.
+    pub config: PathBuf,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--driver` (`auto`, `io_uring`, `portable`).
+    pub driver: Option<String>,
+    /// `--poll` (`blocking`, `busy`).
+    pub poll: Option<String>,
+    /// `--capture FILE` and its size bound.
+    pub capture: Option<(PathBuf, u64)>,
+}
+
+/// `dxpu gpu`: reads the file, starts the endpoint (and its pool agent), serves until
+/// SIGINT / SIGTERM, reloads on SIGHUP; the error says what was wrong.
+pub fn run(start: GpuStart) -> Result<(), String> {
+    let mut file: GpuFile = config::read(&start.config)?;
+    if let Some(d) = &start.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &start.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let mut opts =
+        file.options(start.listen.as_deref()).map_err(|e| format!("{}: {e}", start.config.display()))?;
+    let capture = match &start.capture {
+        Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
+        None => None,
+    };
+    opts.tap = capture.as_ref().and_then(|c| c.tap());
+    let stop = crate::process::stop_flag()?;
+    let opts_exports = opts.exports.clone();
+    let mut rt = GpuRuntime {
+        path: start.config.clone(),
+        file: file.clone(),
+        listen: start.listen.clone(),
+        driver: start.driver.clone(),
+        poll: start.poll.clone(),
+        // Without the tap: the capture ends with the endpoint.
+        opts: GpuOptions { tap: None, ..opts.clone() },
+        started: Instant::now(),
+    };
+    let hup = crate::process::hup_flag()?;
+    let mut ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
+    let addr = ep.local_addr().map_err(|e| e.to_string())?;
+    log::info!("listening on {addr}");
+    let agent = match &file.pool {
+        Some(p) => Some(
+            p.pool(&opts_exports)
+                .and_then(|gp| crate::pool_run::start_box(&mut ep, &gp))
+                .map_err(|e| format!("{}: {e}", start.config.display()))?,
+        ),
+        None => None,
+    };
+    let served = serve(&mut ep, &mut rt, &stop, &hup);
+    // The devices leave the pool at once (their lease revoked) rather than at its expiry.
+    if let Some(a) = agent {
+        a.stop();
+    }
+    served?;
+    let exports = ep.stats().exports;
+    // The endpoint's tap goes with it: the capture's writer has the last packet.
+    drop(ep);
+    if let Some(c) = capture
+        && let Err(e) = c.finish()
+    {
+        log::error!("{e}");
+    }
+    for (name, s) in exports {
+        log::info!(
+            "{name}: {} attaches, {} refused, {} host requests, {} device requests, {} DMA dropped at resets",
+            s.attaches,
+            s.refusals,
+            s.host_requests,
+            s.device_requests,
+            s.dma_dropped
+        );
+    }
+    log::info!("stopped");
+    Ok(())
 }

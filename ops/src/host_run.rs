@@ -34,13 +34,13 @@ const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The host's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
-pub(crate) const METHODS: [&str; 8] =
+pub const METHODS: [&str; 8] =
     ["status", "devices", "sessions", "stats", "attach", "detach", "reload", "rpc_get_methods"];
 
 /// One `[[attach]]`: its options and vfio-user socket, by label (the device's name, or
 /// `device@server` where two boxes export the same name).
 #[derive(Clone)]
-pub(crate) struct Entry {
+pub struct Entry {
     pub(crate) label: String,
     /// Its index among the file's `[[attach]]`.
     index: usize,
@@ -148,7 +148,7 @@ impl SlotLife {
 }
 
 /// The host endpoint's devices and what it was configured with.
-pub(crate) struct HostRuntime {
+pub struct HostRuntime {
     pub(crate) path: PathBuf,
     pub(crate) file: HostFile,
     /// `--server`, `--driver`, `--poll` as given (a reload applies them again).
@@ -165,7 +165,7 @@ pub(crate) struct HostRuntime {
 }
 
 /// Labels each attachment: the device's name, or `device@server` where it repeats.
-pub(crate) fn entries(all: Vec<(AttachOptions, Option<ServedSocket>)>) -> Vec<Entry> {
+pub fn entries(all: Vec<(AttachOptions, Option<ServedSocket>)>) -> Vec<Entry> {
     let names: Vec<String> = all.iter().map(|(o, _)| o.device.clone()).collect();
     all.into_iter()
         .enumerate()
@@ -221,7 +221,8 @@ fn attach_entry(e: Entry, stop: Arc<AtomicBool>, tap: Option<link::driver::Tap>)
 }
 
 impl HostRuntime {
-    pub(crate) fn new(
+    /// The runtime of `entries` read from `path`, nothing attached yet.
+    pub fn new(
         path: PathBuf,
         file: HostFile,
         overrides: [Option<String>; 3],
@@ -266,7 +267,7 @@ impl HostRuntime {
     }
 
     /// Starts attaching every configured device, each on its own thread.
-    pub(crate) fn attach_all(&mut self) {
+    pub fn attach_all(&mut self) {
         for l in self.labels() {
             if let Err(e) = self.start_attach(&l) {
                 log::error!("{e}");
@@ -275,14 +276,14 @@ impl HostRuntime {
     }
 
     /// Whether every device's first attempt has ended (attached or down).
-    pub(crate) fn settled(&self) -> bool {
+    pub fn settled(&self) -> bool {
         !self.slots.values().any(|s| matches!(s.slot, Slot::Attaching { .. }))
     }
 
     /// Moves every slot on: attempts that ended become up or down (answering their `ctl
     /// attach` calls), removed devices are given back and go down, devices down whose wait
     /// is over are tried again. Returns whether anything changed state.
-    pub(crate) fn step(&mut self) -> bool {
+    pub fn step(&mut self) -> bool {
         let mut changed = false;
         let now = Instant::now();
         let stopping = self.stop.load(Ordering::Relaxed);
@@ -397,7 +398,7 @@ impl HostRuntime {
     /// Detaches `label`: a vfio-user server stops (its VMM sees the socket close), the box
     /// takes the device back; an attempt in progress is abandoned (what it attaches is given
     /// back), a retry cancelled. It stays detached until `ctl attach` or a reload.
-    pub(crate) fn detach(&mut self, label: &str) -> Result<(), String> {
+    pub fn detach(&mut self, label: &str) -> Result<(), String> {
         let Some(life) = self.slots.get_mut(label) else {
             return Err(format!("detach {label}: not configured (configured: {})", self.labels().join(", ")));
         };
@@ -419,7 +420,7 @@ impl HostRuntime {
     }
 
     /// The devices held here, not served over vfio-user (for `--workload`).
-    pub(crate) fn take_direct(&mut self) -> Vec<(String, RemoteDevice)> {
+    pub fn take_direct(&mut self) -> Vec<(String, RemoteDevice)> {
         let mut out = Vec::new();
         for (l, life) in &mut self.slots {
             if let Slot::Up(Attached { held: Held::Direct(_), .. }) = life.slot
@@ -433,7 +434,7 @@ impl HostRuntime {
     }
 
     /// Why each device that is not up is not (for `--workload`).
-    pub(crate) fn down(&self) -> Vec<(String, String)> {
+    pub fn down(&self) -> Vec<(String, String)> {
         self.slots
             .iter()
             .filter_map(|(l, s)| match &s.slot {
@@ -444,7 +445,7 @@ impl HostRuntime {
     }
 
     /// How many are served over vfio-user.
-    pub(crate) fn served(&self) -> usize {
+    pub fn served(&self) -> usize {
         self.slots
             .values()
             .filter(|s| matches!(s.slot, Slot::Up(Attached { held: Held::Served { .. }, .. })))
@@ -452,7 +453,7 @@ impl HostRuntime {
     }
 
     /// How many are attached.
-    pub(crate) fn attached(&self) -> usize {
+    pub fn attached(&self) -> usize {
         self.slots.values().filter(|s| s.attached().is_some()).count()
     }
 
@@ -461,7 +462,7 @@ impl HostRuntime {
     }
 
     /// What the service manager is told: how many are up, and which are not and why.
-    pub(crate) fn status_line(&self) -> String {
+    pub fn status_line(&self) -> String {
         let down: Vec<String> = self
             .slots
             .iter()
@@ -482,7 +483,7 @@ impl HostRuntime {
 
     /// Detaches everything (at the stop); attempts in progress end (the stop flag cancels
     /// them) and what they attached is given back.
-    pub(crate) fn detach_all(&mut self) {
+    pub fn detach_all(&mut self) {
         let labels: Vec<String> = self.slots.keys().cloned().collect();
         for l in labels {
             if let Some(life) = self.slots.get_mut(&l) {
@@ -519,7 +520,7 @@ impl HostRuntime {
     /// added entries, detaches removed ones, re-attaches changed ones (each attach on its own
     /// thread, as at the start); untouched ones are not disturbed. Refused, nothing changed,
     /// if it changes what needs a restart.
-    pub(crate) fn apply(
+    pub fn apply(
         &mut self,
         file: HostFile,
         all: Vec<(AttachOptions, Option<ServedSocket>)>,
@@ -568,7 +569,7 @@ impl HostRuntime {
     }
 
     /// Answers one control call.
-    pub(crate) fn answer(&mut self, c: &Call) -> Result<Value, RpcError> {
+    pub fn answer(&mut self, c: &Call) -> Result<Value, RpcError> {
         match c.method.as_str() {
             "status" => {
                 c.only_params(&[])?;
@@ -698,14 +699,11 @@ impl HostRuntime {
 }
 
 /// A host's configuration as read: the file and its attachments (options, vfio-user socket).
-pub(crate) type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
+pub type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
 
 /// Reads and validates the host's configuration file, with the command line's overrides:
 /// the file and its attachments. Runs off the main loop (`crate::reload::PendingRead`).
-pub(crate) fn read_host_file(
-    path: &std::path::Path,
-    overrides: &[Option<String>; 3],
-) -> Result<HostConfig, String> {
+pub fn read_host_file(path: &std::path::Path, overrides: &[Option<String>; 3]) -> Result<HostConfig, String> {
     let [server, driver, poll] = overrides;
     let mut file: HostFile = config::read(path)?;
     if let Some(d) = driver {
@@ -722,7 +720,7 @@ pub(crate) fn read_host_file(
 }
 
 /// A host endpoint's exposition, before its devices.
-pub(crate) fn host_exposition() -> Exposition {
+pub fn host_exposition() -> Exposition {
     let mut x = Exposition::default();
     x.gauge(
         "up",
@@ -735,7 +733,7 @@ pub(crate) fn host_exposition() -> Exposition {
 
 /// One device's metrics on a host: its info (state, box), removals, and with `stats` (an
 /// attached device) its TLPs, DMA, interrupts, timeouts, register-read latency and link.
-pub(crate) fn device_metrics(
+pub fn device_metrics(
     x: &mut Exposition,
     label: &str,
     peer: &str,
@@ -795,7 +793,8 @@ fn mmio_histogram(x: &mut Exposition, l: &crate::metrics::Labels, h: &LatencyHis
     );
 }
 
-pub(crate) fn host_stats_json(s: &HostStats) -> Value {
+/// A host device's counters as `dxpu ctl stats` gives them.
+pub fn host_stats_json(s: &HostStats) -> Value {
     json!({
         "tlps_sent": s.tlps_sent, "tlps_received": s.tlps_received,
         "dma_reads": s.dma_reads, "dma_writes": s.dma_writes,
@@ -814,7 +813,7 @@ pub(crate) fn host_stats_json(s: &HostStats) -> Value {
 /// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the
 /// loop), until a signal stops it. Tells the service manager it is ready once every device's
 /// first attach has ended, and which are up whenever that changes.
-pub(crate) fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
+pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
     let calls = Calls::new();
     let _control =
         rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
@@ -916,4 +915,103 @@ fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig>> {
             None
         }
     }
+}
+
+/// How `dxpu host` was started: the file and the command line's overrides (as the file
+/// spells the values).
+#[derive(Clone, Debug, Default)]
+pub struct HostStart {
+    /// The configuration file.
+    pub config: PathBuf,
+    /// `--server`: the box for every `[[attach]]`.
+    pub server: Option<String>,
+    /// `--driver` (`auto`, `io_uring`, `portable`).
+    pub driver: Option<String>,
+    /// `--poll` (`blocking`, `busy`).
+    pub poll: Option<String>,
+    /// `--capture FILE` and its size bound.
+    pub capture: Option<(PathBuf, u64)>,
+}
+
+/// What runs on each device a `--workload` host attached (not served over vfio-user): its
+/// label, the device, and the stop flag (raised by a signal); whether it verified. The
+/// device is the callee's to detach.
+pub type Workload<'a> = &'a mut dyn FnMut(&str, RemoteDevice, &AtomicBool) -> bool;
+
+/// `dxpu host`: reads the file; with `[[attach]]`, attaches each device (each on its own
+/// thread) and serves until SIGINT / SIGTERM, reloading on SIGHUP; with `[pool]`, claims
+/// from the pool (`pool_run`). With `workload`, runs it on every device once attached,
+/// detaches and returns instead. `Ok(false)`: a workload did not verify, or a device could
+/// not be had for it.
+pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, String> {
+    let at = start.config.display().to_string();
+    let mut file: HostFile = config::read(&start.config)?;
+    if let Some(d) = &start.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &start.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
+    let pool = file.pool().map_err(|e| format!("{at}: {e}"))?;
+    let stop = crate::process::stop_flag()?;
+    if let Some(hp) = pool {
+        if start.capture.is_some() {
+            return Err("--capture: for the devices of [[attach]]; a pool's are not captured".into());
+        }
+        if !all.is_empty() {
+            return Err(format!("{at}: give [[attach]] or [pool], not both"));
+        }
+        let ops = (file.control.clone(), file.metrics.clone());
+        let ok = crate::pool_run::run_host(hp, stop, workload, ops);
+        log::info!("stopped");
+        return Ok(ok);
+    }
+    let hup = crate::process::hup_flag()?;
+    let overrides = [start.server.clone(), start.driver.clone(), start.poll.clone()];
+    let capture = match &start.capture {
+        Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
+        None => None,
+    };
+    let mut rt = HostRuntime::new(start.config.clone(), file, overrides, entries(all), stop.clone());
+    rt.tap = capture.as_ref().and_then(|c| c.tap());
+    // Every device attaches on a thread of its own: one box that does not answer costs its
+    // device, not the others.
+    rt.attach_all();
+    let mut ok = true;
+    match workload {
+        Some(run_on) => {
+            while !rt.settled() {
+                rt.step();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            rt.step();
+            for (name, why) in rt.down() {
+                log::error!("{name}: not attached, no workload: {why}");
+                ok = false;
+            }
+            if rt.served() > 0 {
+                log::warn!("--workload runs on the devices not served over vfio-user only");
+            }
+            for (name, d) in rt.take_direct() {
+                ok &= run_on(&name, d, &stop);
+            }
+            stop.store(true, Ordering::Relaxed);
+            rt.detach_all();
+        }
+        None => {
+            if let Err(e) = serve(&mut rt, &hup) {
+                rt.detach_all();
+                return Err(e);
+            }
+        }
+    }
+    drop(rt);
+    if let Some(c) = capture
+        && let Err(e) = c.finish()
+    {
+        log::error!("{e}");
+    }
+    log::info!("stopped");
+    Ok(ok)
 }

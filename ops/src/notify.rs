@@ -7,7 +7,7 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 
 /// Sends `state` (`READY=1`, `STOPPING=1`, …) to the service manager, if there is one; a
 /// failure is logged, never fatal.
-pub(crate) fn notify(state: &str) {
+pub fn notify(state: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
     let bytes = path.as_encoded_bytes();
     let addr = match bytes.strip_prefix(b"@") {
@@ -21,12 +21,12 @@ pub(crate) fn notify(state: &str) {
 }
 
 /// `READY=1` with a status line.
-pub(crate) fn ready(status: &str) {
+pub fn ready(status: &str) {
     notify(&format!("READY=1\nSTATUS={status}"));
 }
 
 /// `RELOADING=1` with the monotonic time systemd expects alongside it.
-pub(crate) fn reloading() {
+pub fn reloading() {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let usec = t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1000;
     notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));

@@ -16,7 +16,7 @@ use serde::Deserialize;
 /// `[link]`: the session and its driver.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct LinkSection {
+pub struct LinkSection {
     mtu: Option<usize>,
     /// The path's bandwidth in Gbit/s and round trip in µs: the window and the credits are
     /// sized from them (`link::Config::size_for_path`).
@@ -46,7 +46,7 @@ pub(crate) struct LinkSection {
 /// `[impairment]`: what the endpoint does to what it sends.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ImpairmentSection {
+pub struct ImpairmentSection {
     delay_us: Option<u64>,
     jitter_us: Option<u64>,
     loss: Option<f64>,
@@ -84,7 +84,7 @@ struct DeviceSection {
 /// `[control]`: the JSON-RPC control socket (`dxpu ctl`).
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ControlSection {
+pub struct ControlSection {
     /// Where the socket is made (mode 0600); no socket without it.
     pub(crate) socket: Option<PathBuf>,
 }
@@ -92,25 +92,25 @@ pub(crate) struct ControlSection {
 /// `[metrics]`: Prometheus metrics over HTTP.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct MetricsSection {
+pub struct MetricsSection {
     /// The TCP address to serve `/metrics` on; off without it.
     listen: Option<String>,
 }
 
 impl MetricsSection {
     /// The address to listen on, if metrics are on.
-    pub(crate) fn listen(&self) -> Result<Option<SocketAddr>, String> {
+    pub fn listen(&self) -> Result<Option<SocketAddr>, String> {
         self.listen.as_deref().map(|l| socket_addr("metrics.listen", l)).transpose()
     }
 }
 
 /// `[control]` and `[metrics]` of a file.
-pub(crate) type OpsSections = (ControlSection, MetricsSection);
+pub type OpsSections = (ControlSection, MetricsSection);
 
 /// The whole file of `dxpu gpu`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct GpuFile {
+pub struct GpuFile {
     pub(crate) listen: Option<String>,
     #[serde(default)]
     pub(crate) link: LinkSection,
@@ -131,7 +131,7 @@ pub(crate) struct GpuFile {
 /// `[pool]` of `dxpu gpu`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct GpuPoolSection {
+pub struct GpuPoolSection {
     etcd: Vec<String>,
     #[serde(rename = "box")]
     box_name: String,
@@ -145,7 +145,7 @@ pub(crate) struct GpuPoolSection {
 /// `[pool]` of `dxpu host`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct HostPoolSection {
+pub struct HostPoolSection {
     etcd: Vec<String>,
     host: String,
     key: Option<String>,
@@ -161,7 +161,7 @@ pub(crate) struct HostPoolSection {
 }
 
 /// What `[pool]` of `dxpu gpu` says.
-pub(crate) struct GpuPool {
+pub struct GpuPool {
     pub(crate) config: pool::PoolConfig,
     pub(crate) box_name: String,
     pub(crate) advertise: SocketAddr,
@@ -169,7 +169,7 @@ pub(crate) struct GpuPool {
 }
 
 /// What `[pool]` of `dxpu host` says.
-pub(crate) struct HostPool {
+pub struct HostPool {
     pub(crate) config: pool::PoolConfig,
     pub(crate) agent: pool::HostAgentOptions,
     /// Attach options every claimed device starts from (server and device set per claim).
@@ -199,7 +199,8 @@ fn pool_config(
 }
 
 impl GpuPoolSection {
-    pub(crate) fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, String> {
+    /// The box's pool settings, for the devices it exports.
+    pub fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, String> {
         let config = pool_config(&self.etcd, self.lease_ttl_s, &self.prefix)?;
         if !pool::valid_name(&self.box_name) {
             return Err(bad(
@@ -257,7 +258,7 @@ struct AttachSection {
 
 /// Where a device is served over vfio-user, and who may connect to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ServedSocket {
+pub struct ServedSocket {
     pub(crate) path: PathBuf,
     pub(crate) access: bridge_host::SocketAccess,
 }
@@ -286,7 +287,7 @@ fn id_of(key: &str, value: &str, group: bool) -> Result<u32, String> {
 /// The whole file of `dxpu host`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct HostFile {
+pub struct HostFile {
     #[serde(default)]
     pub(crate) link: LinkSection,
     #[serde(default)]
@@ -303,7 +304,7 @@ pub(crate) struct HostFile {
 
 impl HostFile {
     /// `[pool]`, if the file has one.
-    pub(crate) fn pool(&self) -> Result<Option<HostPool>, String> {
+    pub fn pool(&self) -> Result<Option<HostPool>, String> {
         let Some(p) = &self.pool else { return Ok(None) };
         let config = pool_config(&p.etcd, p.lease_ttl_s, &p.prefix)?;
         if !pool::valid_name(&p.host) {
@@ -346,11 +347,11 @@ fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> String {
 }
 
 /// Largest configuration file read (a file this long is not a configuration).
-pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Reads at most `limit` bytes of `path` as text; longer, or not UTF-8, is an error naming
 /// the file. `/dev/zero` and the like end at the limit.
-pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+pub fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
     use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut bytes = Vec::new();
@@ -362,7 +363,7 @@ pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
 }
 
 /// Reads and parses a TOML file; the error names the file, line and key.
-pub(crate) fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, String> {
+pub fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, String> {
     let text = read_bounded(path, MAX_CONFIG_BYTES)?;
     toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))
 }
@@ -408,66 +409,12 @@ fn warn_if_others_can_read(key_name: &str, f: &Path) {
 }
 
 /// Hexadecimal digits only (no sign, no prefix, no spaces), two per byte.
-pub(crate) fn parse_hex(s: &str) -> Option<Vec<u8>> {
+pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
     hex::decode(s).ok()
 }
 
-/// `--driver` on the command line: the values `--help` lists.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DriverArg {
-    /// io_uring where the kernel has it, else portable (said in the log).
-    Auto,
-    /// io_uring (fails where the kernel lacks it).
-    #[value(name = "io_uring", alias = "uring")]
-    IoUring,
-    /// sendmmsg / recvmmsg.
-    Portable,
-}
-
-impl DriverArg {
-    /// The name, as the configuration file spells it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            DriverArg::Auto => "auto",
-            DriverArg::IoUring => "io_uring",
-            DriverArg::Portable => "portable",
-        }
-    }
-    pub(crate) fn kind(self) -> DriverKind {
-        match self {
-            DriverArg::Auto => DriverKind::Auto,
-            DriverArg::IoUring => DriverKind::IoUring,
-            DriverArg::Portable => DriverKind::Portable,
-        }
-    }
-}
-
-/// `--poll` on the command line.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PollArg {
-    /// Sleep in the kernel whenever there is nothing to do.
-    Blocking,
-    /// Spin on the socket (the spin budget), then sleep: lowest latency, a core per endpoint.
-    Busy,
-}
-
-impl PollArg {
-    /// The name, as the configuration file spells it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PollArg::Blocking => "blocking",
-            PollArg::Busy => "busy",
-        }
-    }
-    pub(crate) fn mode(self, spin: Duration) -> PollMode {
-        match self {
-            PollArg::Blocking => PollMode::Blocking,
-            PollArg::Busy => PollMode::Busy { spin },
-        }
-    }
-}
-
-pub(crate) fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
+/// The UDP driver `key` names (`auto`, `io_uring`, `portable`).
+pub fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
     match v {
         "auto" => Ok(DriverKind::Auto),
         "io_uring" | "uring" => Ok(DriverKind::IoUring),
@@ -476,7 +423,8 @@ pub(crate) fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
     }
 }
 
-pub(crate) fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, String> {
+/// The poll mode `key` names (`blocking`, `busy` with `spin`).
+pub fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, String> {
     match v {
         "blocking" => Ok(PollMode::Blocking),
         "busy" => Ok(PollMode::Busy { spin }),
@@ -485,7 +433,7 @@ pub(crate) fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, 
 }
 
 /// What the `[link]` section says, on top of the defaults.
-pub(crate) struct LinkSettings {
+pub struct LinkSettings {
     pub(crate) config: link::Config,
     pub(crate) driver: DriverKind,
     pub(crate) offload: link::driver::Offload,
@@ -537,7 +485,8 @@ impl LinkSection {
         Ok(())
     }
 
-    pub(crate) fn settings(&self, psk: PresharedKey) -> Result<LinkSettings, String> {
+    /// The link's settings under `psk`, every value checked and named on error.
+    pub fn settings(&self, psk: PresharedKey) -> Result<LinkSettings, String> {
         self.check()?;
         let mut c = link::Config::new(psk);
         if let Some(v) = self.mtu {
@@ -594,7 +543,8 @@ impl LinkSection {
 }
 
 impl ImpairmentSection {
-    pub(crate) fn impairment(&self) -> Result<Impairment, String> {
+    /// The impairment the section asks for (none by default).
+    pub fn impairment(&self) -> Result<Impairment, String> {
         within("impairment.delay_us", self.delay_us, 0..=10_000_000, "µs")?;
         within("impairment.jitter_us", self.jitter_us, 0..=10_000_000, "µs")?;
         within("impairment.rate_mbps", self.rate_mbps, 0..=10_000_000, "Mbit/s")?;
@@ -630,12 +580,12 @@ fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, String> {
 }
 
 /// The default UDP port of `dxpu gpu`.
-pub(crate) const DEFAULT_PORT: u16 = 7440;
+pub const DEFAULT_PORT: u16 = 7440;
 
 impl GpuFile {
     /// The settings a reload cannot change (the socket, the link, the pool, the control
     /// socket and metrics server): the names of those that differ in `new`.
-    pub(crate) fn restart_only_changes(&self, new: &GpuFile) -> Vec<&'static str> {
+    pub fn restart_only_changes(&self, new: &GpuFile) -> Vec<&'static str> {
         let mut out = Vec::new();
         for (name, same) in [
             ("listen", self.listen == new.listen),
@@ -653,7 +603,7 @@ impl GpuFile {
     }
 
     /// The endpoint's options; `listen` overrides the file's.
-    pub(crate) fn options(&self, listen: Option<&str>) -> Result<GpuOptions, String> {
+    pub fn options(&self, listen: Option<&str>) -> Result<GpuOptions, String> {
         let listen = match (listen, &self.listen) {
             (Some(l), _) => socket_addr("--listen", l)?,
             (None, Some(l)) => socket_addr("listen", l)?,
@@ -763,7 +713,7 @@ impl GpuFile {
 
 impl HostFile {
     /// The settings a reload cannot change: the names of those that differ in `new`.
-    pub(crate) fn restart_only_changes(&self, new: &HostFile) -> Vec<&'static str> {
+    pub fn restart_only_changes(&self, new: &HostFile) -> Vec<&'static str> {
         let mut out = Vec::new();
         for (name, same) in [
             ("[link]", self.link == new.link),
@@ -780,13 +730,13 @@ impl HostFile {
     }
 
     /// Whether `[[attach]]` number `i` reads the same in `other`'s number `j`.
-    pub(crate) fn same_attach(&self, i: usize, other: &HostFile, j: usize) -> bool {
+    pub fn same_attach(&self, i: usize, other: &HostFile, j: usize) -> bool {
         self.attach.get(i).is_some_and(|a| other.attach.get(j) == Some(a))
     }
 
     /// One set of attach options per `[[attach]]`; `server` overrides every server address.
     #[cfg(test)]
-    pub(crate) fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {
+    pub fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {
         Ok(self.attachments(server)?.into_iter().map(|(o, _)| o).collect())
     }
 
@@ -794,7 +744,7 @@ impl HostFile {
     /// device served to a VMM has no DMA arena (the VMM grants guest memory), no service
     /// thread (the server's thread drives the link) and, unless the file says otherwise,
     /// the portable link driver (its socket is what the server waits on).
-    pub(crate) fn attachments(
+    pub fn attachments(
         &self,
         server: Option<&str>,
     ) -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, String> {

@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use bridge_gpu::GpuEndpoint;
 use bridge_host::vfio_user::VfioUserServer;
 use bridge_host::{Fence, RemoteDevice, RemovalWatch};
-use driver::SimGpuDriver;
 use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
 use crate::config::{GpuPool, HostPool};
 
 /// Registers the endpoint's exports in the pool and makes it serve claims only.
-pub(crate) fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String> {
+pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String> {
     let mut devices = Vec::new();
     for name in ep.export_names() {
         let Some(id) = ep.export_identity(&name) else { continue };
@@ -172,10 +171,10 @@ const METHODS: [&str; 5] = ["status", "devices", "sessions", "stats", "rpc_get_m
 
 /// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
 /// runs the workload on every device once `want` are held, releases them and ends.
-pub(crate) fn run_host(
+pub fn run_host(
     hp: HostPool,
     stop: Arc<AtomicBool>,
-    workload: bool,
+    mut workload: Option<crate::host_run::Workload<'_>>,
     ops: crate::config::OpsSections,
 ) -> bool {
     let calls = crate::control::Calls::new();
@@ -258,7 +257,9 @@ pub(crate) fn run_host(
             h.detach();
             agent.release(claim, true);
         }
-        if workload && (held.len() >= hp.agent.want || started.elapsed() > workload_wait) {
+        if let Some(run_on) = workload.as_mut()
+            && (held.len() >= hp.agent.want || started.elapsed() > workload_wait)
+        {
             if held.len() < hp.agent.want {
                 log::error!(
                     "pool: {} of {} device(s) claimed within {workload_wait:?}",
@@ -268,7 +269,7 @@ pub(crate) fn run_host(
                 ok = false;
             }
             for h in held.drain(..) {
-                ok &= run_workload(h, &agent, &stop);
+                ok &= run_workload(h, &agent, &stop, &mut **run_on);
             }
             break;
         }
@@ -280,38 +281,20 @@ pub(crate) fn run_host(
     ok
 }
 
-fn run_workload(h: Held, agent: &HostAgent, stop: &AtomicBool) -> bool {
+fn run_workload(
+    h: Held,
+    agent: &HostAgent,
+    stop: &AtomicBool,
+    run_on: &mut dyn FnMut(&str, RemoteDevice, &AtomicBool) -> bool,
+) -> bool {
     let name = h.claim.name();
     let Use::Local(d) = h.use_ else {
         log::warn!("{name}: served over vfio-user; --workload runs on the others only");
         h.detach_and_release(agent);
         return true;
     };
-    let mut drv = match SimGpuDriver::open(d) {
-        Ok(drv) => drv,
-        Err(e) => {
-            log::error!("{name}: {e}");
-            agent.release(h.claim, true);
-            return false;
-        }
-    };
-    let size = testbed::workload::WorkloadSize::scaled(1);
-    let ok = match testbed::workload::run(&mut drv, size, &mut |step| log::info!("{name}: {step}")) {
-        Ok(r) => {
-            log::info!("{name}: workload verified in {:.3} s", r.seconds);
-            true
-        }
-        Err(e) if stop.load(Ordering::Relaxed) => {
-            log::error!("{name}: workload stopped by a signal ({e})");
-            false
-        }
-        Err(e) => {
-            log::error!("{name}: {e}");
-            false
-        }
-    };
-    drv.into_pci().detach();
-    agent.release(h.claim, false);
+    let ok = run_on(&name, d, stop);
+    agent.release(h.claim, !ok);
     ok
 }
 

@@ -27,7 +27,7 @@ use pcap_file::pcapng::blocks::interface_description::{
 use pcap_file::pcapng::{Block, PcapNgReader, PcapNgWriter};
 
 /// The default bound on a capture file: 1 GiB.
-pub(crate) const DEFAULT_LIMIT: u64 = 1 << 30;
+pub const DEFAULT_LIMIT: u64 = 1 << 30;
 /// Packets waiting for the writer at most.
 const QUEUE: usize = 16 * 1024;
 
@@ -45,15 +45,17 @@ struct Packet {
 
 /// What a capture wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct CaptureStats {
-    pub(crate) packets: u64,
-    pub(crate) bytes: u64,
+pub struct CaptureStats {
+    /// Packets written.
+    pub packets: u64,
+    /// Bytes of frames written (the datagrams, without the headers around them).
+    pub bytes: u64,
     /// Packets not written: the queue was full, or the file reached its limit.
-    pub(crate) dropped: u64,
+    pub dropped: u64,
 }
 
 /// A capture being written.
-pub(crate) struct Capture {
+pub struct Capture {
     path: PathBuf,
     queue: Option<mpsc::SyncSender<Packet>>,
     dropped: Arc<AtomicU64>,
@@ -62,7 +64,7 @@ pub(crate) struct Capture {
 
 impl Capture {
     /// Creates `path` (replacing it) and starts its writer; `limit` bounds its size.
-    pub(crate) fn create(path: &Path, limit: u64) -> Result<Capture, String> {
+    pub fn create(path: &Path, limit: u64) -> Result<Capture, String> {
         let at = path.display().to_string();
         // A file that is there already is someone's: never truncated (docs/reliability.md).
         let f = File::options().write(true).create_new(true).open(path).map_err(|e| match e.kind() {
@@ -96,7 +98,7 @@ impl Capture {
     }
 
     /// The tap to give the endpoints.
-    pub(crate) fn tap(&self) -> Option<Tap> {
+    pub fn tap(&self) -> Option<Tap> {
         let q = self.queue.clone()?;
         let dropped = self.dropped.clone();
         Some(Tap(Arc::new(move |dir, local, peer, bytes: &[u8]| {
@@ -110,7 +112,7 @@ impl Capture {
 
     /// Writes what is queued and closes the file. The endpoints holding its tap must be
     /// gone first: the writer ends once every tap is.
-    pub(crate) fn finish(mut self) -> Result<CaptureStats, String> {
+    pub fn finish(mut self) -> Result<CaptureStats, String> {
         self.queue = None;
         let w = self.writer.take().ok_or("capture already finished")?;
         let s = w.join().map_err(|_| "the capture thread panicked".to_string())??;
@@ -191,7 +193,7 @@ fn write_loop(
 }
 
 /// Ethernet, IPv4 or IPv6, UDP around a datagram, source and destination as it went.
-pub(crate) fn encapsulate_udp(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+pub fn encapsulate_udp(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(62 + payload.len());
     // Locally administered MACs: 02:00:00:00:00:01 for this side's traffic direction.
     f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01]);
@@ -287,30 +289,35 @@ fn checksum(parts: &[&[u8]]) -> u16 {
 
 /// One UDP datagram of a capture file.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Datagram {
+pub struct Datagram {
     /// Its number in the file, from 1 (as Wireshark counts).
-    pub(crate) number: u64,
+    pub number: u64,
     /// Seconds since the epoch.
-    pub(crate) time: f64,
-    pub(crate) src: SocketAddr,
-    pub(crate) dst: SocketAddr,
+    pub time: f64,
+    /// Its source address and port.
+    pub src: SocketAddr,
+    /// Its destination.
+    pub dst: SocketAddr,
     /// Inbound or outbound, where the file says (pcapng flags).
-    pub(crate) direction: Option<Direction>,
-    pub(crate) payload: Vec<u8>,
+    pub direction: Option<Direction>,
+    /// The UDP payload: one dxpu frame.
+    pub payload: Vec<u8>,
 }
 
 /// What a capture holds that is not a UDP datagram, counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Skipped {
-    pub(crate) not_udp: u64,
-    pub(crate) truncated: u64,
+pub struct Skipped {
+    /// Packets that are not UDP over IPv4 or IPv6.
+    pub not_udp: u64,
+    /// Packets captured shorter than they were.
+    pub truncated: u64,
     /// The file ended inside a block (a capture whose writer was killed): what came
     /// before is read.
-    pub(crate) cut_short: bool,
+    pub cut_short: bool,
 }
 
 /// Every UDP datagram in the pcapng or pcap file at `path`.
-pub(crate) fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
+pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
     let at = path.display();
     let bytes = std::fs::read(path).map_err(|e| format!("--pcap {at}: {e}"))?;
     // (link type, timestamp, bytes, original length, direction) of every packet, in order.
@@ -511,7 +518,12 @@ mod tests {
         assert!(
             (d[0].time - SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()).abs() < 60.0
         );
+        // A file that is there is refused, not truncated.
+        let e = Capture::create(&path, 200).err().unwrap();
+        assert!(e.contains("exists; refusing to overwrite"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), whole);
         // A limit of one packet's worth: the rest are dropped and counted.
+        let path = dir.join("limited.pcapng");
         let c = Capture::create(&path, 200).unwrap();
         let tap = c.tap().unwrap();
         for _ in 0..5 {

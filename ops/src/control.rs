@@ -17,13 +17,16 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// JSON-RPC 2.0's error codes.
-pub(crate) const PARSE_ERROR: i64 = -32700;
-pub(crate) const INVALID_REQUEST: i64 = -32600;
-pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
-pub(crate) const INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC 2.0's error codes: a request that does not parse.
+pub const PARSE_ERROR: i64 = -32700;
+/// Not a valid request object.
+pub const INVALID_REQUEST: i64 = -32600;
+/// No such method.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// The method's parameters are wrong.
+pub const INVALID_PARAMS: i64 = -32602;
 /// The endpoint refused or failed what was asked (the message says why).
-pub(crate) const FAILED: i64 = -32000;
+pub const FAILED: i64 = -32000;
 
 /// Clients served at once; one more is answered with an error and closed.
 const MAX_CLIENTS: usize = 16;
@@ -36,25 +39,28 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A JSON-RPC error: code and message.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RpcError {
+pub struct RpcError {
     pub(crate) code: i64,
     pub(crate) message: String,
 }
 
 impl RpcError {
-    pub(crate) fn new(code: i64, message: impl Into<String>) -> RpcError {
+    /// An error with `code` saying `message`.
+    pub fn new(code: i64, message: impl Into<String>) -> RpcError {
         RpcError { code, message: message.into() }
     }
-    pub(crate) fn params(message: impl Into<String>) -> RpcError {
+    /// Wrong parameters.
+    pub fn params(message: impl Into<String>) -> RpcError {
         RpcError::new(INVALID_PARAMS, message)
     }
-    pub(crate) fn failed(message: impl std::fmt::Display) -> RpcError {
+    /// The endpoint refused or failed.
+    pub fn failed(message: impl std::fmt::Display) -> RpcError {
         RpcError::new(FAILED, message.to_string())
     }
 }
 
 /// A method call for the endpoint to answer.
-pub(crate) struct Call {
+pub struct Call {
     pub(crate) method: String,
     pub(crate) params: Value,
     reply: mpsc::Sender<Result<Value, RpcError>>,
@@ -62,18 +68,18 @@ pub(crate) struct Call {
 
 impl Call {
     /// A call and where its answer arrives (for the endpoint's own servers: metrics).
-    pub(crate) fn new(method: &str, params: Value) -> (Call, mpsc::Receiver<Result<Value, RpcError>>) {
+    pub fn new(method: &str, params: Value) -> (Call, mpsc::Receiver<Result<Value, RpcError>>) {
         let (reply, answer) = mpsc::channel();
         (Call { method: method.to_string(), params, reply }, answer)
     }
 
     /// Sends the answer back to the client's thread (gone if the client went).
-    pub(crate) fn answer(self, r: Result<Value, RpcError>) {
+    pub fn answer(self, r: Result<Value, RpcError>) {
         let _ = self.reply.send(r);
     }
 
     /// Parameter `name` as a string, required.
-    pub(crate) fn str_param(&self, name: &str) -> Result<String, RpcError> {
+    pub fn str_param(&self, name: &str) -> Result<String, RpcError> {
         match self.params.get(name) {
             Some(Value::String(s)) => Ok(s.clone()),
             Some(v) => Err(RpcError::params(format!(
@@ -85,7 +91,7 @@ impl Call {
     }
 
     /// Refuses parameters the method does not take.
-    pub(crate) fn only_params(&self, names: &[&str]) -> Result<(), RpcError> {
+    pub fn only_params(&self, names: &[&str]) -> Result<(), RpcError> {
         match &self.params {
             Value::Null => Ok(()),
             Value::Object(m) => match m.keys().find(|k| !names.contains(&k.as_str())) {
@@ -102,35 +108,42 @@ impl Call {
 }
 
 /// Where the endpoint's loop finds the calls of the control socket and the metrics server.
-pub(crate) struct Calls {
+pub struct Calls {
     rx: mpsc::Receiver<Call>,
     tx: mpsc::Sender<Call>,
 }
 
+impl Default for Calls {
+    fn default() -> Calls {
+        Calls::new()
+    }
+}
+
 impl Calls {
-    pub(crate) fn new() -> Calls {
+    /// An empty queue.
+    pub fn new() -> Calls {
         let (tx, rx) = mpsc::channel();
         Calls { rx, tx }
     }
 
     /// A sender for a server.
-    pub(crate) fn sender(&self) -> mpsc::Sender<Call> {
+    pub fn sender(&self) -> mpsc::Sender<Call> {
         self.tx.clone()
     }
 
     /// The next call waiting, if any (does not block: one atomic load when there is none).
-    pub(crate) fn try_next(&self) -> Option<Call> {
+    pub fn try_next(&self) -> Option<Call> {
         self.rx.try_recv().ok()
     }
 
     /// Waits up to `d` for a call.
-    pub(crate) fn next_within(&self, d: Duration) -> Option<Call> {
+    pub fn next_within(&self, d: Duration) -> Option<Call> {
         self.rx.recv_timeout(d).ok()
     }
 }
 
 /// The control socket, serving until dropped.
-pub(crate) struct ControlServer {
+pub struct ControlServer {
     socket: bridge_host::socket_path::SocketPath,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
@@ -140,7 +153,7 @@ impl ControlServer {
     /// Binds `path` (mode 0600; a stale socket there that nobody serves is replaced; a live
     /// one, or anything that is not a socket — a file, a symlink — is an error and is left
     /// alone) and starts accepting.
-    pub(crate) fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, String> {
+    pub fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, String> {
         let at = path.display();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
@@ -364,13 +377,13 @@ fn response(id: Value, r: Result<Value, RpcError>) -> Value {
 }
 
 /// The longest answer `dxpu ctl` reads (a devices list of thousands fits many times over).
-pub(crate) const MAX_ANSWER: usize = 16 << 20;
+pub const MAX_ANSWER: usize = 16 << 20;
 
 /// Calls `method` on the control socket at `path` (the `dxpu ctl` side). `timeout` is a
 /// deadline for the whole exchange, not per read, and an answer longer than
 /// [`MAX_ANSWER`] is refused: a server that trickles or streams without end costs the
 /// caller that long and that much, no more.
-pub(crate) fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, String> {
+pub fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, String> {
     let at = path.display();
     let deadline = std::time::Instant::now() + timeout;
     let mut s = UnixStream::connect(path).map_err(|e| format!("control socket {at}: {e}"))?;
@@ -414,7 +427,7 @@ pub(crate) fn call(path: &Path, method: &str, params: Value, timeout: Duration) 
 }
 
 /// Seconds since `started`, to the millisecond.
-pub(crate) fn uptime_since(started: std::time::Instant) -> f64 {
+pub fn uptime_since(started: std::time::Instant) -> f64 {
     (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }
 

@@ -1,0 +1,84 @@
+//! What a daemon process needs besides its endpoint: logging (text, or one JSON object a line
+//! for log shippers), and the flags signals raise (stop on SIGINT / SIGTERM, reload on
+//! SIGHUP).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `[time LEVEL] message`.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// Starts logging at `level` unless `RUST_LOG` says otherwise.
+pub fn init_logging(level: &str) -> Result<(), String> {
+    init_logging_as(level, LogFormat::Text)
+}
+
+/// [`init_logging`] in `format`.
+pub fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
+    if !["error", "warn", "info", "debug", "trace", "off"].contains(&level) {
+        return Err(format!("--log-level {level}: must be error, warn, info, debug, trace or off"));
+    }
+    let env = env_logger::Env::default().default_filter_or(level);
+    let mut b = env_logger::Builder::from_env(env);
+    b.format_target(false);
+    if format == LogFormat::Json {
+        b.format(|buf, r| {
+            use std::io::Write;
+            let mut m = serde_json::Map::new();
+            m.insert("ts".into(), buf.timestamp_micros().to_string().into());
+            m.insert("level".into(), r.level().as_str().into());
+            m.insert("target".into(), r.target().into());
+            m.insert("msg".into(), r.args().to_string().into());
+            let _ = r.key_values().visit(&mut JsonFields(&mut m));
+            writeln!(buf, "{}", serde_json::Value::Object(m))
+        });
+    }
+    let _ = b.try_init();
+    Ok(())
+}
+
+/// A log record's key-value fields (session, host, device, peer, token) into its JSON line.
+struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl<'kvs> log::kv::VisitSource<'kvs> for JsonFields<'_> {
+    fn visit_pair(
+        &mut self,
+        key: log::kv::Key<'kvs>,
+        value: log::kv::Value<'kvs>,
+    ) -> Result<(), log::kv::Error> {
+        let v = match value.to_u64() {
+            Some(n) => serde_json::Value::from(n),
+            None => serde_json::Value::from(value.to_string()),
+        };
+        self.0.insert(key.as_str().to_string(), v);
+        Ok(())
+    }
+}
+
+/// A flag SIGHUP sets: the endpoint reads its configuration again.
+pub fn hup_flag() -> Result<Arc<AtomicBool>, String> {
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
+        .map_err(|e| format!("signal handler: {e}"))?;
+    Ok(hup)
+}
+
+/// A flag that SIGINT and SIGTERM set; a second one while it is set ends the process at once
+/// (exit status 1), for a stop that takes too long.
+pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The conditional shutdown is registered first, so that it sees the flag as the first
+        // signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    Ok(stop)
+}
