@@ -4,12 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, GpuStats, HostKey};
+use bridge_gpu::{DeviceSpec, EndpointThread, ExportSpec, GpuEndpoint, GpuOptions, GpuStats, HostKey};
 use bridge_host::AttachOptions;
 use hw::simgpu::SimGpuParams;
 use link::PresharedKey;
@@ -61,9 +59,7 @@ pub fn gpu_options(listen: SocketAddr) -> GpuOptions {
 /// A GPU-box endpoint serving on its own thread until stopped or killed.
 pub struct GpuBox {
     pub addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    kill: Arc<AtomicBool>,
-    thread: Option<JoinHandle<GpuStats>>,
+    endpoint: EndpointThread,
 }
 
 impl GpuBox {
@@ -73,50 +69,24 @@ impl GpuBox {
 
     /// Starts the endpoint in network namespace `ns` (its thread enters it).
     pub fn start_in(opts: GpuOptions, ns: Option<String>) -> GpuBox {
-        let stop = Arc::new(AtomicBool::new(false));
-        let kill = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
-        let (s, k) = (stop.clone(), kill.clone());
-        let thread = std::thread::spawn(move || {
+        let (endpoint, ()) = EndpointThread::spawn("dxpu-test-gpu", move || {
             if let Some(ns) = ns {
-                netns::enter(&ns).unwrap();
+                netns::enter(&ns).map_err(|e| e.to_string())?;
             }
-            let mut ep = GpuEndpoint::new(opts).expect("GPU-box endpoint starts");
-            tx.send(ep.local_addr().unwrap()).unwrap();
-            while !s.load(Ordering::Relaxed) && !k.load(Ordering::Relaxed) {
-                if !ep.poll().unwrap() {
-                    ep.wait().unwrap();
-                }
-            }
-            if !k.load(Ordering::Relaxed) {
-                ep.shutdown().unwrap();
-            }
-            // Killed: the endpoint vanishes without a word (no CLOSE), as a killed process.
-            ep.stats()
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(10)).expect("GPU-box endpoint reports its address");
-        GpuBox { addr, stop, kill, thread: Some(thread) }
+            Ok((GpuEndpoint::new(opts).map_err(|e| e.to_string())?, ()))
+        })
+        .expect("GPU-box endpoint starts");
+        GpuBox { addr: endpoint.addr(), endpoint }
     }
 
     /// Stops the endpoint the way SIGTERM does and returns its counters.
-    pub fn stop(mut self) -> GpuStats {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
+    pub fn stop(self) -> GpuStats {
+        self.endpoint.stop()
     }
 
     /// Kills the endpoint: it stops answering at once, closing nothing.
-    pub fn kill(mut self) -> GpuStats {
-        self.kill.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for GpuBox {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    pub fn kill(self) -> GpuStats {
+        self.endpoint.kill()
     }
 }
 

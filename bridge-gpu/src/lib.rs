@@ -35,11 +35,13 @@ use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr
 mod attach;
 mod ops;
 mod pool;
+mod thread;
 
 use attach::{attach, finish_attach};
 pub use ops::{ExportReport, SessionReport};
 use pool::{AttachCtx, Claims, Journal, Owner};
 pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, OwnershipEvent, OwnershipSink};
+pub use thread::EndpointThread;
 
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);

@@ -20,7 +20,7 @@ use crate::affinity::{self, PinArg, Placement};
 use crate::bench::{
     Buffers, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
-use crate::loopback::{Frames, LocalBox, Spread, mmio_rtt};
+use crate::harness::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
 #[derive(Args, Debug)]
@@ -410,7 +410,7 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
     say(String::new());
     let mut la = crate::loopback::LoopbackArgs::defaults();
     la.scale = args.scale;
-    la.workload = Some(crate::loopback::WorkloadArg::Demo);
+    la.workload = Some(crate::harness::WorkloadArg::Demo);
     la.rtt_samples = 200;
     let o = crate::loopback::run(&la, &mut |_| {})?;
     let ((b, d), overhead) = (o.seconds(), o.overhead());

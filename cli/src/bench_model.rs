@@ -10,7 +10,8 @@ use plotters::prelude::*;
 use serde_json::{Value, json};
 use testbed::model::{self, LinkParams, Profile};
 
-use crate::loopback::{LoopbackArgs, Spread, WorkloadArg};
+use crate::harness::{Spread, WorkloadArg};
+use crate::loopback::LoopbackArgs;
 
 /// Options of `dxpu bench model`.
 #[derive(Args, Debug)]

@@ -15,6 +15,7 @@ mod bench_pool;
 mod bench_vfio_user;
 mod ctl;
 mod daemon;
+mod harness;
 mod loopback;
 mod model;
 mod package;

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use testbed::direct::{DirectAttach, PlatformCounts};
 use testbed::model::{self, LinkParams, Profile};
 
-use crate::loopback::{Spread, WorkloadArg};
+use crate::harness::{Spread, WorkloadArg};
 
 /// Options of `dxpu model`.
 #[derive(Args, Debug, Clone)]
@@ -181,13 +181,13 @@ fn measure_link(delay_us: u64) -> Result<LinkParams, String> {
     use link::driver::{DriverKind, Impairment, PollMode};
     let poll = PollMode::Busy { spin: Duration::from_micros(2000) };
     let imp = |seed| Impairment { delay: Duration::from_micros(delay_us), seed, ..Impairment::default() };
-    let gpu = crate::loopback::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
+    let gpu = crate::harness::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
     let mut o = gpu.attach_options(DriverKind::Auto, poll, imp(22));
     o.completion_timeout += 4 * Duration::from_micros(delay_us);
     let remote = bridge_host::RemoteDevice::attach(o).map_err(|e| format!("--measure-link: {e}"))?;
     let mut d =
         SimGpuDriver::open(remote).map_err(|e| format!("--measure-link: opening the remote simgpu: {e}"))?;
-    let (p50, _) = crate::loopback::mmio_rtt(&mut d, 500);
+    let (p50, _) = crate::harness::mmio_rtt(&mut d, 500);
     let (h2d, d2h) =
         model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("--measure-link: copies: {e}"))?;
     d.into_pci().detach();

@@ -16,8 +16,7 @@ use link::wire::{Frame, FrameType, TlpRecords};
 use serde_json::{Value, json};
 use tlp::{ParseConfig, TlpRepr};
 
-use crate::tlp_cmd::Format;
-use crate::tlp_json::TlpJson;
+use crate::tlp_json::{Format, TlpJson};
 use ops::capture::{Datagram, read_datagrams};
 
 /// The frame type's name, as the dissector shows it.

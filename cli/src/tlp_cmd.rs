@@ -3,7 +3,7 @@
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
 use tlp::{ParseConfig, TlpRepr};
 
 use crate::tlp_json::{TlpJson, from_hex, to_hex};
@@ -45,13 +45,7 @@ pub(crate) enum TlpCommand {
     },
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Format {
-    /// JSON Lines.
-    Json,
-    /// Human trace lines.
-    Text,
-}
+pub(crate) use crate::tlp_json::Format;
 
 /// Longest input line taken (a 4 KiB payload is about 8 KiB of hex, 20 KiB of JSON).
 pub(crate) const MAX_LINE: usize = 64 << 10;

@@ -7,6 +7,15 @@ use tlp::{
     MessageCode, MsgRouting, Prefix, PrefixKind, Prefixes, Request, Tag, TlpRepr,
 };
 
+/// How TLPs are printed: JSON Lines or trace lines.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// JSON Lines.
+    Json,
+    /// Human trace lines.
+    Text,
+}
+
 /// A flag that reads as `0`/`1` or `false`/`true` and prints as `0`/`1`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(untagged)]
