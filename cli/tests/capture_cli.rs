@@ -223,8 +223,8 @@ fn the_daemons_capture_their_link_and_an_encrypted_session_shows_no_tlps() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(gpu.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    rustix::process::kill_process(rustix::process::Pid::from_child(&gpu), rustix::process::Signal::TERM)
+        .unwrap();
     let end = Instant::now() + Duration::from_secs(10);
     while gpu.try_wait().unwrap().is_none() {
         assert!(Instant::now() < end, "the box did not stop");

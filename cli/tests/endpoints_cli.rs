@@ -63,9 +63,8 @@ key = "{key}"
 }
 
 fn sigterm(child: &Child) {
-    // SAFETY: kill(2) on our own child's PID.
-    let r = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(r, 0);
+    rustix::process::kill_process(rustix::process::Pid::from_child(child), rustix::process::Signal::TERM)
+        .unwrap();
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> (i32, String) {

@@ -125,7 +125,7 @@ fn a_reload_whose_key_file_blocks_does_not_freeze_the_box() {
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     std::fs::write(&gcfg, format!("{base}[[host]]\nname = \"host-c\"\nkey_file = \"{}\"\n", fifo.display()))
         .unwrap();
-    gpu.signal(libc::SIGHUP);
+    gpu.signal(rustix::process::Signal::HUP);
     // Three times the link's idle timeout (1 s): the box's loop must keep answering.
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(3) {

@@ -289,14 +289,14 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     let s0 = session(&gs);
 
     // No change: nothing happens, nothing is disturbed.
-    gpu.signal(libc::SIGHUP);
+    gpu.signal(rustix::process::Signal::HUP);
     until("the box logs the reload", Duration::from_secs(5), || gpu.log().contains("reloaded"));
     assert!(gpu.log().contains(r#""unchanged":["gpu0","gpu1"]"#), "{}", gpu.log());
     assert_eq!(session(&gs), s0);
 
     // A valid change: gpu1 goes, gpu2 comes; gpu0 (held by the host) is untouched.
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
-    gpu.signal(libc::SIGHUP);
+    gpu.signal(rustix::process::Signal::HUP);
     until("gpu2 exported", Duration::from_secs(5), || {
         result(&gs, &["devices"]).as_array().unwrap().iter().any(|d| d["name"] == "gpu2")
     });
@@ -313,7 +313,7 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     let at_start = String::from_utf8_lossy(&start.stderr);
     let why = at_start.trim().strip_prefix("dxpu gpu: ").unwrap_or(&at_start).to_string();
     assert!(why.contains("allow[0]") && why.contains("host-z"), "{why}");
-    gpu.signal(libc::SIGHUP);
+    gpu.signal(rustix::process::Signal::HUP);
     until("the box refuses the reload", Duration::from_secs(5), || gpu.log().contains("reload refused"));
     assert!(
         gpu.log().contains(why.trim()),
@@ -334,7 +334,7 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
     assert_eq!(result(&gs, &["reload"])["unchanged"], json!(["gpu0", "gpu2"]));
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu2"])).unwrap();
-    host.signal(libc::SIGHUP);
+    host.signal(rustix::process::Signal::HUP);
     until("the host attaches gpu2", Duration::from_secs(10), || {
         result(&hs, &["devices"])
             .as_array()
@@ -386,8 +386,8 @@ fn json_logs_are_one_object_a_line_with_session_host_and_device_as_fields() {
     let out =
         dxpu().args(["host", "--workload", "--log-format", "json", "--config"]).arg(&hcfg).output().unwrap();
     assert!(out.status.success());
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(gpu.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    rustix::process::kill_process(rustix::process::Pid::from_child(&gpu), rustix::process::Signal::TERM)
+        .unwrap();
     assert!(gpu.wait().unwrap().success());
     let parse = |text: &str| -> Vec<Value> {
         text.lines()

@@ -154,9 +154,8 @@ fn hosts_claim_from_two_boxes_and_a_killed_host_or_box_leaves_the_pool_within_tt
     // the TTL's end.
     let host = Proc::start(&dir, "host-0", &["host"], &host_toml(&cluster, 2));
     until("the host claims two devices", Duration::from_secs(20), || claimed(&ls(&cluster)).len() == 2);
-    // SAFETY: kill(2) on our own child's PID.
-    let r = unsafe { libc::kill(host.0.id() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(r, 0);
+    rustix::process::kill_process(rustix::process::Pid::from_child(&host.0), rustix::process::Signal::TERM)
+        .unwrap();
     // Within a second: sooner than the lease could expire (its last renewal at most TTL/3 ago).
     let t = until("a stopped host's devices are free", Duration::from_secs(1), || {
         claimed(&ls(&cluster)).is_empty()

@@ -1,11 +1,13 @@
-//! The PCIe side of a GPU-box endpoint: devices as a bridge sees them. This crate holds the
-//! config-space emulation every emulated function uses: a type 0 header, BARs with size
-//! probing, read-only / read-write / write-1-to-clear masks, and capability chains (PCI
-//! Express, MSI-X, Power Management; extended capabilities from 0x100). Writes return their
-//! side effects as values for the device to act on; nothing happens inside the write.
-//! [`Function`] puts config space, MSI-X and the Command register's gates together the way
-//! a bridge drives a function: config TLPs answered, memory requests decoded (UR while
-//! Memory Space Enable is clear), device-originated writes only with Bus Master Enable.
+//! The devices behind a GPU-box endpoint, as a bridge sees them: [`Device`] (host-originated
+//! TLPs in, completions, DMA requests and MSI-X writes out through the upstream port,
+//! completions to the device's own reads, reset), [`Function`] (config space, MSI-X and the
+//! Command register's gates put together the way a bridge drives a function: config TLPs
+//! answered, memory requests decoded — UR while Memory Space Enable is clear —,
+//! device-originated writes only with Bus Master Enable), the simulated GPU ([`SimGpu`]:
+//! registers, sparse VRAM, a command processor doing DMA copies, fp32 kernels, fences and
+//! interrupts) and real devices through VFIO (`vfio`). The config-space register model
+//! itself (registers with writable and write-1-to-clear masks, BARs that answer size
+//! probing, capability chains) is `pci`'s, re-exported here as `config`.
 //!
 //! ```
 //! use hw::{simgpu, Function, MemoryTarget};
@@ -21,9 +23,9 @@
 //! // Until Memory Space Enable is set, the BAR does not decode.
 //! assert_eq!(f.memory_target(0xfe00_0000), Err(CplStatus::UnsupportedRequest));
 //! ```
-// `unsafe` lives only where the OS is reached (the VFIO backend's eventfds); every other
-// module forbids it.
-#![deny(unsafe_code)]
+// The VFIO backend reaches the OS through the pci-driver crate and `pci`'s eventfds: no
+// `unsafe` of its own, as nowhere else here.
+#![forbid(unsafe_code)]
 
 pub use pci::config;
 pub mod device;

@@ -19,7 +19,6 @@
 //! is read-write. Status (the next 16 bits) really is write-1-to-clear, so a 32-bit write
 //! would clear every error bit it read as 1. [`update_command`] avoids both, and the tests
 //! check it against a model of the hardware's semantics.
-#![allow(unsafe_code)]
 
 use std::io;
 use std::path::Path;

@@ -90,12 +90,11 @@ impl Proc {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's PID.
-        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), sig).unwrap();
     }
     pub fn stop(mut self) -> (i32, String) {
-        self.signal(libc::SIGTERM);
+        self.signal(rustix::process::Signal::TERM);
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
