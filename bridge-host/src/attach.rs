@@ -139,7 +139,7 @@ pub(crate) fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let (box_id, max_payload, bars) = request_device(&mut link, opts)?;
     let view = match ConfigView::place(bars, max_payload as u32) {
         Ok(v) => v,
-        Err(why) => return Err(give_up(&mut link, opts.link_error(why))),
+        Err(why) => return Err(give_up(&mut link, opts.link_error(why.to_string()))),
     };
     Ok(Attached { link, box_id, max_payload, view })
 }

@@ -60,12 +60,33 @@ pub(crate) struct ConfigView {
     max_payload: TransferSize,
 }
 
+/// Why the BARs a box described cannot be placed in the host's view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PlaceError {
+    /// A size no BAR can have (not a power of two, too large, too small, a 64-bit BAR5).
+    #[error("the box described BAR{bar} with an impossible size {size:#x}")]
+    BarSize {
+        /// The BAR.
+        bar: usize,
+        /// Its size.
+        size: u64,
+    },
+    /// The 32-bit BARs run past 4 GiB.
+    #[error("the 32-bit BARs do not fit below 4 GiB in the host's view (BAR{bar}, {size:#x} bytes)")]
+    Below4G {
+        /// The BAR that did not fit.
+        bar: usize,
+        /// Its size.
+        size: u64,
+    },
+}
+
 impl ConfigView {
     /// The host view of a function whose BARs the box placed as `bars`, each placed in the
     /// host's address space as firmware would (64-bit BARs from [`BAR64_BASE`], 32-bit ones
     /// from [`BAR32_BASE`], each aligned to its size). What the box says is checked like any
     /// input from the network.
-    pub(crate) fn place(bars: [BarInfo; 6], link_max_payload: u32) -> Result<ConfigView, String> {
+    pub(crate) fn place(bars: [BarInfo; 6], link_max_payload: u32) -> Result<ConfigView, PlaceError> {
         let mut regs = ConfigSpace::new(0, 0, [0; 3], 0, (0, 0));
         let (mut at64, mut at32) = (BAR64_BASE, BAR32_BASE);
         for (i, info) in bars.iter().enumerate() {
@@ -74,7 +95,7 @@ impl ConfigView {
             }
             let limit = if info.is_64 { MAX_BAR64 } else { MAX_BAR32 };
             if !info.size.is_power_of_two() || info.size > limit || info.size < 16 || (info.is_64 && i == 5) {
-                return Err(format!("the box described BAR{i} with an impossible size {:#x}", info.size));
+                return Err(PlaceError::BarSize { bar: i, size: info.size });
             }
             let kind = match (info.memory, info.is_64) {
                 (false, _) => BarKind::Io,
@@ -89,10 +110,7 @@ impl ConfigView {
             let host = cursor.div_ceil(info.size) * info.size;
             *cursor = host + info.size;
             if !info.is_64 && *cursor > 1 << 32 {
-                return Err(format!(
-                    "the 32-bit BARs do not fit below 4 GiB in the host's view (BAR{i}, {:#x} bytes)",
-                    info.size
-                ));
+                return Err(PlaceError::Below4G { bar: i, size: info.size });
             }
             let at = 0x10 + 4 * i;
             regs.write(at, 4, host as u32 | regs.read_dword(at) & 0xf);
@@ -251,13 +269,15 @@ mod tests {
             let mut bars = simgpu_like();
             bars[0].size = size;
             let e = ConfigView::place(bars, 1024).err().unwrap();
-            assert!(e.contains(&format!("{size:#x}")), "{e}");
+            assert_eq!(e, PlaceError::BarSize { bar: 0, size });
+            assert!(e.to_string().contains(&format!("{size:#x}")), "{e}");
         }
         let mut bars = [BarInfo::default(); 6];
         for (i, b) in bars.iter_mut().enumerate().take(5) {
             *b = BarInfo { address: 0, size: 1 << 30, memory: true, is_64: false, prefetchable: false };
             let _ = i;
         }
-        assert!(ConfigView::place(bars, 1024).err().unwrap().contains("below 4 GiB"));
+        let e = ConfigView::place(bars, 1024).err().unwrap();
+        assert!(matches!(e, PlaceError::Below4G { .. }) && e.to_string().contains("below 4 GiB"), "{e}");
     }
 }

@@ -64,7 +64,7 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 }
 
 pub(crate) fn run(args: PoolArgs) -> ExitCode {
-    let etcd: Result<Vec<String>, String> = args.etcd.iter().map(|e| pool::etcd_url(e)).collect();
+    let etcd: Result<Vec<String>, _> = args.etcd.iter().map(|e| pool::etcd_url(e)).collect();
     let etcd = match etcd {
         Ok(e) => e,
         Err(e) => return fail(format!("--etcd: {e}")),

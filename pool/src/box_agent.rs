@@ -181,7 +181,7 @@ impl BoxAgent {
         box_name: &str,
         devices: Vec<(String, DeviceRecord)>,
     ) -> Result<BoxAgent, PoolError> {
-        cfg.validate().map_err(PoolError::Config)?;
+        cfg.validate()?;
         for (d, _) in &devices {
             if !crate::keys::valid_name(d) {
                 return Err(PoolError::Config(format!(

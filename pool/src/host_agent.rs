@@ -83,7 +83,7 @@ pub fn fence_margin(ttl: Duration) -> Duration {
 impl HostAgent {
     /// Starts claiming for `opts.host`. `fence` runs when a lease must be taken as lost.
     pub fn start(cfg: PoolConfig, opts: HostAgentOptions, fence: FenceFn) -> Result<HostAgent, PoolError> {
-        cfg.validate().map_err(PoolError::Config)?;
+        cfg.validate()?;
         if !crate::keys::valid_name(&opts.host) {
             return Err(PoolError::Config(format!("host = {:?}: 1-64 of A-Z a-z 0-9 - _ .", opts.host)));
         }

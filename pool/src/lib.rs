@@ -65,26 +65,24 @@ impl PoolConfig {
     }
 
     /// Checks what a configuration file or command line gave.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.etcd.is_empty() {
-            return Err("etcd: at least one etcd URL is needed".into());
+            return Err(ConfigError::NoEndpoint);
         }
         for u in &self.etcd {
             if u.starts_with("https://") {
-                return Err(format!(
-                    "etcd = {u:?}: TLS to etcd is not supported yet; give an http:// URL of a member on a trusted network"
-                ));
+                return Err(ConfigError::Tls(u.clone()));
             }
             if !u.starts_with("http://") || u.len() < 8 {
-                return Err(format!("etcd = {u:?}: not an http:// URL"));
+                return Err(ConfigError::NotAnEndpoint(u.clone()));
             }
         }
         let ttl = self.lease_ttl.as_secs();
         if !(2..=3600).contains(&ttl) || self.lease_ttl.subsec_nanos() != 0 {
-            return Err(format!("lease_ttl_s = {:?}: must be whole seconds from 2 to 3600", self.lease_ttl));
+            return Err(ConfigError::LeaseTtl(self.lease_ttl));
         }
         if !self.prefix.starts_with('/') || self.prefix.ends_with('/') {
-            return Err(format!("prefix = {:?}: must start with '/' and not end with one", self.prefix));
+            return Err(ConfigError::Prefix(self.prefix.clone()));
         }
         Ok(())
     }
@@ -92,18 +90,40 @@ impl PoolConfig {
 
 /// An etcd endpoint as a URL: `http://host:port` as given, or `host:port` (etcdctl's
 /// `--endpoints` form) made one. TLS (`https://`) is not supported.
-pub fn etcd_url(s: &str) -> Result<String, String> {
+pub fn etcd_url(s: &str) -> Result<String, ConfigError> {
     let s = s.trim();
     if s.starts_with("https://") {
-        return Err(format!("{s:?}: TLS to etcd is not supported yet; give an http:// URL or host:port"));
+        return Err(ConfigError::Tls(s.to_string()));
     }
     let url = if s.starts_with("http://") { s.to_string() } else { format!("http://{s}") };
     let rest = &url["http://".len()..];
     let hostport = rest.split('/').next().unwrap_or_default();
     match hostport.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(url),
-        _ => Err(format!("{s:?}: not an etcd endpoint (host:port, or http://host:port)")),
+        _ => Err(ConfigError::NotAnEndpoint(s.to_string())),
     }
+}
+
+/// What is wrong with a pool's configuration, named as the file names it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No etcd endpoint given.
+    #[error("etcd: at least one etcd endpoint is needed")]
+    NoEndpoint,
+    /// An https:// endpoint.
+    #[error(
+        "etcd = {0:?}: TLS to etcd is not supported yet; give http://host:port or host:port of a member on a trusted network"
+    )]
+    Tls(String),
+    /// Neither a URL nor host:port.
+    #[error("etcd = {0:?}: not an etcd endpoint (host:port, or http://host:port)")]
+    NotAnEndpoint(String),
+    /// A lease outside 2..=3600 whole seconds.
+    #[error("lease_ttl_s = {0:?}: must be whole seconds from 2 to 3600")]
+    LeaseTtl(Duration),
+    /// A prefix without its leading slash, or with a trailing one.
+    #[error("prefix = {0:?}: must start with '/' and not end with one")]
+    Prefix(String),
 }
 
 /// Why a pool operation failed.
@@ -133,6 +153,9 @@ pub enum PoolError {
     /// The configuration is inconsistent.
     #[error("{0}")]
     Config(String),
+    /// A pool setting is wrong.
+    #[error(transparent)]
+    Setting(#[from] ConfigError),
 }
 
 /// A device as its box registers it.

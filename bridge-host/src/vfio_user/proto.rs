@@ -409,22 +409,22 @@ impl Caps {
     }
 
     /// Reads the version data a peer sent (empty: every default).
-    pub fn from_json(data: &[u8]) -> Result<Caps, String> {
+    pub fn from_json(data: &[u8]) -> Result<Caps, CapsError> {
         let data = data.split(|b| *b == 0).next().unwrap_or(&[]);
         let mut caps = Caps::default();
         if data.iter().all(u8::is_ascii_whitespace) {
             return Ok(caps);
         }
         let v: serde_json::Value =
-            serde_json::from_slice(data).map_err(|e| format!("version data is not JSON: {e}"))?;
+            serde_json::from_slice(data).map_err(|e| CapsError::NotJson(e.to_string()))?;
         let Some(c) = v.get("capabilities") else { return Ok(caps) };
-        let obj = c.as_object().ok_or("capabilities: not an object")?;
-        let num = |k: &str, max: u64| -> Result<Option<u64>, String> {
+        let obj = c.as_object().ok_or(CapsError::NotAnObject)?;
+        let num = |k: &'static str, max: u64| -> Result<Option<u64>, CapsError> {
             match obj.get(k) {
                 None => Ok(None),
                 Some(x) => match x.as_u64() {
                     Some(n) if n <= max => Ok(Some(n)),
-                    _ => Err(format!("capabilities.{k}: {x} is not a number in 0..={max}")),
+                    _ => Err(CapsError::NotANumber { key: k, value: x.to_string(), max }),
                 },
             }
         };
@@ -443,7 +443,7 @@ impl Caps {
         match obj.get("write_multiple") {
             None => {}
             Some(serde_json::Value::Bool(b)) => caps.write_multiple = *b,
-            Some(x) => return Err(format!("capabilities.write_multiple: {x} is not a boolean")),
+            Some(x) => return Err(CapsError::NotABoolean { key: "write_multiple", value: x.to_string() }),
         }
         Ok(caps)
     }
@@ -591,7 +591,7 @@ pub fn parse_request(command: u16, p: &[u8], max_xfer: u32) -> Result<Request<'_
     Ok(match command {
         cmd::VERSION => {
             need(command, p, 4)?;
-            let caps = Caps::from_json(&p[4..]).map_err(bad)?;
+            let caps = Caps::from_json(&p[4..]).map_err(|e| bad(e.to_string()))?;
             Request::Version { major: u16_at(p, 0), minor: u16_at(p, 2), caps }
         }
         cmd::DMA_MAP => {
@@ -743,18 +743,72 @@ pub fn dma_write(address: u64, data: &[u8]) -> Vec<u8> {
 }
 
 /// The data of a DMA_READ reply, checked against what was asked.
-pub fn dma_read_data(p: &[u8], address: u64, count: usize) -> Result<&[u8], String> {
+pub fn dma_read_data(p: &[u8], address: u64, count: usize) -> Result<&[u8], DmaReplyError> {
     if p.len() < 16 {
-        return Err(format!("DMA_READ reply of {} bytes", p.len()));
+        return Err(DmaReplyError::Short { len: p.len() });
     }
     let (a, n) = (u64_at(p, 0), u64_at(p, 8));
     if a != address || n != count as u64 || p.len() - 16 != count {
-        return Err(format!(
-            "DMA_READ reply for {a:#x}+{n} with {} bytes, asked {address:#x}+{count}",
-            p.len() - 16
-        ));
+        return Err(DmaReplyError::NotAsked {
+            address: a,
+            count: n,
+            data: p.len() - 16,
+            asked: (address, count),
+        });
     }
     Ok(&p[16..])
+}
+
+/// Why a peer's VERSION capabilities are refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CapsError {
+    /// The version data does not parse.
+    #[error("version data is not JSON: {0}")]
+    NotJson(String),
+    /// `capabilities` is there but not an object.
+    #[error("capabilities: not an object")]
+    NotAnObject,
+    /// A numeric capability out of its range.
+    #[error("capabilities.{key}: {value} is not a number in 0..={max}")]
+    NotANumber {
+        /// The capability.
+        key: &'static str,
+        /// What the peer sent.
+        value: String,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// A boolean capability that is not one.
+    #[error("capabilities.{key}: {value} is not a boolean")]
+    NotABoolean {
+        /// The capability.
+        key: &'static str,
+        /// What the peer sent.
+        value: String,
+    },
+}
+
+/// Why a DMA_READ reply is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DmaReplyError {
+    /// Shorter than its address and count.
+    #[error("DMA_READ reply of {len} bytes")]
+    Short {
+        /// Its length.
+        len: usize,
+    },
+    /// For another range than the one asked.
+    #[error("DMA_READ reply for {address:#x}+{count} with {data} bytes, asked {:#x}+{}", asked.0, asked.1)]
+    NotAsked {
+        /// The address it names.
+        address: u64,
+        /// The count it names.
+        count: u64,
+        /// The data bytes it holds.
+        data: usize,
+        /// The address and count asked.
+        asked: (u64, usize),
+    },
 }
 
 #[cfg(test)]
