@@ -113,9 +113,11 @@ fn host_killed_frees_the_device_for_another_host() {
     let gpu = GpuBox::start(gpu_options(local()));
     let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
-    // Leave work behind: dirty VRAM, commands in flight.
+    // Leave work behind: dirty VRAM, commands in flight — a copy out large enough (64 MiB)
+    // that the device is still sending it when the host is gone (a 1 MiB one sometimes
+    // finished first, and nothing was left in flight to count).
     d.memcpy_to_device(0, &[0x77; 1 << 16]).unwrap();
-    d.submit(driver::Command { opcode: simgpu_abi::op::COPY_V2H, args: [0, 0x1_0000_0000, 1 << 20, 0, 0] })
+    d.submit(driver::Command { opcode: simgpu_abi::op::COPY_V2H, args: [0, 0x1_0000_0000, 64 << 20, 0, 0] })
         .unwrap();
     d.into_pci().abandon();
     // host-b waits for the box to notice (idle timeout) and then gets a clean device.
