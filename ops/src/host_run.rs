@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bridge_host::vfio_user::VfioUserServer;
+use bridge_host::vfio_user::ServedDevice;
 use bridge_host::{AttachOptions, HostStats, LatencyHistogram, RemoteDevice, RemovalWatch};
 use serde_json::{Value, json};
 
@@ -48,10 +48,10 @@ pub struct Entry {
     pub(crate) socket: Option<ServedSocket>,
 }
 
-/// An attached device: held here, or handed to its vfio-user server's thread.
+/// An attached device: held here, or served to a VMM on a thread of its own.
 enum Held {
     Direct(RemoteDevice),
-    Served { stop: Arc<AtomicBool>, thread: JoinHandle<RemoteDevice>, path: PathBuf },
+    Served(ServedDevice),
 }
 
 impl Held {
@@ -60,15 +60,7 @@ impl Held {
     fn detach(self, label: &str) -> Result<(), String> {
         match self {
             Held::Direct(d) => d.detach(),
-            Held::Served { stop, thread, path } => {
-                stop.store(true, Ordering::Relaxed);
-                match thread.join() {
-                    Ok(d) => d.detach(),
-                    Err(_) => {
-                        return Err(format!("{label}: the vfio-user thread for {} panicked", path.display()));
-                    }
-                }
-            }
+            Held::Served(s) => s.stop().map_err(|e| format!("{label}: {e}"))?.detach(),
         }
         Ok(())
     }
@@ -199,23 +191,10 @@ fn attach_entry(e: Entry, stop: Arc<AtomicBool>, tap: Option<link::driver::Tap>)
     let watch = d.removal_watch();
     let held = match e.socket {
         None => Held::Direct(d),
-        Some(ServedSocket { path, access }) => {
-            let mut server = VfioUserServer::bind_with(&path, access, d, wait)
-                .map_err(|err| format!("{label}: vfio-user: {err}"))?;
-            let stop = Arc::new(AtomicBool::new(false));
-            // Raised by a detach, and for every server when the endpoint stops.
-            let stop2 = stop.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("dxpu-vfio-user-{name}"))
-                .spawn(move || {
-                    if let Err(err) = server.serve(&stop2) {
-                        log::error!("vfio-user {}: {err}", server.path().display());
-                    }
-                    server.into_device()
-                })
-                .map_err(|err| format!("{label}: starting the vfio-user thread: {err}"))?;
-            Held::Served { stop, thread, path }
-        }
+        Some(ServedSocket { path, access }) => Held::Served(
+            ServedDevice::spawn(&name, &path, access, d, wait)
+                .map_err(|err| format!("{label}: vfio-user: {err}"))?,
+        ),
     };
     Ok(Attached { held, watch, since: SystemTime::now(), driver })
 }
@@ -448,7 +427,7 @@ impl HostRuntime {
     pub fn served(&self) -> usize {
         self.slots
             .values()
-            .filter(|s| matches!(s.slot, Slot::Up(Attached { held: Held::Served { .. }, .. })))
+            .filter(|s| matches!(s.slot, Slot::Up(Attached { held: Held::Served(_), .. })))
             .count()
     }
 

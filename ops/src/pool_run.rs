@@ -5,15 +5,13 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bridge_gpu::GpuEndpoint;
-use bridge_host::vfio_user::VfioUserServer;
-use bridge_host::{Fence, RemoteDevice, RemovalWatch};
+use bridge_host::vfio_user::ServedDevice;
+use bridge_host::{Fence, RemoteDevice};
 use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
 use crate::config::{GpuPool, HostPool};
@@ -94,14 +92,14 @@ enum Use {
     /// Kept here (no vfio-user directory): for `--workload`, or idle until released.
     Local(RemoteDevice),
     /// Served to a VMM on its own socket by its own thread.
-    Served { watch: RemovalWatch, stop: Arc<AtomicBool>, thread: JoinHandle<RemoteDevice>, path: PathBuf },
+    Served(ServedDevice),
 }
 
 impl Held {
     fn removed(&self) -> Option<String> {
         match &self.use_ {
             Use::Local(d) => d.removed(),
-            Use::Served { watch, .. } => watch.removed(),
+            Use::Served(s) => s.watch().removed(),
         }
     }
 
@@ -109,13 +107,10 @@ impl Held {
     fn detach(self) {
         match self.use_ {
             Use::Local(d) => d.detach(),
-            Use::Served { stop, thread, path, .. } => {
-                stop.store(true, Ordering::Relaxed);
-                match thread.join() {
-                    Ok(d) => d.detach(),
-                    Err(_) => log::error!("{}: the vfio-user thread panicked", path.display()),
-                }
-            }
+            Use::Served(s) => match s.stop() {
+                Ok(d) => d.detach(),
+                Err(e) => log::error!("{e}"),
+            },
         }
     }
 }
@@ -147,23 +142,11 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
     let wait = o.poll;
     let d = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
     let Some(path) = socket else { return Ok(Use::Local(d)) };
-    let watch = d.removal_watch();
-    let mut server =
-        VfioUserServer::bind(&path, d, wait).map_err(|e| format!("{}: vfio-user: {e}", path.display()))?;
-    let own_stop = Arc::new(AtomicBool::new(false));
-    let s = own_stop.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("dxpu-vfio-user-{}", claim.device))
-        .spawn(move || {
-            // Until this device is released or the endpoint stops (which releases it).
-            if let Err(e) = server.serve(&s) {
-                log::error!("vfio-user {}: {e}", server.path().display());
-            }
-            server.into_device()
-        })
-        .map_err(|e| format!("starting the vfio-user thread: {e}"))?;
+    let access = bridge_host::SocketAccess::default();
+    let served = ServedDevice::spawn(&claim.device, &path, access, d, wait)
+        .map_err(|e| format!("{}: vfio-user: {e}", path.display()))?;
     log::info!("{}: served on {}", claim.name(), path.display());
-    Ok(Use::Served { watch, stop: own_stop, thread, path })
+    Ok(Use::Served(served))
 }
 
 /// A pool host's control methods (`rpc_get_methods` lists them).
@@ -302,7 +285,7 @@ impl Held {
     fn stats(&self) -> bridge_host::HostStats {
         match &self.use_ {
             Use::Local(d) => d.stats(),
-            Use::Served { watch, .. } => watch.stats(),
+            Use::Served(s) => s.watch().stats(),
         }
     }
 
@@ -348,7 +331,7 @@ fn answer(
                             "state": if h.removed().is_some() { "removed" } else { "attached" },
                             "removed": h.removed(),
                             "vfio_user_socket": match &h.use_ {
-                                Use::Served { path, .. } => Some(path.display().to_string()),
+                                Use::Served(s) => Some(s.path().display().to_string()),
                                 Use::Local(_) => None,
                             },
                             "counters": crate::host_run::host_stats_json(&h.stats()),

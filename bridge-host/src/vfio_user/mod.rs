@@ -487,3 +487,65 @@ struct ClientState {
     version: bool,
     chan: Arc<Mutex<Channel>>,
 }
+
+/// A device served to a VMM over vfio-user on a thread of its own, until stopped: the one
+/// handle the host endpoint's static devices and its pool devices are both served through.
+pub struct ServedDevice {
+    watch: crate::RemovalWatch,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<RemoteDevice>>,
+    path: std::path::PathBuf,
+}
+
+impl ServedDevice {
+    /// Binds `path` with `access` and serves `device` there on a thread named after `name`,
+    /// one client at a time, until [`ServedDevice::stop`].
+    pub fn spawn(
+        name: &str,
+        path: &Path,
+        access: SocketAccess,
+        device: RemoteDevice,
+        wait: PollMode,
+    ) -> io::Result<ServedDevice> {
+        let watch = device.removal_watch();
+        let mut server = VfioUserServer::bind_with(path, access, device, wait)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new().name(format!("dxpu-vfio-user-{name}")).spawn(move || {
+            if let Err(e) = server.serve(&s) {
+                log::error!("vfio-user {}: {e}", server.path().display());
+            }
+            server.into_device()
+        })?;
+        Ok(ServedDevice { watch, stop, thread: Some(thread), path: path.to_path_buf() })
+    }
+
+    /// Tells from here whether the device was removed, and its counters.
+    pub fn watch(&self) -> &crate::RemovalWatch {
+        &self.watch
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops serving (the client's connection closes, the socket is removed) and gives the
+    /// device back.
+    pub fn stop(mut self) -> Result<RemoteDevice, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(d)) => Ok(d),
+            _ => Err(format!("the vfio-user thread for {} panicked", self.path.display())),
+        }
+    }
+}
+
+impl Drop for ServedDevice {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
