@@ -134,7 +134,7 @@ pub struct GpuFile {
 pub struct GpuPoolSection {
     etcd: Vec<String>,
     #[serde(rename = "box")]
-    box_name: String,
+    pub(crate) box_name: String,
     advertise: String,
     lease_ttl_s: Option<u64>,
     prefix: Option<String>,

@@ -201,7 +201,7 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
             c.only_params(&[])?;
             Ok(serde_json::json!(METHODS))
         }
-        "metrics" => Ok(Value::String(metrics(ep).render())),
+        "metrics" => Ok(Value::String(metrics(ep, rt).render())),
         m => Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("no method '{m}' (dxpu gpu has: {})", METHODS.join(", ")),
@@ -378,7 +378,7 @@ fn stats_json(ep: &mut GpuEndpoint) -> Value {
     })
 }
 
-fn metrics(ep: &mut GpuEndpoint) -> Exposition {
+fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     let mut x = Exposition::default();
     x.gauge(
         "up",
@@ -386,24 +386,54 @@ fn metrics(ep: &mut GpuEndpoint) -> Exposition {
         labels(&[("role", "gpu"), ("version", env!("CARGO_PKG_VERSION"))]),
         1.0,
     );
+    crate::metrics::build_info(&mut x);
+    // The box as the pool and dcgm-exporter name it: its pool name, else its host name.
+    let box_name = rt.file.pool.as_ref().map(|p| p.box_name.clone()).unwrap_or_else(crate::metrics::hostname);
+    let hosts: Vec<String> = rt.opts.hosts.iter().map(|h| h.name.clone()).collect();
     for r in ep.export_reports() {
-        let owner = r.owner.as_ref().map(|o| o.0.as_str()).unwrap_or("");
         let vendor = format!("{:#06x}", r.identity.vendor_id);
         let device = format!("{:#06x}", r.identity.device_id);
-        let id = r.id.to_string();
+        // dcgm-exporter's form, so that the two join: the real device's address for a VFIO
+        // device, the box-side BDF (domain 0) for a simulated one.
+        let pci = rt
+            .opts
+            .exports
+            .iter()
+            .find(|e| e.name == r.name)
+            .and_then(|e| match &e.device {
+                bridge_gpu::DeviceSpec::Vfio(addr) => Some(crate::metrics::dcgm_bus_id(addr)),
+                bridge_gpu::DeviceSpec::Sim(_) => None,
+            })
+            .unwrap_or_else(|| crate::metrics::dcgm_bus_id(&format!("0000:{}", r.id)));
         x.gauge(
             "device_info",
-            "An exported device (1), with its owner, state and IDs as labels",
+            "An exported device (1): its box, PCI address and IDs (labels that do not change)",
             labels(&[
                 ("device", &r.name),
-                ("owner", owner),
-                ("state", r.state()),
-                ("box_id", &id),
+                ("box", &box_name),
+                ("pci_bus_id", &pci),
                 ("vendor_id", &vendor),
                 ("device_id", &device),
             ]),
             1.0,
         );
+        for st in ["free", "attached", "unhealthy"] {
+            x.gauge(
+                "device_state",
+                "1 for the device's state, 0 for the others (free, attached, unhealthy)",
+                labels(&[("device", &r.name), ("state", st)]),
+                if r.state() == st { 1.0 } else { 0.0 },
+            );
+        }
+        let owner = r.owner.as_ref().map(|o| o.0.as_str());
+        for h in &hosts {
+            x.gauge(
+                "device_owner",
+                "1 for the host that holds the device, 0 for every other host the box knows",
+                labels(&[("device", &r.name), ("host", h)]),
+                if owner == Some(h.as_str()) { 1.0 } else { 0.0 },
+            );
+        }
         let d = labels(&[("device", &r.name)]);
         let s = &r.stats;
         for (name, help, v) in [
@@ -426,7 +456,8 @@ fn metrics(ep: &mut GpuEndpoint) -> Exposition {
         }
     }
     for r in ep.session_reports() {
-        let peer = r.peer.to_string();
+        // The peer's address without its port: a host's port changes at every reconnect.
+        let peer = r.peer.ip().to_string();
         let l = labels(&[("host", &r.host), ("peer", &peer), ("device", r.device.as_deref().unwrap_or(""))]);
         link_metrics(&mut x, &l, &r.link);
     }

@@ -707,6 +707,7 @@ pub fn host_exposition() -> Exposition {
         labels(&[("role", "host"), ("version", env!("CARGO_PKG_VERSION"))]),
         1.0,
     );
+    crate::metrics::build_info(&mut x);
     x
 }
 
@@ -722,10 +723,18 @@ pub fn device_metrics(
 ) {
     x.gauge(
         "device_info",
-        "A configured device (1), with its state and box as labels",
-        labels(&[("device", label), ("peer", peer), ("state", state)]),
+        "A configured device (1), with its box's address (labels that do not change)",
+        labels(&[("device", label), ("peer", peer)]),
         1.0,
     );
+    for st in ["attached", "attaching", "down", "detached", "removed"] {
+        x.gauge(
+            "device_state",
+            "1 for the device's state, 0 for the others (attached, attaching, down, detached, removed)",
+            labels(&[("device", label), ("state", st)]),
+            if state == st { 1.0 } else { 0.0 },
+        );
+    }
     let d = labels(&[("device", label)]);
     x.counter("surprise_removals", "Devices seen removed (link down, box gone, fenced)", d.clone(), removals);
     let Some(s) = stats else { return };

@@ -305,6 +305,36 @@ async fn answer(
     })
 }
 
+/// `dxpu_build_info`: 1, with the version and the platform it was built for.
+pub fn build_info(x: &mut Exposition) {
+    x.gauge(
+        "build_info",
+        "dxpu's build (1): its version and target",
+        labels(&[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("arch", std::env::consts::ARCH),
+            ("os", std::env::consts::OS),
+        ]),
+        1.0,
+    );
+}
+
+/// This machine's host name (`uname -n`).
+pub fn hostname() -> String {
+    rustix::system::uname().nodename().to_string_lossy().into_owned()
+}
+
+/// A PCI address as dcgm-exporter writes it (`00000000:41:00.0`) from sysfs's
+/// (`0000:41:00.0`), upper-case hex, the domain 8 digits wide.
+pub fn dcgm_bus_id(addr: &str) -> String {
+    let (domain, rest) = match addr.matches(':').count() {
+        2 => addr.split_once(':').unwrap_or(("0", addr)),
+        _ => ("0", addr),
+    };
+    let domain = u32::from_str_radix(domain, 16).unwrap_or(0);
+    format!("{domain:08X}:{}", rest.to_ascii_uppercase())
+}
+
 /// The link counters of one session, labelled `labels` (device, host, peer).
 pub fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
     let with = |extra: &[(&str, &str)]| {
@@ -359,6 +389,12 @@ pub fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pci_address_is_written_as_dcgm_exporter_writes_it() {
+        assert_eq!(dcgm_bus_id("0000:3b:00.0"), "00000000:3B:00.0");
+        assert_eq!(dcgm_bus_id("01:00.0"), "00000000:01:00.0");
+    }
 
     #[test]
     fn exposition_has_help_type_and_labelled_samples() {
