@@ -41,6 +41,11 @@ pub(crate) struct GpuArgs {
     /// `session`, `host`, `device`, `peer` they concern as fields) for log shippers.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Read and validate the configuration (key files, pool settings, socket directories),
+    /// say whether it would start, and exit: 0 if it would, 1 naming what is wrong (as
+    /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
+    #[arg(long)]
+    check: bool,
 }
 
 /// Options of `dxpu host`.
@@ -75,6 +80,11 @@ pub(crate) struct HostArgs {
     /// `session`, `host`, `device`, `peer` they concern as fields) for log shippers.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Read and validate the configuration (key files, pool settings, socket directories),
+    /// say whether it would start, and exit: 0 if it would, 1 naming what is wrong (as
+    /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
+    #[arg(long)]
+    check: bool,
 }
 
 /// `--log-format`.
@@ -111,6 +121,15 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         poll: args.poll.map(|p| p.name().to_string()),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
+    if args.check {
+        return match ops::gpu_run::check(&start) {
+            Ok(what) => {
+                outln!("{}: OK ({what})", start.config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("gpu", e),
+        };
+    }
     match ops::gpu_run::run(start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail("gpu", e),
@@ -156,6 +175,15 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         poll: args.poll.map(|p| p.name().to_string()),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
+    if args.check {
+        return match ops::host_run::check(&start) {
+            Ok(what) => {
+                outln!("{}: OK ({what})", start.config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("host", e),
+        };
+    }
     let mut run_on = workload;
     let r = ops::host_run::run(start, args.workload.then_some(&mut run_on as ops::host_run::Workload<'_>));
     match r {

@@ -148,10 +148,30 @@ fn bad_configuration_is_refused_naming_the_key() {
     ];
     for (cmd, text, key) in cases {
         let cfg = write(&dir, "bad.toml", &text);
-        let out = dxpu().args([cmd, "--config"]).arg(&cfg).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{cmd} accepted a bad file ({key}): {err}");
-        assert!(err.contains(key), "{cmd}: error does not name {key}: {err}");
+        // The same refusal from --check, which starts nothing (the units' ExecReload).
+        for check in [false, true] {
+            let mut c = dxpu();
+            c.args([cmd, "--config"]).arg(&cfg);
+            if check {
+                c.arg("--check");
+            }
+            let out = c.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{cmd} (check {check}) accepted a bad file ({key}): {err}"
+            );
+            assert!(err.contains(key), "{cmd}: error does not name {key}: {err}");
+        }
+    }
+    // A good file: --check says so and exits 0 at once, binding nothing.
+    for (cmd, text) in [("gpu", gpu_toml(1)), ("host", host_toml(1, KEY_A))] {
+        let cfg = write(&dir, "good.toml", &text);
+        let out = dxpu().args([cmd, "--check", "--config"]).arg(&cfg).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{cmd} --check: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(said.contains(": OK ("), "{said}");
     }
     // A VFIO device that cannot be opened stops the endpoint at start, saying which and why.
     let vfio = gpu_toml(free_port()).replace("sim = { vram_mib = 256 }", "vfio = \"0000:41:00.0\"");

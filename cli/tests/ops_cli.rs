@@ -504,3 +504,46 @@ fn a_vfio_user_socket_is_open_to_its_group_and_no_one_else() {
     drop(gpu);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Under systemd: with `WATCHDOG_USEC` the loop pings `WATCHDOG=1` every half of it, and
+/// with `JOURNAL_STREAM` naming standard error each log line starts with its priority
+/// (`<6>` info, `<3>` error) for `journalctl -p`.
+#[test]
+fn systemd_hears_watchdog_pings_and_the_journal_gets_priorities() {
+    use std::os::unix::fs::MetadataExt;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("systemd");
+    let (port, gm) = (free_udp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let sock = dir.join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    notify.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let log = dir.join("journal.log");
+    let f = std::fs::File::create(&log).unwrap();
+    let m = f.metadata().unwrap();
+    let mut gpu = dxpu()
+        .args(["gpu", "--config"])
+        .arg(&gcfg)
+        .env("NOTIFY_SOCKET", &sock)
+        .env("WATCHDOG_USEC", "200000")
+        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .stderr(Stdio::from(f))
+        .spawn()
+        .unwrap();
+    let (mut pings, end) = (0, Instant::now() + Duration::from_secs(5));
+    while pings < 3 && Instant::now() < end {
+        let mut b = [0u8; 256];
+        if let Ok(n) = notify.recv(&mut b) {
+            pings += usize::from(&b[..n] == b"WATCHDOG=1");
+        }
+    }
+    assert!(pings >= 3, "{pings} watchdog pings");
+    rustix::process::kill_process(rustix::process::Pid::from_child(&gpu), rustix::process::Signal::TERM)
+        .unwrap();
+    assert!(gpu.wait().unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("<6>listening on")), "{text}");
+    assert!(text.lines().all(|l| l.starts_with('<')), "a line without its priority: {text}");
+    let _ = std::fs::remove_dir_all(dir);
+}

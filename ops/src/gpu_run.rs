@@ -57,7 +57,9 @@ pub fn serve(
     let mut reload: Option<PendingRead<GpuConfig>> = None;
     let mut reload_again = false;
     let mut exports: Vec<(PendingRead<GpuConfig>, Call, String)> = Vec::new();
+    let mut watchdog = crate::notify::Watchdog::from_env();
     while !stop.load(Ordering::Relaxed) {
+        watchdog.tick();
         if !ep.poll().map_err(|e| e.to_string())? {
             ep.wait().map_err(|e| e.to_string())?;
         }
@@ -493,6 +495,23 @@ pub struct GpuStart {
     pub poll: Option<String>,
     /// `--capture FILE` and its size bound.
     pub capture: Option<(PathBuf, u64)>,
+}
+
+/// `dxpu gpu --check`: the file read and validated as a start would (key files, the pool
+/// section), nothing started; what it would serve.
+pub fn check(start: &GpuStart) -> Result<String, String> {
+    let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
+    let (file, opts) = read_options(&start.config, &overrides)?;
+    if let Some(p) = &file.pool {
+        p.pool(&opts.exports).map_err(|e| format!("{}: {e}", start.config.display()))?;
+    }
+    Ok(format!(
+        "listen {}, {} device(s), {} host(s){}",
+        opts.listen,
+        opts.exports.len(),
+        opts.hosts.len(),
+        if file.pool.is_some() { ", in a pool" } else { "" }
+    ))
 }
 
 /// `dxpu gpu`: reads the file, starts the endpoint (and its pool agent), serves until

@@ -813,7 +813,9 @@ pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
     let mut status = String::new();
     let mut reload: Option<PendingRead<HostConfig>> = None;
     let mut reload_again = false;
+    let mut watchdog = crate::notify::Watchdog::from_env();
     while !rt.stop.load(Ordering::Relaxed) {
+        watchdog.tick();
         if let Some(c) = calls.next_within(Duration::from_millis(20)) {
             match c.method.as_str() {
                 "attach" => rt.attach_call(c),
@@ -925,6 +927,30 @@ pub struct HostStart {
 /// label, the device, and the stop flag (raised by a signal); whether it verified. The
 /// device is the callee's to detach.
 pub type Workload<'a> = &'a mut dyn FnMut(&str, RemoteDevice, &AtomicBool) -> bool;
+
+/// `dxpu host --check`: the file read and validated as a start would (key files, sockets'
+/// directories, the pool section), nothing attached; what it would do.
+pub fn check(start: &HostStart) -> Result<String, String> {
+    let at = start.config.display().to_string();
+    let mut file: HostFile = config::read(&start.config)?;
+    if let Some(d) = &start.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &start.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
+    file.metrics.listen()?;
+    match file.pool().map_err(|e| format!("{at}: {e}"))? {
+        Some(_) if !all.is_empty() => Err(format!("{at}: give [[attach]] or [pool], not both")),
+        Some(p) => Ok(format!("a pool host wanting {} device(s)", p.agent.want)),
+        None => Ok(format!(
+            "{} device(s), {} served over vfio-user",
+            all.len(),
+            all.iter().filter(|(_, s)| s.is_some()).count()
+        )),
+    }
+}
 
 /// `dxpu host`: reads the file; with `[[attach]]`, attaches each device (each on its own
 /// thread) and serves until SIGINT / SIGTERM, reloading on SIGHUP; with `[pool]`, claims

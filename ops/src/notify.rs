@@ -32,6 +32,37 @@ pub fn reloading() {
     notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
 }
 
+/// The service manager's watchdog (`WatchdogSec=`): `WATCHDOG=1` every half of
+/// `WATCHDOG_USEC`, from the loop that must stay alive — a loop that hangs stops the pings
+/// and systemd restarts the service. Nothing where the variables are unset or name another
+/// process.
+pub struct Watchdog {
+    every: Option<std::time::Duration>,
+    last: std::time::Instant,
+}
+
+impl Watchdog {
+    /// As `WATCHDOG_USEC` and `WATCHDOG_PID` say.
+    pub fn from_env() -> Watchdog {
+        let ours = std::env::var("WATCHDOG_PID").map_or(true, |p| p.parse() == Ok(std::process::id()));
+        let usec = std::env::var("WATCHDOG_USEC").ok().and_then(|v| v.parse::<u64>().ok()).filter(|u| *u > 0);
+        Watchdog {
+            every: usec.filter(|_| ours).map(|u| std::time::Duration::from_micros(u / 2)),
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Pings if half the watchdog's time has passed since the last ping.
+    pub fn tick(&mut self) {
+        if let Some(every) = self.every
+            && self.last.elapsed() >= every
+        {
+            self.last = std::time::Instant::now();
+            notify("WATCHDOG=1");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The test binary runs itself with `NOTIFY_SOCKET` set (this crate forbids the unsafe

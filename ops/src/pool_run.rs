@@ -200,7 +200,9 @@ pub fn run_host(
     let mut ok = true;
     let started = Instant::now();
     let workload_wait = Duration::from_secs(30);
+    let mut watchdog = crate::notify::Watchdog::from_env();
     while !stop.load(Ordering::Relaxed) {
+        watchdog.tick();
         while let Ok(ev) = agent.events().recv_timeout(Duration::from_millis(20)) {
             match ev {
                 HostEvent::Claimed { claim, lease } => {

@@ -27,6 +27,15 @@ pub fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
     let env = env_logger::Env::default().default_filter_or(level);
     let mut b = env_logger::Builder::from_env(env);
     b.format_target(false);
+    // Under systemd, standard error goes to the journal (JOURNAL_STREAM names it): each line
+    // starts with its sd-daemon priority (`<3>` error … `<7>` debug) so that `journalctl -p
+    // err` finds the errors, and without a time stamp (the journal keeps its own).
+    if format == LogFormat::Text && stderr_is_the_journal() {
+        b.format(|buf, r| {
+            use std::io::Write;
+            writeln!(buf, "<{}>{}", priority(r.level()), r.args())
+        });
+    }
     if format == LogFormat::Json {
         b.format(|buf, r| {
             use std::io::Write;
@@ -41,6 +50,25 @@ pub fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
     }
     let _ = b.try_init();
     Ok(())
+}
+
+/// Whether standard error is the journal's stream: `JOURNAL_STREAM` names its device and
+/// inode (a child of a service inherits the variable with another standard error).
+fn stderr_is_the_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else { return false };
+    let Ok(st) = rustix::fs::fstat(std::io::stderr()) else { return false };
+    dev.parse::<u64>().is_ok_and(|d| d == st.st_dev) && ino.parse::<u64>().is_ok_and(|i| i == st.st_ino)
+}
+
+/// sd-daemon(3)'s priority of a log level: error 3, warning 4, info 6, debug and trace 7.
+pub fn priority(level: log::Level) -> u8 {
+    match level {
+        log::Level::Error => 3,
+        log::Level::Warn => 4,
+        log::Level::Info => 6,
+        log::Level::Debug | log::Level::Trace => 7,
+    }
 }
 
 /// A log record's key-value fields (session, host, device, peer, token) into its JSON line.
