@@ -47,9 +47,21 @@ chroot "$root" dxpu keygen /tmp/k >/dev/null 2>&1
 [[ $(stat -c %a "$root/tmp/k") == 600 ]] || { echo "deb test: keygen's file is not mode 0600" >&2; exit 1; }
 for f in usr/bin/dxpu usr/lib/systemd/system/dxpu-gpu.service usr/lib/systemd/system/dxpu-host.service \
     etc/dxpu/gpu.toml.example etc/dxpu/host.toml.example usr/lib/x86_64-linux-gnu/wireshark/plugins/dxpu.lua \
-    usr/share/bash-completion/completions/dxpu usr/share/man/man1/dxpu.1.gz usr/share/man/man1/dxpu-gpu.1.gz; do
+    usr/share/bash-completion/completions/dxpu usr/share/man/man1/dxpu.1.gz usr/share/man/man1/dxpu-gpu.1.gz \
+    usr/share/doc/dxpu/README.md usr/share/doc/dxpu/docs/operations.md usr/share/doc/dxpu/docs/model/training.svg; do
     [[ -e "$root/$f" ]] || { echo "deb test: $f not installed" >&2; exit 1; }
 done
+# Every relative link in the installed README and docs names a file that is installed.
+broken=$(cd "$root/usr/share/doc/dxpu" && for f in README.md docs/*.md; do
+    { grep -o '](\([^)#:]*\)' "$f" || true; } | sed 's/^](//' | while read -r l; do
+        [[ -z "$l" || -e "$(dirname "$f")/$l" ]] || echo "$f -> $l"
+    done
+done)
+[[ -z "$broken" ]] || { echo "deb test: links to files not installed:" >&2; echo "$broken" >&2; exit 1; }
+# The maintainer scripts reload systemd and restart or stop the units.
+dpkg-deb -e "$deb" "$root/tmp/ctl"
+grep -q daemon-reload "$root/tmp/ctl/postinst" && grep -q 'deb-systemd-invoke stop' "$root/tmp/ctl/prerm" ||
+    { echo "deb test: the maintainer scripts do not handle the units" >&2; exit 1; }
 # The example configurations parse: only what an operator must fill in is refused.
 cp "$root/etc/dxpu/gpu.toml.example" "$root/tmp/gpu.toml"
 out=$(chroot "$root" dxpu gpu --config /tmp/gpu.toml 2>&1 || true)
