@@ -21,6 +21,8 @@ pub mod concurrent;
 pub mod direct;
 pub mod model;
 pub mod suite;
+#[cfg(feature = "trace")]
+pub mod trace;
 #[cfg(feature = "vfio-user-client")]
 pub mod vfio_user_client;
 pub mod workload;
