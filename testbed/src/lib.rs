@@ -20,6 +20,8 @@ pub mod ai;
 pub mod concurrent;
 pub mod direct;
 pub mod model;
+#[cfg(feature = "trace")]
+pub mod plan;
 pub mod suite;
 #[cfg(feature = "trace")]
 pub mod trace;

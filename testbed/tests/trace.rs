@@ -200,3 +200,141 @@ fn a_truncated_gzip_is_an_error_not_a_panic() {
     assert!(e.to_string().contains("cut.json.gz"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+mod plan {
+    use super::*;
+    use testbed::plan::{Link, Plan};
+
+    fn check_local(file: &str) {
+        let t = read(&traces().join(file), None).unwrap();
+        let plan = Plan::of(&t);
+        let o = plan.evaluate(&Link::LOCAL);
+        let worst = plan
+            .activities
+            .iter()
+            .zip(&o.activity_start_ns)
+            .map(|(a, s)| (s - a.trace_start_ns as f64).abs())
+            .fold(0.0, f64::max);
+        let worst_call = plan
+            .calls
+            .iter()
+            .zip(&o.call_return_ns)
+            .map(|(c, r)| (r - (c.trace_start_ns + c.trace_dur_ns) as f64).abs())
+            .fold(0.0, f64::max);
+        eprintln!(
+            "{file}: {} calls on {} threads, {} cross-stream waits, span {:.3} ms (trace {:.3}), job {:.3} ms; worst activity {worst} ns, call {worst_call} ns",
+            plan.calls.len(),
+            plan.threads,
+            plan.cross_stream_waits,
+            o.gpu_span_ns / 1e6,
+            t.gpu_span_ns() as f64 / 1e6,
+            o.job_ns / 1e6
+        );
+        for rtt in [10_000.0, 20_000.0, 50_000.0] {
+            let b = plan.evaluate(&Link { rtt_ns: rtt, h2d_bytes_per_s: 3.1e9, d2h_bytes_per_s: 3.1e9 });
+            eprintln!(
+                "  rtt {rtt} ns: job {:.3} ms (+{:.2} %), fetch {:.3} copies {:.3} syncs {:.3} ms",
+                b.job_ns / 1e6,
+                (b.job_ns / o.job_ns - 1.0) * 100.0,
+                b.added.command_fetch_ns / 1e6,
+                b.added.copies_ns / 1e6,
+                b.added.synchronizations_ns / 1e6
+            );
+        }
+        for (i, (c, r)) in plan.calls.iter().zip(&o.call_return_ns).enumerate() {
+            if (r - (c.trace_start_ns + c.trace_dur_ns) as f64).abs() > 1.0 {
+                eprintln!("call {i}: {c:?} returns at {r}");
+            }
+        }
+        assert!(worst < 1.0 && worst_call < 1.0);
+    }
+
+    /// One thread, one stream: launch K1 (0–5 µs, kernel 10–110), synchronize (20–115),
+    /// launch K2 after 10 µs of CPU (125–130, kernel 135–185), synchronize the device
+    /// (135–190); a pinned copy in of 1 MB on a second stream (launched 6–8, 10–30 µs) that
+    /// nothing waits for.
+    fn known() -> testbed::trace::Trace {
+        let call = |name: &str, ts: &str, dur: &str, c: u32| {
+            event("cuda_runtime", name, ts, dur, &format!(r#""correlation":{c}"#))
+        };
+        let kernel = |ts: &str, dur: &str, c: u32| {
+            event("kernel", "k", ts, dur, &format!(r#""correlation":{c},"stream":7,"device":0"#))
+        };
+        parse(
+            &trace(&[
+                call("cudaLaunchKernel", "1000", "5", 1),
+                call("cudaMemcpyAsync", "1006", "2", 2),
+                kernel("1010", "100", 1),
+                event(
+                    "gpu_memcpy",
+                    "Memcpy HtoD (Pinned -> Device)",
+                    "1010",
+                    "20",
+                    r#""correlation":2,"stream":9,"device":0,"bytes":1000000"#,
+                ),
+                call("cudaStreamSynchronize", "1020", "95", 3),
+                call("cudaLaunchKernel", "1125", "5", 4),
+                kernel("1135", "50", 4),
+                call("cudaDeviceSynchronize", "1135", "55", 5),
+            ]),
+            "known.json",
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn on_a_trace_with_known_answers_the_link_adds_what_it_should_where_it_should() {
+        let plan = Plan::of(&known());
+        let awaited = |c: usize| -> Vec<u32> {
+            plan.calls[c].awaits.iter().map(|&a| plan.activities[a].stream).collect()
+        };
+        assert_eq!((awaited(2), plan.calls[2].await_tail_ns), (vec![7], 5_000));
+        assert_eq!(awaited(4), [7, 9], "the device synchronization waits for every stream");
+        let local = plan.evaluate(&Link::LOCAL);
+        assert_eq!(local.job_ns, 190_000.0);
+        // At a round trip R (no bandwidth limit): K1 starts 1.5 R late (doorbell one way,
+        // command fetch a round trip), its synchronization returns R/2 after it ends
+        // (the fence's trip back): 2 R; K2 is issued 2 R late and starts 3.5 R late; the
+        // device synchronization returns 4 R late. The copy adds R to its own time and
+        // nothing to the job's.
+        let r = 10_000.0;
+        let o = plan.evaluate(&Link {
+            rtt_ns: r,
+            h2d_bytes_per_s: f64::INFINITY,
+            d2h_bytes_per_s: f64::INFINITY,
+        });
+        assert_eq!(o.job_ns, 190_000.0 + 4.0 * r);
+        assert_eq!(o.added.command_fetch_ns, 3.0 * r);
+        assert_eq!(o.added.synchronizations_ns, 1.0 * r);
+        assert_eq!(o.added.copies_ns, 0.0);
+        // A link of 1 GB/s makes the 1 MB copy take 1 ms + R: the stream synchronization
+        // does not wait for it (another stream), the device synchronization does.
+        let slow = Link { rtt_ns: r, h2d_bytes_per_s: 1e9, d2h_bytes_per_s: 1e9 };
+        let o = plan.evaluate(&slow);
+        assert_eq!(o.call_return_ns[2], 115_000.0 + 2.0 * r);
+        // The copy starts 1.5 R late, at 10 µs + 15 µs, and lasts 1 ms + R.
+        let copy_end = 10_000.0 + 1.5 * r + 1_000_000.0 + r;
+        assert_eq!(o.call_return_ns[4], copy_end + r / 2.0 + 5_000.0);
+        assert_eq!(o.job_ns, copy_end + r / 2.0 + 5_000.0);
+        assert_eq!(o.added.command_fetch_ns, 1.5 * r);
+        assert_eq!(o.added.copies_ns, 1_000_000.0 - 20_000.0 + r);
+        assert_eq!(o.added.synchronizations_ns, r / 2.0);
+        // Made to wait for the copy, K2 puts it on its stream's path too.
+        let mut waits = plan.clone();
+        waits.activities[2].after.push((1, testbed::plan::DeviceEdge::CrossStream, 0));
+        let o = waits.evaluate(&slow);
+        assert_eq!(o.activity_start_ns[2], copy_end);
+    }
+
+    #[test]
+    fn with_no_link_the_plan_reproduces_each_traced_time() {
+        for f in [
+            "a100-training-8k-kernels.json.gz",
+            "v100-training-4k-kernels.json.gz",
+            "a100-event-sync-small.json.gz",
+        ] {
+            check_local(f);
+        }
+    }
+}
