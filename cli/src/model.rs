@@ -21,9 +21,17 @@ use crate::harness::{Spread, WorkloadArg};
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ModelArgs {
     /// The workload whose profile to count, with runs on a directly attached simgpu
-    /// (`demo` unless `--profile` is given).
-    #[arg(long, value_enum, conflicts_with = "profile")]
+    /// (`demo` unless `--profile` or `--trace` is given).
+    #[arg(long, value_enum, conflicts_with_all = ["profile", "trace"])]
     workload: Option<WorkloadArg>,
+    /// Predict a job recorded by the PyTorch profiler instead (`torch.profiler`'s Chrome
+    /// trace JSON, plain or gzip): its critical path with the link's round trip and rate
+    /// added where its GPU would wait for them (docs/performance-model.md, "Your own job").
+    #[arg(long, value_name = "TRACE", conflicts_with = "profile")]
+    trace: Option<std::path::PathBuf>,
+    /// With `--trace`: the GPU (rank) whose activities to take, where the file holds several.
+    #[arg(long, requires = "trace")]
+    rank: Option<u32>,
     /// Read the profile and the direct time from this file, as `dxpu loopback --json` writes
     /// it, instead of counting them.
     #[arg(long, value_name = "FILE")]
@@ -247,17 +255,7 @@ fn predict_all(
         return Err(format!("direct time {direct_seconds} s: must be > 0"));
     }
     let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
-    let bw = args.bandwidth_gbit.unwrap_or(DEFAULT_BANDWIDTH_GBIT) * 1e9 / 8.0;
-    let (h2d, d2h) = match (args.bandwidth_gbit, &measured) {
-        (None, Some(m)) => (m.h2d_bytes_per_s, m.d2h_bytes_per_s),
-        _ => (bw, bw),
-    };
-    let base = LinkParams {
-        rtt_s: 0.0,
-        h2d_bytes_per_s: h2d,
-        d2h_bytes_per_s: d2h,
-        per_tlp_s: args.per_tlp_us * 1e-6,
-    };
+    let base = base_link(args, measured.as_ref());
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
         rtts.push(m.rtt_s * 1e6);
@@ -297,6 +295,171 @@ fn read_profile(path: &std::path::Path) -> Result<(String, Profile, f64), String
     Ok((workload, profile, direct))
 }
 
+/// The link `--bandwidth-gbit` and `--measure-link` give, without its round trip.
+fn base_link(args: &ModelArgs, measured: Option<&LinkParams>) -> LinkParams {
+    let bw = args.bandwidth_gbit.unwrap_or(DEFAULT_BANDWIDTH_GBIT) * 1e9 / 8.0;
+    let (h2d, d2h) = match (args.bandwidth_gbit, measured) {
+        (None, Some(m)) => (m.h2d_bytes_per_s, m.d2h_bytes_per_s),
+        _ => (bw, bw),
+    };
+    LinkParams { rtt_s: 0.0, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: args.per_tlp_us * 1e-6 }
+}
+
+/// What `dxpu model --trace` found.
+pub(crate) struct TraceReport {
+    pub(crate) path: String,
+    pub(crate) trace: testbed::trace::Trace,
+    pub(crate) plan: testbed::plan::Plan,
+    pub(crate) direct: testbed::plan::Outcome,
+    pub(crate) link: LinkParams,
+    pub(crate) measured: Option<LinkParams>,
+    /// (RTT µs, outcome).
+    pub(crate) points: Vec<(f64, testbed::plan::Outcome)>,
+    pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
+}
+
+/// The plan's link at a round trip of `rtt_us` over `base`'s rates.
+pub(crate) fn plan_link(base: &LinkParams, rtt_us: f64) -> testbed::plan::Link {
+    testbed::plan::Link {
+        rtt_ns: rtt_us * 1e3,
+        h2d_bytes_per_s: base.h2d_bytes_per_s,
+        d2h_bytes_per_s: base.d2h_bytes_per_s,
+    }
+}
+
+/// A trace's counts and span, as `model --trace` and `replay` report them.
+pub(crate) fn trace_json(path: &str, t: &testbed::trace::Trace) -> serde_json::Map<String, Value> {
+    let (kernels, copies, memsets) = t.counts();
+    let mut m = serde_json::Map::new();
+    m.insert("trace".into(), json!(path));
+    m.insert("gpu".into(), json!(t.gpu));
+    m.insert("kernels".into(), json!(kernels));
+    m.insert("copies".into(), json!(copies));
+    m.insert("memsets".into(), json!(memsets));
+    m.insert("syncs".into(), json!(t.syncs()));
+    m.insert("trace_span_ms".into(), json!(t.gpu_span_ns() as f64 / 1e6));
+    m
+}
+
+/// Where the link's time went on the critical path, ms.
+pub(crate) fn added_json(a: &testbed::plan::AddedTime) -> Value {
+    json!({
+        "command_fetch_ms": a.command_fetch_ns / 1e6,
+        "copies_ms": a.copies_ns / 1e6,
+        "synchronizations_ms": a.synchronizations_ns / 1e6,
+    })
+}
+
+impl TraceReport {
+    pub(crate) fn json(&self) -> Value {
+        let direct = self.direct.job_ns;
+        let points: Vec<Value> = self
+            .points
+            .iter()
+            .map(|(rtt, o)| {
+                json!({"rtt_us": rtt, "predicted_overhead_percent": (o.job_ns / direct - 1.0) * 100.0,
+                       "predicted_bridged_seconds": o.job_ns / 1e9, "added": added_json(&o.added)})
+            })
+            .collect();
+        let mut m = trace_json(&self.path, &self.trace);
+        m.insert("workload".into(), json!("trace"));
+        m.insert("direct_seconds".into(), json!(direct / 1e9));
+        m.insert("bandwidth_gbit".into(), json!(self.link.h2d_bytes_per_s * 8.0 / 1e9));
+        m.insert("h2d_bytes_per_s".into(), json!(self.link.h2d_bytes_per_s));
+        m.insert("d2h_bytes_per_s".into(), json!(self.link.d2h_bytes_per_s));
+        m.insert(
+            "measured_link".into(),
+            json!(self.measured.map(|m| json!({
+                "rtt_us": m.rtt_s * 1e6,
+                "h2d_bytes_per_s": m.h2d_bytes_per_s,
+                "d2h_bytes_per_s": m.d2h_bytes_per_s,
+            }))),
+        );
+        m.insert("profile".into(), Value::Null);
+        m.insert(
+            "plan".into(),
+            json!({"calls": self.plan.calls.len(), "threads": self.plan.threads,
+                   "cross_stream_waits": self.plan.cross_stream_waits}),
+        );
+        m.insert("points".into(), Value::Array(points));
+        m.insert("crosses_10_percent_at_rtt_us".into(), json!(self.crosses_10_percent_at_rtt_us));
+        Value::Object(m)
+    }
+}
+
+fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, String> {
+    let trace = testbed::trace::read(path, args.rank).map_err(|e| format!("--trace {e}"))?;
+    let plan = testbed::plan::Plan::of(&trace);
+    let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
+    let link = base_link(args, measured.as_ref());
+    let mut rtts = args.rtt_us.clone();
+    if let Some(m) = &measured {
+        rtts.push(m.rtt_s * 1e6);
+        rtts.sort_by(f64::total_cmp);
+    }
+    let direct = plan.evaluate(&testbed::plan::Link::LOCAL);
+    let points = rtts.iter().map(|&rtt| (rtt, plan.evaluate(&plan_link(&link, rtt)))).collect();
+    let crosses = testbed::plan::crossing_rtt_ns(&plan, &plan_link(&link, 0.0), 10.0).map(|ns| ns / 1e3);
+    Ok(TraceReport {
+        path: path.display().to_string(),
+        trace,
+        plan,
+        direct,
+        link,
+        measured,
+        points,
+        crosses_10_percent_at_rtt_us: crosses,
+    })
+}
+
+fn print_trace(r: &TraceReport) {
+    let t = &r.trace;
+    let (kernels, copies, memsets) = t.counts();
+    outln!(
+        "dxpu model — trace {} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations on {} streams, {} CPU threads",
+        r.path,
+        t.gpu.as_deref().unwrap_or("GPU unnamed"),
+        t.syncs(),
+        t.streams().len(),
+        r.plan.threads
+    );
+    outln!(
+        "  the trace: GPU span {}, job {} (first call to last return); {} cross-stream waits inferred",
+        fmt_s(t.gpu_span_ns() as f64 / 1e9),
+        fmt_s(r.direct.job_ns / 1e9),
+        r.plan.cross_stream_waits
+    );
+    outln!("  link {:.1} / {:.1} Gbit/s", r.link.h2d_bytes_per_s * 8e-9, r.link.d2h_bytes_per_s * 8e-9);
+    outln!();
+    outln!(
+        "  {:>10}  {:>14}  {:>10}   {:>12} {:>12} {:>12}",
+        "RTT µs",
+        "bridged",
+        "overhead",
+        "fetch ms",
+        "copies ms",
+        "syncs ms"
+    );
+    for (rtt, o) in &r.points {
+        let mark = if r.measured.is_some_and(|m| m.rtt_s * 1e6 == *rtt) { "  (measured)" } else { "" };
+        outln!(
+            "  {:>10.1}  {:>14}  {:>9.2} %   {:>12.3} {:>12.3} {:>12.3}{mark}",
+            rtt,
+            fmt_s(o.job_ns / 1e9),
+            (o.job_ns / r.direct.job_ns - 1.0) * 100.0,
+            o.added.command_fetch_ns / 1e6,
+            o.added.copies_ns / 1e6,
+            o.added.synchronizations_ns / 1e6
+        );
+    }
+    outln!("  (fetch, copies, syncs: the link's time on the bridged critical path)");
+    match r.crosses_10_percent_at_rtt_us {
+        Some(0.0) => outln!("  over 10 % at any round trip: the link's rate alone puts it there"),
+        Some(x) => outln!("  crosses 10 % at a round trip of {x:.1} µs"),
+        None => outln!("  never crosses 10 % (up to a round trip of 1 s)"),
+    }
+}
+
 fn run(args: &ModelArgs) -> Result<ModelReport, String> {
     if args.rtt_us.is_empty() {
         return Err("--rtt-us: give at least one round-trip time".into());
@@ -320,6 +483,26 @@ fn fmt_s(s: f64) -> String {
 }
 
 pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
+    if let Some(path) = &args.trace {
+        if args.rtt_us.is_empty() {
+            eprintln!("dxpu model: --rtt-us: give at least one round-trip time");
+            return ExitCode::FAILURE;
+        }
+        return match run_trace(path, &args) {
+            Ok(r) if args.json => {
+                outln!("{}", r.json());
+                ExitCode::SUCCESS
+            }
+            Ok(r) => {
+                print_trace(&r);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("dxpu model: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let r = match run(&args) {
         Ok(r) => r,
         Err(e) => {

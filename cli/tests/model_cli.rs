@@ -227,3 +227,42 @@ fn a_reader_that_stops_early_ends_the_output_quietly() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// One launch (kernel 10–110 µs) and a stream synchronization returning 5 µs after it: at
+/// a round trip R the job is 2 R longer (1.5 R to fetch the command, R/2 for the fence).
+#[test]
+fn a_trace_is_predicted_from_its_critical_path() {
+    let trace = json!({"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1, "ts": 1000, "dur": 5,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k", "tid": 7, "ts": 1010, "dur": 100,
+         "args": {"correlation": 1, "stream": 7, "device": 0}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "tid": 1, "ts": 1020, "dur": 95,
+         "args": {"correlation": 2}},
+    ]});
+    let path = std::env::temp_dir().join(format!("dxpu-model-trace-{}.json", std::process::id()));
+    std::fs::write(&path, trace.to_string()).unwrap();
+    let out =
+        dxpu().args(["model", "--json", "--rtt-us", "0,10"]).arg("--trace").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["workload"].as_str(), v["kernels"].as_u64(), v["syncs"].as_u64()),
+        (Some("trace"), Some(1), Some(1))
+    );
+    assert_eq!(v["direct_seconds"].as_f64(), Some(115e-6));
+    let p = &v["points"][1];
+    assert!((p["predicted_bridged_seconds"].as_f64().unwrap() - 135e-6).abs() < 1e-12, "{p}");
+    assert!((p["added"]["command_fetch_ms"].as_f64().unwrap() - 0.015).abs() < 1e-12, "{p}");
+    assert!((p["added"]["synchronizations_ms"].as_f64().unwrap() - 0.005).abs() < 1e-12, "{p}");
+    // 10 % of 115 µs over 2 round trips.
+    let x = v["crosses_10_percent_at_rtt_us"].as_f64().unwrap();
+    assert!((x - 5.75).abs() < 0.01, "{x}");
+    // A truncated trace: an error naming the file, no panic.
+    std::fs::write(&path, &trace.to_string()[..60]).unwrap();
+    let out = dxpu().args(["model", "--rtt-us", "1"]).arg("--trace").arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a PyTorch profiler trace"), "{err}");
+}

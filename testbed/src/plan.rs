@@ -682,3 +682,27 @@ impl<'a> Evaluation<'a> {
         }
     }
 }
+
+/// The round trip (ns) at which the plan's job at `link` (its rates; its round trip
+/// replaced) is `percent` slower than with no link: 0 if the rates alone make it so, `None`
+/// if no round trip up to a second does. The job's time grows with the round trip, so a
+/// bisection finds it (to 1 ns).
+pub fn crossing_rtt_ns(plan: &Plan, link: &Link, percent: f64) -> Option<f64> {
+    let local = plan.evaluate(&Link::LOCAL).job_ns;
+    if local <= 0.0 {
+        return None;
+    }
+    let over = |rtt_ns: f64| plan.evaluate(&Link { rtt_ns, ..*link }).job_ns / local - 1.0 >= percent / 100.0;
+    if over(0.0) {
+        return Some(0.0);
+    }
+    let (mut lo, mut hi) = (0.0, 1e9);
+    if !over(hi) {
+        return None;
+    }
+    while hi - lo > 1.0 {
+        let mid = (lo + hi) / 2.0;
+        if over(mid) { hi = mid } else { lo = mid }
+    }
+    Some(hi)
+}
