@@ -730,15 +730,28 @@ impl GpuEndpoint {
     }
 
     /// Waits for work the way the poll mode says (call after an idle [`GpuEndpoint::poll`]).
+    /// A device with timed work under way (a timed kernel's end) is polled by then: busy
+    /// polling goes on polling, a blocking wait ends when it is due.
     pub fn wait(&mut self) -> io::Result<()> {
-        self.runner.wait()
+        let wake = self.exports.iter().filter(|e| e.owner.is_some()).filter_map(|e| e.dev.wake_at_ns()).min();
+        match wake {
+            None => self.runner.wait(),
+            Some(_) if self.runner.busy_polls() => {
+                std::hint::spin_loop();
+                Ok(())
+            }
+            Some(at) => {
+                let left = std::time::Duration::from_nanos(at.saturating_sub(hw::device::now_ns()));
+                self.runner.wait_at_most(Some(left))
+            }
+        }
     }
 
     /// Serves until `stop` is set, then closes every session and resets attached devices.
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         while !stop.load(Ordering::Relaxed) {
             if !self.poll()? {
-                self.runner.wait()?;
+                self.wait()?;
             }
         }
         self.shutdown()

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use simgpu_abi::{COMMAND_BYTES, DEVICE_ID, ERROR_VECTOR, MSIX_TABLE_OFFSET, VENDOR_ID, err, op, reg};
+use simgpu_abi::{
+    CHANNELS, COMMAND_BYTES, DEVICE_ID, ERROR_VECTOR, MSIX_TABLE_OFFSET, VENDOR_ID, chreg, err, op, reg,
+};
 
 use crate::function::{BusAddr, DmaBuf, PciFunction, find_capability};
 
@@ -179,6 +181,21 @@ pub struct SimGpuDriver<P: PciFunction> {
     /// Host buffers the device reads and writes directly, by index ([`Self::pinned`]).
     pinned: Vec<Option<DmaBuf>>,
     stats: DriverStats,
+    /// The command channels the device has (`reg::CHANNELS`; 1 on a device without more).
+    channels: usize,
+    /// Channels opened besides channel 0 ([`Self::open_channel`]), by number.
+    extra: Vec<Option<ChannelRing>>,
+}
+
+/// A command channel besides channel 0: its ring and how far the driver and the device are
+/// in it, as channel 0's fields of [`SimGpuDriver`] keep them.
+#[derive(Clone, Copy, Debug)]
+struct ChannelRing {
+    ring: DmaBuf,
+    entries: u64,
+    tail: u64,
+    published: u64,
+    head: u64,
 }
 
 /// What the driver asked of the device: the software side of a workload's transaction
@@ -212,6 +229,16 @@ impl DriverStats {
             waits_idle: d(self.waits_idle, before.waits_idle),
         }
     }
+}
+
+/// A command as the ring holds it: u32 opcode, u32 flags (0), five u64 arguments.
+fn encode(c: Command) -> [u8; COMMAND_BYTES as usize] {
+    let mut b = [0u8; COMMAND_BYTES as usize];
+    b[0..4].copy_from_slice(&c.opcode.to_le_bytes());
+    for (i, a) in c.args.iter().enumerate() {
+        b[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
+    }
+    b
 }
 
 /// Sizes a 64-bit memory BAR by probing; returns (address, size).
@@ -292,7 +319,11 @@ impl<P: PciFunction> SimGpuDriver<P> {
             staging_used: 0,
             pinned: Vec::new(),
             stats: DriverStats::default(),
+            channels: 1,
+            extra: Vec::new(),
         };
+        // A device of an earlier version reads 0 here: it has channel 0 only.
+        d.channels = (d.read_reg(reg::CHANNELS) as usize).clamp(1, CHANNELS);
         d.write_reg(reg::RING_BASE, ring.bus.get());
         d.write_reg(reg::RING_SIZE, RING_ENTRIES);
         d.write_reg(reg::RING_TAIL, 0);
@@ -378,13 +409,8 @@ impl<P: PciFunction> SimGpuDriver<P> {
                 return Err(DriverError::Unusable("command ring full and not draining"));
             }
         }
-        let mut b = [0u8; COMMAND_BYTES as usize];
-        b[0..4].copy_from_slice(&c.opcode.to_le_bytes());
-        for (i, a) in c.args.iter().enumerate() {
-            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
-        }
         let ring = self.ring;
-        self.pci.dma_write(&ring, (self.tail * COMMAND_BYTES) as usize, &b);
+        self.pci.dma_write(&ring, (self.tail * COMMAND_BYTES) as usize, &encode(c));
         self.tail = (self.tail + 1) % RING_ENTRIES;
         self.stats.commands += 1;
         Ok(())
@@ -596,6 +622,83 @@ impl<P: PciFunction> SimGpuDriver<P> {
         self.sync(WaitMode::Poll)?;
         self.pci.dma_read(&buf, 0, out);
         Ok(())
+    }
+
+    /// The device's command channels (channel 0 is the one [`Self::enqueue`] and the
+    /// rest of this driver use).
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
+    /// Sets up command channel `ch` (1.. [`Self::channels`]) with a ring of `entries`
+    /// commands (a power of two, 2..=4096): a stream of its own, fetched and executed beside
+    /// channel 0's and the others' ([`Self::enqueue_on`], [`Self::flush_on`]).
+    pub fn open_channel(&mut self, ch: usize, entries: u64) -> Result<(), DriverError> {
+        if ch == 0 || ch >= self.channels {
+            return Err(DriverError::Unusable("no such command channel"));
+        }
+        if !(2..=4096).contains(&entries) || !entries.is_power_of_two() {
+            return Err(DriverError::Unusable("channel ring entries not a power of two in 2..=4096"));
+        }
+        let bytes = (entries * COMMAND_BYTES) as usize;
+        let ring = self.pci.dma_alloc(bytes).ok_or(DriverError::NoMemory(bytes))?;
+        if self.extra.len() <= ch {
+            self.extra.resize(ch + 1, None);
+        }
+        self.extra[ch] = Some(ChannelRing { ring, entries, tail: 0, published: 0, head: 0 });
+        self.write_reg(chreg::at(ch, chreg::RING_BASE), ring.bus.get());
+        self.write_reg(chreg::at(ch, chreg::RING_SIZE), entries);
+        self.write_reg(chreg::at(ch, chreg::RING_TAIL), 0);
+        Ok(())
+    }
+
+    /// Queues `c` on channel `ch` without telling the device (channel 0: [`Self::enqueue`]).
+    /// A full ring waits for the device to fetch, as a CUDA launch blocks when its queue is
+    /// full.
+    pub fn enqueue_on(&mut self, ch: usize, c: Command) -> Result<(), DriverError> {
+        if ch == 0 {
+            return self.queue(c);
+        }
+        let Some(mut r) = self.extra.get(ch).copied().flatten() else {
+            return Err(DriverError::Unusable("command channel not opened"));
+        };
+        let mut clock = WaitClock::start(&self.pci);
+        while (r.tail + 1) % r.entries == r.head {
+            self.publish_on(ch, &mut r);
+            r.head = self.read_reg(chreg::at(ch, chreg::RING_HEAD)) % r.entries;
+            pci_gone(&self.pci)?;
+            if (r.tail + 1) % r.entries == r.head
+                && clock.check(&self.pci, self.patience, self.next_fence).is_err()
+            {
+                self.extra[ch] = Some(r);
+                return Err(DriverError::Unusable("command ring full and not draining"));
+            }
+        }
+        self.pci.dma_write(&r.ring, (r.tail * COMMAND_BYTES) as usize, &encode(c));
+        r.tail = (r.tail + 1) % r.entries;
+        self.stats.commands += 1;
+        self.extra[ch] = Some(r);
+        Ok(())
+    }
+
+    /// Publishes what was queued on channel `ch`: its RING_TAIL, then its doorbell.
+    pub fn flush_on(&mut self, ch: usize) {
+        if ch == 0 {
+            return self.publish();
+        }
+        if let Some(mut r) = self.extra.get(ch).copied().flatten() {
+            self.publish_on(ch, &mut r);
+            self.extra[ch] = Some(r);
+        }
+    }
+
+    fn publish_on(&mut self, ch: usize, r: &mut ChannelRing) {
+        if r.published != r.tail {
+            self.write_reg(chreg::at(ch, chreg::RING_TAIL), r.tail);
+            self.write_reg(chreg::at(ch, chreg::DOORBELL), 1);
+            r.published = r.tail;
+            self.stats.doorbells += 1;
+        }
     }
 
     /// Launches a kernel (or any command) and waits for it: the command and its fence are

@@ -9,6 +9,13 @@ use tlp::{Bdf, TlpRepr};
 
 use crate::function::Upstream;
 
+/// The devices' clock: CLOCK_MONOTONIC in nanoseconds, the clock a host process on the same
+/// machine reads too, so that times a device writes compare with the host's.
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}
+
 /// A PCIe function behind a bridge.
 pub trait Device {
     /// The function's ID: completer ID of its completions, requester ID of its requests.
@@ -29,6 +36,12 @@ pub trait Device {
     /// its own critical path, for a platform that completes reads at once and cannot see
     /// which the device would have waited on. `None` for a device that does not count them.
     fn reads_waited_on(&self) -> Option<u64> {
+        None
+    }
+    /// When the device next has work to do though nothing arrives (a timed kernel's end),
+    /// ns on CLOCK_MONOTONIC: a platform that sleeps while the device is idle wakes by then
+    /// to poll it. `None`: only what arrives makes work.
+    fn wake_at_ns(&self) -> Option<u64> {
         None
     }
 }

@@ -10,10 +10,11 @@ use tlp::rules::{self, DwSpan, Rcb, TransferSize};
 use tlp::{Address, Body, CplStatus, Request, Tag, TlpRepr};
 
 use crate::device::Device;
+pub use crate::device::now_ns;
 use crate::function::{Function, MemoryTarget, Upstream};
 use crate::simgpu::{SimGpuParams, config_space};
 
-pub use simgpu_abi::{COMMAND_BYTES, ERROR_VECTOR, err, op, reg};
+pub use simgpu_abi::{CHANNELS, COMMAND_BYTES, ERROR_VECTOR, chreg, err, op, reg, sem};
 
 /// DMA reads the device keeps in flight at most: 1 MiB at a Max_Read_Request_Size of 4 KiB,
 /// a link's bandwidth × delay at 10 GB/s and 100 µs. (10-bit tags allow 768 in flight.)
@@ -43,6 +44,8 @@ const COPY_OUT_STEP: u64 = 64 << 10;
 /// polling the device can serve its link between bands (a sixteenth of a 256³ product,
 /// ≈ 0.8 ms here) rather than only after the whole kernel (12–13 ms).
 const MATMUL_BAND: usize = 1 << 20;
+/// The longest a TIMED kernel, or a copy's least duration, may be: 60 s.
+pub const MAX_TIMED_NS: u64 = 60_000_000_000;
 
 type VramPage = Box<[u8; VRAM_PAGE as usize]>;
 
@@ -139,10 +142,18 @@ impl Vram {
 /// What an outstanding DMA read is for.
 #[derive(Clone, Copy, Debug)]
 enum ReadPurpose {
-    /// Ring entries, into the prefetch buffer from this byte on.
-    Commands { at: u64 },
-    /// Part of a host→VRAM copy: bytes land at this VRAM offset.
-    Copy { vram: u64 },
+    /// Ring entries of channel `ch`, into its prefetch buffer from this byte on.
+    Commands { ch: usize, at: u64 },
+    /// Part of a host→VRAM copy of channel `ch`: bytes land at this VRAM offset.
+    Copy { ch: usize, vram: u64 },
+}
+
+impl ReadPurpose {
+    fn channel(self) -> usize {
+        match self {
+            ReadPurpose::Commands { ch, .. } | ReadPurpose::Copy { ch, .. } => ch,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -191,13 +202,31 @@ enum Cp {
         k: usize,
         next_row: usize,
     },
+    /// A timed kernel, or a copy held to its least duration: the channel is busy until this
+    /// time (ns on the device's clock, [`now_ns`]); a timed kernel is finished as a command
+    /// then (`finishes`), a copy was when its last byte went.
+    Timed {
+        until_ns: u64,
+        finishes: bool,
+    },
+    /// Waiting until the u64 at VRAM offset `at` reaches `value`.
+    Acquire {
+        at: u64,
+        value: u64,
+    },
 }
 
-/// The simulated GPU.
-pub struct SimGpu {
-    function: Function,
-    vram: Vram,
-    regs: Regs,
+/// One command channel (docs/simgpu.md, *Channels*): a ring in host memory with its own
+/// registers and doorbell, and the command processor that fetches from it and executes its
+/// commands in order. Channels run concurrently, as a GPU's channels feed its engines: a
+/// kernel on one runs while another copies.
+struct Channel {
+    ring_base: u64,
+    ring_size: u64,
+    ring_head: u64,
+    ring_tail: u64,
+    /// Commands this channel executed since reset.
+    completed: u64,
     cp: Cp,
     /// The command being executed.
     command: [u8; COMMAND_BYTES as usize],
@@ -215,32 +244,77 @@ pub struct SimGpu {
     ring_read: Option<u64>,
     /// Whether the processor has had to wait for `ring_read` (counted once).
     ring_read_waited: bool,
+    /// The ring read in flight failed: what it fetched is not to be trusted.
+    fetch_failed: bool,
+    /// How many of the device's reads in flight are this channel's host→VRAM copies': a
+    /// copy whose reads are all issued is finished as a command, and the next host→VRAM
+    /// copy may start while its bytes land.
+    copy_reads: usize,
+    /// A copy's read failed: the copies in flight with it end.
+    failed: bool,
+    /// The VRAM ranges host→VRAM copies issued since the command processor last needed
+    /// their bytes: on a link, still landing ([`Device::reads_waited_on`]).
+    landing: Vec<(u64, u64)>,
+    /// The compute kernels' working buffers, kept from one command to the next.
+    scratch: Scratch,
+    /// When the command executing (or the last one, for a semaphore release after it)
+    /// began, ns; and the least time a copy lasts from then.
+    work_started_ns: u64,
+    hold_until_ns: u64,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            ring_base: 0,
+            ring_size: 0,
+            ring_head: 0,
+            ring_tail: 0,
+            completed: 0,
+            cp: Cp::Idle,
+            command: [0; COMMAND_BYTES as usize],
+            fetched: [0; FETCHED_BYTES],
+            fetched_first: 0,
+            fetched_next: 0,
+            fetched_end: 0,
+            ring_read: None,
+            ring_read_waited: false,
+            fetch_failed: false,
+            copy_reads: 0,
+            failed: false,
+            landing: Vec::new(),
+            scratch: Scratch::default(),
+            work_started_ns: 0,
+            hold_until_ns: 0,
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.ring_head != self.ring_tail || !matches!(self.cp, Cp::Idle)
+    }
+}
+
+/// The simulated GPU.
+pub struct SimGpu {
+    function: Function,
+    vram: Vram,
+    regs: Regs,
+    /// The command channels; channel 0's registers are also at the legacy offsets.
+    ch: Vec<Channel>,
     /// DMA reads in flight, by tag.
     outstanding: Box<[Option<Outstanding>; TAGS]>,
     /// How many of `outstanding` are in flight.
     in_flight: usize,
-    /// How many of those are host→VRAM copies' reads: a copy whose reads are all issued is
-    /// finished as a command, and the next host→VRAM copy may start while its bytes land.
-    copy_reads: usize,
     next_tag: u16,
-    /// A copy's read failed: the copies in flight with it end.
-    failed: bool,
-    /// The ring read in flight failed: what it fetched is not to be trusted.
-    fetch_failed: bool,
     /// DMA completions that matched no outstanding read (dropped, counted).
     pub stray_completions: u64,
     /// The most DMA reads the device had in flight at once.
     pub max_reads_in_flight: usize,
     /// DMA reads that fetched ring entries.
     pub command_fetches: u64,
-    /// The VRAM ranges host→VRAM copies issued since the command processor last needed
-    /// their bytes: on a link, still landing ([`Device::reads_waited_on`]).
-    landing: Vec<(u64, u64)>,
-    /// The times the command processor needed bytes it had read: each ring fetch, and each
+    /// The times a command processor needed bytes it had read: each ring fetch, and each
     /// command that had to wait for copies' bytes to land ([`Device::reads_waited_on`]).
     reads_waited_on: u64,
-    /// The compute kernels' working buffers, kept from one command to the next.
-    scratch: Scratch,
 }
 
 /// A kernel's operands and result as floats. Kept between commands, as a GPU keeps its
@@ -273,10 +347,6 @@ impl Scratch {
 struct Regs {
     error: u64,
     int_status: u64,
-    ring_base: u64,
-    ring_size: u64,
-    ring_head: u64,
-    ring_tail: u64,
     fence: u64,
     completed: u64,
 }
@@ -290,26 +360,14 @@ impl SimGpu {
             function: Function::new(id, cfg),
             vram: Vram { size: vram_size, ..Vram::default() },
             regs: Regs::default(),
-            cp: Cp::Idle,
-            command: [0; COMMAND_BYTES as usize],
-            fetched: [0; FETCHED_BYTES],
-            fetched_first: 0,
-            fetched_next: 0,
-            fetched_end: 0,
-            ring_read: None,
-            ring_read_waited: false,
+            ch: (0..CHANNELS).map(|_| Channel::new()).collect(),
             outstanding: Box::new([None; TAGS]),
             in_flight: 0,
-            copy_reads: 0,
             next_tag: 0,
-            failed: false,
-            fetch_failed: false,
             stray_completions: 0,
             max_reads_in_flight: 0,
             command_fetches: 0,
-            landing: Vec::new(),
             reads_waited_on: 0,
-            scratch: Scratch::default(),
         }
     }
 
@@ -318,42 +376,66 @@ impl SimGpu {
         self.vram.resident()
     }
 
+    /// The channel register `off` addresses, as (channel, register offset within the
+    /// channel's block): the channel blocks, and channel 0's legacy offsets.
+    fn channel_reg(off: u64) -> Option<(usize, u64)> {
+        match off {
+            reg::RING_BASE..=reg::DOORBELL => Some((0, off - reg::RING_BASE)),
+            _ if off >= chreg::BASE && off < chreg::BASE + CHANNELS as u64 * chreg::STRIDE => {
+                Some((((off - chreg::BASE) / chreg::STRIDE) as usize, (off - chreg::BASE) % chreg::STRIDE))
+            }
+            _ => None,
+        }
+    }
+
     fn reg_read(&self, off: u64) -> u64 {
+        if let Some((ch, r)) = Self::channel_reg(off) {
+            let c = &self.ch[ch];
+            return match r {
+                chreg::RING_BASE => c.ring_base,
+                chreg::RING_SIZE => c.ring_size,
+                chreg::RING_HEAD => c.ring_head,
+                chreg::RING_TAIL => c.ring_tail,
+                chreg::COMPLETED => c.completed,
+                _ => 0,
+            };
+        }
         match off {
             reg::ID => 1 << 32 | 0x474d_4953,
             reg::STATUS => {
-                let busy = self.regs.ring_head != self.regs.ring_tail
-                    || !matches!(self.cp, Cp::Idle)
-                    || self.in_flight > 0;
+                let busy = self.ch.iter().any(Channel::busy) || self.in_flight > 0;
                 busy as u64 | ((self.regs.error != 0) as u64) << 1
             }
             reg::ERROR => self.regs.error,
             reg::INT_STATUS => self.regs.int_status,
-            reg::RING_BASE => self.regs.ring_base,
-            reg::RING_SIZE => self.regs.ring_size,
-            reg::RING_HEAD => self.regs.ring_head,
-            reg::RING_TAIL => self.regs.ring_tail,
             reg::FENCE => self.regs.fence,
             reg::VRAM_SIZE => self.vram.size,
             reg::COMPLETED => self.regs.completed,
+            reg::CHANNELS => CHANNELS as u64,
             _ => 0,
         }
     }
 
     fn reg_write(&mut self, off: u64, value: u64) {
+        if let Some((ch, r)) = Self::channel_reg(off) {
+            match r {
+                chreg::RING_BASE => {
+                    self.ch[ch].ring_base = value & !(COMMAND_BYTES - 1);
+                    self.forget_prefetched(ch);
+                }
+                chreg::RING_SIZE => {
+                    self.ch[ch].ring_size = value;
+                    self.forget_prefetched(ch);
+                }
+                chreg::RING_TAIL => self.ch[ch].ring_tail = value,
+                // The doorbell only wakes the processor; `poll` reads RING_TAIL.
+                _ => {}
+            }
+            return;
+        }
         match off {
             reg::ERROR => self.regs.error &= !value,
             reg::INT_STATUS => self.regs.int_status &= !value,
-            reg::RING_BASE => {
-                self.regs.ring_base = value & !(COMMAND_BYTES - 1);
-                self.forget_prefetched();
-            }
-            reg::RING_SIZE => {
-                self.regs.ring_size = value;
-                self.forget_prefetched();
-            }
-            reg::RING_TAIL => self.regs.ring_tail = value,
-            // The doorbell only wakes the processor; `poll` reads RING_TAIL.
             _ => {}
         }
     }
@@ -420,8 +502,8 @@ impl SimGpu {
     fn retire(&mut self, tag: u16) {
         if let Some(o) = self.outstanding[tag as usize].take() {
             self.in_flight -= 1;
-            if matches!(o.purpose, ReadPurpose::Copy { .. }) {
-                self.copy_reads -= 1;
+            if let ReadPurpose::Copy { ch, .. } = o.purpose {
+                self.ch[ch].copy_reads -= 1;
             }
         }
     }
@@ -430,10 +512,10 @@ impl SimGpu {
     /// another host→VRAM copy, into VRAM none of them still writes (a copy engine takes its
     /// descriptors back to back, keeping the link full across them). Anything else — a
     /// kernel, a fence, a copy out — waits until they have landed.
-    fn may_start_beside_copies(&self, command: &[u8]) -> bool {
+    fn may_start_beside_copies(&self, ch: usize, command: &[u8]) -> bool {
         let landing = self.outstanding.iter().flatten().filter_map(|o| match o.purpose {
-            ReadPurpose::Copy { .. } => Some((o.next, o.next.saturating_add(o.remaining))),
-            ReadPurpose::Commands { .. } => None,
+            ReadPurpose::Copy { ch: c, .. } if c == ch => Some((o.next, o.next.saturating_add(o.remaining))),
+            _ => None,
         });
         Self::starts_beside(command, landing)
     }
@@ -465,13 +547,13 @@ impl SimGpu {
             locked: false,
         }));
         let next = match purpose {
-            ReadPurpose::Commands { at } => at,
-            ReadPurpose::Copy { vram } => vram,
+            ReadPurpose::Commands { at, .. } => at,
+            ReadPurpose::Copy { vram, .. } => vram,
         };
         self.outstanding[tag as usize] = Some(Outstanding { purpose, remaining: len, next });
         self.in_flight += 1;
-        if matches!(purpose, ReadPurpose::Copy { .. }) {
-            self.copy_reads += 1;
+        if let ReadPurpose::Copy { ch, .. } = purpose {
+            self.ch[ch].copy_reads += 1;
         }
         self.max_reads_in_flight = self.max_reads_in_flight.max(self.in_flight);
         true
@@ -524,33 +606,74 @@ impl SimGpu {
         }
     }
 
-    fn arg(&self, i: usize) -> u64 {
+    fn arg(&self, ch: usize, i: usize) -> u64 {
         let at = 8 + 8 * i;
-        u64::from_le_bytes(self.command[at..at + 8].try_into().unwrap_or([0; 8]))
+        u64::from_le_bytes(self.ch[ch].command[at..at + 8].try_into().unwrap_or([0; 8]))
     }
 
     /// Runs the fetched command. Returns true when it is finished (else a copy continues).
-    fn execute(&mut self, up: &mut dyn Upstream) -> bool {
-        let opcode = u32::from_le_bytes(self.command[0..4].try_into().unwrap_or([0; 4]));
-        let (a, b, c, d) = (self.arg(0), self.arg(1), self.arg(2), self.arg(3));
+    fn execute(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+        let opcode = u32::from_le_bytes(self.ch[ch].command[0..4].try_into().unwrap_or([0; 4]));
+        let (a, b, c, d) = (self.arg(ch, 0), self.arg(ch, 1), self.arg(ch, 2), self.arg(ch, 3));
+        if !matches!(opcode, op::SEM_RELEASE | op::SEM_ACQUIRE) {
+            self.ch[ch].work_started_ns = now_ns();
+        }
         let f32_range = |off: u64, n: u64| {
             n > 0 && n <= 1 << 24 && off.is_multiple_of(4) && self.vram.in_bounds(off, n * 4)
         };
+        if matches!(opcode, op::COPY_H2V | op::COPY_V2H) && d > 0 {
+            // Held to the traced copy engine's time: busy until then once its bytes went.
+            self.ch[ch].hold_until_ns = self.ch[ch].work_started_ns.saturating_add(d.min(MAX_TIMED_NS));
+        }
         let ok = match opcode {
             op::NOP => true,
+            op::TIMED if a <= MAX_TIMED_NS => {
+                if a == 0 {
+                    true
+                } else {
+                    let until_ns = self.ch[ch].work_started_ns.saturating_add(a);
+                    self.ch[ch].cp = Cp::Timed { until_ns, finishes: true };
+                    return false;
+                }
+            }
+            op::SEM_RELEASE
+                if a.is_multiple_of(8)
+                    && c & !(sem::VRAM | sem::TIMESTAMPS) == 0
+                    && (c & sem::VRAM == 0 || self.vram.in_bounds(a, 24)) =>
+            {
+                let mut w = [0u8; 24];
+                w[0..8].copy_from_slice(&b.to_le_bytes());
+                w[8..16].copy_from_slice(&self.ch[ch].work_started_ns.to_le_bytes());
+                w[16..24].copy_from_slice(&now_ns().to_le_bytes());
+                let n = if c & sem::TIMESTAMPS != 0 { 24 } else { 8 };
+                if c & sem::VRAM != 0 {
+                    self.vram.write(a, &w[..n]);
+                } else {
+                    self.dma_write(a, DmaSource::Bytes(&w[..n]), n, up);
+                }
+                true
+            }
+            op::SEM_ACQUIRE if a.is_multiple_of(8) && self.vram.in_bounds(a, 8) => {
+                if self.vram_u64(a) >= b {
+                    true
+                } else {
+                    self.ch[ch].cp = Cp::Acquire { at: a, value: b };
+                    return false;
+                }
+            }
             op::COPY_H2V if c > 0 && self.vram.in_bounds(b, c) => {
-                self.cp = Cp::CopyIn { next_host: a, end_host: a.saturating_add(c), vram_at_next: b };
-                if self.landing.len() >= RING_LANDING {
+                self.ch[ch].cp = Cp::CopyIn { next_host: a, end_host: a.saturating_add(c), vram_at_next: b };
+                if self.ch[ch].landing.len() >= RING_LANDING {
                     // Too many to keep apart: count the wait a link might impose.
                     self.reads_waited_on += 1;
-                    self.landing.clear();
+                    self.ch[ch].landing.clear();
                 }
-                self.landing.push((b, b + c));
+                self.ch[ch].landing.push((b, b + c));
                 return false;
             }
             op::COPY_V2H if c > 0 && self.vram.in_bounds(a, c) => {
                 // In steps, one per poll (see COPY_OUT_STEP).
-                self.cp = Cp::CopyOut { next_vram: a, end_vram: a + c, host_at_next: b };
+                self.ch[ch].cp = Cp::CopyOut { next_vram: a, end_vram: a + c, host_at_next: b };
                 return false;
             }
             op::COPY_V2V if c > 0 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) => {
@@ -579,7 +702,7 @@ impl SimGpu {
                 true
             }
             op::VADD if f32_range(a, d) && f32_range(b, d) && f32_range(c, d) => {
-                let Scratch { x, y, .. } = &mut self.scratch;
+                let Scratch { x, y, .. } = &mut self.ch[ch].scratch;
                 self.vram.read_f32s_into(a, d, x);
                 self.vram.read_f32s_into(b, d, y);
                 x.iter_mut().zip(&*y).for_each(|(p, q)| *p += q);
@@ -588,7 +711,7 @@ impl SimGpu {
             }
             op::SAXPY if f32_range(a, c) && f32_range(b, c) => {
                 let alpha = f32::from_bits(d as u32);
-                let Scratch { x, y, .. } = &mut self.scratch;
+                let Scratch { x, y, .. } = &mut self.ch[ch].scratch;
                 self.vram.read_f32s_into(a, c, x);
                 self.vram.read_f32s_into(b, c, y);
                 y.iter_mut().zip(&*x).for_each(|(q, p)| *q += alpha * p);
@@ -596,7 +719,7 @@ impl SimGpu {
                 true
             }
             op::REDUCE_SUM if f32_range(a, b) && f32_range(c, 1) => {
-                let x = &mut self.scratch.x;
+                let x = &mut self.ch[ch].scratch.x;
                 self.vram.read_f32s_into(a, b, x);
                 let sum: f32 = x.iter().sum();
                 self.vram.write_f32s(c, &[sum]);
@@ -606,7 +729,7 @@ impl SimGpu {
                 let (m, n, k) = (d & 0xffff, (d >> 16) & 0xffff, (d >> 32) & 0xffff);
                 let dims_ok = (1..=256).contains(&m) && (1..=256).contains(&n) && (1..=256).contains(&k);
                 if dims_ok && f32_range(a, m * k) && f32_range(b, k * n) && f32_range(c, m * n) {
-                    let Scratch { x: am, y: bm, t: bt, out: cm } = &mut self.scratch;
+                    let Scratch { x: am, y: bm, t: bt, out: cm } = &mut self.ch[ch].scratch;
                     self.vram.read_f32s_into(a, m * k, am);
                     self.vram.read_f32s_into(b, k * n, bm);
                     let (m, n, k) = (m as usize, n as usize, k as usize);
@@ -626,7 +749,7 @@ impl SimGpu {
                     cm.clear();
                     cm.resize(m * n, 0.0);
                     // In bands, one per poll (see MATMUL_BAND).
-                    self.cp = Cp::Matmul { c, m, n, k, next_row: 0 };
+                    self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: 0 };
                     return false;
                 } else {
                     false
@@ -643,22 +766,29 @@ impl SimGpu {
                 true
             }
             // A known opcode whose arguments failed its checks.
-            known if known <= op::INTERRUPT => false,
+            known if known <= op::SEM_ACQUIRE => false,
             _ => {
                 self.raise_error(err::BAD_OPCODE, up);
                 return true;
             }
         };
-        self.scratch.trim();
+        self.ch[ch].scratch.trim();
         if !ok {
             self.raise_error(err::BAD_ARGUMENT, up);
         }
         true
     }
 
+    /// The u64 at VRAM offset `at` (in bounds).
+    fn vram_u64(&self, at: u64) -> u64 {
+        let mut v = [0u8; 8];
+        self.vram.read(at, &mut v);
+        u64::from_le_bytes(v)
+    }
+
     /// Whether ring slot `slot` is the next command in the prefetch buffer.
-    fn prefetched(&self, slot: u64) -> bool {
-        slot == self.fetched_next && self.fetched_next < self.fetched_end
+    fn prefetched(&self, ch: usize, slot: u64) -> bool {
+        slot == self.ch[ch].fetched_next && self.ch[ch].fetched_next < self.ch[ch].fetched_end
     }
 
     /// Reads the ring entries published after those prefetched while a command executes,
@@ -666,19 +796,19 @@ impl SimGpu {
     /// published while the device is busy are there when it gets to them, the read's round
     /// trip hidden under the work before them. One ring read at a time, never across the
     /// ring's end (the processor reads from the start when it gets there).
-    fn fetch_ahead(&mut self, up: &mut dyn Upstream) {
-        if self.ring_read.is_some() || matches!(self.cp, Cp::Idle) {
+    fn fetch_ahead(&mut self, ch: usize, up: &mut dyn Upstream) {
+        if self.ch[ch].ring_read.is_some() || matches!(self.ch[ch].cp, Cp::Idle) {
             return;
         }
-        let (size, tail, head) = (self.regs.ring_size, self.regs.ring_tail, self.regs.ring_head);
+        let (size, tail, head) = (self.ch[ch].ring_size, self.ch[ch].ring_tail, self.ch[ch].ring_head);
         if !(2..=4096).contains(&size) || !size.is_power_of_two() || tail >= size {
             return;
         }
         // The window goes on from the command executing (its slot still the head) or the next.
-        let from = self.fetched_end;
-        if !(self.fetched_next == head || self.fetched_next == head + 1)
+        let from = self.ch[ch].fetched_end;
+        if !(self.ch[ch].fetched_next == head || self.ch[ch].fetched_next == head + 1)
             || from >= size
-            || from < self.fetched_next
+            || from < self.ch[ch].fetched_next
         {
             return;
         }
@@ -689,8 +819,8 @@ impl SimGpu {
             t if t < head => size - from,
             _ => 0,
         };
-        let held = from - self.fetched_next;
-        let addr = self.regs.ring_base + from * COMMAND_BYTES;
+        let held = from - self.ch[ch].fetched_next;
+        let addr = self.ch[ch].ring_base + from * COMMAND_BYTES;
         let mrrs = self.function.config().max_read_request() as u64;
         let n = published
             .min(PREFETCH)
@@ -701,26 +831,35 @@ impl SimGpu {
             return;
         }
         // What is still to execute moves to the buffer's start; the read lands after it.
-        let keep = ((self.fetched_next - self.fetched_first) * COMMAND_BYTES) as usize;
+        let keep = ((self.ch[ch].fetched_next - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
         let held_bytes = (held * COMMAND_BYTES) as usize;
-        self.fetched.copy_within(keep..keep + held_bytes, 0);
-        self.fetched_first = self.fetched_next;
-        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { at: held_bytes as u64 }, up) {
+        self.ch[ch].fetched.copy_within(keep..keep + held_bytes, 0);
+        self.ch[ch].fetched_first = self.ch[ch].fetched_next;
+        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: held_bytes as u64 }, up) {
             return;
         }
-        self.fetched_end = from + n;
-        (self.ring_read, self.ring_read_waited) = (Some(from), false);
+        self.ch[ch].fetched_end = from + n;
+        (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(from), false);
         self.command_fetches += 1;
     }
 
-    fn forget_prefetched(&mut self) {
-        self.fetched_end = self.fetched_next;
+    fn forget_prefetched(&mut self, ch: usize) {
+        self.ch[ch].fetched_end = self.ch[ch].fetched_next;
     }
 
-    fn finish_command(&mut self) {
-        self.regs.ring_head = (self.regs.ring_head + 1) % self.regs.ring_size.max(1);
+    fn finish_command(&mut self, ch: usize) {
+        let c = &mut self.ch[ch];
+        c.ring_head = (c.ring_head + 1) % c.ring_size.max(1);
+        c.completed += 1;
         self.regs.completed += 1;
-        self.cp = Cp::Idle;
+        // A copy held to its least duration stays busy until then.
+        let now = if c.hold_until_ns > 0 { now_ns() } else { 0 };
+        c.cp = if c.hold_until_ns > now {
+            Cp::Timed { until_ns: c.hold_until_ns, finishes: false }
+        } else {
+            Cp::Idle
+        };
+        c.hold_until_ns = 0;
     }
 }
 
@@ -853,11 +992,12 @@ impl Device for SimGpu {
             self.stray_completions += 1;
             return;
         };
+        let ch = o.purpose.channel();
         if cpl.status != CplStatus::Success || tlp.ep {
             self.retire(tag);
             match o.purpose {
-                ReadPurpose::Commands { .. } => self.fetch_failed = true,
-                ReadPurpose::Copy { .. } => self.failed = true,
+                ReadPurpose::Commands { .. } => self.ch[ch].fetch_failed = true,
+                ReadPurpose::Copy { .. } => self.ch[ch].failed = true,
             }
             self.raise_error(err::DMA, up);
             return;
@@ -868,9 +1008,9 @@ impl Device for SimGpu {
         let bytes = &d[pad.min(d.len())..pad.min(d.len()) + n as usize];
         match o.purpose {
             ReadPurpose::Commands { .. } => {
-                let at = (o.next as usize).min(self.fetched.len());
-                let end = (at + bytes.len()).min(self.fetched.len());
-                self.fetched[at..end].copy_from_slice(&bytes[..end - at]);
+                let at = (o.next as usize).min(self.ch[ch].fetched.len());
+                let end = (at + bytes.len()).min(self.ch[ch].fetched.len());
+                self.ch[ch].fetched[at..end].copy_from_slice(&bytes[..end - at]);
             }
             ReadPurpose::Copy { .. } => self.vram.write(o.next, bytes),
         }
@@ -878,7 +1018,7 @@ impl Device for SimGpu {
         o.remaining -= n;
         if o.remaining == 0 {
             if matches!(o.purpose, ReadPurpose::Commands { .. }) {
-                self.ring_read = None;
+                self.ch[ch].ring_read = None;
             }
             self.retire(tag);
         } else {
@@ -890,96 +1030,138 @@ impl Device for SimGpu {
         if !self.function.bus_master() {
             return false;
         }
-        self.fetch_ahead(up);
-        match self.cp.clone() {
+        let mut did = false;
+        for ch in 0..self.ch.len() {
+            // Channel 0 is polled as before; the others only once programmed.
+            if ch == 0 || self.ch[ch].ring_size != 0 {
+                did |= self.poll_channel(ch, up);
+            }
+        }
+        did
+    }
+
+    fn wake_at_ns(&self) -> Option<u64> {
+        self.ch
+            .iter()
+            .filter_map(|c| match c.cp {
+                Cp::Timed { until_ns, .. } => Some(until_ns),
+                _ => None,
+            })
+            .min()
+    }
+
+    fn reads_waited_on(&self) -> Option<u64> {
+        Some(self.reads_waited_on)
+    }
+
+    fn reset(&mut self) {
+        self.function.reset();
+        self.vram.clear();
+        self.regs = Regs::default();
+        for c in &mut self.ch {
+            *c = Channel::new();
+        }
+        self.outstanding.fill(None);
+        self.in_flight = 0;
+    }
+}
+
+impl SimGpu {
+    /// One step of channel `ch`'s command processor; whether it did anything.
+    fn poll_channel(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+        self.fetch_ahead(ch, up);
+        match self.ch[ch].cp.clone() {
             Cp::Idle => {
-                if self.regs.ring_head == self.regs.ring_tail {
+                if self.ch[ch].ring_head == self.ch[ch].ring_tail {
                     return false;
                 }
-                let size = self.regs.ring_size;
-                if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.regs.ring_tail >= size {
+                let size = self.ch[ch].ring_size;
+                if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.ch[ch].ring_tail >= size {
                     self.raise_error(err::RING, up);
-                    self.regs.ring_head = self.regs.ring_tail;
-                    self.forget_prefetched();
+                    self.ch[ch].ring_head = self.ch[ch].ring_tail;
+                    self.forget_prefetched(ch);
                     return true;
                 }
-                let head = self.regs.ring_head;
-                if !self.prefetched(head) {
-                    if self.ring_read.is_some() && !self.fetch_failed {
+                let head = self.ch[ch].ring_head;
+                if !self.prefetched(ch, head) {
+                    if self.ch[ch].ring_read.is_some() && !self.ch[ch].fetch_failed {
                         // A read of entries forgotten since (the ring was reprogrammed)
                         // still fills the buffer: the next starts once it has landed.
                         return false;
                     }
-                    (self.ring_read, self.fetch_failed) = (None, false);
+                    (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
                     // Every published entry up to the ring's end, at most PREFETCH, in one
                     // read that honours Max_Read_Request_Size and does not cross 4 KiB.
-                    let addr = self.regs.ring_base + head * COMMAND_BYTES;
+                    let addr = self.ch[ch].ring_base + head * COMMAND_BYTES;
                     let published =
-                        if self.regs.ring_tail > head { self.regs.ring_tail } else { size } - head;
+                        if self.ch[ch].ring_tail > head { self.ch[ch].ring_tail } else { size } - head;
                     let mrrs = self.function.config().max_read_request() as u64;
                     let to_4k = PAGE - addr % PAGE;
                     let n =
                         published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
-                    self.fetched = [0; FETCHED_BYTES];
-                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { at: 0 }, up) {
+                    self.ch[ch].fetched = [0; FETCHED_BYTES];
+                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: 0 }, up) {
                         return false;
                     }
-                    (self.fetched_first, self.fetched_next, self.fetched_end) = (head, head, head + n);
-                    (self.ring_read, self.ring_read_waited) = (Some(head), true);
+                    (self.ch[ch].fetched_first, self.ch[ch].fetched_next, self.ch[ch].fetched_end) =
+                        (head, head, head + n);
+                    (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(head), true);
                     self.command_fetches += 1;
                     self.reads_waited_on += 1;
                 }
-                self.cp = Cp::Fetching;
+                self.ch[ch].cp = Cp::Fetching;
                 true
             }
             Cp::Fetching => {
-                if self.ring_read.is_some_and(|from| self.fetched_next >= from) {
-                    if !self.fetch_failed {
+                if self.ch[ch].ring_read.is_some_and(|from| self.ch[ch].fetched_next >= from) {
+                    if !self.ch[ch].fetch_failed {
                         // The next command is in the ring read still in flight.
-                        if !self.ring_read_waited {
+                        if !self.ch[ch].ring_read_waited {
                             // Fetched ahead, and not far enough: the link makes it wait.
                             self.reads_waited_on += 1;
-                            self.ring_read_waited = true;
+                            self.ch[ch].ring_read_waited = true;
                         }
                         return false;
                     }
                     // The read failed: what it fetched is not to be trusted.
-                    (self.ring_read, self.fetch_failed) = (None, false);
-                    self.forget_prefetched();
-                    self.finish_command();
+                    (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
+                    self.forget_prefetched(ch);
+                    self.finish_command(ch);
                     return true;
                 }
-                let head = self.regs.ring_head;
-                if !self.prefetched(head) {
-                    self.cp = Cp::Idle;
+                let head = self.ch[ch].ring_head;
+                if !self.prefetched(ch, head) {
+                    self.ch[ch].cp = Cp::Idle;
                     return true;
                 }
-                let at = ((head - self.fetched_first) * COMMAND_BYTES) as usize;
-                let command = &self.fetched[at..at + COMMAND_BYTES as usize];
-                if self.copy_reads > 0 && !self.may_start_beside_copies(command) {
+                let at = ((head - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
+                let mut command = [0u8; COMMAND_BYTES as usize];
+                command.copy_from_slice(&self.ch[ch].fetched[at..at + COMMAND_BYTES as usize]);
+                if self.ch[ch].copy_reads > 0 && !self.may_start_beside_copies(ch, &command) {
                     return false;
                 }
-                if !self.landing.is_empty() && !Self::starts_beside(command, self.landing.iter().copied()) {
+                let c = &self.ch[ch];
+                if !c.landing.is_empty() && !Self::starts_beside(&command, c.landing.iter().copied()) {
                     // What the link would make this command wait for.
                     self.reads_waited_on += 1;
-                    self.landing.clear();
+                    self.ch[ch].landing.clear();
                 }
-                if self.copy_reads == 0 {
+                if self.ch[ch].copy_reads == 0 {
                     // No copy in flight: a failure of one before is reported and done with.
-                    self.failed = false;
+                    self.ch[ch].failed = false;
                 }
-                self.command.copy_from_slice(command);
-                self.fetched_next += 1;
-                if self.execute(up) {
-                    self.finish_command();
+                self.ch[ch].command = command;
+                self.ch[ch].fetched_next += 1;
+                if self.execute(ch, up) {
+                    self.finish_command(ch);
                 }
                 true
             }
             Cp::CopyIn { next_host, end_host, vram_at_next } => {
-                if self.failed {
-                    if self.copy_reads == 0 {
-                        self.failed = false;
-                        self.finish_command();
+                if self.ch[ch].failed {
+                    if self.ch[ch].copy_reads == 0 {
+                        self.ch[ch].failed = false;
+                        self.finish_command(ch);
                     }
                     return true;
                 }
@@ -989,7 +1171,7 @@ impl Device for SimGpu {
                 let mut issued = false;
                 for (a, n) in rules::split(host, end_host - host, mrrs) {
                     if self.in_flight >= MAX_READS_IN_FLIGHT
-                        || !self.dma_read(a, n as u64, ReadPurpose::Copy { vram }, up)
+                        || !self.dma_read(a, n as u64, ReadPurpose::Copy { ch, vram }, up)
                     {
                         break;
                     }
@@ -1000,15 +1182,15 @@ impl Device for SimGpu {
                 if host >= end_host {
                     // Every read issued: the copy's bytes land as its completions come,
                     // and what follows waits for them unless it is a copy in beside them.
-                    self.finish_command();
+                    self.finish_command(ch);
                     return true;
                 }
-                self.cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
+                self.ch[ch].cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
                 issued
             }
             Cp::Matmul { c, m, n, k, next_row } => {
                 let end = (next_row + (MATMUL_BAND / (n * k)).max(1)).min(m);
-                let Scratch { x: am, t: bt, out: cm, .. } = &mut self.scratch;
+                let Scratch { x: am, t: bt, out: cm, .. } = &mut self.ch[ch].scratch;
                 for i in next_row..end {
                     let row = &am[i * k..(i + 1) * k];
                     for (j, col) in bt.chunks_exact(k).enumerate() {
@@ -1016,12 +1198,30 @@ impl Device for SimGpu {
                     }
                 }
                 if end < m {
-                    self.cp = Cp::Matmul { c, m, n, k, next_row: end };
+                    self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: end };
                 } else {
                     self.vram.write_f32s(c, cm);
-                    self.scratch.trim();
-                    self.finish_command();
+                    self.ch[ch].scratch.trim();
+                    self.finish_command(ch);
                 }
+                true
+            }
+            Cp::Timed { until_ns, finishes } => {
+                if now_ns() < until_ns {
+                    return false;
+                }
+                if finishes {
+                    self.finish_command(ch);
+                } else {
+                    self.ch[ch].cp = Cp::Idle;
+                }
+                true
+            }
+            Cp::Acquire { at, value } => {
+                if self.vram_u64(at) < value {
+                    return false;
+                }
+                self.finish_command(ch);
                 true
             }
             Cp::CopyOut { next_vram, end_vram, host_at_next } => {
@@ -1029,31 +1229,13 @@ impl Device for SimGpu {
                 self.dma_write(host_at_next, DmaSource::Vram(next_vram), n, up);
                 let next_vram = next_vram + n as u64;
                 if next_vram >= end_vram {
-                    self.finish_command();
+                    self.finish_command(ch);
                 } else {
-                    self.cp = Cp::CopyOut { next_vram, end_vram, host_at_next: host_at_next + n as u64 };
+                    self.ch[ch].cp =
+                        Cp::CopyOut { next_vram, end_vram, host_at_next: host_at_next + n as u64 };
                 }
                 true
             }
         }
-    }
-
-    fn reads_waited_on(&self) -> Option<u64> {
-        Some(self.reads_waited_on)
-    }
-
-    fn reset(&mut self) {
-        self.function.reset();
-        self.landing.clear();
-        self.vram.clear();
-        self.regs = Regs::default();
-        self.cp = Cp::Idle;
-        self.outstanding.fill(None);
-        self.in_flight = 0;
-        self.copy_reads = 0;
-        self.failed = false;
-        self.fetch_failed = false;
-        (self.ring_read, self.ring_read_waited) = (None, false);
-        self.forget_prefetched();
     }
 }

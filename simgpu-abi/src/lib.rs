@@ -40,8 +40,40 @@ pub mod reg {
     pub const FENCE: u64 = 0x048;
     /// RO: VRAM size in bytes.
     pub const VRAM_SIZE: u64 = 0x050;
-    /// RO: commands executed since reset.
+    /// RO: commands executed since reset (all channels).
     pub const COMPLETED: u64 = 0x058;
+    /// RO: the number of command channels ([`super::CHANNELS`]).
+    pub const CHANNELS: u64 = 0x060;
+}
+
+/// Command channels: each has a block of registers at [`chreg::BASE`] + channel ×
+/// [`chreg::STRIDE`]; channel 0's are also at the legacy offsets `reg::RING_BASE` ..
+/// `reg::DOORBELL`.
+pub const CHANNELS: usize = 16;
+
+/// A channel's registers, as offsets within its block.
+pub mod chreg {
+    /// BAR0 offset of channel 0's block.
+    pub const BASE: u64 = 0x1000;
+    /// Bytes between channels' blocks.
+    pub const STRIDE: u64 = 0x40;
+    /// RW: bus address of the channel's ring (64-byte aligned).
+    pub const RING_BASE: u64 = 0x00;
+    /// RW: entries (a power of two, 2..=4096).
+    pub const RING_SIZE: u64 = 0x08;
+    /// RO: the next entry the channel fetches.
+    pub const RING_HEAD: u64 = 0x10;
+    /// RW: the next entry the driver fills.
+    pub const RING_TAIL: u64 = 0x18;
+    /// WO: any write makes the channel look at RING_TAIL.
+    pub const DOORBELL: u64 = 0x20;
+    /// RO: commands this channel executed since reset.
+    pub const COMPLETED: u64 = 0x28;
+
+    /// BAR0 offset of channel `ch`'s register `r`.
+    pub const fn at(ch: usize, r: u64) -> u64 {
+        BASE + ch as u64 * STRIDE + r
+    }
 }
 
 /// Error codes in ERROR.
@@ -60,9 +92,10 @@ pub mod err {
 pub mod op {
     /// Nothing.
     pub const NOP: u32 = 0;
-    /// Copy c bytes from host address a to VRAM offset b.
+    /// Copy c bytes from host address a to VRAM offset b; it lasts at least d ns (0: as
+    /// fast as it goes), as a traced copy engine did.
     pub const COPY_H2V: u32 = 1;
-    /// Copy c bytes from VRAM offset a to host address b.
+    /// Copy c bytes from VRAM offset a to host address b; it lasts at least d ns.
     pub const COPY_V2H: u32 = 2;
     /// Copy c bytes from VRAM offset a to VRAM offset b.
     pub const COPY_V2V: u32 = 3;
@@ -80,6 +113,25 @@ pub mod op {
     pub const FENCE: u32 = 9;
     /// Raise MSI-X vector a.
     pub const INTERRUPT: u32 = 10;
+    /// Keep the channel busy for a nanoseconds without computing: a kernel of a traced
+    /// duration (replay).
+    pub const TIMED: u32 = 11;
+    /// Semaphore release: once the channel's earlier commands are done, write the u64 value
+    /// b to address a (8-aligned): host memory, or VRAM with [`super::sem::VRAM`] in c; with
+    /// [`super::sem::TIMESTAMPS`], 24 bytes: b, when the command before it began and now
+    /// (ns, CLOCK_MONOTONIC).
+    pub const SEM_RELEASE: u32 = 12;
+    /// Semaphore acquire: the channel waits until the u64 at VRAM offset a (8-aligned) is at
+    /// least b.
+    pub const SEM_ACQUIRE: u32 = 13;
+}
+
+/// SEM_RELEASE flags (argument c).
+pub mod sem {
+    /// The address is a VRAM offset, not a host address.
+    pub const VRAM: u64 = 1;
+    /// Write the begin and end times of the command before it after the value.
+    pub const TIMESTAMPS: u64 = 2;
 }
 
 /// The vector errors are raised on.

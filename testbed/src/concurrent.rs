@@ -93,7 +93,9 @@ fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
                 direct::serve_reads(&mut host, &mut dev);
             }
         }
-        if did || any {
+        // Timed work under way (a timed kernel) keeps the device's thread polling, as it
+        // keeps a GPU busy.
+        if did || any || dev.wake_at_ns().is_some() {
             last_work = Instant::now();
         } else if last_work.elapsed() < SPIN {
             std::hint::spin_loop();

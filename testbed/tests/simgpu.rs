@@ -679,3 +679,162 @@ fn a_fetch_ahead_of_a_ring_since_moved_is_never_executed() {
     assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
     assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2], "the new ring's entries, not the old read's");
 }
+
+mod channels {
+    //! Command channels, timed kernels, semaphores and timestamps (docs/simgpu.md,
+    //! *Channels*), on a device running on its own thread as a GPU does.
+    use super::*;
+    use driver::{Command, PciFunction};
+    use hw::device::now_ns;
+    use simgpu_abi::{CHANNELS, sem};
+    use std::time::{Duration, Instant};
+    use testbed::concurrent::ConcurrentAttach;
+
+    fn open_concurrent() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
+        let dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
+        SimGpuDriver::open(ConcurrentAttach::new(dev, 64 << 20).unwrap()).unwrap()
+    }
+
+    fn cmd(opcode: u32, args: [u64; 3]) -> Command {
+        Command { opcode, args: [args[0], args[1], args[2], 0, 0] }
+    }
+
+    /// The (value, begin, end) a timestamped release wrote at `at` of `buf`.
+    fn stamp<P: driver::PciFunction>(
+        d: &mut SimGpuDriver<P>,
+        buf: &driver::DmaBuf,
+        at: usize,
+    ) -> (u64, u64, u64) {
+        let mut b = [0u8; 24];
+        d.pci().dma_read(buf, at, &mut b);
+        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        (w(0), w(1), w(2))
+    }
+
+    fn wait_for<P: driver::PciFunction>(
+        d: &mut SimGpuDriver<P>,
+        buf: &driver::DmaBuf,
+        at: usize,
+    ) -> (u64, u64, u64) {
+        let t = Instant::now();
+        loop {
+            let s = stamp(d, buf, at);
+            if s.0 != 0 {
+                return s;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "release at {at} never came");
+        }
+    }
+
+    #[test]
+    fn timed_kernels_on_two_channels_overlap_and_last_their_time() {
+        let mut d = open_concurrent();
+        assert_eq!(d.channels(), CHANNELS);
+        d.open_channel(1, 64).unwrap();
+        d.open_channel(2, 64).unwrap();
+        let slots = d.pinned(0, 4096).unwrap();
+        d.pci().dma_write(&slots, 0, &[0; 4096]);
+        let t0 = now_ns();
+        for (ch, at) in [(1usize, 0u64), (2, 64)] {
+            d.enqueue_on(ch, cmd(op::TIMED, [20_000_000, 0, 0])).unwrap();
+            d.enqueue_on(ch, cmd(op::SEM_RELEASE, [slots.bus.get() + at, 7, sem::TIMESTAMPS])).unwrap();
+            d.flush_on(ch);
+        }
+        let a = wait_for(&mut d, &slots, 0);
+        let b = wait_for(&mut d, &slots, 64);
+        let elapsed = now_ns() - t0;
+        for (v, begin, end) in [a, b] {
+            assert_eq!(v, 7);
+            assert!(begin >= t0 && end - begin >= 20_000_000, "{begin} {end}");
+            assert!(end - begin < 30_000_000, "a 20 ms kernel took {} ns", end - begin);
+        }
+        // Concurrent: both within one kernel's time of each other, not one after the other.
+        assert!(a.1.abs_diff(b.1) < 5_000_000, "{a:?} {b:?}");
+        assert!(elapsed < 38_000_000, "two 20 ms kernels on two channels took {elapsed} ns");
+    }
+
+    #[test]
+    fn an_acquire_holds_its_channel_until_the_release_on_another() {
+        let mut d = open_concurrent();
+        d.open_channel(1, 64).unwrap();
+        d.open_channel(3, 64).unwrap();
+        let slots = d.pinned(0, 4096).unwrap();
+        d.pci().dma_write(&slots, 0, &[0; 4096]);
+        let semaphore = 0x100_0000u64;
+        d.launch(op::FILL, [semaphore, 64, 0, 0, 0], WaitMode::Poll).unwrap();
+        // Channel 3 waits for value 5 at `semaphore`, then stamps; channel 1 runs 10 ms,
+        // releases 5 into VRAM, stamps.
+        d.enqueue_on(3, cmd(op::SEM_ACQUIRE, [semaphore, 5, 0])).unwrap();
+        d.enqueue_on(3, cmd(op::TIMED, [1_000, 0, 0])).unwrap();
+        d.enqueue_on(3, cmd(op::SEM_RELEASE, [slots.bus.get() + 64, 1, sem::TIMESTAMPS])).unwrap();
+        d.flush_on(3);
+        d.enqueue_on(1, cmd(op::TIMED, [10_000_000, 0, 0])).unwrap();
+        d.enqueue_on(1, cmd(op::SEM_RELEASE, [semaphore, 5, sem::VRAM])).unwrap();
+        d.enqueue_on(1, cmd(op::SEM_RELEASE, [slots.bus.get(), 1, sem::TIMESTAMPS])).unwrap();
+        d.flush_on(1);
+        let first = wait_for(&mut d, &slots, 0);
+        let second = wait_for(&mut d, &slots, 64);
+        assert!(
+            second.1 >= first.2 - 1_000_000,
+            "the waiting channel began at {} before the release at {}",
+            second.1,
+            first.2
+        );
+        // A value below the target holds; the same value again passes at once.
+        d.enqueue_on(3, cmd(op::SEM_ACQUIRE, [semaphore, 5, 0])).unwrap();
+        d.enqueue_on(3, cmd(op::SEM_RELEASE, [slots.bus.get() + 128, 2, 0])).unwrap();
+        d.flush_on(3);
+        assert_eq!(wait_for(&mut d, &slots, 128).0, 2);
+    }
+
+    #[test]
+    fn a_copy_lasts_at_least_its_least_duration_and_moves_its_bytes() {
+        let mut d = open_concurrent();
+        d.open_channel(1, 64).unwrap();
+        let src = d.pinned(1, 64 << 10).unwrap();
+        let data = pattern(64 << 10, 9);
+        d.pci().dma_write(&src, 0, &data);
+        let slots = d.pinned(0, 4096).unwrap();
+        d.pci().dma_write(&slots, 0, &[0; 4096]);
+        let copy = Command { opcode: op::COPY_H2V, args: [src.bus.get(), 0x20_0000, 64 << 10, 5_000_000, 0] };
+        d.enqueue_on(1, copy).unwrap();
+        d.enqueue_on(1, cmd(op::SEM_RELEASE, [slots.bus.get(), 1, sem::TIMESTAMPS])).unwrap();
+        d.flush_on(1);
+        let (_, begin, end) = wait_for(&mut d, &slots, 0);
+        assert!(end - begin >= 5_000_000, "{}", end - begin);
+        let mut back = vec![0u8; 64 << 10];
+        d.memcpy_from_device(0x20_0000, &mut back).unwrap();
+        assert!(back == data);
+    }
+
+    #[test]
+    fn bad_channel_commands_and_registers_are_refused() {
+        let mut d = open();
+        assert!(d.open_channel(0, 64).is_err());
+        assert!(d.open_channel(CHANNELS, 64).is_err());
+        assert!(d.open_channel(1, 3).is_err());
+        assert!(d.enqueue_on(2, Command::default()).is_err(), "not opened");
+        // A timed kernel past the limit, a release to an unaligned address or with unknown
+        // flags, an acquire outside VRAM: bad arguments, and the device goes on.
+        assert_eq!(
+            d.launch(op::TIMED, [u64::MAX, 0, 0, 0, 0], WaitMode::Poll),
+            Err(DriverError::Device { code: err::BAD_ARGUMENT })
+        );
+        for c in [[0x1001, 1, 0, 0, 0], [0x1000, 1, 4, 0, 0], [d.vram_size(), 1, sem::VRAM, 0, 0]] {
+            assert_eq!(
+                d.launch(op::SEM_RELEASE, c, WaitMode::Poll),
+                Err(DriverError::Device { code: err::BAD_ARGUMENT })
+            );
+        }
+        assert_eq!(
+            d.launch(op::SEM_ACQUIRE, [d.vram_size(), 1, 0, 0, 0], WaitMode::Poll),
+            Err(DriverError::Device { code: err::BAD_ARGUMENT })
+        );
+        d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
+        // Channel registers read back; the count is there.
+        assert_eq!(d.read_reg(reg::CHANNELS), CHANNELS as u64);
+        d.open_channel(5, 128).unwrap();
+        assert_eq!(d.read_reg(simgpu_abi::chreg::at(5, simgpu_abi::chreg::RING_SIZE)), 128);
+        assert_eq!(d.read_reg(simgpu_abi::chreg::at(5, simgpu_abi::chreg::RING_HEAD)), 0);
+    }
+}

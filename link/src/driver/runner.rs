@@ -415,7 +415,24 @@ impl<D: Datagrams> ServerRunner<D> {
 
     /// Waits for work the way the mode says.
     pub fn wait(&mut self) -> io::Result<()> {
+        self.wait_at_most(None)
+    }
+
+    /// Waits for work the way the mode says, no longer than `limit` (something else the
+    /// caller serves is due then: a device's timed work).
+    pub fn wait_at_most(&mut self, limit: Option<Duration>) -> io::Result<()> {
         let (endpoint, clock) = (&self.endpoint, self.clock);
-        self.idle.wait(&mut self.sock, || endpoint.poll_timeout().map(|t| clock.until(t)))
+        self.idle.wait(&mut self.sock, || {
+            let timer = endpoint.poll_timeout().map(|t| clock.until(t));
+            match (timer, limit) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        })
+    }
+
+    /// Whether the runner busy-polls ([`PollMode::Busy`]).
+    pub fn busy_polls(&self) -> bool {
+        matches!(self.idle.mode, PollMode::Busy { .. })
     }
 }
