@@ -22,6 +22,8 @@ pub mod direct;
 pub mod model;
 #[cfg(feature = "trace")]
 pub mod plan;
+#[cfg(feature = "trace")]
+pub mod replay;
 pub mod suite;
 #[cfg(feature = "trace")]
 pub mod trace;

@@ -313,9 +313,16 @@ impl Plan {
             }
             let stream =
                 last_on_stream.get(&a.stream).map(|&p| (p, a.trace_start_ns - end_a(&plan.activities[p])));
+            // Only work submitted before this one's can be waited for (an event is recorded
+            // after the work it marks, and waited on before the work that waits).
+            let call_of = |k: usize| plan.activities[k].call.map(|(c, _)| c);
+            let submitted_before = |j: usize| match (call_of(j), call_of(i)) {
+                (Some(cj), Some(ci)) => cj < ci,
+                _ => true,
+            };
             let other = latest_end
                 .iter()
-                .filter(|&(&s, _)| s != a.stream)
+                .filter(|&(&s, &j)| s != a.stream && submitted_before(j))
                 .map(|(_, &j)| (j, a.trace_start_ns - end_a(&plan.activities[j])))
                 .min_by_key(|&(j, gap)| (gap, j));
             cands.push(Candidates { submit: a.call.map(|(_, g)| g), stream, other });

@@ -1,0 +1,679 @@
+//! A traced job replayed on the simgpu at the speed the traced GPU ran it (`dxpu replay`,
+//! docs/performance-model.md): the job's [`Plan`] followed in real time by the host, the
+//! GPU's work run by the device for the times the trace gives.
+//!
+//! Each stream gets a command channel of its own. An activity is, on its stream's channel:
+//! a semaphore acquire for each activity on another stream it waits for, its command — a
+//! TIMED kernel of its traced duration (kernels, device-to-device copies, memsets), or a real
+//! copy of its traced bytes between pinned host memory and VRAM held to at least its traced
+//! duration — and a release of a word in host memory with the begin and end of its command
+//! (the device's clock), then, if another stream waits for it, a release of the channel's
+//! semaphore in VRAM.
+//!
+//! The host issues the runtime calls as the plan says: each at the traced gap after the
+//! return of the calls it follows, lasting at least its traced CPU time; a call that submits
+//! work publishes it (RING_TAIL, doorbell) where the trace's call submitted it; a
+//! synchronization (or a pageable copy) watches the release words in host memory of the
+//! work it waits for — no register is read — and returns the traced CPU time after it sees
+//! the last. Calls of several threads are issued by one replaying thread in time order, so
+//! a synchronization late on one thread delays only what follows it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use driver::{Command, DmaBuf, DriverError, PciFunction, SimGpuDriver, WaitMode};
+use simgpu_abi::{CHANNELS, op, sem};
+
+use crate::plan::{DeviceEdge, Plan};
+use crate::trace::{ActivityKind, CopyKind};
+
+/// Why a replay failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The driver refused or the device reported an error.
+    #[error("{what}: {error}")]
+    Driver {
+        /// What the replay was doing.
+        what: String,
+        /// The driver's error.
+        error: DriverError,
+    },
+    /// The replay did not do what the plan says (an activity missing, out of order, shorter
+    /// than its traced time, a copy's bytes not in VRAM).
+    #[error("the replay is not the trace's job: {0}")]
+    Verification(String),
+    /// Nothing moved for the stall timeout.
+    #[error("the replay stalled: {0}")]
+    Stalled(String),
+}
+
+fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> ReplayError {
+    let what = what.into();
+    move |error| ReplayError::Driver { what, error }
+}
+
+/// Pinned buffers the replay takes ([`SimGpuDriver::pinned`]): the release words, and the
+/// copies' host memory each way.
+const PINNED_SLOTS: usize = 12;
+const PINNED_H2D: usize = 13;
+const PINNED_D2H: usize = 14;
+/// Bytes of each activity's release word (value, begin, end), padded.
+const SLOT: usize = 32;
+/// Entries of each channel's ring.
+const RING: u64 = 4096;
+/// Host memory a copy may take at most, each way: larger traced copies move their first
+/// this many bytes (and keep their traced duration).
+pub const MAX_COPY_BYTES: u64 = 96 << 20;
+/// A replay with nothing moving for this long has stalled.
+const STALL_NS: u64 = 10_000_000_000;
+
+/// What one replay measured. Times are ns on the trace's clock: the replay's start is the
+/// trace's first call.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplayRun {
+    /// The first call's issue to the later of the last call's return and the last
+    /// activity's end.
+    pub job_ns: f64,
+    /// The GPU's span: the first activity's begin to the last one's end (the device's
+    /// clock).
+    pub gpu_span_ns: f64,
+    /// Each activity's begin and end.
+    pub activity_begin_ns: Vec<f64>,
+    /// Each activity's end.
+    pub activity_end_ns: Vec<f64>,
+    /// Each call's return.
+    pub call_return_ns: Vec<f64>,
+    /// Where the time went. The device ready for an activity (its stream and what it waits
+    /// for done, its submission made) but its command not yet fetched, summed.
+    pub fetch_wait_ns: f64,
+    /// Copies of host memory longer than traced, summed.
+    pub copy_extra_ns: f64,
+    /// Synchronizations: from the end of the work they waited for to the host seeing it,
+    /// summed.
+    pub sync_notify_ns: f64,
+    /// Submissions made later than the plan said (the host's own cost of submitting, where
+    /// it exceeds the traced call's), summed, and the most.
+    pub host_late_ns: f64,
+    /// The latest submission.
+    pub host_late_max_ns: f64,
+    /// Traced copies whose bytes were more than [`MAX_COPY_BYTES`]: moved in part.
+    pub copies_capped: usize,
+}
+
+/// What the replay keeps between runs on one device: the channels it opened, its buffers,
+/// and where its semaphores' values go on from.
+pub struct Replayer {
+    channel_of: HashMap<u32, usize>,
+    slots: DmaBuf,
+    h2d: Option<DmaBuf>,
+    d2h: Option<DmaBuf>,
+    /// VRAM offsets the copies in write to, in turn.
+    h2d_dest: Vec<u64>,
+    semaphores: u64,
+    /// Values of the channels' semaphores go on from here (never reset: each run's are
+    /// above the last's).
+    sem_base: u64,
+    /// Activities another stream waits for.
+    waited_across: Vec<bool>,
+    /// The source pattern of the copies in.
+    pattern: Vec<u8>,
+}
+
+/// The bytes a copy moves, and whether it was capped.
+fn copy_bytes(kind: ActivityKind) -> Option<(CopyKind, u64)> {
+    match kind {
+        ActivityKind::Memcpy { kind: k @ (CopyKind::HtoDPinned | CopyKind::HtoDPageable), bytes }
+        | ActivityKind::Memcpy { kind: k @ (CopyKind::DtoHPinned | CopyKind::DtoHPageable), bytes }
+            if bytes > 0 =>
+        {
+            Some((k, bytes))
+        }
+        _ => None,
+    }
+}
+
+fn to_device(k: CopyKind) -> bool {
+    matches!(k, CopyKind::HtoDPinned | CopyKind::HtoDPageable)
+}
+
+impl Replayer {
+    /// Sets up `d` for replaying `plan`: a channel per stream (streams beyond the device's
+    /// channels share them, in turn), the release words, the copies' host buffers and VRAM.
+    pub fn new<P: PciFunction>(d: &mut SimGpuDriver<P>, plan: &Plan) -> Result<Replayer, ReplayError> {
+        let channels = d.channels();
+        if channels < 2 {
+            return Err(ReplayError::Verification("the device has no command channels besides 0".into()));
+        }
+        let streams: BTreeSet<u32> = plan.activities.iter().map(|a| a.stream).collect();
+        let mut channel_of = HashMap::new();
+        for (i, s) in streams.iter().enumerate() {
+            let ch = 1 + i % (channels - 1);
+            if !channel_of.values().any(|&c| c == ch) {
+                d.open_channel(ch, RING).map_err(driver(format!("opening channel {ch}")))?;
+            }
+            channel_of.insert(*s, ch);
+        }
+        let slots = d
+            .pinned(PINNED_SLOTS, plan.activities.len().max(1) * SLOT)
+            .map_err(driver("the release words"))?;
+        let most = |to_dev: bool| {
+            plan.activities
+                .iter()
+                .filter_map(|a| copy_bytes(a.kind))
+                .filter(|(k, _)| to_device(*k) == to_dev)
+                .map(|(_, b)| b.min(MAX_COPY_BYTES))
+                .max()
+        };
+        let h2d = match most(true) {
+            Some(b) => Some(
+                d.pinned(PINNED_H2D, b as usize)
+                    .map_err(driver(format!("{b} bytes of host memory to copy from")))?,
+            ),
+            None => None,
+        };
+        let d2h = match most(false) {
+            Some(b) => Some(
+                d.pinned(PINNED_D2H, b as usize)
+                    .map_err(driver(format!("{b} bytes of host memory to copy into")))?,
+            ),
+            None => None,
+        };
+        let vram = d.vram_size();
+        let semaphores = vram.saturating_sub(4096);
+        // The copies in write to up to four places in VRAM in turn, so that one lands while
+        // the next starts, as into a real job's tensors.
+        let slot = most(true).unwrap_or(0).next_multiple_of(64 << 10).max(64 << 10);
+        let room = semaphores.saturating_sub(1 << 20);
+        let places = (room / slot).clamp(1, 4);
+        let h2d_dest = (0..places).map(|i| i * slot).collect();
+        let mut pattern = vec![0u8; most(true).unwrap_or(0) as usize];
+        for (i, b) in pattern.iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3];
+        }
+        if let Some(h) = h2d {
+            d.pci().dma_write(&h, 0, &pattern);
+        }
+        let mut waited_across = vec![false; plan.activities.len()];
+        for a in &plan.activities {
+            for &(q, kind, _) in &a.after {
+                if kind == DeviceEdge::CrossStream {
+                    waited_across[q] = true;
+                }
+            }
+        }
+        Ok(Replayer {
+            channel_of,
+            slots,
+            h2d,
+            d2h,
+            h2d_dest,
+            semaphores,
+            sem_base: 0,
+            waited_across,
+            pattern,
+        })
+    }
+
+    /// Replays `plan` once.
+    pub fn run<P: PciFunction>(
+        &mut self,
+        d: &mut SimGpuDriver<P>,
+        plan: &Plan,
+    ) -> Result<ReplayRun, ReplayError> {
+        let na = plan.activities.len();
+        d.pci().dma_write(&self.slots, 0, &vec![0u8; na.max(1) * SLOT]);
+        let mut run = Run::new(self, plan);
+        run.go(d)?;
+        let out = run.measure(d)?;
+        self.sem_base += na as u64 + 1;
+        self.verify_copy(d, plan)?;
+        Ok(out)
+    }
+
+    /// Where each channel the replay uses stands: head, tail, commands done.
+    fn channels_state<P: PciFunction>(&self, d: &mut SimGpuDriver<P>) -> String {
+        let mut chans: Vec<usize> = self.channel_of.values().copied().collect();
+        chans.sort_unstable();
+        chans.dedup();
+        let reg = |d: &mut SimGpuDriver<P>, ch: usize, r: u64| d.read_reg(simgpu_abi::chreg::at(ch, r));
+        chans
+            .into_iter()
+            .map(|ch| {
+                use simgpu_abi::chreg::{COMPLETED, RING_HEAD, RING_TAIL};
+                let (h, t, c) = (reg(d, ch, RING_HEAD), reg(d, ch, RING_TAIL), reg(d, ch, COMPLETED));
+                format!("channel {ch}: head {h} tail {t}, {c} done")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The last copy in's first bytes are in VRAM where it wrote them.
+    fn verify_copy<P: PciFunction>(&self, d: &mut SimGpuDriver<P>, plan: &Plan) -> Result<(), ReplayError> {
+        let copies: Vec<usize> = plan
+            .activities
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| copy_bytes(a.kind).is_some_and(|(k, _)| to_device(k)))
+            .map(|(i, _)| i)
+            .collect();
+        let Some(&last) = copies.last() else { return Ok(()) };
+        let (_, bytes) = copy_bytes(plan.activities[last].kind).unwrap_or((CopyKind::Other, 0));
+        let n = bytes.min(MAX_COPY_BYTES).min(4096) as usize;
+        let at = self.h2d_dest[(copies.len() - 1) % self.h2d_dest.len()];
+        let mut back = vec![0u8; n];
+        d.memcpy_from_device(at, &mut back).map_err(driver("reading back the last copy in"))?;
+        if back != self.pattern[..n] {
+            return Err(ReplayError::Verification(format!(
+                "the last copy in (activity {last}, {bytes} bytes) did not put its bytes at VRAM {at:#x}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One replay in progress.
+struct Run<'a> {
+    r: &'a Replayer,
+    plan: &'a Plan,
+    /// Real ns (the device's clock) at the trace's first call.
+    origin: u64,
+    first: i64,
+    /// Host predecessors not yet returned, and the issue time so far, per call.
+    pending: Vec<usize>,
+    issue: Vec<f64>,
+    ret: Vec<Option<f64>>,
+    dependents: Vec<Vec<usize>>,
+    /// Calls (and activities without one) due at a time: (time, kind, index).
+    due: BinaryHeap<Reverse<(u64, u8, usize)>>,
+    /// Due but waiting for work before theirs on a stream to be submitted.
+    blocked: Vec<(u8, usize)>,
+    /// Synchronizing calls watching their release words.
+    awaiting: Vec<usize>,
+    submitted: Vec<bool>,
+    submitted_count: usize,
+    submit_real: Vec<u64>,
+    seq: Vec<u64>,
+    chan_seq: [u64; CHANNELS],
+    copies_in: usize,
+    seen_at: Vec<u64>,
+    host_late: (f64, f64),
+    calls_done: usize,
+}
+
+const CALL: u8 = 0;
+const ORPHAN: u8 = 1;
+
+impl<'a> Run<'a> {
+    fn new(r: &'a Replayer, plan: &'a Plan) -> Run<'a> {
+        let nc = plan.calls.len();
+        let mut dependents = vec![Vec::new(); nc];
+        let mut pending = vec![0; nc];
+        for (c, call) in plan.calls.iter().enumerate() {
+            pending[c] = call.after.len();
+            for &(p, _) in &call.after {
+                dependents[p].push(c);
+            }
+        }
+        let first = plan
+            .calls
+            .iter()
+            .map(|c| c.trace_start_ns)
+            .chain(plan.activities.iter().map(|a| a.trace_start_ns))
+            .min()
+            .unwrap_or(0);
+        Run {
+            r,
+            plan,
+            origin: 0,
+            first,
+            pending,
+            issue: vec![f64::NEG_INFINITY; nc],
+            ret: vec![None; nc],
+            dependents,
+            due: BinaryHeap::new(),
+            blocked: Vec::new(),
+            awaiting: Vec::new(),
+            submitted: vec![false; plan.activities.len()],
+            submitted_count: 0,
+            submit_real: vec![0; plan.activities.len()],
+            seq: vec![0; plan.activities.len()],
+            chan_seq: [0; CHANNELS],
+            copies_in: 0,
+            seen_at: vec![0; nc],
+            host_late: (0.0, 0.0),
+            calls_done: 0,
+        }
+    }
+
+    /// Now, ns on the trace's clock.
+    fn now(&self) -> f64 {
+        self.first as f64 + hw::device::now_ns().saturating_sub(self.origin) as f64
+    }
+
+    /// The real time of trace time `t`.
+    fn real(&self, t: f64) -> u64 {
+        self.origin.saturating_add((t - self.first as f64).max(0.0) as u64)
+    }
+
+    fn go<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>) -> Result<(), ReplayError> {
+        let plan = self.plan;
+        self.origin = hw::device::now_ns();
+        // The calls that follow none, taken before any returns (a return readies others).
+        let roots: Vec<usize> = (0..plan.calls.len()).filter(|&c| self.pending[c] == 0).collect();
+        for c in roots {
+            self.issue[c] = plan.calls[c].trace_start_ns as f64;
+            self.ready(c);
+        }
+        for (i, a) in plan.activities.iter().enumerate() {
+            if a.call.is_none() {
+                self.due.push(Reverse((self.real(a.trace_start_ns as f64), ORPHAN, i)));
+            }
+        }
+        let mut moved = hw::device::now_ns();
+        while self.calls_done < plan.calls.len()
+            || self.submitted_count < plan.activities.len()
+            || !self.awaiting.is_empty()
+        {
+            let before = (self.calls_done, self.submitted_count, self.awaiting.len(), self.blocked.len());
+            self.watch(d);
+            // What is due.
+            let now = hw::device::now_ns();
+            while let Some(&Reverse((at, kind, i))) = self.due.peek() {
+                if at > now {
+                    break;
+                }
+                self.due.pop();
+                self.act(d, kind, i, at)?;
+            }
+            if !self.blocked.is_empty() {
+                let blocked = std::mem::take(&mut self.blocked);
+                for (kind, i) in blocked {
+                    let at = if kind == CALL {
+                        self.submit_at(i)
+                    } else {
+                        self.real(plan.activities[i].trace_start_ns as f64)
+                    };
+                    self.act(d, kind, i, at)?;
+                }
+            }
+            let after = (self.calls_done, self.submitted_count, self.awaiting.len(), self.blocked.len());
+            if before != after {
+                moved = hw::device::now_ns();
+            } else if hw::device::now_ns() - moved > STALL_NS && self.due.is_empty() {
+                return Err(ReplayError::Stalled(format!(
+                    "{} of {} calls returned, {} waiting for the device, {} submissions held back",
+                    self.calls_done,
+                    plan.calls.len(),
+                    self.awaiting.len(),
+                    self.blocked.len()
+                )));
+            }
+        }
+        // Every activity done: its release word written.
+        let t = hw::device::now_ns();
+        for i in 0..plan.activities.len() {
+            while self.word(d, i).0 == 0 {
+                if hw::device::now_ns() - t > STALL_NS {
+                    let ch = self.r.channel_of.get(&plan.activities[i].stream).copied().unwrap_or(1);
+                    return Err(ReplayError::Stalled(format!(
+                        "activity {i} ({:?} on stream {}, channel {ch}) never finished; {}",
+                        plan.activities[i].kind,
+                        plan.activities[i].stream,
+                        self.r.channels_state(d)
+                    )));
+                }
+                if let Some(why) = d.pci().removed() {
+                    return Err(ReplayError::Stalled(format!("the device was removed: {why}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When call `c`'s work is submitted: the traced point in the call after its issue.
+    fn submit_at(&self, c: usize) -> u64 {
+        self.real(self.issue[c] + self.plan.calls[c].submit_ns as f64)
+    }
+
+    /// Call `c` has all it follows returned: it is issued (a call of CPU time only returns
+    /// at once, on the trace's clock).
+    fn ready(&mut self, c: usize) {
+        let call = &self.plan.calls[c];
+        if call.submits.is_empty() && call.awaits.is_empty() {
+            let t = self.issue[c] + call.floor_ns as f64;
+            self.returned(c, t);
+        } else if call.submits.is_empty() {
+            self.due.push(Reverse((self.real(self.issue[c]), CALL, c)));
+        } else {
+            self.due.push(Reverse((self.submit_at(c), CALL, c)));
+        }
+    }
+
+    fn returned(&mut self, c: usize, t: f64) {
+        // A worklist: the calls made ready by this one may return at once too.
+        let mut work = vec![(c, t)];
+        while let Some((c, t)) = work.pop() {
+            self.ret[c] = Some(t);
+            self.calls_done += 1;
+            for k in 0..self.dependents[c].len() {
+                let n = self.dependents[c][k];
+                let gap = self.plan.calls[n].after.iter().find(|(p, _)| *p == c).map_or(0, |(_, g)| *g);
+                self.issue[n] = self.issue[n].max(t + gap as f64);
+                self.pending[n] -= 1;
+                if self.pending[n] == 0 {
+                    let call = &self.plan.calls[n];
+                    if call.submits.is_empty() && call.awaits.is_empty() {
+                        work.push((n, self.issue[n] + call.floor_ns as f64));
+                    } else {
+                        self.ready(n);
+                    }
+                }
+            }
+        }
+    }
+
+    fn act<P: PciFunction>(
+        &mut self,
+        d: &mut SimGpuDriver<P>,
+        kind: u8,
+        i: usize,
+        at: u64,
+    ) -> Result<(), ReplayError> {
+        let plan = self.plan;
+        if kind == ORPHAN {
+            if !self.can_submit(i) {
+                self.blocked.push((ORPHAN, i));
+                return Ok(());
+            }
+            let ch = self.submit(d, i)?;
+            d.flush_on(ch);
+            return Ok(());
+        }
+        let call = &plan.calls[i];
+        if !call.submits.is_empty() {
+            if !call.submits.iter().all(|&a| self.can_submit(a)) {
+                self.blocked.push((CALL, i));
+                return Ok(());
+            }
+            let mut touched = BTreeSet::new();
+            for &a in &call.submits {
+                touched.insert(self.submit(d, a)?);
+            }
+            for ch in touched {
+                d.flush_on(ch);
+            }
+            let done = hw::device::now_ns();
+            let late = done.saturating_sub(at) as f64;
+            self.host_late.0 += late;
+            self.host_late.1 = self.host_late.1.max(late);
+            if call.awaits.is_empty() {
+                let t = (self.issue[i] + call.floor_ns as f64).max(self.now());
+                self.returned(i, t);
+                return Ok(());
+            }
+        }
+        self.awaiting.push(i);
+        Ok(())
+    }
+
+    /// Whether everything before activity `a` on its stream, and what it waits for on
+    /// others, has been submitted.
+    fn can_submit(&self, a: usize) -> bool {
+        self.plan.activities[a].after.iter().all(|&(p, _, _)| self.submitted[p])
+    }
+
+    /// Queues activity `a`'s commands on its stream's channel; returns the channel.
+    fn submit<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>, a: usize) -> Result<usize, ReplayError> {
+        let r = self.r;
+        let act = &self.plan.activities[a];
+        let ch = r.channel_of.get(&act.stream).copied().unwrap_or(1);
+        let what = || format!("submitting activity {a} on channel {ch}");
+        let mut q = |c: Command| d.enqueue_on(ch, c).map_err(driver(what()));
+        for &(p, kind, _) in &act.after {
+            if kind == DeviceEdge::CrossStream {
+                let pch = r.channel_of.get(&self.plan.activities[p].stream).copied().unwrap_or(1);
+                q(Command {
+                    opcode: op::SEM_ACQUIRE,
+                    args: [r.semaphores + 8 * pch as u64, self.seq[p], 0, 0, 0],
+                })?;
+            }
+        }
+        let dur = act.dur_ns.max(0) as u64;
+        let command = match copy_bytes(act.kind) {
+            Some((k, bytes)) if to_device(k) => {
+                let dest = r.h2d_dest[self.copies_in % r.h2d_dest.len()];
+                self.copies_in += 1;
+                let (src, n) = (r.h2d.map_or(0, |b| b.bus.get()), bytes.min(MAX_COPY_BYTES));
+                Command { opcode: op::COPY_H2V, args: [src, dest, n, dur, 0] }
+            }
+            Some((_, bytes)) => {
+                let dst = r.d2h.map_or(0, |b| b.bus.get());
+                Command { opcode: op::COPY_V2H, args: [0, dst, bytes.min(MAX_COPY_BYTES), dur, 0] }
+            }
+            None => Command { opcode: op::TIMED, args: [dur, 0, 0, 0, 0] },
+        };
+        q(command)?;
+        let word = r.slots.bus.get() + (a * SLOT) as u64;
+        q(Command { opcode: op::SEM_RELEASE, args: [word, 1, sem::TIMESTAMPS, 0, 0] })?;
+        if r.waited_across[a] {
+            self.chan_seq[ch] += 1;
+            self.seq[a] = r.sem_base + self.chan_seq[ch];
+            q(Command {
+                opcode: op::SEM_RELEASE,
+                args: [r.semaphores + 8 * ch as u64, self.seq[a], sem::VRAM, 0, 0],
+            })?;
+        }
+        self.submitted[a] = true;
+        self.submitted_count += 1;
+        self.submit_real[a] = hw::device::now_ns();
+        Ok(ch)
+    }
+
+    /// Activity `a`'s release word: (value, begin, end).
+    fn word<P: PciFunction>(&self, d: &mut SimGpuDriver<P>, a: usize) -> (u64, u64, u64) {
+        let mut b = [0u8; 24];
+        d.pci().dma_read(&self.r.slots, a * SLOT, &mut b);
+        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        (w(0), w(1), w(2))
+    }
+
+    /// Looks at the release words the synchronizing calls wait for (in host memory).
+    fn watch<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>) {
+        if self.awaiting.is_empty() {
+            // Let the platform serve the device meanwhile (a bridge's host side is driven
+            // by its caller's calls): look at a word.
+            let _ = self.word(d, 0);
+            return;
+        }
+        let mut i = 0;
+        while i < self.awaiting.len() {
+            let c = self.awaiting[i];
+            let call = &self.plan.calls[c];
+            let now = hw::device::now_ns();
+            if now < self.real(self.issue[c]) || !call.awaits.iter().all(|&a| self.word(d, a).0 != 0) {
+                i += 1;
+                continue;
+            }
+            self.awaiting.swap_remove(i);
+            self.seen_at[c] = now;
+            let seen = self.now();
+            // A pageable copy out: the driver copies the staged bytes to the caller.
+            if let (Some(&a), Some(buf)) = (call.awaits.first(), self.r.d2h)
+                && let Some((k, bytes)) = copy_bytes(self.plan.activities[a].kind)
+                && !to_device(k)
+                && k == CopyKind::DtoHPageable
+            {
+                let mut out = vec![0u8; bytes.min(MAX_COPY_BYTES) as usize];
+                d.pci().dma_read(&buf, 0, &mut out);
+            }
+            let t = (self.issue[c] + call.floor_ns as f64).max(seen + call.await_tail_ns as f64);
+            self.returned(c, t);
+        }
+    }
+
+    /// The run's times and where they went, checked against the plan.
+    fn measure<P: PciFunction>(&self, d: &mut SimGpuDriver<P>) -> Result<ReplayRun, ReplayError> {
+        let plan = self.plan;
+        let words: Vec<(u64, u64, u64)> = (0..plan.activities.len()).map(|a| self.word(d, a)).collect();
+        let trace_t = |real: u64| self.first as f64 + real.saturating_sub(self.origin) as f64;
+        let mut problems = Vec::new();
+        let mut out = ReplayRun {
+            host_late_ns: self.host_late.0,
+            host_late_max_ns: self.host_late.1,
+            ..ReplayRun::default()
+        };
+        for (a, (act, &(v, begin, end))) in plan.activities.iter().zip(&words).enumerate() {
+            if v != 1 || end < begin {
+                problems.push(format!("activity {a}: release word {v} (begin {begin}, end {end})"));
+                continue;
+            }
+            if (end - begin) as i64 + 1_000 < act.dur_ns {
+                problems.push(format!(
+                    "activity {a}: ran {} ns of its traced {} ns",
+                    end - begin,
+                    act.dur_ns
+                ));
+            }
+            let mut ready = self.submit_real[a];
+            for &(p, kind, _) in &act.after {
+                let p_end = words[p].2;
+                if begin < p_end {
+                    problems.push(format!(
+                        "activity {a} began {} ns before {kind:?} predecessor {p} ended",
+                        p_end - begin
+                    ));
+                }
+                ready = ready.max(p_end);
+            }
+            out.fetch_wait_ns += begin.saturating_sub(ready) as f64;
+            if let Some((_, _)) = copy_bytes(act.kind) {
+                out.copy_extra_ns += ((end - begin) as f64 - act.dur_ns as f64).max(0.0);
+            }
+            if copy_bytes(act.kind).is_some_and(|(_, b)| b > MAX_COPY_BYTES) {
+                out.copies_capped += 1;
+            }
+        }
+        if !problems.is_empty() {
+            let n = problems.len();
+            problems.truncate(5);
+            return Err(ReplayError::Verification(format!("{n} problems: {}", problems.join("; "))));
+        }
+        for (c, call) in plan.calls.iter().enumerate() {
+            if let Some(last) = call.awaits.iter().map(|&a| words[a].2).max() {
+                out.sync_notify_ns += self.seen_at[c].saturating_sub(last) as f64;
+            }
+        }
+        out.activity_begin_ns = words.iter().map(|w| trace_t(w.1)).collect();
+        out.activity_end_ns = words.iter().map(|w| trace_t(w.2)).collect();
+        out.call_return_ns = self.ret.iter().map(|r| r.unwrap_or(f64::NAN)).collect();
+        let first_begin = out.activity_begin_ns.iter().copied().fold(f64::INFINITY, f64::min);
+        let last_end = out.activity_end_ns.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let last_return =
+            out.call_return_ns.iter().copied().filter(|t| t.is_finite()).fold(f64::NEG_INFINITY, f64::max);
+        out.gpu_span_ns = if last_end.is_finite() { last_end - first_begin } else { 0.0 };
+        out.job_ns = last_end.max(last_return) - self.first as f64;
+        // The device drained: a fence on channel 0 for good measure (reports a device error).
+        d.sync(WaitMode::Poll).map_err(driver("the last fence"))?;
+        Ok(out)
+    }
+}
