@@ -21,6 +21,7 @@ mod model;
 mod package;
 mod pcap_decode;
 mod pool_cmd;
+mod replay_cmd;
 mod sim_cmd;
 mod tlp_cmd;
 mod tlp_json;
@@ -46,6 +47,10 @@ enum Command {
     /// The performance model: a workload's bridged time and overhead predicted at each
     /// round-trip time, from its transaction profile and the link's bandwidth.
     Model(model::ModelArgs),
+    /// A PyTorch profiler trace replayed on the simulated GPU at the traced GPU's speed,
+    /// directly attached and through both endpoints over UDP loopback, in turns: the
+    /// overhead, where it went, and the model's prediction.
+    Replay(replay_cmd::ReplayArgs),
     /// The GPU-box endpoint: export devices to hosts.
     Gpu(daemon::GpuArgs),
     /// The host endpoint: attach remote devices.
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Loopback(args) => loopback::run_loopback(args),
         Command::Model(args) => model::run_model(args),
+        Command::Replay(args) => replay_cmd::run_replay(args),
         Command::Gpu(args) => daemon::run_gpu(args),
         Command::Host(args) => daemon::run_host(args),
         Command::Pool(args) => pool_cmd::run(args),

@@ -324,6 +324,8 @@ pub(crate) fn plan_link(base: &LinkParams, rtt_us: f64) -> testbed::plan::Link {
         rtt_ns: rtt_us * 1e3,
         h2d_bytes_per_s: base.h2d_bytes_per_s,
         d2h_bytes_per_s: base.d2h_bytes_per_s,
+        // A submission is two posted writes (RING_TAIL, doorbell).
+        submit_ns: 2.0 * base.per_tlp_s * 1e9,
     }
 }
 
@@ -347,6 +349,7 @@ pub(crate) fn added_json(a: &testbed::plan::AddedTime) -> Value {
         "command_fetch_ms": a.command_fetch_ns / 1e6,
         "copies_ms": a.copies_ns / 1e6,
         "synchronizations_ms": a.synchronizations_ns / 1e6,
+        "submissions_ms": a.submissions_ns / 1e6,
     })
 }
 

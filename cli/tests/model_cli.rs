@@ -266,3 +266,46 @@ fn a_trace_is_predicted_from_its_critical_path() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a PyTorch profiler trace"), "{err}");
 }
+
+/// `dxpu replay` on the small A100 trace, once each way: the report's fields, the replay's
+/// span near the trace's, the model's prediction beside it.
+#[test]
+fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testbed/traces/a100-event-sync-small.json.gz");
+    let out = dxpu().args(["replay", "--repeat", "1", "--json"]).arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in [
+        "trace",
+        "gpu",
+        "kernels",
+        "copies",
+        "syncs",
+        "trace_span_ms",
+        "direct_ms",
+        "bridged_ms",
+        "overhead_percent",
+        "overhead_percent_min",
+        "overhead_percent_max",
+        "rtt_us",
+        "delay_us",
+    ] {
+        assert!(!v[k].is_null(), "{k} missing: {v}");
+    }
+    assert_eq!(
+        (v["kernels"].as_u64(), v["copies"].as_u64(), v["syncs"].as_u64()),
+        (Some(4), Some(1), Some(3))
+    );
+    for k in ["predicted_bridged_ms", "predicted_overhead_percent"] {
+        assert!(v["model"][k].as_f64().is_some(), "model.{k}: {v}");
+    }
+    assert!(v["model"].get("crosses_10_percent_at_rtt_us").is_some());
+    let span = v["trace_span_ms"].as_f64().unwrap();
+    let direct_span = v["direct"]["gpu_span_ms"]["median"].as_f64().unwrap();
+    assert!(direct_span >= span * 0.95, "{direct_span} against {span}");
+    // A trace that is not one: an error, exit status 1.
+    let out = dxpu().args(["replay", "/nonexistent.json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.json"));
+}

@@ -45,13 +45,29 @@ impl Queue {
 struct Shared {
     to_device: Queue,
     host: Mutex<HostPort>,
+    /// Driver-side calls waiting for the host's lock: the device's thread lets them have
+    /// it before it takes it again (a mutex does not hand over in turn, and a device busy
+    /// with a long copy took it back before a waiting driver woke).
+    driver_waiting: std::sync::atomic::AtomicUsize,
     stop: AtomicBool,
     /// The device's thread, woken by what the host sends once it has gone to sleep.
     device: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl Shared {
+    /// The host port, for the driver's side.
     fn host(&self) -> MutexGuard<'_, HostPort> {
+        self.driver_waiting.fetch_add(1, Ordering::AcqRel);
+        let g = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        self.driver_waiting.fetch_sub(1, Ordering::AcqRel);
+        g
+    }
+
+    /// The host port, for the device's thread: after any driver-side call waiting for it.
+    fn host_for_device(&self) -> MutexGuard<'_, HostPort> {
+        while self.driver_waiting.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+        }
         self.host.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -61,37 +77,54 @@ impl Shared {
 /// idle baseline does not take a core from the bridged runs it alternates with.
 const SPIN: Duration = Duration::from_micros(2000);
 
-/// What the device sends: into host memory (or an interrupt, or a read to serve), one TLP
-/// at a time under the host's lock.
-struct ToHost<'a>(&'a Shared);
+/// Reads of host memory the device's thread serves per taking of the host's lock.
+const SERVE_BATCH: usize = 64;
 
-impl Upstream for ToHost<'_> {
+/// What the device sends (into host memory, an interrupt, a read to serve), kept as bytes
+/// and handed to the host port together under one taking of the host's lock: a device
+/// that took the lock for each TLP it sent starved the driver's thread of it while a long
+/// copy ran (a replay's ring write waited 21 ms behind a 56 MB copy in).
+#[derive(Default)]
+struct ToHost(Vec<Vec<u8>>);
+
+impl Upstream for ToHost {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.0.host().send(tlp);
+        self.0.push(direct::emit(tlp));
     }
 }
 
-/// The device's thread: takes what the host sent, lets the device work, serves its reads of
-/// host memory, spins meanwhile (and sleeps once idle for [`SPIN`]).
+/// The device's thread: takes what the host sent, lets the device work, delivers what it
+/// sent and serves its reads of host memory (one taking of the host's lock), spins
+/// meanwhile (and sleeps once idle for [`SPIN`]).
 fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
     let cfg = ParseConfig::default();
     let mut last_work = Instant::now();
+    let mut out = ToHost::default();
+    let mut reads_left = false;
     while !shared.stop.load(Ordering::Relaxed) {
         let mut any = false;
         for b in shared.to_device.take_all() {
             any = true;
             // Emitted by this process: never malformed (dropped if it were).
             if let Ok(t) = TlpRepr::parse_bytes(&b, &cfg) {
-                dev.request(&t, &mut ToHost(&shared));
+                dev.request(&t, &mut out);
             }
         }
-        let did = dev.poll(&mut ToHost(&shared));
-        {
-            let mut host = shared.host();
+        let did = dev.poll(&mut out);
+        if !out.0.is_empty() || did || reads_left {
+            let mut host = shared.host_for_device();
+            for b in out.0.drain(..) {
+                if let Ok(t) = TlpRepr::parse_bytes(&b, &cfg) {
+                    host.send(&t);
+                }
+            }
             if !host.reads.is_empty() {
                 any = true;
-                direct::serve_reads(&mut host, &mut dev);
+                // A bounded batch at a time, so that the driver's calls get the host's
+                // memory in between (64 reads: 256 KiB at most).
+                direct::serve_reads_upto(&mut host, &mut dev, SERVE_BATCH);
             }
+            reads_left = !host.reads.is_empty();
         }
         // Timed work under way (a timed kernel) keeps the device's thread polling, as it
         // keeps a GPU busy.
@@ -133,6 +166,7 @@ impl<D: Device + Send + 'static> ConcurrentAttach<D> {
         let shared = Arc::new(Shared {
             to_device: Queue::default(),
             host: Mutex::new(HostPort::with_memory(host_memory)),
+            driver_waiting: std::sync::atomic::AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             device: std::sync::OnceLock::new(),
         });

@@ -378,7 +378,13 @@ pub(crate) fn config_request<R: Requester>(r: &mut R, reg: u16, data: Option<[u8
 /// completion may make the device send more): each from where its bytes lie, the
 /// completions built over host memory and handed to the device.
 pub(crate) fn serve_reads<D: Device>(host: &mut HostPort, dev: &mut D) {
-    while let Some(t) = host.reads.pop_front() {
+    serve_reads_upto(host, dev, usize::MAX);
+}
+
+/// [`serve_reads`], at most `max` of them (the oldest).
+pub(crate) fn serve_reads_upto<D: Device>(host: &mut HostPort, dev: &mut D, max: usize) {
+    for _ in 0..max {
+        let Some(t) = host.reads.pop_front() else { return };
         let Body::MemRead { address, length_dw, .. } = t.body else { continue };
         host.completed_since_run = true;
         let mps = TransferSize::from_bytes(dev.max_payload()).unwrap_or(TransferSize::B128);

@@ -28,7 +28,9 @@
 //! the stream is busy for longer), an await by the fence's one-way trip back, and a copy of
 //! host memory by its bytes at the link's rate (and, for reads, one round trip to fill the
 //! window) where that is slower than the trace's copy. Device-side edges (stream order, one
-//! stream waiting for another's event) do not cross the link.
+//! stream waiting for another's event) do not cross the link. The host's own cost of
+//! publishing a submission through a bridge (its posted writes are sends) lengthens the
+//! calls that submit.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -121,12 +123,15 @@ pub struct Link {
     pub h2d_bytes_per_s: f64,
     /// Device → host bulk rate, bytes per second.
     pub d2h_bytes_per_s: f64,
+    /// The host's own time to publish a submission (its RING_TAIL and doorbell writes)
+    /// beyond what it took in the trace, ns: a posted write through a bridge is a send.
+    pub submit_ns: f64,
 }
 
 impl Link {
     /// No link: the local slot the trace was taken in.
     pub const LOCAL: Link =
-        Link { rtt_ns: 0.0, h2d_bytes_per_s: f64::INFINITY, d2h_bytes_per_s: f64::INFINITY };
+        Link { rtt_ns: 0.0, h2d_bytes_per_s: f64::INFINITY, d2h_bytes_per_s: f64::INFINITY, submit_ns: 0.0 };
 }
 
 /// Where the link's time went on the job's critical path, ns.
@@ -138,12 +143,14 @@ pub struct AddedTime {
     pub copies_ns: f64,
     /// Synchronizations waiting for the fence's trip back.
     pub synchronizations_ns: f64,
+    /// The host publishing submissions.
+    pub submissions_ns: f64,
 }
 
 impl AddedTime {
     /// All of it.
     pub fn total_ns(&self) -> f64 {
-        self.command_fetch_ns + self.copies_ns + self.synchronizations_ns
+        self.command_fetch_ns + self.copies_ns + self.synchronizations_ns + self.submissions_ns
     }
 }
 
@@ -448,6 +455,7 @@ struct Added {
     fetch: f64,
     copy: f64,
     sync: f64,
+    submit: f64,
 }
 
 struct Evaluation<'a> {
@@ -597,7 +605,9 @@ impl<'a> Evaluation<'a> {
             }
             Node::Return(ci) => {
                 let c = &plan.calls[ci];
-                best = (self.issue[ci] + c.floor_ns as f64, Some((Node::Issue(ci), Added::default())));
+                let submit = if c.submits.is_empty() { 0.0 } else { link.submit_ns.max(0.0) };
+                let own = Added { submit, ..Added::default() };
+                best = (self.issue[ci] + c.floor_ns as f64 + submit, Some((Node::Issue(ci), own)));
                 let sync = Added { sync: one_way, ..Added::default() };
                 for &a in &c.awaits {
                     let t = self.end[a] + one_way + c.await_tail_ns as f64;
@@ -610,8 +620,9 @@ impl<'a> Evaluation<'a> {
                 let fetch = 3.0 * one_way;
                 match a.call {
                     Some((c, gap)) => {
-                        let t = self.issue[c] + plan.calls[c].submit_ns as f64 + gap as f64 + fetch;
-                        best = (t, Some((Node::Issue(c), Added { fetch, ..Added::default() })));
+                        let submit = link.submit_ns.max(0.0);
+                        let t = self.issue[c] + plan.calls[c].submit_ns as f64 + submit + gap as f64 + fetch;
+                        best = (t, Some((Node::Issue(c), Added { fetch, submit, ..Added::default() })));
                     }
                     None => best.0 = a.trace_start_ns as f64,
                 }
@@ -676,6 +687,7 @@ impl<'a> Evaluation<'a> {
                 added.command_fetch_ns += a.fetch;
                 added.copies_ns += a.copy;
                 added.synchronizations_ns += a.sync;
+                added.submissions_ns += a.submit;
                 p
             });
         }
