@@ -80,26 +80,21 @@ const SPIN: Duration = Duration::from_micros(2000);
 /// Reads of host memory the device's thread serves per taking of the host's lock.
 const SERVE_BATCH: usize = 64;
 
-/// What the device sends (into host memory, an interrupt, a read to serve), kept as bytes
-/// and handed to the host port together under one taking of the host's lock: a device
-/// that took the lock for each TLP it sent starved the driver's thread of it while a long
-/// copy ran (a replay's ring write waited 21 ms behind a 56 MB copy in).
-#[derive(Default)]
-struct ToHost(Vec<Vec<u8>>);
+/// What the device sends: into host memory (or an interrupt, or a read to serve), one TLP
+/// at a time under the host's lock, taken after any driver call waiting for it.
+struct ToHost<'a>(&'a Shared);
 
-impl Upstream for ToHost {
+impl Upstream for ToHost<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.0.push(direct::emit(tlp));
+        self.0.host_for_device().send(tlp);
     }
 }
 
-/// The device's thread: takes what the host sent, lets the device work, delivers what it
-/// sent and serves its reads of host memory (one taking of the host's lock), spins
-/// meanwhile (and sleeps once idle for [`SPIN`]).
+/// The device's thread: takes what the host sent, lets the device work, serves its reads of
+/// host memory, spins meanwhile (and sleeps once idle for [`SPIN`]).
 fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
     let cfg = ParseConfig::default();
     let mut last_work = Instant::now();
-    let mut out = ToHost::default();
     let mut reads_left = false;
     while !shared.stop.load(Ordering::Relaxed) {
         let mut any = false;
@@ -107,17 +102,12 @@ fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
             any = true;
             // Emitted by this process: never malformed (dropped if it were).
             if let Ok(t) = TlpRepr::parse_bytes(&b, &cfg) {
-                dev.request(&t, &mut out);
+                dev.request(&t, &mut ToHost(&shared));
             }
         }
-        let did = dev.poll(&mut out);
-        if !out.0.is_empty() || did || reads_left {
+        let did = dev.poll(&mut ToHost(&shared));
+        if did || any || reads_left {
             let mut host = shared.host_for_device();
-            for b in out.0.drain(..) {
-                if let Ok(t) = TlpRepr::parse_bytes(&b, &cfg) {
-                    host.send(&t);
-                }
-            }
             if !host.reads.is_empty() {
                 any = true;
                 // A bounded batch at a time, so that the driver's calls get the host's
