@@ -11,6 +11,8 @@
 //!   name any of them;
 //! - [`ai`]: workloads shaped like AI work (inference, training, data loading);
 //! - [`model`]: the performance model, a bridged time predicted from a transaction profile;
+//! - [`trace`], [`plan`], [`replay`]: PyTorch profiler traces read, made a dependency graph
+//!   (evaluated at a link: the model of a traced job), and replayed on the simgpu;
 //! - [`vfio_user_client`]: a vfio-user client, the VMM's side of the protocol, for tests
 //!   and `dxpu bench vfio-user` to reach the host endpoint's server without QEMU.
 // `unsafe` lives only in the vfio-user client (mapping the memory file it shares).
