@@ -45,6 +45,10 @@ pub(crate) struct HostPort {
     /// A read of the device's was completed since the device last ran (its `poll` or a
     /// request): reads it sends now may be the refill of a pipeline, not a new dependency.
     completed_since_run: bool,
+    /// What the device has sent that the driver could see (writes into host memory,
+    /// interrupts, completions), counted: while it stays the same, what the driver read
+    /// last is still there.
+    pub(crate) changes: u64,
 }
 
 /// What crossed the platform between the driver and the device: the hardware side of a
@@ -119,6 +123,7 @@ impl Upstream for HostPort {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         match tlp.body {
             Body::MemWrite { req, address, data, .. } => {
+                self.changes += 1;
                 let a = address.value();
                 if (MSI_BASE..MSI_BASE + 0x1000).contains(&a) && data.len() >= 4 {
                     let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as u16;
@@ -141,7 +146,10 @@ impl Upstream for HostPort {
                 }
                 self.reads.push_back(tlp.with_data(&[]))
             }
-            Body::Completion { .. } => self.completions.push_back(emit(tlp)),
+            Body::Completion { .. } => {
+                self.changes += 1;
+                self.completions.push_back(emit(tlp));
+            }
             // Nothing else a device sends (messages, atomics) is acted on here.
             _ => {}
         }
