@@ -585,25 +585,24 @@ impl<'a> Run<'a> {
         (w(0), w(1), w(2))
     }
 
-    /// Looks at the release words the synchronizing calls wait for (in host memory).
+    /// Looks at the release words the synchronizing calls wait for (in host memory), and
+    /// lets the platform serve the device (a bridge's host side is driven by its caller's
+    /// calls): a turn that looked at no word looks at one anyway, now and then. (A replay
+    /// whose synchronizations were not yet due looked at nothing, and through the bridges
+    /// the device's copies and command fetches waited for the host's next call.)
     fn watch<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>) {
-        if self.awaiting.is_empty() {
-            // Let the platform serve the device meanwhile (a bridge's host side is driven
-            // by its caller's calls): look at a word now and then — not at every turn,
-            // which would contend with a device that shares the host's memory.
-            let now = hw::device::now_ns();
-            if now >= self.next_pump {
-                let _ = self.word(d, 0);
-                self.next_pump = now + PUMP_NS;
-            }
-            return;
-        }
+        let mut looked = false;
         let mut i = 0;
         while i < self.awaiting.len() {
             let c = self.awaiting[i];
             let call = &self.plan.calls[c];
             let now = hw::device::now_ns();
-            if now < self.real(self.issue[c]) || !call.awaits.iter().all(|&a| self.word(d, a).0 != 0) {
+            if now < self.real(self.issue[c]) {
+                i += 1;
+                continue;
+            }
+            looked = true;
+            if !call.awaits.iter().all(|&a| self.word(d, a).0 != 0) {
                 i += 1;
                 continue;
             }
@@ -621,6 +620,11 @@ impl<'a> Run<'a> {
             }
             let t = (self.issue[c] + call.floor_ns as f64).max(seen + call.await_tail_ns as f64);
             self.returned(c, t);
+        }
+        let now = hw::device::now_ns();
+        if !looked && now >= self.next_pump {
+            let _ = self.word(d, 0);
+            self.next_pump = now + PUMP_NS;
         }
     }
 
