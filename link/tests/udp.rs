@@ -234,3 +234,46 @@ fn a_delayed_datagram_leaves_on_release_held_once_due() {
     let mut plain = AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap();
     plain.release_held().unwrap();
 }
+
+/// Held datagrams leave together once due (one borrowed send per destination, segmented
+/// where the driver can): each destination gets every one, byte for byte, in the order sent,
+/// whatever their sizes, with either driver.
+#[test]
+fn delayed_datagrams_leave_together_in_order() {
+    let mut kinds = vec![DriverKind::Portable];
+    if uring_available() {
+        kinds.push(DriverKind::IoUring);
+    }
+    for kind in kinds {
+        let delay = Duration::from_millis(5);
+        let mut tx = Impaired::new(
+            AnyUdp::bind("127.0.0.1:0".parse().unwrap(), kind, &mut |_| {}).unwrap(),
+            Impairment { delay, ..Impairment::default() },
+        );
+        let rx: Vec<std::net::UdpSocket> =
+            (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        let to: Vec<SocketAddr> = rx.iter().map(|s| s.local_addr().unwrap()).collect();
+        // Runs of equal sizes (a GSO unit each), a shorter last one, alternating peers.
+        let datagram = |i: usize| {
+            let len = [1200, 1200, 1200, 700, 1472, 1472, 64][i % 7];
+            (0..len).map(|k| (i * 31 + k) as u8).collect::<Vec<u8>>()
+        };
+        // Within what each receiving socket buffers (nothing reads them meanwhile).
+        let n = 100;
+        for i in 0..n {
+            tx.send_to(to[(i / 25) % 2], &datagram(i)).unwrap();
+        }
+        tx.flush().unwrap();
+        std::thread::sleep(delay + Duration::from_millis(1));
+        tx.release_held().unwrap();
+        for (r, s) in rx.iter().enumerate() {
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut buf = [0u8; 2048];
+            for i in (0..n).filter(|i| (i / 25) % 2 == r) {
+                let got =
+                    s.recv(&mut buf).unwrap_or_else(|e| panic!("{kind:?}: datagram {i} to peer {r}: {e}"));
+                assert_eq!(&buf[..got], &datagram(i)[..], "{kind:?}: datagram {i} to peer {r}");
+            }
+        }
+    }
+}

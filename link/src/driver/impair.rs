@@ -53,6 +53,10 @@ pub struct Impaired<D> {
     order: u64,
     rate_free_at: Instant,
     scratch: Vec<u8>,
+    /// Datagrams due now, on their way out together.
+    due: Vec<(SocketAddr, Vec<u8>)>,
+    /// Buffers of datagrams sent, for the next held ones.
+    spare: Vec<Vec<u8>>,
     /// Datagrams dropped, duplicated, corrupted by the layer.
     pub dropped: u64,
     /// Datagrams sent twice.
@@ -72,6 +76,8 @@ impl<D: Datagrams> Impaired<D> {
             order: 0,
             rate_free_at: Instant::now(),
             scratch: Vec::new(),
+            due: Vec::new(),
+            spare: Vec::new(),
             dropped: 0,
             duplicated: 0,
             corrupted: 0,
@@ -94,24 +100,43 @@ impl<D: Datagrams> Impaired<D> {
         p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 
+    /// Sends the held datagrams that are due: those to one destination in one borrowed
+    /// send, segmented by the driver (UDP GSO) as the link's own sends are. (Sent one by one,
+    /// a delayed link carried bulk DMA at 1.4 GB/s where an undelayed one carried 2.4.)
     fn release_due(&mut self) -> io::Result<()> {
         if self.held.is_empty() {
             return Ok(());
         }
         let now = Instant::now();
-        let mut sent = false;
         while self.held.peek().is_some_and(|Reverse((t, ..))| *t <= now) {
             if let Some(Reverse((_, _, to, b))) = self.held.pop() {
-                self.inner.send_to(to, &b)?;
-                sent = true;
+                self.due.push((to, b));
             }
         }
-        if sent {
-            self.inner.flush()?;
+        let mut result = Ok(());
+        let mut i = 0;
+        while i < self.due.len() {
+            let to = self.due[i].0;
+            let end = self.due[i..].iter().position(|(t, _)| *t != to).map_or(self.due.len(), |k| i + k);
+            let frames: Vec<&[u8]> = self.due[i..end].iter().map(|(_, b)| b.as_slice()).collect();
+            if let Err(e) = self.inner.send_borrowed(to, &frames) {
+                result = Err(e);
+                break;
+            }
+            i = end;
         }
-        Ok(())
+        for (_, b) in self.due.drain(..) {
+            if self.spare.len() < SPARE_BUFFERS {
+                self.spare.push(b);
+            }
+        }
+        result?;
+        self.inner.flush()
     }
 }
+
+/// Buffers the layer keeps for datagrams it holds, at most.
+const SPARE_BUFFERS: usize = 4096;
 
 impl<D: Datagrams> Datagrams for Impaired<D> {
     fn send_to(&mut self, to: SocketAddr, bytes: &[u8]) -> io::Result<()> {
@@ -129,7 +154,9 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
             1
         };
         for _ in 0..copies {
-            let mut b = bytes.to_vec();
+            let mut b = self.spare.pop().unwrap_or_default();
+            b.clear();
+            b.extend_from_slice(bytes);
             if !b.is_empty() && self.chance(self.imp.corrupt) {
                 let i = (self.next() % b.len() as u64) as usize;
                 b[i] ^= 1 << (self.next() % 8);
@@ -150,6 +177,7 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
             }
             if at <= Instant::now() {
                 self.inner.send_to(to, &b)?;
+                self.spare.push(b);
             } else {
                 self.order += 1;
                 self.held.push(Reverse((at, self.order, to, b)));
