@@ -17,6 +17,7 @@ use testbed::model;
 use testbed::plan::{self, Plan};
 use testbed::replay::{ReplayRun, Replayer};
 
+use crate::affinity::{self, PinArg};
 use crate::args::{DriverArg, PollArg};
 use crate::harness::{LocalBox, Spread, mmio_rtt};
 use crate::model::{added_json, trace_json};
@@ -54,6 +55,13 @@ pub(crate) struct ReplayArgs {
     /// Busy-poll budget before sleeping in the kernel, µs.
     #[arg(long, default_value_t = 2000)]
     spin_us: u64,
+    /// Which CPUs the spinning threads run on: DEVICE,HOST puts the GPU-box endpoint's thread
+    /// (which runs the device) and the directly attached device's thread on CPU DEVICE, the
+    /// replayed job's host thread on CPU HOST, so that the two spinning threads never share
+    /// one; auto: the first two CPUs this process may use (none where it may use one); off:
+    /// wherever the scheduler puts them.
+    #[arg(long, default_value = "auto", value_parser = PinArg::parse, value_name = "auto|off|DEVICE,HOST")]
+    pin: PinArg,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -146,9 +154,31 @@ struct Report {
 fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
     let trace = testbed::trace::read(&args.trace, args.rank).map_err(|e| e.to_string())?;
     let plan = Plan::of(&trace);
+    // The caller's thread gets its CPUs back however this returns.
+    let _restore = affinity::Restore::here()?;
+    let placement = args.pin.placement(&affinity::allowed()?)?;
+    if let Some(p) = placement {
+        progress(&format!(
+            "pinned: the GPU-box endpoint and the direct device to CPU {}, the job's host to CPU {}",
+            p.device, p.host
+        ));
+    }
+    // Left to the scheduler, a wake-up sometimes put the job's thread and the device's on one
+    // CPU, where they took turns for milliseconds (a 0.4 ms job took 2-10 ms one run in
+    // twenty). The job's thread (and the host endpoint's service thread, started from it)
+    // on the host's CPU; the device's, either way, on the device's; the idle box's out of
+    // the direct device's way.
+    affinity::pin_to(placement.map(|p| p.host))?;
     progress("directly attached simgpu: setting up");
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-    let pci = ConcurrentAttach::new(dev, HOST_MEMORY).map_err(|e| format!("the direct simgpu: {e}"))?;
+    let device_cpu = placement.map(|p| p.device);
+    let pin_device = move || {
+        if let Err(e) = affinity::pin_to(device_cpu) {
+            log::warn!("the direct device's thread: {e}");
+        }
+    };
+    let pci = ConcurrentAttach::new_with(dev, HOST_MEMORY, pin_device)
+        .map_err(|e| format!("the direct simgpu: {e}"))?;
     let mut direct = SimGpuDriver::open(pci).map_err(|e| format!("opening the direct simgpu: {e}"))?;
     let mut direct_replayer = Replayer::new(&mut direct, &plan).map_err(|e| format!("direct: {e}"))?;
 
@@ -163,21 +193,38 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     let mut bridged = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
     let mut bridged_replayer = Replayer::new(&mut bridged, &plan).map_err(|e| format!("bridged: {e}"))?;
 
+    // Each run starts once the other platform's threads have stopped spinning: the box's
+    // endpoint busy-polls for `--spin-us` after its last datagram, the direct device's thread
+    // for its own budget, and a third spinning thread on two cores made a 0.4 ms direct run
+    // take 4-12 ms (the scheduler's slice).
+    let settle =
+        || std::thread::sleep(Duration::from_micros(args.spin_us).max(testbed::concurrent::SPIN) * 2);
+    let box_on = |which: fn(affinity::Placement) -> usize| placement.map_or(Ok(()), |p| gpu.pin(which(p)));
     // A warm-up each (VRAM and host memory touched once), then in turns.
     progress("warm-up");
+    box_on(|p| p.host)?;
     direct_replayer.run(&mut direct, &plan).map_err(|e| format!("direct replay: {e}"))?;
+    box_on(|p| p.device)?;
     bridged_replayer.run(&mut bridged, &plan).map_err(|e| format!("bridged replay: {e}"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.repeat {
         progress(&format!("replay {} of {}", i + 1, args.repeat));
+        box_on(|p| p.host)?;
+        settle();
         let d = direct_replayer.run(&mut direct, &plan).map_err(|e| format!("direct replay: {e}"))?;
+        box_on(|p| p.device)?;
+        settle();
         let b = bridged_replayer.run(&mut bridged, &plan).map_err(|e| format!("bridged replay: {e}"))?;
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
     }
     progress("measuring the link");
+    box_on(|p| p.host)?;
+    settle();
     let mut d_side = measure(&mut direct, "direct")?;
+    box_on(|p| p.device)?;
+    settle();
     let mut b_side = measure(&mut bridged, "bridged")?;
     bridged.into_pci().detach();
     drop(gpu);

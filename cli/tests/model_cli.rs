@@ -308,4 +308,8 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     let out = dxpu().args(["replay", "/nonexistent.json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.json"));
+    // Both spinning threads on one CPU: refused before anything starts.
+    let out = dxpu().args(["replay", "--pin", "0,0"]).arg(&trace).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must differ"));
 }

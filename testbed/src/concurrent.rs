@@ -83,7 +83,7 @@ impl Shared {
 /// How long the device's thread spins with nothing to do before it sleeps until the host
 /// sends something: the endpoints' busy-poll budget (`dxpu loopback --spin-us`), so that an
 /// idle baseline does not take a core from the bridged runs it alternates with.
-const SPIN: Duration = Duration::from_micros(2000);
+pub const SPIN: Duration = Duration::from_micros(2000);
 
 /// Reads of host memory the device's thread serves per taking of the host's lock: one (4 KiB
 /// at most), so that a driver's ring write waits a read's service at most. With 64 a
@@ -151,7 +151,7 @@ fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
             std::hint::spin_loop();
         } else {
             // Woken by the host's next request (or, at the latest, to look at `stop`).
-            std::thread::park_timeout(Duration::from_millis(10));
+            std::thread::park_timeout(Duration::from_millis(1));
         }
     }
     dev
