@@ -5,7 +5,8 @@
 //! Which side is the box is learned from the handshake (INIT goes to it; COOKIE, CHALLENGE
 //! and REFUSE come from it); before any handshake is seen, from `--box-port`. A DATA frame
 //! sent again (same direction, session and sequence number) is marked `"replay": true`; a
-//! session that negotiated encryption has its DATA bodies reported as encrypted.
+//! session that negotiated encryption has its DATA bodies reported as encrypted. The file is
+//! read as it is decoded, one packet at a time: memory stays the same on a 1 GiB capture.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 use tlp::{ParseConfig, TlpRepr};
 
 use crate::tlp_json::{Format, TlpJson};
-use ops::capture::{Datagram, read_datagrams};
+use ops::capture::{Datagram, each_datagram};
 
 /// The frame type's name, as the dissector shows it.
 pub(crate) fn frame_name(t: FrameType) -> String {
@@ -74,6 +75,35 @@ impl Roles {
     }
 }
 
+/// Sequence numbers a link may still send again, behind the highest seen: far more than a
+/// window (at most 4096 frames).
+const REPLAY_SPAN: u32 = 1 << 16;
+
+/// The DATA sequence numbers seen in one direction of one session, back to
+/// [`REPLAY_SPAN`] behind the highest: a bounded set however long the capture.
+#[derive(Default)]
+struct SeenSeqs {
+    highest: Option<u32>,
+    seqs: HashSet<u32>,
+}
+
+impl SeenSeqs {
+    /// Whether `seq` was seen before (a retransmission); remembers it.
+    fn replay(&mut self, seq: u32) -> bool {
+        let newer = |a: u32, b: u32| a.wrapping_sub(b) as i32 > 0;
+        if self.highest.is_none_or(|h| newer(seq, h)) {
+            self.highest = Some(seq);
+        }
+        let again = !self.seqs.insert(seq);
+        if self.seqs.len() > 2 * REPLAY_SPAN as usize
+            && let Some(h) = self.highest
+        {
+            self.seqs.retain(|&s| h.wrapping_sub(s) < REPLAY_SPAN);
+        }
+        again
+    }
+}
+
 /// Decodes `path`, writing one line per TLP (and per frame with `frames`) to `out`.
 pub(crate) fn decode(
     path: &Path,
@@ -83,16 +113,16 @@ pub(crate) fn decode(
     frames: bool,
     out: &mut dyn Write,
 ) -> Result<DecodeCount, String> {
-    let (datagrams, skipped) = read_datagrams(path)?;
     let mut roles = Roles { boxes: HashSet::new(), box_port };
     let mut encrypted: HashSet<u32> = HashSet::new();
-    let mut seen: HashMap<(&'static str, u32), HashSet<u32>> = HashMap::new();
+    let mut seen: HashMap<(&'static str, u32), SeenSeqs> = HashMap::new();
     let mut count = DecodeCount::default();
     let io = |e: io::Error| format!("writing: {e}");
-    for d in &datagrams {
+    let skipped = each_datagram(path, &mut |d| {
+        let d = &d;
         let Ok(f) = Frame::new_checked(&d.payload) else {
             count.not_frames += 1;
-            continue;
+            return Ok(());
         };
         count.frames += 1;
         let h = f.header();
@@ -108,7 +138,7 @@ pub(crate) fn decode(
             }
         }
         let dir = roles.direction(d);
-        let replay = h.ty == FrameType::Data && !seen.entry((dir, h.session)).or_default().insert(h.seq);
+        let replay = h.ty == FrameType::Data && seen.entry((dir, h.session)).or_default().replay(h.seq);
         let fc = f.fc().map(|c| {
             json!([c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1])
         });
@@ -152,7 +182,7 @@ pub(crate) fn decode(
             writeln!(out, "{line}").map_err(io)?;
         }
         if h.ty != FrameType::Data {
-            continue;
+            return Ok(());
         }
         if enc {
             if !frames {
@@ -166,7 +196,7 @@ pub(crate) fn decode(
                 };
                 writeln!(out, "{line}").map_err(io)?;
             }
-            continue;
+            return Ok(());
         }
         for (i, rec) in TlpRecords::new(f.body()).enumerate() {
             let line = match rec
@@ -209,7 +239,8 @@ pub(crate) fn decode(
             };
             writeln!(out, "{line}").map_err(io)?;
         }
-    }
+        Ok(())
+    })?;
     if skipped.cut_short {
         eprintln!(
             "dxpu tlp decode: {}: the file ends inside a packet (its writer stopped?): read up to there",
@@ -226,4 +257,32 @@ pub(crate) fn decode(
         );
     }
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sequence_number_seen_again_is_a_replay_and_the_set_stays_bounded() {
+        let mut s = SeenSeqs::default();
+        assert!(!s.replay(7));
+        assert!(s.replay(7));
+        assert!(!s.replay(8));
+        // Across the wrap of the 32-bit sequence space.
+        let mut w = SeenSeqs::default();
+        for seq in (u32::MAX - 5)..=u32::MAX {
+            assert!(!w.replay(seq));
+        }
+        assert!(!w.replay(0));
+        assert!(w.replay(u32::MAX - 1));
+        // A long capture: the set keeps what may still come again, no more.
+        let mut long = SeenSeqs::default();
+        for seq in 0..10 * REPLAY_SPAN {
+            assert!(!long.replay(seq), "{seq}");
+            assert!(long.seqs.len() <= 2 * REPLAY_SPAN as usize + 1);
+        }
+        // A retransmission within a window of the newest is still recognised.
+        assert!(long.replay(10 * REPLAY_SPAN - 4096));
+    }
 }

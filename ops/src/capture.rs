@@ -316,27 +316,75 @@ pub struct Skipped {
     pub cut_short: bool,
 }
 
-/// Every UDP datagram in the pcapng or pcap file at `path`.
+/// Every UDP datagram in the pcapng or pcap file at `path`, in memory (for small files:
+/// [`each_datagram`] reads a capture of any size in constant memory).
 pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
+    let mut out = Vec::new();
+    let skipped = each_datagram(path, &mut |d| {
+        out.push(d);
+        Ok(())
+    })?;
+    Ok((out, skipped))
+}
+
+/// Hands `f` each UDP datagram of the pcapng or pcap file at `path` as it is read, one
+/// packet in memory at a time (a 1 GiB capture as well as a small one); stops at `f`'s first
+/// error. What is not a UDP datagram is counted.
+pub fn each_datagram(
+    path: &Path,
+    f: &mut dyn FnMut(Datagram) -> Result<(), String>,
+) -> Result<Skipped, String> {
     let at = path.display();
-    let bytes = std::fs::read(path).map_err(|e| format!("--pcap {at}: {e}"))?;
-    // (link type, timestamp, bytes, original length, direction) of every packet, in order.
-    type Raw = (DataLink, Duration, Vec<u8>, u32, Option<Direction>);
-    let mut raw: Vec<Raw> = Vec::new();
-    let mut cut_short = false;
-    let magic = bytes.get(..4).ok_or_else(|| format!("--pcap {at}: shorter than any capture file"))?;
-    if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
-        let mut r = PcapNgReader::new(&bytes[..]).map_err(|e| format!("--pcap {at}: {e}"))?;
+    let file = File::open(path).map_err(|e| format!("--pcap {at}: {e}"))?;
+    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+    let magic = std::io::BufRead::fill_buf(&mut input).map_err(|e| format!("--pcap {at}: {e}"))?;
+    if magic.len() < 4 {
+        return Err(format!("--pcap {at}: shorter than any capture file"));
+    }
+    let pcapng = magic[..4] == [0x0a, 0x0d, 0x0d, 0x0a];
+    let mut skipped = Skipped::default();
+    let mut number = 0u64;
+    // Each packet as it comes: (link type, timestamp, bytes, original length, direction).
+    let mut packet = |link: DataLink,
+                      time: Duration,
+                      data: &[u8],
+                      orig: u32,
+                      direction: Option<Direction>,
+                      skipped: &mut Skipped|
+     -> Result<(), String> {
+        number += 1;
+        if (data.len() as u64) < u64::from(orig) {
+            skipped.truncated += 1;
+            return Ok(());
+        }
+        match udp_of(link, data) {
+            Some((src, dst, payload)) => f(Datagram {
+                number,
+                time: time.as_secs_f64(),
+                src,
+                dst,
+                direction,
+                payload: payload.to_vec(),
+            }),
+            None => {
+                skipped.not_udp += 1;
+                Ok(())
+            }
+        }
+    };
+    if pcapng {
+        let mut r = PcapNgReader::new(input).map_err(|e| format!("--pcap {at}: {e}"))?;
         // Each interface's link type and timestamp resolution (10^-r s; default 6).
         let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
+        let mut packets = 0u64;
         while let Some(block) = r.next_block() {
             let block = match block {
                 Ok(b) => b,
                 Err(e) if is_cut(&e) => {
-                    cut_short = true;
+                    skipped.cut_short = true;
                     break;
                 }
-                Err(e) => return Err(format!("--pcap {at}: block after packet {}: {e}", raw.len())),
+                Err(e) => return Err(format!("--pcap {at}: block after packet {packets}: {e}")),
             };
             match block {
                 Block::SectionHeader(_) => interfaces.clear(),
@@ -348,10 +396,10 @@ pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
                     interfaces.push((idb.linktype, resol.unwrap_or(6)));
                 }
                 Block::EnhancedPacket(p) => {
+                    packets += 1;
                     let Some(&(link, resol)) = interfaces.get(p.interface_id as usize) else {
                         return Err(format!(
-                            "--pcap {at}: packet {} names interface {} the file never described",
-                            raw.len() + 1,
+                            "--pcap {at}: packet {packets} names interface {} the file never described",
                             p.interface_id
                         ));
                     };
@@ -368,51 +416,35 @@ pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
                         EnhancedPacketOption::Flags(f) if f & 3 == OUTBOUND => Some(Direction::Sent),
                         _ => None,
                     });
-                    raw.push((link, time, p.data.into_owned(), p.original_len, dir));
+                    packet(link, time, &p.data, p.original_len, dir, &mut skipped)?;
                 }
                 Block::SimplePacket(p) => {
+                    packets += 1;
                     let link = interfaces.first().map_or(DataLink::ETHERNET, |i| i.0);
-                    raw.push((link, Duration::ZERO, p.data.into_owned(), p.original_len, None));
+                    packet(link, Duration::ZERO, &p.data, p.original_len, None, &mut skipped)?;
                 }
                 _ => {}
             }
         }
     } else {
-        let mut r = pcap_file::pcap::PcapReader::new(&bytes[..])
+        let mut r = pcap_file::pcap::PcapReader::new(input)
             .map_err(|e| format!("--pcap {at}: not a pcapng or pcap file ({e})"))?;
         let link = r.header().datalink;
+        let mut packets = 0u64;
         while let Some(p) = r.next_packet() {
             let p = match p {
                 Ok(p) => p,
                 Err(e) if is_cut(&e) => {
-                    cut_short = true;
+                    skipped.cut_short = true;
                     break;
                 }
-                Err(e) => return Err(format!("--pcap {at}: packet {}: {e}", raw.len() + 1)),
+                Err(e) => return Err(format!("--pcap {at}: packet {}: {e}", packets + 1)),
             };
-            raw.push((link, p.timestamp, p.data.into_owned(), p.orig_len, None));
+            packets += 1;
+            packet(link, p.timestamp, &p.data, p.orig_len, None, &mut skipped)?;
         }
     }
-    let mut out = Vec::new();
-    let mut skipped = Skipped { cut_short, ..Skipped::default() };
-    for (i, (link, time, data, orig, dir)) in raw.into_iter().enumerate() {
-        if (data.len() as u64) < orig as u64 {
-            skipped.truncated += 1;
-            continue;
-        }
-        match udp_of(link, &data) {
-            Some((src, dst, payload)) => out.push(Datagram {
-                number: i as u64 + 1,
-                time: time.as_secs_f64(),
-                src,
-                dst,
-                direction: dir,
-                payload: payload.to_vec(),
-            }),
-            None => skipped.not_udp += 1,
-        }
-    }
-    Ok((out, skipped))
+    Ok(skipped)
 }
 
 /// Whether a reader's error says the file ends inside a block.
