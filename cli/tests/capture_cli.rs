@@ -38,7 +38,7 @@ fn decode(file: &Path) -> Vec<Value> {
 }
 
 /// One packet as both decoders see it: frame type, seq, ack, and each TLP's kind,
-/// requester, tag, address and length ("-" where the TLP has none).
+/// requester, tag, address and length (as decimal numbers; "-" where the TLP has none).
 type Seen = (u64, String, u64, u64, Vec<[String; 5]>);
 
 fn ours(lines: &[Value]) -> Vec<Seen> {
@@ -46,9 +46,8 @@ fn ours(lines: &[Value]) -> Vec<Seen> {
     for v in lines {
         if v.get("kind").is_some() {
             let t = |k: &str| match &v[k] {
-                Value::Null => "-".to_string(),
-                Value::String(s) => s.clone(),
-                x => x.to_string(),
+                Value::String(s) if k == "kind" => s.clone(),
+                x => number(x),
             };
             out.last_mut().unwrap().4.push([
                 t("kind"),
@@ -70,24 +69,13 @@ fn ours(lines: &[Value]) -> Vec<Seen> {
     out
 }
 
-fn tshark(file: &Path) -> Option<Vec<Seen>> {
-    let fields = [
-        "frame.number",
-        "dxpu.type_name",
-        "dxpu.seq",
-        "dxpu.ack",
-        "dxpu.tlp.kind",
-        "dxpu.tlp.requester",
-        "dxpu.tlp.tag",
-        "dxpu.tlp.address",
-        "dxpu.tlp.length",
-    ];
+/// `tshark` with the shipped dissector on `file`, both passes (a request's `response_in`
+/// is learned from its completion): each dxpu packet's layer as `-T json` gives it (each
+/// TLP's fields kept together), or `None` where tshark is not installed.
+fn tshark_json(file: &Path, filter: &str) -> Option<Vec<Value>> {
     let mut c = Command::new("tshark");
     c.arg("-X").arg(format!("lua_script:{}", dissector().display()));
-    c.arg("-r").arg(file).args(["-Y", "dxpu", "-T", "fields", "-E", "occurrence=a", "-E", "aggregator=;"]);
-    for f in fields {
-        c.args(["-e", f]);
-    }
+    c.arg("-2").arg("-r").arg(file).args(["-Y", filter, "-T", "json", "--no-duplicate-keys"]);
     let out = match c.stderr(Stdio::piped()).output() {
         Ok(o) => o,
         Err(e) => {
@@ -96,31 +84,65 @@ fn tshark(file: &Path) -> Option<Vec<Seen>> {
         }
     };
     assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
-    let mut seen = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let list = |i: usize| -> Vec<String> {
-            cols.get(i)
-                .filter(|c| !c.is_empty())
-                .map_or(Vec::new(), |c| c.split(';').map(str::to_string).collect())
-        };
-        let kinds = list(4);
-        let (req, tag, addr, len) = (list(5), list(6), list(7), list(8));
-        assert!(
-            req.len() == kinds.len()
-                && tag.len() == kinds.len()
-                && addr.len() == kinds.len()
-                && len.len() == kinds.len(),
-            "tshark's TLP fields do not line up: {line}"
+    let packets: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    Some(packets.into_iter().map(|p| p["_source"]["layers"].clone()).collect())
+}
+
+/// One value of tshark's JSON, or each of several (`--no-duplicate-keys` makes an array).
+fn each(v: &Value) -> Vec<&Value> {
+    match v {
+        Value::Array(a) => a.iter().collect(),
+        Value::Null => Vec::new(),
+        x => vec![x],
+    }
+}
+
+/// A number as either decoder prints it: decimal, `0x` hex, or a bus:device.function.
+fn number(v: &Value) -> String {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Null => return "-".into(),
+        x => x.to_string(),
+    };
+    if let Some(h) = s.strip_prefix("0x") {
+        return u64::from_str_radix(h, 16).unwrap().to_string();
+    }
+    if let Some((bus, rest)) = s.split_once(':')
+        && let Some((dev, func)) = rest.split_once('.')
+    {
+        let (b, d, f) = (
+            u64::from_str_radix(bus, 16).unwrap(),
+            u64::from_str_radix(dev, 16).unwrap(),
+            func.parse::<u64>().unwrap(),
         );
-        let tlps = (0..kinds.len())
-            .map(|i| [kinds[i].clone(), req[i].clone(), tag[i].clone(), addr[i].clone(), len[i].clone()])
+        return (b << 8 | d << 3 | f).to_string();
+    }
+    s
+}
+
+fn tshark(file: &Path) -> Option<Vec<Seen>> {
+    let layers = tshark_json(file, "dxpu")?;
+    let mut seen = Vec::new();
+    for l in layers {
+        let d = &l["dxpu"];
+        let tlps = each(&d["dxpu.tlp_tree"])
+            .into_iter()
+            .map(|t| {
+                let field = |k: &str| number(&t[format!("dxpu.tlp.{k}")]);
+                [
+                    t["dxpu.tlp.kind"].as_str().unwrap().to_string(),
+                    field("requester"),
+                    field("tag"),
+                    field("address"),
+                    field("length"),
+                ]
+            })
             .collect();
         seen.push((
-            cols[0].parse().unwrap(),
-            cols[1].to_string(),
-            cols[2].parse().unwrap(),
-            cols[3].parse().unwrap(),
+            l["frame"]["frame.number"].as_str().unwrap().parse().unwrap(),
+            d["dxpu.type_name"].as_str().unwrap().to_string(),
+            d["dxpu.seq"].as_str().unwrap().parse().unwrap(),
+            d["dxpu.ack"].as_str().unwrap().parse().unwrap(),
             tlps,
         ));
     }
@@ -181,6 +203,81 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     for (a, b) in mine.iter().zip(&theirs) {
         assert_eq!(a, b, "packet {}: dxpu tlp decode and tshark differ", a.0);
     }
+
+    // Typed fields: a numeric filter takes the packets with a TLP above the address, as
+    // counted here, not those whose text sorts after it.
+    let above: Vec<u64> = mine
+        .iter()
+        .filter(|p| p.4.iter().any(|t| t[3] != "-" && t[3].parse::<u64>().unwrap() > 0x1000))
+        .map(|p| p.0)
+        .collect();
+    assert!(!above.is_empty() && above.len() < mine.len());
+    let filtered = tshark_json(&file, "dxpu.tlp.address > 0x1000").unwrap();
+    let numbers: Vec<u64> =
+        filtered.iter().map(|l| l["frame"]["frame.number"].as_str().unwrap().parse().unwrap()).collect();
+    assert_eq!(numbers, above, "dxpu.tlp.address > 0x1000");
+    let tag5 = tshark_json(&file, "dxpu.tlp.tag == 5 && dxpu.tlp.kind == \"CplD\"").unwrap();
+    assert!(!tag5.is_empty());
+
+    // Every completion finds its request, with a response time, and every non-posted
+    // request its completion (a retransmitted frame's TLPs were matched in its first copy).
+    let (mut completions, mut requests) = (0, 0);
+    for l in tshark_json(&file, "dxpu && !dxpu.retransmission").unwrap() {
+        for t in each(&l["dxpu"]["dxpu.tlp_tree"]) {
+            let kind = t["dxpu.tlp.kind"].as_str().unwrap();
+            if kind.starts_with("Cpl") {
+                completions += 1;
+                let req: u64 = t["dxpu.tlp.request_in"].as_str().expect("request_in").parse().unwrap();
+                let at: u64 = l["frame"]["frame.number"].as_str().unwrap().parse().unwrap();
+                assert!(req < at, "a completion in {at} answers a request in {req}");
+                let time: f64 = t["dxpu.tlp.time"].as_str().expect("time").parse().unwrap();
+                assert!((0.0..5.0).contains(&time), "response time {time}");
+            } else if kind.starts_with("MRd") || kind.starts_with("CfgRd") || kind.starts_with("CfgWr") {
+                requests += 1;
+                assert!(t.get("dxpu.tlp.response_in").is_some(), "{kind} without its completion: {t}");
+            }
+        }
+    }
+    assert!(completions > 1000 && requests > 1000, "{completions} completions, {requests} requests");
+
+    // The Info column names each TLP with its address, length and tag.
+    let info = Command::new("tshark")
+        .arg("-X")
+        .arg(format!("lua_script:{}", dissector().display()))
+        .arg("-r")
+        .arg(&file)
+        .args(["-Y", "dxpu.tlp.kind == \"MRd64\"", "-T", "fields", "-e", "_ws.col.Info"])
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    let first = info.lines().next().expect("an MRd64 in the capture");
+    assert!(first.contains("MRd64 0x") && first.contains(" len ") && first.contains(" tag "), "{first}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A lossy link's capture: the DATA frames sent again and the NAKs, as `dxpu tlp decode`
+/// counts them, are what the dissector marks (a field and expert info each).
+#[test]
+fn the_dissector_marks_the_retransmissions_and_naks_of_a_lossy_capture() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("lossy");
+    let file = dir.join("lossy.pcapng");
+    let out = dxpu()
+        .args(["loopback", "--workload", "demo", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
+        .args(["--loss", "0.02", "--json", "--capture"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let frames: Vec<Value> = decode(&file).into_iter().filter(|v| v.get("kind").is_none()).collect();
+    let replays = frames.iter().filter(|v| v["replay"] == true).count();
+    let naks = frames.iter().filter(|v| v["nak"] == true).count();
+    assert!(replays > 0 && naks > 0, "{replays} replays, {naks} NAKs at 2 % loss");
+    let Some(retransmitted) = tshark_json(&file, "dxpu.retransmission") else { return };
+    assert_eq!(retransmitted.len(), replays);
+    assert_eq!(tshark_json(&file, "dxpu.nak == 1").unwrap().len(), naks);
+    assert_eq!(tshark_json(&file, "dxpu.retransmission.expert").unwrap().len(), replays);
+    assert_eq!(tshark_json(&file, "dxpu.nak.expert").unwrap().len(), naks);
     let _ = std::fs::remove_dir_all(dir);
 }
 

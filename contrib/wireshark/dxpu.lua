@@ -6,8 +6,12 @@
 --
 -- Frames are found on UDP port 7440 and, by their magic and version, on any other port.
 -- A session whose CHALLENGE negotiated encryption has its DATA bodies shown as encrypted.
--- Every TLP field is present on every TLP ("-" where the kind has no such field), so that
--- `tshark -T fields -E occurrence=a` lists them aligned.
+-- TLP fields are typed, so that filters compare numbers: `dxpu.tlp.address > 0x1000`,
+-- `dxpu.tlp.tag == 5`, `dxpu.tlp.requester == 0x0100` (01:00.0), `dxpu.tlp.kind == "MRd64"`.
+-- A field the TLP's kind does not have is absent (`tshark -T json` keeps each TLP's fields
+-- together). A completion links to its request (`dxpu.tlp.request_in`, `dxpu.tlp.time`, the
+-- response time) and the request to its first completion (`dxpu.tlp.response_in`); a DATA
+-- frame sent again is marked `dxpu.retransmission`, and it and a NAK raise expert info.
 
 local dxpu = Proto("dxpu", "dxpu link")
 
@@ -47,23 +51,34 @@ f.tlp_kind = ProtoField.string("dxpu.tlp.kind", "Kind")
 f.tlp_fmt = ProtoField.uint8("dxpu.tlp.fmt", "Fmt")
 f.tlp_type = ProtoField.uint8("dxpu.tlp.type", "Type", base.HEX)
 f.tlp_tc = ProtoField.uint8("dxpu.tlp.tc", "Traffic class")
-f.tlp_length = ProtoField.string("dxpu.tlp.length", "Length (DW)")
-f.tlp_requester = ProtoField.string("dxpu.tlp.requester", "Requester ID")
-f.tlp_tag = ProtoField.string("dxpu.tlp.tag", "Tag")
-f.tlp_address = ProtoField.string("dxpu.tlp.address", "Address")
+f.tlp_length = ProtoField.uint16("dxpu.tlp.length", "Length (DW)")
+f.tlp_requester = ProtoField.uint16("dxpu.tlp.requester", "Requester ID", base.HEX)
+f.tlp_tag = ProtoField.uint16("dxpu.tlp.tag", "Tag")
+f.tlp_address = ProtoField.uint64("dxpu.tlp.address", "Address", base.HEX)
 f.tlp_first_be = ProtoField.uint8("dxpu.tlp.first_be", "First DW byte enables", base.HEX)
 f.tlp_last_be = ProtoField.uint8("dxpu.tlp.last_be", "Last DW byte enables", base.HEX)
-f.tlp_target = ProtoField.string("dxpu.tlp.target", "Configuration target")
+f.tlp_target = ProtoField.uint16("dxpu.tlp.target", "Configuration target", base.HEX)
 f.tlp_register = ProtoField.uint16("dxpu.tlp.register", "Register", base.HEX)
-f.tlp_completer = ProtoField.string("dxpu.tlp.completer", "Completer ID")
-f.tlp_status = ProtoField.string("dxpu.tlp.status", "Completion status")
+f.tlp_completer = ProtoField.uint16("dxpu.tlp.completer", "Completer ID", base.HEX)
+f.tlp_status = ProtoField.uint8("dxpu.tlp.status", "Completion status", base.DEC,
+    { [0] = "SC", [1] = "UR", [2] = "CRS", [4] = "CA" })
 f.tlp_byte_count = ProtoField.uint16("dxpu.tlp.byte_count", "Byte count")
 f.tlp_lower_address = ProtoField.uint8("dxpu.tlp.lower_address", "Lower address", base.HEX)
 f.tlp_message = ProtoField.uint8("dxpu.tlp.message", "Message code", base.HEX)
 f.tlp_data = ProtoField.bytes("dxpu.tlp.data", "Data")
+f.tlp_request_in = ProtoField.framenum("dxpu.tlp.request_in", "Request in frame")
+f.tlp_response_in = ProtoField.framenum("dxpu.tlp.response_in", "Response in frame")
+f.tlp_time = ProtoField.relative_time("dxpu.tlp.time", "Response time")
+f.retransmission = ProtoField.bool("dxpu.retransmission", "Retransmission")
 
 local e_bad = ProtoExpert.new("dxpu.bad", "Malformed dxpu frame", expert.group.MALFORMED, expert.severity.ERROR)
-dxpu.experts = { e_bad }
+local e_nak = ProtoExpert.new("dxpu.nak.expert", "NAK: the receiver asks for the frames from this ACK again",
+    expert.group.SEQUENCE, expert.severity.WARN)
+local e_retransmission = ProtoExpert.new("dxpu.retransmission.expert", "Retransmission: this DATA frame was sent before",
+    expert.group.SEQUENCE, expert.severity.NOTE)
+local e_unanswered = ProtoExpert.new("dxpu.tlp.no_response", "Non-posted request with no completion in the capture",
+    expert.group.SEQUENCE, expert.severity.NOTE)
+dxpu.experts = { e_bad, e_nak, e_retransmission, e_unanswered }
 
 -- Fmt/Type byte → kind name, as the tlp crate names them (tlp::Kind).
 local KINDS = {
@@ -84,17 +99,31 @@ local STATUS = { [0] = "SC", [1] = "UR", [2] = "CRS", [4] = "CA", [3] = "rsvd3",
 -- Sessions that negotiated encryption (both IDs), learned from CHALLENGE frames.
 local encrypted_sessions = {}
 
+-- Learned on the first pass, shown on every pass (Wireshark dissects a packet again when it
+-- is shown): outstanding non-posted requests by requester ID and tag; for each TLP (frame
+-- number and record index) the frame of its request or of its first completion and the
+-- response time; DATA frames by direction, session and sequence number; retransmissions.
+local outstanding = {}
+local request_of = {}
+local response_of = {}
+local data_seen = {}
+local retransmitted = {}
+
+function dxpu.init()
+    encrypted_sessions, outstanding, request_of, response_of, data_seen, retransmitted = {}, {}, {}, {}, {}, {}
+end
+
 local function bdf(v)
     return string.format("%02x:%02x.%d", bit.rshift(v, 8), bit.band(bit.rshift(v, 3), 0x1f), bit.band(v, 7))
 end
 
--- The low DW's two lowest bits are not address bits (reserved, or PH with TH set). The
--- arithmetic stays unsigned: bit.band would return a negative number from 2^31 up.
+-- The arithmetic stays unsigned: bit.band would return a negative number from 2^31 up.
 local function hex64(hi, lo)
-    return string.format("0x%08x%08x", hi, lo - lo % 4)
+    return string.format("0x%08x%08x", hi, lo)
 end
 
-local function dissect_tlp(tvb, tree)
+-- `again`: the frame is a retransmission, its TLPs already matched in the first copy.
+local function dissect_tlp(tvb, tree, pinfo, record, again)
     local n = tvb:len()
     local at = 0
     -- TLP prefixes (Fmt 100b): one DW each, skipped.
@@ -123,29 +152,55 @@ local function dissect_tlp(tvb, tree)
     local is_read = (kind == "MRd32" or kind == "MRd64" or kind == "MRdLk32" or kind == "MRdLk64"
         or kind == "IORd" or kind == "CfgRd0" or kind == "CfgRd1")
     if has_data or is_read then
-        tree:add(f.tlp_length, tvb(at + 2, 2), tostring(len_field))
-    else
-        tree:add(f.tlp_length, "-")
+        tree:add(f.tlp_length, tvb(at + 2, 2), len_field)
     end
+    -- Non-posted: a completion answers it (reads, I/O and configuration writes, atomics).
+    local non_posted = is_read or kind == "IOWr" or kind == "CfgWr0" or kind == "CfgWr1"
+        or kind:sub(1, 8) == "FetchAdd" or kind:sub(1, 4) == "Swap" or kind:sub(1, 3) == "CAS"
+    local here = pinfo.number .. ":" .. record
     local is_cpl = (kind == "Cpl" or kind == "CplD" or kind == "CplLk" or kind == "CplDLk")
     local requester, tag, address, summary
     if is_cpl then
         local status = bit.rshift(tvb(at + 6, 1):uint(), 5)
-        tree:add(f.tlp_completer, tvb(at + 4, 2), bdf(tvb(at + 4, 2):uint()))
-        tree:add(f.tlp_status, tvb(at + 6, 1), STATUS[status])
+        tree:add(f.tlp_completer, tvb(at + 4, 2)):append_text(" (" .. bdf(tvb(at + 4, 2):uint()) .. ")")
+        tree:add(f.tlp_status, tvb(at + 6, 1), status)
         tree:add(f.tlp_byte_count, tvb(at + 6, 2), bit.band(tvb(at + 6, 2):uint(), 0xfff))
-        requester = bdf(tvb(at + 8, 2):uint())
+        local rid = tvb(at + 8, 2):uint()
+        requester = bdf(rid)
         tag = t9 * 512 + t8 * 256 + tvb(at + 10, 1):uint()
-        tree:add(f.tlp_requester, tvb(at + 8, 2), requester)
-        tree:add(f.tlp_tag, tvb(at + 10, 1), tostring(tag))
+        tree:add(f.tlp_requester, tvb(at + 8, 2)):append_text(" (" .. requester .. ")")
+        tree:add(f.tlp_tag, tvb(at + 10, 1), tag)
         tree:add(f.tlp_lower_address, tvb(at + 11, 1), bit.band(tvb(at + 11, 1):uint(), 0x7f))
-        tree:add(f.tlp_address, "-")
+        if not pinfo.visited and not again then
+            local req = outstanding[rid .. ":" .. tag]
+            if req then
+                request_of[here] = { frame = req.frame, time = pinfo.abs_ts - req.time }
+                if not response_of[req.here] then response_of[req.here] = pinfo.number end
+            end
+        end
+        local req = request_of[here]
+        if req then
+            tree:add(f.tlp_request_in, req.frame):set_generated()
+            tree:add(f.tlp_time, NSTime.new(math.floor(req.time), math.floor((req.time % 1) * 1e9 + 0.5))):set_generated()
+        end
         summary = string.format("%s %s tag %d → %s", kind, STATUS[status], tag, requester)
     else
-        requester = bdf(tvb(at + 4, 2):uint())
+        local rid = tvb(at + 4, 2):uint()
+        requester = bdf(rid)
         tag = t9 * 512 + t8 * 256 + tvb(at + 6, 1):uint()
-        tree:add(f.tlp_requester, tvb(at + 4, 2), requester)
-        tree:add(f.tlp_tag, tvb(at + 6, 1), tostring(tag))
+        tree:add(f.tlp_requester, tvb(at + 4, 2)):append_text(" (" .. requester .. ")")
+        tree:add(f.tlp_tag, tvb(at + 6, 1), tag)
+        if non_posted and not again then
+            if not pinfo.visited then
+                outstanding[rid .. ":" .. tag] = { frame = pinfo.number, time = pinfo.abs_ts, here = here }
+            end
+            local resp = response_of[here]
+            if resp then
+                tree:add(f.tlp_response_in, resp):set_generated()
+            elseif pinfo.visited then
+                tree:add_proto_expert_info(e_unanswered)
+            end
+        end
         local be = tvb(at + 7, 1):uint()
         local is_msg = (kind == "Msg" or kind == "MsgD")
         local is_cfg = (kind == "CfgRd0" or kind == "CfgRd1" or kind == "CfgWr0" or kind == "CfgWr1")
@@ -157,25 +212,29 @@ local function dissect_tlp(tvb, tree)
         end
         if is_cfg then
             local reg = bit.bor(bit.lshift(bit.band(tvb(at + 10, 1):uint(), 0xf), 8), bit.band(tvb(at + 11, 1):uint(), 0xfc))
-            tree:add(f.tlp_target, tvb(at + 8, 2), bdf(tvb(at + 8, 2):uint()))
+            tree:add(f.tlp_target, tvb(at + 8, 2)):append_text(" (" .. bdf(tvb(at + 8, 2):uint()) .. ")")
             tree:add(f.tlp_register, tvb(at + 10, 2), reg)
-            tree:add(f.tlp_address, "-")
-            summary = string.format("%s %s reg 0x%03x", kind, bdf(tvb(at + 8, 2):uint()), reg)
+            summary = string.format("%s %s reg 0x%03x tag %d", kind, bdf(tvb(at + 8, 2):uint()), reg, tag)
         elseif is_msg and bit.band(ty, 7) ~= 1 then
-            tree:add(f.tlp_address, "-")
             summary = string.format("%s code 0x%02x", kind, be)
         else
+            local hi, lo = 0, tvb(at + 8, 4):uint()
             if four_dw then
                 if n - at < 16 then
                     tree:add_proto_expert_info(e_bad, "4-DW header cut short")
                     return
                 end
-                address = hex64(tvb(at + 8, 4):uint(), tvb(at + 12, 4):uint())
-            else
-                address = hex64(0, tvb(at + 8, 4):uint())
+                hi, lo = lo, tvb(at + 12, 4):uint()
             end
-            tree:add(f.tlp_address, tvb(at + 8, four_dw and 8 or 4), address)
-            summary = string.format("%s %s len %d", kind, address, len_field)
+            -- The low DW's two lowest bits are not address bits (reserved, or PH with TH set).
+            lo = lo - lo % 4
+            address = hex64(hi, lo)
+            tree:add(f.tlp_address, tvb(at + 8, four_dw and 8 or 4), UInt64.new(lo, hi))
+            if non_posted then
+                summary = string.format("%s %s len %d tag %d", kind, address, len_field, tag)
+            else
+                summary = string.format("%s %s len %d", kind, address, len_field)
+            end
         end
     end
     local hdr = four_dw and 16 or 12
@@ -183,7 +242,7 @@ local function dissect_tlp(tvb, tree)
         tree:add(f.tlp_data, tvb(at + hdr, math.min(len_field * 4, n - at - hdr)))
     end
     tree:append_text(": " .. summary)
-    return kind
+    return summary
 end
 
 local function dissect(tvb, pinfo, root)
@@ -226,8 +285,27 @@ local function dissect(tvb, pinfo, root)
         return n
     end
     local info = name
-    if ty == 5 then info = string.format("DATA seq %d", seq) end
-    if bit.band(flags, 1) == 1 then info = info .. string.format(" NAK %d", tvb(24, 4):uint()) end
+    if ty == 5 then
+        info = string.format("DATA seq %d", seq)
+        if not pinfo.visited then
+            local key = tostring(pinfo.src) .. ":" .. pinfo.src_port .. ">" .. tostring(pinfo.dst) .. ":"
+                .. pinfo.dst_port .. "/" .. session .. "/" .. seq
+            if data_seen[key] and data_seen[key] ~= pinfo.number then
+                retransmitted[pinfo.number] = true
+            else
+                data_seen[key] = pinfo.number
+            end
+        end
+        if retransmitted[pinfo.number] then
+            tree:add(f.retransmission, true):set_generated()
+            tree:add_proto_expert_info(e_retransmission)
+            info = info .. " (retransmission)"
+        end
+    end
+    if bit.band(flags, 1) == 1 then
+        info = info .. string.format(" NAK %d", tvb(24, 4):uint())
+        tree:add_proto_expert_info(e_nak)
+    end
     if ty == 2 and body_len >= 25 then
         -- CHALLENGE: options (negotiated) at body offset 24, bit 1 ENCRYPT.
         if bit.band(tvb(at + 24, 1):uint(), 2) == 2 then
@@ -242,6 +320,7 @@ local function dissect(tvb, pinfo, root)
         else
             local p = at
             local kinds = {}
+            local record = 0
             while p + 2 <= at + body_len do
                 local rl = tvb(p, 2):uint()
                 if rl == 0 or p + 2 + rl > at + body_len then
@@ -250,8 +329,9 @@ local function dissect(tvb, pinfo, root)
                 end
                 local t = tree:add(f.tlp, tvb(p + 2, rl))
                 t:add(f.tlp_record_len, tvb(p, 2))
-                local k = dissect_tlp(tvb(p + 2, rl):tvb(), t)
+                local k = dissect_tlp(tvb(p + 2, rl):tvb(), t, pinfo, record, retransmitted[pinfo.number])
                 kinds[#kinds + 1] = k or "?"
+                record = record + 1
                 p = p + 2 + rl
             end
             info = info .. ": " .. table.concat(kinds, ", ")
