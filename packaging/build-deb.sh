@@ -14,5 +14,5 @@ bin=target/release/dxpu
 "$bin" completions zsh >"$gen/_dxpu"
 "$bin" completions fish >"$gen/dxpu.fish"
 "$bin" man "$gen/man"
-gzip -9n "$gen"/man/*.1
+gzip -9n "$gen"/man/*.1 "$gen"/man/*.5
 cargo deb -p dxpu --no-build --output target/debian/ 2>&1 | tail -1

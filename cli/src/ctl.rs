@@ -21,11 +21,46 @@ pub(crate) struct CtlArgs {
     /// Seconds to wait for the answer (an attach may take the link's handshake timeout).
     #[arg(long, default_value_t = 30)]
     timeout: u64,
-    /// The method: status, devices, sessions, stats, reload; on a box export NAME and
-    /// unexport NAME; on a host attach NAME and detach NAME.
+    /// The method: status, devices, sessions, stats, reload, rpc_get_methods; on a box export
+    /// NAME and unexport NAME; on a host attach NAME and detach NAME.
+    #[arg(value_parser = MethodParser)]
     method: String,
     /// The method's arguments: a device name, or KEY=VALUE parameters.
     args: Vec<String>,
+}
+
+/// The control methods of the box and the host (`rpc_get_methods` lists an endpoint's
+/// own), in the order they are offered.
+fn methods() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = Vec::new();
+    for m in ops::gpu_run::METHODS.iter().chain(ops::host_run::METHODS.iter()) {
+        if !all.contains(m) {
+            all.push(m);
+        }
+    }
+    all
+}
+
+/// A method name: any (an endpoint newer than this binary may serve more), the known ones
+/// offered to the shell's completion.
+#[derive(Clone, Copy, Debug)]
+struct MethodParser;
+
+impl clap::builder::TypedValueParser for MethodParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(methods().into_iter().map(clap::builder::PossibleValue::new)))
+    }
 }
 
 fn params(method: &str, args: &[String]) -> Result<Value, String> {

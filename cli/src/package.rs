@@ -33,7 +33,8 @@ pub(crate) struct CompletionsArgs {
 /// Options of `dxpu man`.
 #[derive(Args, Debug)]
 pub(crate) struct ManArgs {
-    /// The directory to write `dxpu.1` and a page per subcommand (`dxpu-gpu.1`, …) into.
+    /// The directory to write `dxpu.1`, a page per subcommand (`dxpu-gpu.1`, …) and the
+    /// configuration files' `gpu.toml.5` and `host.toml.5` into.
     dir: PathBuf,
 }
 
@@ -89,12 +90,7 @@ pub(crate) fn completions(args: CompletionsArgs) -> ExitCode {
 }
 
 pub(crate) fn man(args: ManArgs) -> ExitCode {
-    let cmd = crate::Cli::command();
-    if let Err(e) = std::fs::create_dir_all(&args.dir) {
-        eprintln!("dxpu man: {}: {e}", args.dir.display());
-        return ExitCode::FAILURE;
-    }
-    match clap_mangen::generate_to(cmd, &args.dir) {
+    match write_man_pages(&args.dir) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dxpu man: {}: {e}", args.dir.display());
@@ -103,10 +99,261 @@ pub(crate) fn man(args: ManArgs) -> ExitCode {
     }
 }
 
+/// Every page: clap's (name, synopsis, description, options, subcommands) with EXIT STATUS,
+/// FILES, EXAMPLES and SEE ALSO after them, and the two configuration files' pages.
+fn write_man_pages(dir: &Path) -> std::io::Result<()> {
+    fn each(cmd: clap::Command, dir: &Path) -> std::io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+            each(sub, dir)?;
+        }
+        let man = clap_mangen::Man::new(cmd.clone());
+        let mut page = Vec::new();
+        man.render(&mut page)?;
+        let name = cmd.get_display_name().unwrap_or_else(|| cmd.get_name()).to_string();
+        page.extend_from_slice(extra_sections(&name).as_bytes());
+        std::fs::write(dir.join(man.get_filename()), page)
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = crate::Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    each(cmd, dir)?;
+    for (file, role) in [("gpu.toml", Role::Gpu), ("host.toml", Role::Host)] {
+        std::fs::write(dir.join(format!("{file}.5")), config_page(role))?;
+    }
+    Ok(())
+}
+
+/// Text for roff: a leading dot or quote escaped, backslashes doubled.
+fn roff_text(s: &str) -> String {
+    s.lines()
+        .map(|l| {
+            let l = l.replace('\\', "\\e").replace('-', "\\-");
+            if l.starts_with('.') || l.starts_with('\'') { format!("\\&{l}") } else { l }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The sections clap does not write, for the page of `name` (`dxpu`, `dxpu-gpu`, …).
+fn extra_sections(name: &str) -> String {
+    let mut out = String::new();
+    out.push_str(".SH \"EXIT STATUS\"\n");
+    let daemon = "0 when stopped by SIGINT or SIGTERM (every session closed, attached devices \
+                  reset), and with \\fB\\-\\-check\\fR when the configuration is valid; 1 when it \
+                  cannot start or go on (a configuration refused, with the key and the reason on \
+                  standard error; a device that cannot be opened)";
+    match name {
+        "dxpu-gpu" => out.push_str(&format!("{daemon}; 2 for a command line it does not take.\n")),
+        "dxpu-host" => out.push_str(&format!(
+            "{daemon}; with \\fB\\-\\-workload\\fR, 1 unless every result was verified; 2 for a \
+             command line it does not take.\n"
+        )),
+        _ => out.push_str(
+            "0 on success; 1 when the command failed, with the reason on standard error (for \
+             \\fBdxpu ctl\\fR also an error answered by the endpoint; for a benchmark or \
+             workload, a result that was not verified); 2 for a command line it does not take \
+             (an unknown option, a value out of its range).\n",
+        ),
+    }
+    let files: &[(&str, &str)] = match name {
+        "dxpu-gpu" => &[
+            ("/etc/dxpu/gpu.toml", "the configuration, as packaged (gpu.toml(5))"),
+            ("/etc/dxpu/keys/", "the hosts' pre-shared keys (key_file), mode 0600"),
+            ("/run/dxpu/gpu.sock", "the control socket, as packaged ([control] socket)"),
+        ],
+        "dxpu-host" => &[
+            ("/etc/dxpu/host.toml", "the configuration, as packaged (host.toml(5))"),
+            ("/etc/dxpu/keys/", "the pre-shared keys (key_file), mode 0600"),
+            ("/run/dxpu/host.sock", "the control socket, as packaged ([control] socket)"),
+            ("/run/dxpu/*.sock", "vfio-user sockets served to virtual machines (vfio_user_socket)"),
+        ],
+        "dxpu-ctl" => &[
+            ("/run/dxpu/gpu.sock", "the box's control socket, taken when it exists"),
+            ("/run/dxpu/host.sock", "the host's control socket, taken otherwise"),
+        ],
+        "dxpu" => &[
+            (
+                "/etc/dxpu/gpu.toml, /etc/dxpu/host.toml",
+                "the endpoints' configurations (gpu.toml(5), host.toml(5))",
+            ),
+            ("/run/dxpu/gpu.sock, /run/dxpu/host.sock", "their control sockets, as packaged"),
+        ],
+        _ => &[],
+    };
+    if !files.is_empty() {
+        out.push_str(".SH FILES\n");
+        for (path, what) in files {
+            out.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", roff_text(path), roff_text(what)));
+        }
+    }
+    let examples: &[(&str, &str)] = match name {
+        "dxpu" => &[
+            (
+                "dxpu loopback",
+                "both endpoints and a simulated GPU on this machine: the overhead of each workload",
+            ),
+            (
+                "dxpu replay testbed/traces/v100-training-4k-kernels.json.gz --delay-us 10",
+                "a real job's trace replayed directly and through the bridges",
+            ),
+        ],
+        "dxpu-gpu" => &[
+            ("dxpu gpu --check --config /etc/dxpu/gpu.toml", "validate the configuration without starting"),
+            ("dxpu gpu --config /etc/dxpu/gpu.toml --log-level debug", "run in the foreground"),
+        ],
+        "dxpu-host" => &[
+            ("dxpu host --check --config /etc/dxpu/host.toml", "validate the configuration without starting"),
+            (
+                "dxpu host --config /etc/dxpu/host.toml --workload",
+                "attach, run the demo workload on every device, report and exit",
+            ),
+        ],
+        "dxpu-ctl" => &[
+            ("dxpu ctl devices", "who holds which device"),
+            (
+                "dxpu ctl --socket /run/dxpu/host.sock detach gpu1",
+                "detach one device while the others run on",
+            ),
+            ("dxpu ctl --json stats", "the counters, as JSON"),
+        ],
+        "dxpu-loopback" => &[
+            ("dxpu loopback --workload inference --repeat 5", "one workload, five runs each way"),
+            ("dxpu loopback --delay-us 10 --json", "one datacenter hop added each way, as JSON"),
+        ],
+        "dxpu-replay" => &[
+            (
+                "dxpu replay trace.json.gz --delay-us 10",
+                "a PyTorch profiler trace through the bridges with 10 µs each way",
+            ),
+            ("dxpu replay trace.json.gz --rate-gbit 25 --json", "over a 25 Gbit/s link, as JSON"),
+        ],
+        "dxpu-model" => &[
+            (
+                "dxpu model --trace trace.json.gz --rtt-us 0,10,50 --bandwidth-gbit 100",
+                "a traced job's predicted overhead at three round trips",
+            ),
+            ("dxpu model --workload training --rtt-us 0,20,50", "a workload's, from its transaction profile"),
+        ],
+        "dxpu-tlp-decode" => &[
+            ("dxpu tlp decode --pcap /tmp/link.pcapng --format text", "the TLPs of a capture, one line each"),
+            (
+                "dxpu tlp decode --format text 4a00000101000004000000002a000000",
+                "one TLP given as hex (a completion with one DW of data)",
+            ),
+        ],
+        "dxpu-keygen" => &[("dxpu keygen /etc/dxpu/keys/host-a.key", "a new 32-byte key, mode 0600")],
+        "dxpu-pool" | "dxpu-pool-ls" => &[
+            ("DXPU_ETCD_ENDPOINTS=10.0.0.2:2379 dxpu pool ls", "every device of the pool and who holds it"),
+            ("dxpu pool drain box-a/gpu0", "no new claims on one device"),
+        ],
+        _ => &[],
+    };
+    if !examples.is_empty() {
+        out.push_str(".SH EXAMPLES\n");
+        for (cmd, what) in examples {
+            out.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", roff_text(cmd), roff_text(what)));
+        }
+    }
+    if matches!(name, "dxpu" | "dxpu-gpu" | "dxpu-host") {
+        out.push_str(".SH \"SEE ALSO\"\ngpu.toml(5), host.toml(5), dxpu-ctl(1)\n");
+    }
+    out
+}
+
+#[derive(Clone, Copy)]
+enum Role {
+    Gpu,
+    Host,
+}
+
+/// The complete, commented configuration file of `role` as docs/operations.md shows it
+/// (the first TOML block under its endpoint's heading): one source for the docs and the
+/// page, and a test parses it as the endpoint would.
+fn config_example(role: Role) -> &'static str {
+    const OPERATIONS: &str = include_str!("../../docs/operations.md");
+    let heading = match role {
+        Role::Gpu => "## `dxpu gpu`",
+        Role::Host => "## `dxpu host`",
+    };
+    OPERATIONS
+        .split_once(heading)
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, block)| block.split_once("```"))
+        .map_or("", |(toml, _)| toml)
+}
+
+/// gpu.toml(5) or host.toml(5).
+fn config_page(role: Role) -> String {
+    let (name, what, cmd) = match role {
+        Role::Gpu => ("gpu.toml", "the GPU-box endpoint's configuration", "dxpu-gpu"),
+        Role::Host => ("host.toml", "the host endpoint's configuration", "dxpu-host"),
+    };
+    let about = match role {
+        Role::Gpu => {
+            "The file \\fBdxpu gpu\\fR reads (\\fB--config\\fR; packaged as /etc/dxpu/gpu.toml): where it \
+             listens, the link's settings, the hosts allowed in with their keys, and the devices it \
+             exports (simulated, or real ones bound to vfio-pci) with the hosts that may attach each."
+        }
+        Role::Host => {
+            "The file \\fBdxpu host\\fR reads (\\fB--config\\fR; packaged as /etc/dxpu/host.toml): the \
+             link's settings and each device to attach \\(em its box, name and key, and whether it is \
+             served to a virtual machine over a vfio-user socket \\(em or a \\fB[pool]\\fR to claim \
+             devices from."
+        }
+    };
+    format!(
+        ".TH {upper} 5 \"\" \"dxpu {version}\" \"File Formats\"\n\
+         .SH NAME\n{name} \\- {what}\n\
+         .SH DESCRIPTION\n{about} TOML; an unknown key is refused, and an invalid value stops the \
+         endpoint at start (or is refused on reload) with the key, the value and the reason. \
+         \\fB{bin} --check --config FILE\\fR validates a file without starting.\n\
+         .SH KEYS\nEvery key, with its default where it has one:\n.PP\n.nf\n{example}\n.fi\n\
+         .SH FILES\n.TP\n\\fI/etc/dxpu/{name}\\fR\nwhere the package's unit reads it\n\
+         .SH \"SEE ALSO\"\n{cmd}(1), dxpu-ctl(1){also}; docs/operations.md in the source (the \
+         control socket, metrics, capture and pool sections)\n",
+        also = match role {
+            Role::Gpu => ", host.toml(5)",
+            Role::Host => ", gpu.toml(5) (the [link] and [impairment] keys)",
+        },
+        upper = name.to_uppercase(),
+        version = env!("CARGO_PKG_VERSION"),
+        bin = cmd.replace('-', " "),
+        example = roff_text(config_example(role).trim_end()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// The configuration pages' key reference is docs/operations.md's complete example, and
+    /// each parses as its endpoint would parse it.
+    #[test]
+    fn the_configuration_pages_hold_a_file_each_endpoint_takes() {
+        let dir = std::env::temp_dir().join(format!("dxpu-man-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let gpu = config_example(Role::Gpu);
+        let host = config_example(Role::Host);
+        assert!(gpu.contains("[[device]]") && gpu.contains("[link]"), "{gpu}");
+        assert!(host.contains("[[attach]]"), "{host}");
+        let (g, h, k) = (dir.join("gpu.toml"), dir.join("host.toml"), dir.join("host-b.key"));
+        // Its key file where this test can write one.
+        write_key(&k, 32, true).unwrap();
+        let gpu = gpu.replace("/etc/dxpu/host-b.key", k.to_str().unwrap());
+        std::fs::write(&g, gpu).unwrap();
+        std::fs::write(&h, host).unwrap();
+        let gf: ops::config::GpuFile = ops::config::read(&g).unwrap();
+        gf.options(None).unwrap();
+        let hf: ops::config::HostFile = ops::config::read(&h).unwrap();
+        hf.attachments(None).unwrap();
+        let page = config_page(Role::Gpu);
+        assert!(page.starts_with(".TH GPU.TOML 5") && page.contains("key_update_frames"), "{page}");
+        assert!(config_page(Role::Host).contains("completion_timeout_ms"));
+        // Lines of the example that begin with a dot or a quote cannot be taken for requests.
+        assert_eq!(roff_text(".x\n'y\nz\\ -1"), "\\&.x\n\\&'y\nz\\e \\-1");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn a_key_is_random_hex_mode_0600_and_never_overwritten_unless_forced() {

@@ -42,12 +42,46 @@ fn completions_and_man_pages_come_from_the_command_line() {
         assert!(out.status.success());
         let t = String::from_utf8_lossy(&out.stdout);
         assert!(t.contains("loopback") && t.contains("ctl") && t.contains("keygen"), "{shell}");
+        // The control methods complete after `dxpu ctl` (clap_complete's fish script
+        // completes options only, no positional values).
+        if shell != "fish" {
+            assert!(t.contains("rpc_get_methods") && t.contains("unexport"), "{shell}: no ctl methods");
+        }
     }
     let dir = std::env::temp_dir().join(format!("dxpu-man-{}", std::process::id()));
     assert!(dxpu().arg("man").arg(&dir).status().unwrap().success());
-    for page in ["dxpu.1", "dxpu-gpu.1", "dxpu-host.1", "dxpu-ctl.1", "dxpu-tlp-decode.1"] {
+    for page in ["dxpu.1", "dxpu-gpu.1", "dxpu-host.1", "dxpu-ctl.1", "dxpu-tlp-decode.1", "dxpu-replay.1"] {
         let t = std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
         assert!(t.starts_with(".ie") || t.contains(".TH"), "{page} is no man page");
+        for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+            assert!(t.contains(section), "{page} has no {section}");
+        }
+    }
+    for page in ["dxpu-gpu.1", "dxpu-host.1", "dxpu-ctl.1"] {
+        let t = std::fs::read_to_string(dir.join(page)).unwrap();
+        assert!(t.contains(".SH FILES") && t.contains("/run/dxpu/"), "{page} has no FILES");
+    }
+    for page in ["gpu.toml.5", "host.toml.5"] {
+        let t = std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(t.contains(".TH") && t.contains(".SH KEYS") && t.contains("[link]"), "{page}");
+    }
+    // man(1) reads every page without a warning, where it is installed.
+    if let Ok(o) = Command::new("man").arg("--version").output()
+        && o.status.success()
+    {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let out = Command::new("man")
+                .arg("--warnings")
+                .arg("-l")
+                .arg(&path)
+                .env("MANWIDTH", "80")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", path.display());
+            let warnings = String::from_utf8_lossy(&out.stderr);
+            assert!(warnings.trim().is_empty(), "{}: {warnings}", path.display());
+        }
     }
     let _ = std::fs::remove_dir_all(dir);
 }

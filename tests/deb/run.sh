@@ -48,6 +48,7 @@ chroot "$root" dxpu keygen /tmp/k >/dev/null 2>&1
 for f in usr/bin/dxpu usr/lib/systemd/system/dxpu-gpu.service usr/lib/systemd/system/dxpu-host.service \
     etc/dxpu/gpu.toml.example etc/dxpu/host.toml.example usr/lib/x86_64-linux-gnu/wireshark/plugins/dxpu.lua \
     usr/share/bash-completion/completions/dxpu usr/share/man/man1/dxpu.1.gz usr/share/man/man1/dxpu-gpu.1.gz \
+    usr/share/man/man5/gpu.toml.5.gz usr/share/man/man5/host.toml.5.gz \
     usr/share/doc/dxpu/README.md usr/share/doc/dxpu/docs/operations.md usr/share/doc/dxpu/docs/model/training.svg; do
     [[ -e "$root/$f" ]] || { echo "deb test: $f not installed" >&2; exit 1; }
 done
