@@ -196,15 +196,20 @@ fn plot(dir: &Path, name: &str, points: &[Point]) -> Result<(PathBuf, PathBuf), 
 }
 
 /// One point: the workload through the bridges at `delay_us`, alternated with direct runs.
-fn measure(args: &ModelBench, w: WorkloadArg, delay_us: u64) -> Result<Point, String> {
+fn measure(
+    args: &ModelBench,
+    w: WorkloadArg,
+    delay_us: u64,
+    steps: &crate::out::Steps,
+) -> Result<Point, String> {
     let mut la = LoopbackArgs::defaults();
     la.workload = Some(w);
     la.scale = args.scale;
     la.repeat = args.repeat;
     la.delay_us = delay_us;
     la.rtt_samples = 500;
-    let o =
-        crate::loopback::run(&la, &mut |_| {}).map_err(|e| format!("{} at +{delay_us} µs: {e}", w.name()))?;
+    let o = crate::loopback::run(&la, &mut |m| steps.detail(&format!("{} +{delay_us} µs: {m}", w.name())))
+        .map_err(|e| format!("{} at +{delay_us} µs: {e}", w.name()))?;
     let (bridged, direct) = o.seconds();
     let (pred, _) = o.prediction();
     Ok(Point {
@@ -242,12 +247,15 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         "miss pp"
     );
     let (mut all, mut held, mut total) = (Vec::new(), 0, 0);
+    let steps = crate::out::Steps::new("bench model");
+    let count = workloads.len() * args.delays_us.len();
     for w in workloads {
         let mut points = Vec::new();
         for &delay in &args.delays_us {
-            let p = measure(&args, w, delay)?;
+            steps.step(&format!("point {} of {count}: {} at +{delay} µs", total + 1, w.name()));
+            let p = measure(&args, w, delay, &steps)?;
             let (time, pp) = p.miss();
-            outln!(
+            steps.print(|| outln!(
                 "{:<13} {:>6} {:>8.1}  {:>7.1} ({:>5.0}..{:>5.0})  {:>9.1}  {:>8.2}ms {:>8.2}ms  {:>+7.1} {:>+7.1}  {}",
                 w.name(),
                 delay,
@@ -261,7 +269,7 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
                 time,
                 pp,
                 if p.holds() { "yes" } else { "NO" }
-            );
+            ));
             total += 1;
             held += usize::from(p.holds());
             points.push(p);
@@ -270,19 +278,22 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         let crossing =
             |p: &Point| model::crossing_rtt(&p.profile, p.direct.median, &p.link, 10.0).map(|s| s * 1e6);
         let (svg, png) = plot(&args.out, w.name(), &points)?;
-        outln!(
-            "{:<13} model crosses 10 % at a round trip of {}; plots {} and {}",
-            w.name(),
-            crossing(first).map_or("never".to_string(), |x| format!("{x:.0} µs")),
-            svg.display(),
-            png.display()
-        );
+        steps.print(|| {
+            outln!(
+                "{:<13} model crosses 10 % at a round trip of {}; plots {} and {}",
+                w.name(),
+                crossing(first).map_or("never".to_string(), |x| format!("{x:.0} µs")),
+                svg.display(),
+                png.display()
+            )
+        });
         all.push(json!({
             "workload": w.name(),
             "crosses_10_percent_at_rtt_us": crossing(first),
             "points": points.iter().map(Point::json).collect::<Vec<_>>(),
         }));
     }
+    drop(steps);
     outln!(
         "the model held at {held} of {total} points (±20 % of bridged time, or ±3 points under 15 % overhead)"
     );

@@ -52,7 +52,8 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
     cfg.request_timeout = Duration::from_secs(5);
     let largest = args.boxes.iter().copied().max().unwrap_or(1) as f64;
     let mut reports: Vec<StormReport> = Vec::new();
-    for &b in &args.boxes {
+    let steps = crate::out::Steps::new("bench pool");
+    for (i, &b) in args.boxes.iter().enumerate() {
         let hosts = ((args.hosts as f64 * b as f64 / largest).round() as usize).max(1);
         let p = StormParams {
             boxes: b as usize,
@@ -61,9 +62,18 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
             duration: Duration::from_secs(args.seconds),
             hold: Duration::from_millis(args.hold_ms),
         };
+        steps.step(&format!(
+            "storm {} of {}: {} boxes × {} devices, {hosts} hosts, {} s",
+            i + 1,
+            args.boxes.len(),
+            b,
+            args.devices_per_box,
+            args.seconds
+        ));
         let r = pool::block_on(pool::storm::storm(&cfg, &p)).and_then(|r| r).map_err(|e| e.to_string())?;
         reports.push(r);
     }
+    drop(steps);
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
         return Ok(());

@@ -87,3 +87,61 @@ impl Progress {
         }
     }
 }
+
+/// What a long command is doing, on standard error: on a terminal a spinner with the step
+/// and the time so far, cleared at the end; elsewhere (a log, a pipe) a line per step with
+/// the seconds since the start. For commands made of a few long steps (`bench model`'s
+/// points, `bench pool`'s storms) whose rows arrive only as each step ends.
+pub(crate) struct Steps {
+    bar: Option<indicatif::ProgressBar>,
+    what: &'static str,
+    start: std::time::Instant,
+}
+
+impl Steps {
+    pub(crate) fn new(what: &'static str) -> Steps {
+        use std::io::IsTerminal;
+        let bar = io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix}: {wide_msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b.set_prefix(what);
+            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b
+        });
+        Steps { bar, what, start: std::time::Instant::now() }
+    }
+
+    /// A new step: the spinner's message, or a line.
+    pub(crate) fn step(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.set_message(msg.to_string()),
+            None => eprintln!("dxpu {} [{:6.1} s] {msg}", self.what, self.start.elapsed().as_secs_f64()),
+        }
+    }
+
+    /// Detail within a step: the spinner's message only (a log gets the steps alone).
+    pub(crate) fn detail(&self, msg: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(msg.to_string());
+        }
+    }
+
+    /// Runs `f` (which prints rows) with the spinner off the screen.
+    pub(crate) fn print<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bar {
+            Some(b) => b.suspend(f),
+            None => f(),
+        }
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
