@@ -79,8 +79,11 @@ fn completions_and_man_pages_come_from_the_command_line() {
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{}", path.display());
-            let warnings = String::from_utf8_lossy(&out.stderr);
-            assert!(warnings.trim().is_empty(), "{}: {warnings}", path.display());
+            // groff's own complaints (a locale message from man itself is no fault of the page).
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let warnings: Vec<&str> =
+                stderr.lines().filter(|l| l.contains("warning") || l.contains("error")).collect();
+            assert!(warnings.is_empty(), "{}: {warnings:?}", path.display());
         }
     }
     let _ = std::fs::remove_dir_all(dir);
