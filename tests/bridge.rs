@@ -388,20 +388,23 @@ fn every_workload_is_verified_through_the_bridges_and_its_profile_is_what_the_wi
     }
 }
 
-/// CPU seconds the threads of this process named `name` have run.
-fn thread_cpu_s(name: &str) -> f64 {
-    let mut t = 0.0;
-    for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        if std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim() != name {
-            continue;
-        }
-        // utime and stime, the 14th and 15th fields, after the name in parentheses.
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        t += (ticks(11) + ticks(12)) / 100.0;
-    }
-    t
+/// The threads of this process named `name`: their IDs.
+fn threads_named(name: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| std::fs::read_to_string(p.join("comm")).unwrap_or_default().trim() == name)
+        .collect()
+}
+
+/// CPU seconds the thread at `task` (/proc/self/task/TID) has run.
+fn thread_cpu_s(task: &std::path::Path) -> f64 {
+    // utime and stime, the 14th and 15th fields, after the name in parentheses.
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// A busy-polling box spins its budget after TLPs, not after each keepalive or timer: on an
@@ -412,13 +415,17 @@ fn an_idle_busy_polling_box_sleeps_between_keepalives() {
     let _g = serial();
     let mut o = gpu_options(local());
     o.poll = link::driver::PollMode::Busy { spin: std::time::Duration::from_millis(2) };
+    let others = threads_named("dxpu-test-gpu");
     let gpu = GpuBox::start(o);
+    // This box's thread, not another test's still winding down.
+    let task =
+        threads_named("dxpu-test-gpu").into_iter().find(|t| !others.contains(t)).expect("the box's thread");
     let remote = RemoteDevice::attach(host_options(gpu.addr, key_a())).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
     d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
-    let before = thread_cpu_s("dxpu-test-gpu");
+    let before = thread_cpu_s(&task);
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let idle = thread_cpu_s("dxpu-test-gpu") - before;
+    let idle = thread_cpu_s(&task) - before;
     // 40 keepalive wakes in 2 s: spinning 2 ms after each would be 80 ms.
     assert!(idle < 0.04, "the idle box ran {idle:.3} s of CPU in 2 s");
     // And TLPs still find it: the link is up and answers at once.
