@@ -368,10 +368,12 @@ mod replay {
     /// (docs/performance-model.md).
     #[test]
     fn the_real_traces_replay_directly_verified() {
+        // The small case, whose span is judged, last: by then the file's other tests (which
+        // parse and plan the large traces, seconds in a debug build) have left the cores.
         for (f, tolerance) in [
-            ("a100-event-sync-small.json.gz", Some(0.25)),
             ("v100-training-4k-kernels.json.gz", None),
             ("a100-training-8k-kernels.json.gz", None),
+            ("a100-event-sync-small.json.gz", Some(0.25)),
         ] {
             let t = read(&traces().join(f), None).unwrap();
             let plan = Plan::of(&t);
@@ -379,15 +381,15 @@ mod replay {
             let mut d = direct();
             let mut r = Replayer::new(&mut d, &plan).unwrap();
             let span = t.gpu_span_ns() as f64;
-            // Every run is verified; the span is judged on the best of up to ten, a little
-            // apart, as the other tests of this file load the two cores meanwhile (a spinning
-            // device and host thread put on one CPU take turns for milliseconds).
+            // Every run is verified; the span is judged on the best of up to ten, 200 ms
+            // apart, as other tests may load the two cores meanwhile (a spinning device and
+            // host thread put on one CPU take turns for milliseconds).
             let mut run = r.run(&mut d, &plan).unwrap();
             for _ in 0..9 {
                 if tolerance.is_none_or(|tol| run.gpu_span_ns <= span * (1.0 + tol)) {
                     break;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                std::thread::sleep(std::time::Duration::from_millis(200));
                 let again = r.run(&mut d, &plan).unwrap();
                 if again.gpu_span_ns < run.gpu_span_ns {
                     run = again;
