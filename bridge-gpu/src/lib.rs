@@ -217,13 +217,7 @@ struct Export {
 struct Outbox {
     queue: VecDeque<Vec<u8>>,
     reads: HashSet<u16>,
-    /// Buffers of TLPs the session took, for the next ones queued: a long copy that
-    /// outruns the link's credits queues thousands, and allocated a buffer for each.
-    spare: Vec<Vec<u8>>,
 }
-
-/// Buffers the outbox keeps for reuse, at most.
-const OUTBOX_SPARE: usize = 1024;
 
 /// The device's upstream port, as the owner's session.
 struct ToHost<'a> {
@@ -237,13 +231,13 @@ impl Upstream for ToHost<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         self.out.note(tlp, self.stats);
         if !self.out.queue.is_empty() {
-            self.out.push(tlp);
+            self.out.queue.push_back(emit(tlp));
             return;
         }
         // Emitted straight into the buffer its frame is sent from: the payload's one copy.
         match self.s.send_repr(tlp) {
             Ok(()) => {}
-            Err(SendError::QueueFull { .. }) => self.out.push(tlp),
+            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(emit(tlp)),
             Err(SendError::TooLarge { len, mtu }) => {
                 self.stats.too_large += 1;
                 log::error!(
@@ -266,7 +260,7 @@ struct Deferred<'a> {
 impl Upstream for Deferred<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         self.out.note(tlp, self.stats);
-        self.out.push(tlp);
+        self.out.queue.push_back(emit(tlp));
     }
 }
 
@@ -277,15 +271,6 @@ fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_
 }
 
 impl Outbox {
-    /// Queues `tlp`, emitted into a spare buffer where there is one.
-    fn push(&mut self, tlp: &TlpRepr<'_>) {
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.resize(tlp.buffer_len(), 0);
-        let n = tlp.emit(&mut b).unwrap_or(0);
-        b.truncate(n);
-        self.queue.push_back(b);
-    }
-
     /// Counts a completion for one of the device's reads; the read is no longer in flight
     /// once its last completion (or an error) arrives.
     fn note_completion(&mut self, t: &TlpRepr<'_>, stats: &mut ExportStats) {
@@ -315,11 +300,7 @@ impl Outbox {
         while let Some(b) = self.queue.front() {
             match s.send_tlp(b) {
                 Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
-                    if let Some(b) = self.queue.pop_front()
-                        && self.spare.len() < OUTBOX_SPARE
-                    {
-                        self.spare.push(b);
-                    }
+                    self.queue.pop_front();
                     took = true;
                 }
                 Err(_) => break,

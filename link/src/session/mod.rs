@@ -378,7 +378,7 @@ pub struct Session {
 
 impl Session {
     fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
-        let spare = spare_frames(cfg.window, cfg.max_queued);
+        let spare = 2 * cfg.window as usize;
         let mut local_nonce = [0u8; 16];
         rng.fill(&mut local_nonce);
         let local_id = rng.nonzero_u32();
@@ -455,7 +455,7 @@ impl Session {
         s.peer_epoch = a.peer_epoch;
         s.mtu = a.mtu;
         s.window = a.window;
-        s.replay.set_spare_limit(spare_frames(a.window, s.cfg.max_queued));
+        s.replay.set_spare_limit(2 * a.window as usize);
         let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
         s.set_keys(s2c, c2s, a.options);
         s.transcript = a.transcript;
@@ -645,12 +645,3 @@ impl std::fmt::Debug for Session {
 
 #[cfg(test)]
 mod tests;
-
-/// Frame buffers a session keeps for reuse: as many as it can have in use at once — the
-/// window's unacknowledged frames, as many again sealed or sent meanwhile, and a frame for
-/// each TLP its three classes may queue — so that a steady stream allocates none. (With
-/// twice the window alone, bulk DMA allocated a frame for every six it sent: the frames
-/// queued behind the credits were not counted.)
-pub(crate) fn spare_frames(window: u32, max_queued: usize) -> usize {
-    2 * window as usize + 3 * max_queued
-}
