@@ -329,6 +329,19 @@ pub(crate) fn plan_link(base: &LinkParams, rtt_us: f64) -> testbed::plan::Link {
     }
 }
 
+/// A trace's first report line, as `model --trace` and `replay` print it: its file, GPU and
+/// counts.
+pub(crate) fn trace_summary(path: &str, t: &testbed::trace::Trace, plan: &testbed::plan::Plan) -> String {
+    let (kernels, copies, memsets) = t.counts();
+    format!(
+        "{path} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations on {} streams, {} CPU threads",
+        t.gpu.as_deref().unwrap_or("GPU unnamed"),
+        t.syncs(),
+        t.streams().len(),
+        plan.threads
+    )
+}
+
 /// A trace's counts and span, as `model --trace` and `replay` report them.
 pub(crate) fn trace_json(path: &str, t: &testbed::trace::Trace) -> serde_json::Map<String, Value> {
     let (kernels, copies, memsets) = t.counts();
@@ -417,15 +430,7 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
 
 fn print_trace(r: &TraceReport) {
     let t = &r.trace;
-    let (kernels, copies, memsets) = t.counts();
-    outln!(
-        "dxpu model — trace {} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations on {} streams, {} CPU threads",
-        r.path,
-        t.gpu.as_deref().unwrap_or("GPU unnamed"),
-        t.syncs(),
-        t.streams().len(),
-        r.plan.threads
-    );
+    outln!("dxpu model — trace {}", trace_summary(&r.path, t, &r.plan));
     outln!(
         "  the trace: GPU span {}, job {} (first call to last return); {} cross-stream waits inferred",
         fmt_s(t.gpu_span_ns() as f64 / 1e9),

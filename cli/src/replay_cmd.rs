@@ -20,7 +20,7 @@ use testbed::replay::{ReplayRun, Replayer};
 use crate::affinity::{self, PinArg};
 use crate::args::{DriverArg, PollArg};
 use crate::harness::{LocalBox, Spread, mmio_rtt};
-use crate::model::{added_json, trace_json};
+use crate::model::{added_json, trace_json, trace_summary};
 
 /// Options of `dxpu replay`.
 #[derive(Args, Debug, Clone)]
@@ -312,16 +312,8 @@ impl Report {
 
     fn print(&self, args: &ReplayArgs) {
         let t = &self.trace;
-        let (kernels, copies, memsets) = t.counts();
         let ms = |s: Spread| format!("{:.2} ms ({:.2}–{:.2})", s.median, s.min, s.max);
-        outln!(
-            "dxpu replay — {} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations, {} streams, {} CPU threads",
-            args.trace.display(),
-            t.gpu.as_deref().unwrap_or("GPU unnamed"),
-            t.syncs(),
-            t.streams().len(),
-            self.plan.threads
-        );
+        outln!("dxpu replay — {}", trace_summary(&args.trace.display().to_string(), t, &self.plan));
         outln!(
             "  the trace: GPU span {:.2} ms; link +{} µs each way{}{}",
             t.gpu_span_ns() as f64 / 1e6,

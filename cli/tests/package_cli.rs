@@ -35,6 +35,15 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The methods offered to completion do not restrict what `dxpu ctl` sends: an unknown one
+/// (a newer endpoint's) goes to the socket, and only the socket's absence is the error.
+#[test]
+fn ctl_passes_a_method_it_does_not_know() {
+    let out = dxpu().args(["ctl", "--socket", "/nonexistent/dxpu.sock", "frobnicate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dxpu.sock"));
+}
+
 #[test]
 fn completions_and_man_pages_come_from_the_command_line() {
     for shell in ["bash", "zsh", "fish"] {

@@ -167,8 +167,8 @@ const SEEN_READ_BYTES: usize = 64;
 #[derive(Default)]
 struct Seen {
     at: u64,
-    /// Small reads of host memory: bus address and bytes.
-    reads: VecDeque<(u64, Vec<u8>)>,
+    /// Small reads of host memory: bus address, length and bytes (no allocation per poll).
+    reads: VecDeque<(u64, usize, [u8; SEEN_READ_BYTES])>,
     no_interrupt: Option<u16>,
     no_completion: Option<tlp::Tag>,
 }
@@ -201,9 +201,9 @@ impl Seen {
         if out.len() > SEEN_READ_BYTES || !self.current(shared) {
             return false;
         }
-        match self.reads.iter().find(|(a, b)| *a == addr && b.len() == out.len()) {
-            Some((_, b)) => {
-                out.copy_from_slice(b);
+        match self.reads.iter().find(|(a, n, _)| *a == addr && *n == out.len()) {
+            Some((_, n, b)) => {
+                out.copy_from_slice(&b[..*n]);
                 true
             }
             None => false,
@@ -215,7 +215,9 @@ impl Seen {
             if self.reads.len() == SEEN_READS {
                 self.reads.pop_front();
             }
-            self.reads.push_back((addr, bytes.to_vec()));
+            let mut b = [0u8; SEEN_READ_BYTES];
+            b[..bytes.len()].copy_from_slice(bytes);
+            self.reads.push_back((addr, bytes.len(), b));
         }
     }
 }
