@@ -779,7 +779,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         let mbps = (args.stream * size) as f64 / s.seconds / 1e6;
         let bare_mbps = (bare_got as f64 * per * size as f64) / bare_s / 1e6;
         stream_rows.push(serde_json::json!({"driver": driver_name(driver), "tlp_bytes": size,
-            "tlps": args.stream, "tlps_per_datagram": per, "mb_s": mbps, "bare_mb_s": bare_mbps,
+            "tlps": args.stream, "tlps_per_datagram": per, "bytes_per_s": mbps * 1e6, "bare_bytes_per_s": bare_mbps * 1e6,
             "datagrams": s.datagrams, "bare_lost": s.datagrams.saturating_sub(bare_got)}));
         let name = format!(
             "session, {} ({:.1} TLPs per datagram)",
@@ -839,7 +839,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
     }
     if json {
         let report = serde_json::json!({
-            "mtu": args.mtu,
+            "mtu_bytes": args.mtu,
             "round_trips": rtt_rows,
             "streaming": stream_rows,
             "mac_ns": {"64": mac64, "1472": mac1472, "9000": mac9000},

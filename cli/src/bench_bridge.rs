@@ -77,6 +77,11 @@ pub(crate) enum DriverChoice {
     IoUring,
 }
 
+/// MB/s (the tables' unit) as bytes per second (the JSON's, docs/cli.md).
+fn bytes_per_s(mb_per_s: f64) -> f64 {
+    mb_per_s * 1e6
+}
+
 fn name(driver: DriverKind) -> &'static str {
     if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
 }
@@ -124,14 +129,14 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
     if args.json {
         let report = json!({
-            "mtu": LINK_MTU,
+            "mtu_bytes": LINK_MTU,
             "cpus": placement.map(|p| json!({ "device": p.device, "host": p.host })),
             "mmio": mmio,
             "dma": dma,
-            "floor_gso_mb_s": gso,
-            "floor_gso_runs_mb_s": floors,
-            "floor_gso_copy_mb_s": copy_floor,
-            "floor_gso_staged_mb_s": staged_floor,
+            "floor_gso_bytes_per_s": gso.map(bytes_per_s),
+            "floor_gso_runs_bytes_per_s": floors.iter().map(|&f| bytes_per_s(f)).collect::<Vec<_>>(),
+            "floor_gso_copy_bytes_per_s": copy_floor.map(bytes_per_s),
+            "floor_gso_staged_bytes_per_s": staged_floor.map(bytes_per_s),
             "workload": workload,
         });
         outln!("{report}");
@@ -239,7 +244,7 @@ fn dma_section(
     let mut dma = Vec::new();
     let bytes = args.copy_bytes;
     let dma_row = |path: &str, driver: &str, h2d: f64, d2h: f64, authenticated: bool| {
-        json!({"path": path, "driver": driver, "h2d_mb_s": h2d, "d2h_mb_s": d2h, "bytes": bytes,
+        json!({"path": path, "driver": driver, "h2d_bytes_per_s": bytes_per_s(h2d), "d2h_bytes_per_s": bytes_per_s(d2h), "bytes": bytes,
                "authenticated": authenticated})
     };
     // Bare sockets carrying the same bytes in datagrams as large as the link's.
@@ -371,10 +376,10 @@ fn dma_section(
         row["retransmits"] = json!(link.retransmits);
         row["replay_timeouts"] = json!(link.replay_timeouts);
         if let Some(f) = gso {
-            row["vs_gso_floor"] = json!({"h2d": h2d / f, "d2h": d2h / f});
+            row["vs_gso_floor_ratio"] = json!({"h2d": h2d / f, "d2h": d2h / f});
         }
         if let Some(c) = staged {
-            row["vs_gso_staged_floor"] = json!({"h2d": h2d / c.median, "d2h": d2h / c.median});
+            row["vs_gso_staged_floor_ratio"] = json!({"h2d": h2d / c.median, "d2h": d2h / c.median});
         }
         dma.push(row);
         say(format!(

@@ -595,12 +595,12 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         "probes": tally.probes,
         "probe_failures": tally.probe_failures,
         "probe_max_ms": tally.probe_max.as_secs_f64() * 1e3,
-        "box_a_rss_kib": {
-            "after_warmup": rss.after_warmup,
-            "last": rss.last,
+        "box_a_rss": {
+            "after_warmup_kib": rss.after_warmup,
+            "last_kib": rss.last,
             "samples": tally.rss.len(),
             "flat": rss.flat,
-            "series": tally.rss.iter().map(|&(t, kb)| json!([(t * 10.0).round() / 10.0, kb])).collect::<Vec<_>>(),
+            "series_seconds_kib": tally.rss.iter().map(|&(t, kb)| json!([(t * 10.0).round() / 10.0, kb])).collect::<Vec<_>>(),
         },
         "ok": ok,
         "dir": dir.display().to_string(),

@@ -78,8 +78,24 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         outln!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
         return Ok(());
     }
-    outln!(
-        "{:>7} {:>6} {:>7} {:>9} {:>8} {:>8} {:>11} {:>9} {:>7} {:>6}",
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            vec![
+                r.devices.to_string(),
+                r.hosts.to_string(),
+                r.claims.to_string(),
+                format!("{:.0}", r.claims_per_second),
+                format!("{:.2}", r.claim_p50_ms),
+                format!("{:.2}", r.claim_p99_ms),
+                format!("{:.2}", r.round_trips_per_claim),
+                r.none_free.to_string(),
+                r.double_allocations.to_string(),
+                r.errors.to_string(),
+            ]
+        })
+        .collect();
+    let header = [
         "devices",
         "hosts",
         "claims",
@@ -89,23 +105,9 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         "trips/claim",
         "none free",
         "double",
-        "errors"
-    );
-    for r in &reports {
-        outln!(
-            "{:>7} {:>6} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>11.2} {:>9} {:>7} {:>6}",
-            r.devices,
-            r.hosts,
-            r.claims,
-            r.claims_per_second,
-            r.claim_p50_ms,
-            r.claim_p99_ms,
-            r.round_trips_per_claim,
-            r.none_free,
-            r.double_allocations,
-            r.errors
-        );
-    }
+        "errors",
+    ];
+    out!("{}", crate::out::table(&header, &rows));
     if reports.iter().any(|r| r.double_allocations > 0) {
         return Err("double allocations: see the log".into());
     }

@@ -134,28 +134,6 @@ fn cell(v: &Value) -> String {
     }
 }
 
-/// Rows under a header, each column as wide as its widest cell.
-fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            s.push_str(&format!("{c:<0$}  ", w[i]));
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.iter().map(|h| h.to_string()).collect());
-    for r in rows {
-        out.push_str(&line(r.clone()));
-    }
-    out
-}
-
 /// `key: value` lines, nested objects flattened with dots.
 fn flat(prefix: &str, v: &Value, out: &mut String) {
     match v {
@@ -182,14 +160,17 @@ fn table(method: &str, r: &Value) -> String {
     match method {
         "devices" if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("backing").is_some())) => {
             let keys = ["name", "id", "state", "owner", "vendor_id", "device_id", "backing", "allow"];
-            columns(
+            crate::out::table(
                 &["DEVICE", "BDF", "STATE", "OWNER", "VENDOR", "DEVICE-ID", "BACKING", "ALLOW"],
                 &rows(&keys),
             )
         }
         "devices" => {
             let keys = ["name", "state", "server", "box_id", "host_view", "vfio_user_socket"];
-            columns(&["DEVICE", "STATE", "SERVER", "BOX-BDF", "HOST-BDF", "VFIO-USER"], &rows(&keys))
+            crate::out::table(
+                &["DEVICE", "STATE", "SERVER", "BOX-BDF", "HOST-BDF", "VFIO-USER"],
+                &rows(&keys),
+            )
         }
         "sessions" => {
             let who = if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("host").is_some())) {
@@ -200,8 +181,8 @@ fn table(method: &str, r: &Value) -> String {
             let keys = [
                 who,
                 "peer",
-                "rtt_p50_us",
-                "rtt_p99_us",
+                "rtt_p50_le_us",
+                "rtt_p99_le_us",
                 "frames_sent",
                 "frames_received",
                 "bytes_sent",
@@ -213,8 +194,8 @@ fn table(method: &str, r: &Value) -> String {
             let head = [
                 if who == "host" { "HOST" } else { "DEVICE" },
                 "PEER",
-                "RTT-P50-US",
-                "RTT-P99-US",
+                "RTT-P50-LE-US",
+                "RTT-P99-LE-US",
                 "FRAMES-TX",
                 "FRAMES-RX",
                 "BYTES-TX",
@@ -223,7 +204,7 @@ fn table(method: &str, r: &Value) -> String {
                 "NAKS-RX",
                 "CREDIT-STALLS",
             ];
-            columns(&head, &rows(&keys))
+            crate::out::table(&head, &rows(&keys))
         }
         _ => {
             let mut out = String::new();

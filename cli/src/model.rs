@@ -229,7 +229,7 @@ impl ModelReport {
         json!({
             "workload": self.workload,
             "direct_seconds": self.direct_seconds,
-            "bandwidth_gbit": self.link.h2d_bytes_per_s * 8.0 / 1e9,
+            "bandwidth_gbit_per_s": self.link.h2d_bytes_per_s * 8.0 / 1e9,
             "h2d_bytes_per_s": self.link.h2d_bytes_per_s,
             "d2h_bytes_per_s": self.link.d2h_bytes_per_s,
             "measured_link": self.measured.map(|m| json!({
@@ -380,7 +380,7 @@ impl TraceReport {
         let mut m = trace_json(&self.path, &self.trace);
         m.insert("workload".into(), json!("trace"));
         m.insert("direct_seconds".into(), json!(direct / 1e9));
-        m.insert("bandwidth_gbit".into(), json!(self.link.h2d_bytes_per_s * 8.0 / 1e9));
+        m.insert("bandwidth_gbit_per_s".into(), json!(self.link.h2d_bytes_per_s * 8.0 / 1e9));
         m.insert("h2d_bytes_per_s".into(), json!(self.link.h2d_bytes_per_s));
         m.insert("d2h_bytes_per_s".into(), json!(self.link.d2h_bytes_per_s));
         m.insert(

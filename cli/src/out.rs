@@ -37,6 +37,48 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
 }
 
+/// A table as every dxpu command prints one (docs/cli.md, *Output conventions*): the header in
+/// capitals, columns two spaces apart and as wide as their widest cell, numbers aligned right
+/// and text left, `-` for a value that is absent.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    let mut numeric = vec![true; header.len()];
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(header.len()) {
+            width[i] = width[i].max(c.chars().count());
+            numeric[i] &= c == "-" || c.parse::<f64>().is_ok();
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = String>| {
+        let mut s = String::new();
+        for (i, c) in cells.enumerate().take(header.len()) {
+            let pad = width[i].saturating_sub(c.chars().count());
+            if numeric[i] && !rows.is_empty() {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(&c);
+            } else {
+                s.push_str(&c);
+                s.push_str(&" ".repeat(pad));
+            }
+            s.push_str("  ");
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(&mut header.iter().map(|h| h.to_uppercase()));
+    for r in rows {
+        out.push_str(&line(&mut r.iter().cloned()));
+    }
+    out
+}
+
+/// A time since the Unix epoch as tables and text print it: RFC 3339, UTC, whole seconds.
+pub(crate) fn utc(unix_seconds: f64) -> String {
+    match jiff::Timestamp::from_second(unix_seconds.floor() as i64) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{unix_seconds} s after the epoch"),
+    }
+}
+
 /// Progress of a long command on standard error: a bar (indicatif) where standard error is a
 /// terminal, else a line now and then (every 30 s) so that a log shows it is alive, and
 /// nothing more.
@@ -143,5 +185,33 @@ impl Drop for Steps {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_has_a_capital_header_and_aligns_numbers_right_and_text_left() {
+        let rows = vec![
+            vec!["box-a".to_string(), "12".to_string(), "-".to_string()],
+            vec!["b".to_string(), "3.5".to_string(), "gpu0".to_string()],
+        ];
+        let t = table(&["box", "claims/s", "device"], &rows);
+        assert_eq!(t, "BOX    CLAIMS/S  DEVICE\nbox-a        12  -\nb           3.5  gpu0\n", "{t}");
+        // A header alone, and a row shorter or longer than the header.
+        assert_eq!(table(&["a", "b"], &[]), "A  B\n");
+        let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);
+        assert_eq!(t, "A  B\nx\ny  z\n", "{t}");
+    }
+
+    #[test]
+    fn times_print_as_rfc_3339_utc() {
+        assert_eq!(utc(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(1_796_522_400.9), "2026-12-06T02:00:00Z");
+        // Beyond what a timestamp holds: said, not a panic.
+        assert!(utc(1e300).contains("after the epoch"));
+        assert_eq!(utc(f64::NAN), "1970-01-01T00:00:00Z");
     }
 }

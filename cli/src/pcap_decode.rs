@@ -144,12 +144,12 @@ pub(crate) fn decode(
         });
         let capture = json!({
             "packet": d.number,
-            "time": d.time,
+            "time_unix_seconds": d.time,
             "direction": dir,
             "src": d.src.to_string(),
             "dst": d.dst.to_string(),
             "frame": frame_name(h.ty),
-            "session": h.session,
+            "session": format!("{:#010x}", h.session),
             "pn": h.pn,
             "seq": h.seq,
             "ack": h.ack,

@@ -131,25 +131,22 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
 }
 
 fn print_table(list: &[admin::Entry]) {
-    outln!(
-        "{:<12} {:<12} {:<6} {:<6} {:<10} {:<12} since",
-        "box",
-        "device",
-        "vendor",
-        "device",
-        "state",
-        "host"
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|e| {
+            vec![
+                e.box_name.clone(),
+                e.device.clone(),
+                format!("{:#06x}", e.vendor_id),
+                format!("{:#06x}", e.device_id),
+                e.state.clone(),
+                e.host.clone().unwrap_or_else(|| "-".into()),
+                crate::out::utc(e.since as f64),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        crate::out::table(&["box", "device", "vendor_id", "device_id", "state", "host", "since"], &rows)
     );
-    for e in list {
-        let since = e.since;
-        outln!(
-            "{:<12} {:<12} {:04x}   {:04x}   {:<10} {:<12} {since}",
-            e.box_name,
-            e.device,
-            e.vendor_id,
-            e.device_id,
-            e.state,
-            e.host.as_deref().unwrap_or("-"),
-        );
-    }
 }

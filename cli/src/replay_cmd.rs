@@ -291,8 +291,8 @@ impl Report {
         m.insert("overhead_percent_max".into(), json!(o.max));
         m.insert("rtt_us".into(), json!(self.bridged.rtt.as_secs_f64() * 1e6));
         m.insert("delay_us".into(), json!(args.delay_us));
-        m.insert("loss".into(), json!(args.loss));
-        m.insert("rate_gbit".into(), json!(args.rate_gbit));
+        m.insert("loss_ratio".into(), json!(args.loss));
+        m.insert("rate_gbit_per_s".into(), json!(args.rate_gbit));
         m.insert("direct".into(), side_json(&self.direct));
         m.insert("bridged".into(), side_json(&self.bridged));
         m.insert(

@@ -37,8 +37,28 @@ impl Bit {
     }
 }
 
-/// A message code by name, by number, or as `{"name": …, "code": …}`.
+/// A 16-bit ID (a Vendor ID): written as `"0x1af4"`, read from that or a number.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub(crate) enum Id16 {
+    /// `"0x1af4"`, as decode writes it (or a decimal string).
+    Text(String),
+    /// A number, as older decodes wrote it.
+    Int(u64),
+}
+
+impl Id16 {
+    fn value(&self, key: &str) -> Result<u16, String> {
+        let v = match self {
+            Id16::Text(t) => parse_u64(t, key)?,
+            Id16::Int(v) => *v,
+        };
+        u16::try_from(v).map_err(|_| format!("`{key}`: {v:#x} is wider than 16 bits"))
+    }
+}
+
+/// A message code by name, by number, or as `{"name": …, "code": …}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub(crate) enum MessageJson {
     Full {
@@ -122,7 +142,7 @@ pub(crate) struct TlpJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     message: Option<MessageJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    vendor_id: Option<u16>,
+    vendor_id: Option<Id16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fields: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,7 +256,7 @@ impl TlpJson {
                     _ => {}
                 }
                 if matches!(msg.code, MessageCode::VendorDefinedType0 | MessageCode::VendorDefinedType1) {
-                    j.vendor_id = Some(msg.vendor_id());
+                    j.vendor_id = Some(Id16::Text(format!("{:#06x}", msg.vendor_id())));
                 }
                 j.fields = Some(format!("0x{}", to_hex(&msg.fields)));
             }
@@ -469,7 +489,8 @@ impl TlpJson {
                 let t: Bdf = t.parse().map_err(|e| format!("`target`: {e}"))?;
                 fields[..2].copy_from_slice(&t.raw().to_be_bytes());
             }
-            if let Some(v) = self.vendor_id {
+            if let Some(v) = &self.vendor_id {
+                let v = v.value("vendor_id")?;
                 fields[2..4].copy_from_slice(&v.to_be_bytes());
             }
         }

@@ -6,6 +6,9 @@
 use std::process::Command;
 use std::sync::Mutex;
 
+mod common;
+use common::conventional;
+
 /// Benchmarks measure: one at a time, or each is the other's noise (the pool storm's etcd
 /// members took the core the model's link measurement needed).
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -16,7 +19,9 @@ fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
         Command::new(env!("CARGO_BIN_EXE_dxpu")).arg("bench").args(args).arg("--json").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{err}");
-    (serde_json::from_slice(&out.stdout).expect("stdout is one JSON object"), err)
+    let v = serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    conventional(&format!("bench {}", args[0]), &v);
+    (v, err)
 }
 
 #[test]
@@ -46,7 +51,7 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (v, err) = bench_json(&["bridge", "--iterations", "200", "--copy-bytes", "1048576", "--scale", "1"]);
     assert!(err.contains("(a) MMIO read round trip"), "the table goes to stderr: {err}");
-    assert_eq!(v["mtu"], 9000);
+    assert_eq!(v["mtu_bytes"], 9000);
     // The register reads' threads on the first two CPUs the process may use, named.
     if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
         assert_eq!(v["cpus"], serde_json::json!({"device": 0, "host": 1}), "{v}");
@@ -67,7 +72,10 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     for path in ["bare", "direct", "bridged"] {
         let r = dma.iter().find(|r| r["path"] == path).unwrap_or_else(|| panic!("no dma row {path}"));
         assert_eq!(r["bytes"], 1048576);
-        assert!(r["h2d_mb_s"].as_f64().unwrap() > 0.0 && r["d2h_mb_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["h2d_bytes_per_s"].as_f64().unwrap() > 0.0 && r["d2h_bytes_per_s"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
     }
     let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
     assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
@@ -85,14 +93,14 @@ fn bench_bridge_json_is_one_object_with_every_row() {
         dma.iter().any(|r| r["path"] == "bridged" && r["authenticated"] == false),
         "a bridged row with the frames untagged, for what the tags cost: {dma:?}"
     );
-    assert!(v["floor_gso_mb_s"].is_null() || v["floor_gso_mb_s"].as_f64().unwrap() > 0.0);
+    assert!(v["floor_gso_bytes_per_s"].is_null() || v["floor_gso_bytes_per_s"].as_f64().unwrap() > 0.0);
     // The floor from and into copy-sized buffers, directly and staged, exists where the floor does.
-    for key in ["floor_gso_copy_mb_s", "floor_gso_staged_mb_s"] {
-        assert_eq!(v[key].is_null(), v["floor_gso_mb_s"].is_null(), "{key}: {v}");
+    for key in ["floor_gso_copy_bytes_per_s", "floor_gso_staged_bytes_per_s"] {
+        assert_eq!(v[key].is_null(), v["floor_gso_bytes_per_s"].is_null(), "{key}: {v}");
         assert!(v[key].is_null() || v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
     }
-    if !v["floor_gso_staged_mb_s"].is_null() {
-        assert!(bridged["vs_gso_staged_floor"]["h2d"].as_f64().unwrap() > 0.0, "{bridged}");
+    if !v["floor_gso_staged_bytes_per_s"].is_null() {
+        assert!(bridged["vs_gso_staged_floor_ratio"]["h2d"].as_f64().unwrap() > 0.0, "{bridged}");
     }
     assert_eq!(v["workload"]["verified"], true);
     assert!(v["workload"]["overhead_percent"].is_number());
@@ -103,7 +111,7 @@ fn bench_link_json_is_one_object_with_every_row() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (v, err) = bench_json(&["link", "--iterations", "200", "--stream", "2000"]);
     assert!(err.contains("round trip (64 B / one MRd→CplD)"), "the table goes to stderr: {err}");
-    assert_eq!(v["mtu"], 1472);
+    assert_eq!(v["mtu_bytes"], 1472);
     let rtt = v["round_trips"].as_array().unwrap();
     for (path, driver, poll) in [("bare", "plain", "busy"), ("session", "portable", "blocking")] {
         let r = rtt
@@ -115,7 +123,10 @@ fn bench_link_json_is_one_object_with_every_row() {
     let s = v["streaming"].as_array().unwrap();
     let p = s.iter().find(|r| r["driver"] == "portable").expect("a portable streaming row");
     assert_eq!(p["tlps"], 2000);
-    assert!(p["mb_s"].as_f64().unwrap() > 0.0 && p["tlps_per_datagram"].as_f64().unwrap() >= 1.0, "{p}");
+    assert!(
+        p["bytes_per_s"].as_f64().unwrap() > 0.0 && p["tlps_per_datagram"].as_f64().unwrap() >= 1.0,
+        "{p}"
+    );
     for size in ["64", "1472", "9000"] {
         assert!(v["mac_ns"][size].as_f64().unwrap() > 0.0 && v["aead_ns"][size].as_f64().unwrap() > 0.0);
     }
@@ -139,6 +150,7 @@ fn bench_model_writes_its_table_json_and_plots() {
     assert!(table.contains("inference") && table.contains("holds"), "{table}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("model.json")).unwrap()).unwrap();
+    conventional("bench model", &v);
     assert_eq!(v["points"], 4);
     let workloads = v["workloads"].as_array().unwrap();
     assert_eq!(workloads.len(), 2);
@@ -197,6 +209,7 @@ fn bench_pool_storms_a_cluster_it_starts_and_counts_no_double_allocation() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("bench pool", &v);
     let runs = v.as_array().unwrap();
     assert_eq!(
         runs.iter().map(|r| (r["devices"].as_u64(), r["hosts"].as_u64())).collect::<Vec<_>>(),
@@ -230,6 +243,7 @@ fn a_short_chaos_soak_accounts_for_every_run() {
     let v: serde_json::Value = serde_json::from_str(text.trim())
         .unwrap_or_else(|e| panic!("not JSON ({e}): {text}\n{}", String::from_utf8_lossy(&out.stderr)));
     assert!(out.status.success(), "{v:#}");
+    conventional("bench chaos", &v);
     assert_eq!(v["ok"], true, "{v:#}");
     assert!(v["verified"].as_u64().unwrap() > 0, "{v:#}");
     assert_eq!(v["two_owner_violations"].as_array().unwrap().len(), 0, "{v:#}");

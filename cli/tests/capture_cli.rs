@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+use common::conventional;
+
 const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
 /// Endpoint processes share two cores: one test at a time.
@@ -34,7 +37,12 @@ fn dissector() -> PathBuf {
 fn decode(file: &Path) -> Vec<Value> {
     let out = dxpu().args(["tlp", "decode", "--frames", "--pcap"]).arg(file).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for l in &lines {
+        conventional("tlp decode", l);
+    }
+    lines
 }
 
 /// One packet as both decoders see it: frame type, seq, ack, and each TLP's kind,
@@ -173,6 +181,7 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("loopback", &report);
     let cap = &report["capture"];
     assert_eq!(cap["dropped"], 0, "{cap}");
     let lines = decode(&file);

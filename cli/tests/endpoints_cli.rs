@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::conventional;
+
 const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const KEY_B: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
@@ -211,16 +214,19 @@ fn loopback_json_report_has_its_keys() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("loopback", &v);
     assert_eq!(v["verified"], true);
     assert!(v["tlps"]["MRd64"].as_u64().unwrap() > 0);
     assert!(v["tlps"]["CplD"].as_u64().unwrap() > 0);
     let p50 = v["mmio_read_rtt_us"]["p50"].as_f64().unwrap();
     let p99 = v["mmio_read_rtt_us"]["p99"].as_f64().unwrap();
     assert!(p50 > 0.0 && p99 >= p50);
-    for k in ["dma_h2d_gbps", "dma_d2h_gbps", "direct_seconds", "bridged_seconds", "overhead_percent"] {
+    for k in
+        ["dma_h2d_gbit_per_s", "dma_d2h_gbit_per_s", "direct_seconds", "bridged_seconds", "overhead_percent"]
+    {
         assert!(v[k].is_number(), "{k} missing: {v}");
     }
-    assert!(v["dma_h2d_gbps"].as_f64().unwrap() > 0.0);
+    assert!(v["dma_h2d_gbit_per_s"].as_f64().unwrap() > 0.0);
     // Three runs each way: the medians inside their spreads.
     assert_eq!((v["repeat"].as_u64(), v["workload"].as_str()), (Some(3), Some("demo")));
     for k in ["overhead_percent", "bridged_seconds", "direct_seconds"] {
@@ -269,6 +275,7 @@ fn loopback_runs_every_workload_unless_told_one() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("loopback", &v);
     assert_eq!(v["verified"], true);
     let names: Vec<_> = v["workloads"].as_array().unwrap().iter().map(|w| w["workload"].clone()).collect();
     assert_eq!(names, ["demo", "inference", "training", "data-loading"]);
@@ -285,6 +292,7 @@ fn loopback_runs_every_workload_unless_told_one() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("loopback", &v);
     assert_eq!((v["verified"].as_bool(), v["baseline"].as_str()), (Some(true), Some("concurrent")));
     assert_eq!(v["direct_runs_seconds"].as_array().map(Vec::len), Some(2));
     // The human report ends with every workload's overhead beside the model's.
@@ -347,6 +355,8 @@ fn loopback_pins_its_spinning_threads_where_told() {
             .unwrap();
         assert!(out.status.success(), "--pin {pin}: {}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        conventional("loopback", &v);
+        conventional("loopback", &v);
         assert_eq!(v["verified"], true, "{v}");
         v["cpus"].clone()
     };

@@ -7,6 +7,9 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
+mod common;
+use common::conventional;
+
 fn dxpu() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dxpu"))
 }
@@ -32,7 +35,9 @@ fn model_json(file: &Value, args: &[&str]) -> Value {
     let out = dxpu().args(["model", "--json", "--profile"]).arg(&path).args(args).output().unwrap();
     let _ = std::fs::remove_file(&path);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let v = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("model", &v);
+    v
 }
 
 #[test]
@@ -122,6 +127,7 @@ fn a_workload_counted_by_direct_runs_has_a_profile_and_a_crossing() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("model", &v);
     assert_eq!(v["workload"], "inference");
     assert_eq!(v["points"][0]["predicted_overhead_percent"].as_f64(), Some(0.0), "{v}");
     let at20 = v["points"][1]["predicted_overhead_percent"].as_f64().unwrap();
@@ -137,6 +143,7 @@ fn a_workload_counted_by_direct_runs_has_a_profile_and_a_crossing() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("model", &v);
     let m = &v["measured_link"];
     let rtt = m["rtt_us"].as_f64().unwrap();
     assert!(rtt >= 40.0, "20 µs each way: {v}");
@@ -246,6 +253,7 @@ fn a_trace_is_predicted_from_its_critical_path() {
         dxpu().args(["model", "--json", "--rtt-us", "0,10"]).arg("--trace").arg(&path).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("model", &v);
     assert_eq!(
         (v["workload"].as_str(), v["kernels"].as_u64(), v["syncs"].as_u64()),
         (Some("trace"), Some(1), Some(1))
@@ -276,6 +284,7 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     let out = dxpu().args(["replay", "--repeat", "1", "--json"]).arg(&trace).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conventional("replay", &v);
     for k in [
         "trace",
         "gpu",

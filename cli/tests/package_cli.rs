@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+
 fn dxpu() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dxpu"))
 }
@@ -122,6 +124,97 @@ fn docs_cli_names_every_subcommand_the_help_lists() {
         }
     }
     assert!(listed >= 12, "{help}");
+}
+
+/// Every command with `--json`, and where its output is checked against docs/cli.md's *Output
+/// conventions* (`common::conventional`): a command that gains `--json` fails here until a
+/// test checks what it prints. `tlp decode` (JSON always), `bench model`'s `model.json` and
+/// the endpoints' JSON log lines are checked too (`tlp_cli.rs`, `bench_cli.rs`, `ops_cli.rs`).
+const JSON_CHECKED: &[(&str, &str)] = &[
+    ("loopback", "endpoints_cli.rs"),
+    ("model", "model_cli.rs"),
+    ("replay", "model_cli.rs"),
+    ("ctl", "common/mod.rs"),
+    ("pool ls", "pool_cli.rs"),
+    ("pool watch", "pool_cli.rs"),
+    ("bench link", "bench_cli.rs"),
+    ("bench bridge", "bench_cli.rs"),
+    ("bench pool", "bench_cli.rs"),
+    ("bench chaos", "bench_cli.rs"),
+];
+
+/// The subcommands (paths such as `["bench", "link"]`) whose help offers `--json`.
+fn json_commands(path: &[String], found: &mut Vec<String>) {
+    let out = dxpu().args(path).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    if help.lines().any(|l| l.trim_start().starts_with("--json")) {
+        found.push(path.join(" "));
+    }
+    let mut in_commands = false;
+    for line in help.lines() {
+        if line.starts_with("Commands:") {
+            in_commands = true;
+        } else if in_commands && line.starts_with("  ") {
+            match line.split_whitespace().next() {
+                Some("help") | None => {}
+                Some(name) if !line.starts_with("   ") => {
+                    json_commands(&[path, &[name.to_string()]].concat(), found)
+                }
+                Some(_) => {}
+            }
+        } else {
+            in_commands = false;
+        }
+    }
+}
+
+#[test]
+fn the_convention_check_finds_each_kind_of_break() {
+    use serde_json::json;
+    let breaks =
+        |v: serde_json::Value| std::panic::catch_unwind(|| common::conventional("test", &v)).is_err();
+    let good = json!({
+        "direct_seconds": 1.5, "runs": 3, "rtt_us": {"p50": 7.5}, "vendor_id": "0x1af4", "class": "0x030200",
+        "session": "0x0000beef", "since_unix_seconds": 1.8e9, "tlps": {"MRd64": 4}, "aead_ns": {"64": 1.5},
+        "rtt_samples": 5, "loss_ratio": 0.01, "tlps_per_datagram": 1.5, "items": [{"h2d_bytes_per_s": 1e9}],
+    });
+    assert!(!breaks(good));
+    for bad in [
+        json!({"seconds_direct": 1, "direct": 1.5}),
+        json!({"DirectSeconds": 1}),
+        json!({"delay": 10}),
+        json!({"vendor_id": 6900}),
+        json!({"vendor_id": "0x1AF4"}),
+        json!({"device_id": "1af4"}),
+        json!({"session": "0xbeef"}),
+        json!({"since_unix_seconds": 12.0}),
+        json!({"items": [{"loss": 0.5}]}),
+    ] {
+        assert!(breaks(bad.clone()), "{bad} passed");
+    }
+}
+
+#[test]
+fn every_json_command_is_checked_against_the_output_conventions() {
+    let mut found = Vec::new();
+    json_commands(&[], &mut found);
+    found.sort();
+    let mut checked: Vec<String> = JSON_CHECKED.iter().map(|(c, _)| c.to_string()).collect();
+    checked.sort();
+    assert_eq!(
+        found, checked,
+        "commands with --json (left) against those whose output a test checks (right)"
+    );
+    for (cmd, file) in JSON_CHECKED {
+        let text = std::fs::read_to_string(repo().join("cli/tests").join(file)).unwrap();
+        let word = cmd.rsplit(' ').next().unwrap_or(cmd);
+        assert!(
+            text.contains("conventional(") && text.contains(&format!("\"{word}\"")),
+            "cli/tests/{file} does not check `dxpu {cmd} --json` with common::conventional"
+        );
+    }
+    let doc = std::fs::read_to_string(repo().join("docs/cli.md")).unwrap();
+    assert!(doc.contains("## Output conventions"), "docs/cli.md lost its conventions");
 }
 
 #[test]

@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::conventional;
+
 use pool::cluster::EtcdCluster;
 
 const KEY_A: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
@@ -84,7 +87,9 @@ impl Drop for Proc {
 fn ls(c: &EtcdCluster) -> Vec<serde_json::Value> {
     let out = dxpu().args(["pool", "--etcd", &c.endpoints().join(","), "ls", "--json"]).output().unwrap();
     assert!(out.status.success(), "dxpu pool ls: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap().as_array().unwrap().clone()
+    let v = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+    conventional("pool ls", &v);
+    v.as_array().unwrap().clone()
 }
 
 fn until(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -258,7 +263,9 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     // come from claims, so a detach is refused.
     let ctl = |args: &[&str]| -> serde_json::Value {
         let out = dxpu().args(["ctl", "--json", "--socket"]).arg(&ctl_sock).args(args).output().unwrap();
-        serde_json::from_slice(&out.stdout).unwrap()
+        let v = serde_json::from_slice(&out.stdout).unwrap();
+        conventional("ctl", &v);
+        v
     };
     let devs = ctl(&["devices"]);
     assert_eq!(devs[0]["name"], "box-v/gpu0", "{devs}");
@@ -285,6 +292,9 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    for c in &changes {
+        conventional("pool watch", c);
+    }
     let claims: Vec<(&str, &str)> = changes
         .iter()
         .filter(|c| c["kind"] == "claim")

@@ -5,6 +5,9 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+mod common;
+use common::conventional;
+
 fn dxpu(args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dxpu"))
         .args(args)
@@ -67,6 +70,7 @@ fn decode_then_encode_reproduces_every_kind() {
     let mut kinds = std::collections::BTreeSet::new();
     for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        conventional("tlp decode", &v);
         kinds.insert(v["kind"].as_str().unwrap().to_owned());
     }
     assert_eq!(kinds.len(), 24, "every kind appears: {kinds:?}");

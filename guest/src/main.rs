@@ -92,7 +92,7 @@ fn run(a: &Args) -> Result<(), String> {
     );
     println!("dxpu-guest: {} MSI-X interrupts received", d.pci().interrupts());
     println!(
-        "dxpu-guest: {{\"verified\":true,\"mmio_read_rtt_us\":{{\"p50\":{:.1},\"p99\":{:.1}}},\"dma_h2d_gbps\":{:.4},\"dma_d2h_gbps\":{:.4},\"seconds\":{:.3}}}",
+        "dxpu-guest: {{\"verified\":true,\"mmio_read_rtt_us\":{{\"p50\":{:.1},\"p99\":{:.1}}},\"dma_h2d_gbit_per_s\":{:.4},\"dma_d2h_gbit_per_s\":{:.4},\"seconds\":{:.3}}}",
         us(p50),
         us(p99),
         gbps(r.h2d),

@@ -170,7 +170,7 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
                 "role": "gpu",
                 "version": env!("CARGO_PKG_VERSION"),
                 "pid": std::process::id(),
-                "uptime_s": uptime_since(rt.started),
+                "uptime_seconds": uptime_since(rt.started),
                 "listen": ep.local_addr().map(|a| a.to_string()).unwrap_or_default(),
                 "driver": ep.driver_name(),
                 "poll": poll_name(&rt.opts),
@@ -309,7 +309,7 @@ fn device_json(r: &ExportReport) -> Value {
         "vendor_id": format!("{:#06x}", r.identity.vendor_id),
         "device_id": format!("{:#06x}", r.identity.device_id),
         "class": format!("{:#08x}", r.identity.class),
-        "largest_bar": r.identity.largest_bar,
+        "largest_bar_bytes": r.identity.largest_bar,
         "allow": r.identity.allow,
         "state": r.state(),
         "owner": r.owner.as_ref().map(|o| o.0.clone()),
@@ -328,7 +328,7 @@ fn device_json(r: &ExportReport) -> Value {
 /// A session's link counters as JSON (both endpoints' `sessions`).
 pub fn link_json(l: &link::Stats) -> Value {
     json!({
-        "rtt_p50_us": l.rtt_quantile_us(0.5), "rtt_p99_us": l.rtt_quantile_us(0.99),
+        "rtt_p50_le_us": l.rtt_quantile_us(0.5), "rtt_p99_le_us": l.rtt_quantile_us(0.99),
         "rtt_samples": l.rtt_samples(),
         "frames_sent": l.frames_sent, "frames_received": l.frames_received,
         "bytes_sent": l.bytes_sent, "bytes_received": l.bytes_received,
@@ -350,7 +350,7 @@ fn session_json(r: &SessionReport) -> Value {
         "host": r.host,
         "peer": r.peer.to_string(),
         "device": r.device,
-        "since": unix_seconds(r.since),
+        "since_unix_seconds": unix_seconds(r.since),
     });
     if let (Value::Object(m), Value::Object(l)) = (&mut v, link_json(&r.link)) {
         m.extend(l);
@@ -369,7 +369,7 @@ fn stats_json(ep: &mut GpuEndpoint) -> Value {
         "unowned_requests": s.unowned_requests,
         "bad_control": s.bad_control,
         "malformed_tlps": s.malformed_tlps,
-        "largest_payload_received": s.largest_payload_received,
+        "largest_payload_received_bytes": s.largest_payload_received,
         "handshakes": {
             "cookies_sent": h.cookies_sent, "bad_cookies": h.bad_cookies, "expired_cookies": h.expired_cookies,
             "unknown_key": h.unknown_key, "auth_failures": h.auth_failures, "stale_handshakes": h.stale_handshakes,

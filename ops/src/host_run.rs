@@ -558,7 +558,7 @@ impl HostRuntime {
                     "role": "host",
                     "version": env!("CARGO_PKG_VERSION"),
                     "pid": std::process::id(),
-                    "uptime_s": uptime_since(self.started),
+                    "uptime_seconds": uptime_since(self.started),
                     "driver": drivers.first().copied(),
                     "poll": match self.entries.first().map(|e| e.opts.poll) {
                         Some(link::driver::PollMode::Busy { .. }) => "busy",
@@ -582,7 +582,7 @@ impl HostRuntime {
                     let mut v = json!({
                         "device": e.label,
                         "peer": e.opts.server.to_string(),
-                        "since": a.since.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                        "since_unix_seconds": a.since.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
                     });
                     if let (Value::Object(m), Value::Object(l)) = (&mut v, link_json(&s.link)) {
                         m.extend(l);
@@ -641,10 +641,10 @@ impl HostRuntime {
             "host_view": e.opts.device_id.to_string(),
             "box_id": a.map(|a| a.watch.box_id().to_string()),
         "state": life.map_or("detached", SlotLife::state),
-            "since": since,
+            "since_unix_seconds": since,
             "removed": a.and_then(|a| a.watch.removed()),
             "error": error,
-            "retry_in_s": retry_in,
+            "retry_in_seconds": retry_in,
             "attach_failures": life.map_or(0, |l| l.attach_failures),
             "vfio_user_socket": e.socket.as_ref().map(|s| s.path.display().to_string()),
             "counters": stats.as_ref().map(host_stats_json),

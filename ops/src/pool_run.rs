@@ -315,7 +315,7 @@ fn answer(
                 "pool": true,
                 "version": env!("CARGO_PKG_VERSION"),
                 "pid": std::process::id(),
-                "uptime_s": crate::control::uptime_since(started),
+                "uptime_seconds": crate::control::uptime_since(started),
                 "attached": held.len(),
             }))
         }

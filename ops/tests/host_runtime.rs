@@ -112,7 +112,7 @@ fn attach_control_and_reload_in_process_one_device_unaffected_by_the_others() {
     assert_eq!(ask(&mut rt, "status", Value::Null)["attached"], 2);
     let session = |rt: &mut HostRuntime| {
         ask(rt, "sessions", Value::Null).as_array().unwrap().iter().find(|s| s["device"] == "gpu0").unwrap()
-            ["since"]
+            ["since_unix_seconds"]
             .clone()
     };
     let gpu0_since = session(&mut rt);

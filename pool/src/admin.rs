@@ -17,9 +17,11 @@ pub struct Entry {
     pub box_name: String,
     /// The device.
     pub device: String,
-    /// PCI Vendor ID.
+    /// PCI Vendor ID (`"0x10de"` in JSON, as every dxpu output writes PCI IDs).
+    #[serde(serialize_with = "pci_id")]
     pub vendor_id: u16,
     /// PCI Device ID.
+    #[serde(serialize_with = "pci_id")]
     pub device_id: u16,
     /// `free`, `claimed`, `draining`, `unhealthy`, or `bad-claim` (its claim key holds
     /// something that is not a claim: nobody can claim it until `dxpu pool revoke`).
@@ -27,9 +29,15 @@ pub struct Entry {
     /// The claiming host, if any.
     pub host: Option<String>,
     /// Since when (Unix seconds) the device is in that state.
+    #[serde(rename = "since_unix_seconds")]
     pub since: u64,
     /// The claim's fencing token, if claimed.
     pub token: Option<u64>,
+}
+
+/// A PCI ID as dxpu's outputs write it: `0x` and four lower-case hex digits.
+fn pci_id<S: serde::Serializer>(id: &u16, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{id:#06x}"))
 }
 
 /// A device's state from its record, claim and drain.

@@ -128,6 +128,10 @@ pub fn ctl(sock: &Path, args: &[&str]) -> (bool, Value) {
     let v = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
         panic!("ctl {args:?}: not JSON ({e}): {text} {}", String::from_utf8_lossy(&out.stderr))
     });
+    // `metrics` answers the exposition text, whose conventions are Prometheus' (promtool).
+    if args.first() != Some(&"metrics") {
+        conventional("ctl", &v);
+    }
     (out.status.success(), v)
 }
 
@@ -190,4 +194,145 @@ pub fn promtool_check(text: &str) {
 
 pub fn by_name<'a>(list: &'a Value, key: &str, name: &str) -> &'a Value {
     list.as_array().unwrap().iter().find(|d| d[key] == name).unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// Checks a command's JSON output against docs/cli.md's *Output conventions* and panics
+/// naming every key that breaks them: `what` is the command (`"bench link"`), as
+/// `package_cli.rs` finds it in the sources when it checks that every `--json` command is
+/// checked here.
+pub fn conventional(what: &str, v: &Value) {
+    let mut bad = Vec::new();
+    walk("", "", v, Keyed::Name, &mut bad);
+    assert!(
+        bad.is_empty(),
+        "{what}: the output breaks docs/cli.md's conventions:\n  {}\n{v:#}",
+        bad.join("\n  ")
+    );
+}
+
+/// A key's tokens that name a unit: a number under such a key says what it counts.
+const UNIT_TOKENS: &[&str] =
+    &["seconds", "ms", "us", "ns", "minutes", "bytes", "kib", "mib", "percent", "points", "ratio", "per"];
+/// A key's tokens that mean a time, a size or a rate: such a number must name its unit.
+const QUANTITY_TOKENS: &[&str] = &[
+    "rtt",
+    "delay",
+    "delays",
+    "latency",
+    "duration",
+    "timeout",
+    "interval",
+    "uptime",
+    "since",
+    "elapsed",
+    "age",
+    "time",
+    "wait",
+    "late",
+    "span",
+    "size",
+    "mtu",
+    "payload",
+    "bar",
+    "rate",
+    "bandwidth",
+    "throughput",
+    "retry",
+    "rss",
+    "loss",
+];
+/// Keys whose objects are keyed by data (TLP kinds, devices' names, reasons), not by names.
+const DATA_MAPS: &[&str] = &[
+    "tlps",
+    "tlps_host_to_box",
+    "tlps_box_to_host",
+    "faults",
+    "failed_by_reason",
+    "devices",
+    "surprise_removals",
+];
+
+fn names_unit(key: &str) -> bool {
+    key.split('_').any(|t| UNIT_TOKENS.contains(&t))
+}
+
+/// How a value is reached: by a key that is a name, by a data key, or as an array's element.
+#[derive(Clone, Copy, PartialEq)]
+enum Keyed {
+    Name,
+    Data,
+    Element,
+}
+
+fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
+    let tokens: Vec<&str> = key.split('_').collect();
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m {
+                let p = format!("{path}.{k}");
+                let data = how == Keyed::Name && (DATA_MAPS.contains(&key) || key.starts_with("tlps"));
+                let number = !k.is_empty() && k.chars().all(|c| c.is_ascii_digit());
+                let snake = k.starts_with(|c: char| c.is_ascii_lowercase())
+                    && k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if !(data || number || snake) {
+                    bad.push(format!("{p}: keys are snake_case ASCII"));
+                }
+                // The numbers of an object whose key names a unit are in that unit
+                // (`"rtt_us": {"p50": …}`); a data map's values are what its key says.
+                let k_eff = if data || (names_unit(key) && !names_unit(k)) { key } else { k.as_str() };
+                walk(&p, k_eff, child, if data { Keyed::Data } else { Keyed::Name }, bad);
+            }
+        }
+        Value::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                walk(&format!("{path}[{i}]"), key, child, Keyed::Element, bad);
+            }
+        }
+        Value::Number(n) => {
+            let integer = n.is_u64() || n.is_i64();
+            if !integer && !names_unit(key) {
+                bad.push(format!("{path} = {n}: a measured number names its unit in its key (docs/cli.md: _seconds, _us, _bytes, _percent, _per_…)"));
+            }
+            let count = matches!(tokens.last(), Some(&("samples" | "count")));
+            if tokens.iter().any(|t| QUANTITY_TOKENS.contains(t)) && !names_unit(key) && !count {
+                bad.push(format!("{path} = {n}: a time, size or rate names its unit in its key"));
+            }
+            if tokens.contains(&"unix") {
+                let x = n.as_f64().unwrap_or(0.0);
+                let (lo, hi) = if tokens.contains(&"us") { (1.5e15, 4.2e15) } else { (1.5e9, 4.2e9) };
+                if !(lo..hi).contains(&x) {
+                    bad.push(format!("{path} = {n}: not a time since the Unix epoch in the key's unit"));
+                }
+            }
+            if matches!(
+                key,
+                "vendor_id"
+                    | "device_id"
+                    | "subsystem_vendor_id"
+                    | "subsystem_id"
+                    | "class"
+                    | "session"
+                    | "session_id"
+            ) {
+                bad.push(format!("{path} = {n}: PCI IDs and session IDs are hex strings"));
+            }
+        }
+        Value::String(s) => {
+            let hex = |digits: usize| {
+                s.len() == 2 + digits
+                    && s.starts_with("0x")
+                    && s[2..].chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+            };
+            let ok = match key {
+                "vendor_id" | "device_id" | "subsystem_vendor_id" | "subsystem_id" => hex(4),
+                "class" => hex(6),
+                "session" | "session_id" => hex(8),
+                _ => true,
+            };
+            if !ok {
+                bad.push(format!("{path} = {s:?}: PCI IDs are 0x and 4 (a class 6) lower-case hex digits, session IDs 0x and 8"));
+            }
+        }
+        Value::Bool(_) | Value::Null => {}
+    }
 }
