@@ -42,18 +42,25 @@ macro_rules! out {
 /// and text left, `-` for a value that is absent.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    // A column is numeric when it holds a number and nothing else but `-`.
     let mut numeric = vec![true; header.len()];
+    let mut a_number = vec![false; header.len()];
     for r in rows {
         for (i, c) in r.iter().enumerate().take(header.len()) {
             width[i] = width[i].max(c.chars().count());
-            numeric[i] &= c == "-" || c.parse::<f64>().is_ok();
+            let number = c.parse::<f64>().is_ok();
+            numeric[i] &= c == "-" || number;
+            a_number[i] |= number;
         }
+    }
+    for (n, a) in numeric.iter_mut().zip(&a_number) {
+        *n &= *a;
     }
     let line = |cells: &mut dyn Iterator<Item = String>| {
         let mut s = String::new();
         for (i, c) in cells.enumerate().take(header.len()) {
             let pad = width[i].saturating_sub(c.chars().count());
-            if numeric[i] && !rows.is_empty() {
+            if numeric[i] {
                 s.push_str(&" ".repeat(pad));
                 s.push_str(&c);
             } else {
@@ -200,6 +207,8 @@ mod tests {
         ];
         let t = table(&["box", "claims/s", "device"], &rows);
         assert_eq!(t, "BOX    CLAIMS/S  DEVICE\nbox-a        12  -\nb           3.5  gpu0\n", "{t}");
+        // A column of nothing but `-` is text.
+        assert_eq!(table(&["owner", "n"], &[vec!["-".into(), "1".into()]]), "OWNER  N\n-      1\n");
         // A header alone, and a row shorter or longer than the header.
         assert_eq!(table(&["a", "b"], &[]), "A  B\n");
         let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);

@@ -42,6 +42,9 @@ pub(crate) struct ManArgs {
 pub(crate) fn keygen(args: KeygenArgs) -> ExitCode {
     match write_key(&args.file, args.bytes as usize, args.force) {
         Ok(id) => {
+            // The key ID alone on standard output, for `ID=$(dxpu keygen FILE)`; the sentence
+            // for a person on standard error.
+            outln!("{id}");
             eprintln!(
                 "dxpu keygen: wrote a {}-byte key to {} (mode 0600, key ID {id}); give it to both ends as key_file",
                 args.bytes,

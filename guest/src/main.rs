@@ -92,11 +92,11 @@ fn run(a: &Args) -> Result<(), String> {
     );
     println!("dxpu-guest: {} MSI-X interrupts received", d.pci().interrupts());
     println!(
-        "dxpu-guest: {{\"verified\":true,\"mmio_read_rtt_us\":{{\"p50\":{:.1},\"p99\":{:.1}}},\"dma_h2d_gbit_per_s\":{:.4},\"dma_d2h_gbit_per_s\":{:.4},\"seconds\":{:.3}}}",
+        "dxpu-guest: {{\"verified\":true,\"mmio_read_rtt_us\":{{\"p50\":{:.1},\"p99\":{:.1}}},\"dma_h2d_bytes_per_s\":{:.0},\"dma_d2h_bytes_per_s\":{:.0},\"seconds\":{:.3}}}",
         us(p50),
         us(p99),
-        gbps(r.h2d),
-        gbps(r.d2h),
+        gbps(r.h2d) * 1e9 / 8.0,
+        gbps(r.d2h) * 1e9 / 8.0,
         r.seconds
     );
     Ok(())

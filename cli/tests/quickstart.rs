@@ -1,0 +1,431 @@
+//! docs/quickstart.md, run as written: every block the page marks with a machine (` ```sh
+//! box-a`, ` ```toml host-a:/etc/dxpu/host.toml`) runs in one of two network namespaces joined
+//! by veth, with the page's own addresses (10.0.0.7 for the box, 10.0.0.21 for the host), its
+//! nftables rule applied for real, the services started as the packaged units start them.
+//!
+//! What stands in for what a test cannot do on this machine, and nothing else: each machine's
+//! `/etc/dxpu`, `/run/dxpu` and `/var/tmp` are directories of the test's (the paths rewritten
+//! in the blocks and files); `dpkg -i` only checks its file (tests/deb installs the real
+//! package); `systemctl enable --now` and `reload` run the units' own `ExecStart` and
+//! `ExecReload` lines (packaging/*.service); `scp` copies between the machines' directories;
+//! the simulated GPU stands where the page has `vfio =`; the build block is not run (the
+//! package is built by tests/deb) and its copies are a placeholder file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const BOX: &str = "box-a";
+const HOST: &str = "host-a";
+/// The paths of a machine the blocks name, kept per machine under the test's directory.
+const MACHINE_PATHS: [&str; 3] = ["/etc/dxpu", "/run/dxpu", "/var/tmp"];
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A fenced block of the page: its language, the machines it runs on, the file it is (for
+/// ` ```toml MACHINE:PATH`), and its text.
+#[derive(Debug)]
+struct Block {
+    lang: String,
+    machines: Vec<String>,
+    file: Option<String>,
+    text: String,
+}
+
+fn blocks(doc: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for line in doc.lines() {
+        if let Some(info) = line.strip_prefix("```") {
+            match open.take() {
+                Some(b) => out.push(b),
+                None => {
+                    let mut words = info.split_whitespace();
+                    let lang = words.next().unwrap_or("").to_string();
+                    let (mut machines, mut file) = (Vec::new(), None);
+                    for w in words {
+                        match w.split_once(':') {
+                            Some((m, p)) => {
+                                machines.push(m.to_string());
+                                file = Some(p.to_string());
+                            }
+                            None => machines.push(w.to_string()),
+                        }
+                    }
+                    open = Some(Block { lang, machines, file, text: String::new() });
+                }
+            }
+        } else if let Some(b) = &mut open {
+            b.text.push_str(line);
+            b.text.push('\n');
+        }
+    }
+    assert!(open.is_none(), "docs/quickstart.md: a block is not closed");
+    out
+}
+
+struct Machine {
+    name: &'static str,
+    ns: String,
+    root: PathBuf,
+}
+
+impl Machine {
+    fn home(&self) -> PathBuf {
+        self.root.join("home")
+    }
+}
+
+/// `text` with each machine path (`/etc/dxpu/…`) moved under its machine's directory: the
+/// machine named before it (`box-a:/etc/dxpu/…`, as scp writes it), else `on`.
+fn rewrite(text: &str, on: &Machine, all: &[&Machine]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        let at = MACHINE_PATHS.iter().filter_map(|p| text[i..].find(p).map(|k| i + k)).min();
+        let Some(at) = at else {
+            out.push_str(&text[i..]);
+            break;
+        };
+        out.push_str(&text[i..at]);
+        let named = all.iter().find(|m| out.ends_with(&format!("{}:", m.name)));
+        out.push_str(&named.map_or(on, |m| m).root.display().to_string());
+        i = at;
+        // The path itself follows, copied as it is.
+        let p = MACHINE_PATHS.iter().find(|p| text[at..].starts_with(**p)).unwrap();
+        out.push_str(p);
+        i += p.len();
+    }
+    out
+}
+
+/// The `ExecStart` and `ExecReload` lines of a packaged unit, as a shell runs them here.
+fn unit_lines(unit: &str, dxpu: &Path) -> (String, Vec<String>) {
+    let text = std::fs::read_to_string(repo().join(format!("packaging/{unit}.service"))).unwrap();
+    let value = |key: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .map(|l| l.replace("/usr/bin/dxpu", &dxpu.display().to_string()))
+            .collect()
+    };
+    let start = value("ExecStart=");
+    assert_eq!(start.len(), 1, "{unit}: one ExecStart");
+    (start[0].clone(), value("ExecReload="))
+}
+
+/// The control socket a configuration file names (`[control] socket = "…"`).
+fn control_socket(toml: &str) -> Option<String> {
+    toml.lines().find_map(|l| l.trim().strip_prefix("socket = ")).map(|s| s.trim_matches('"').to_string())
+}
+
+/// Writes the stand-ins for dpkg, systemctl and scp into the machine's `bin`.
+fn shims(m: &Machine, all: &[&Machine], dxpu: &Path, sockets: &[(String, String)]) {
+    let bin = m.root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let r = m.root.display();
+    let write = |name: &str, body: String| {
+        use std::os::unix::fs::PermissionsExt;
+        let p = bin.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\nset -eu\n{body}")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write(
+        "dpkg",
+        format!(
+            "[ \"$#\" -eq 2 ] && [ \"$1\" = -i ] && [ -f \"$2\" ] || {{ echo \"dpkg (quickstart test): only -i FILE, and the file must exist: $*\" >&2; exit 1; }}\n\
+             mkdir -p {r}/etc/dxpu {r}/run/dxpu {r}/var/tmp && chmod 1777 {r}/var/tmp\n\
+             echo \"dpkg (quickstart test): $2 stands for the package tests/deb installs\"\n"
+        ),
+    );
+    let mut cases = String::new();
+    for unit in ["dxpu-gpu", "dxpu-host"] {
+        let (start, reload) = unit_lines(unit, dxpu);
+        let start = rewrite(&start, m, all);
+        let pid = format!("{r}/run/{unit}.pid");
+        let log = format!("{r}/run/{unit}.log");
+        let wait = match sockets.iter().find(|(u, _)| u == unit) {
+            Some((_, sock)) => format!(
+                "i=0; while [ ! -S {sock} ]; do i=$((i+1)); if [ $i -gt 300 ]; then echo \"{unit} did not open {sock}\" >&2; cat {log} >&2; exit 1; fi; sleep 0.1; done\n"
+            ),
+            None => String::new(),
+        };
+        cases.push_str(&format!(
+            "\"enable --now {unit}\")\n  setsid {start} > {log} 2>&1 < /dev/null &\n  echo $! > {pid}\n  {wait};;\n"
+        ));
+        let reload: Vec<String> = reload
+            .iter()
+            .map(|l| {
+                rewrite(l, m, all).replace("/bin/kill -HUP $MAINPID", &format!("kill -HUP \"$(cat {pid})\""))
+            })
+            .collect();
+        cases.push_str(&format!("\"reload {unit}\")\n  {};;\n", reload.join(" && ")));
+    }
+    write(
+        "systemctl",
+        format!(
+            "case \"$*\" in\n{cases}*) echo \"systemctl (quickstart test): '$*' is not one the page uses\" >&2; exit 1;;\nesac\n"
+        ),
+    );
+    let mut map = String::new();
+    for o in all {
+        map.push_str(&format!(
+            "  {n}:) echo {h}/;;\n  {n}:*) echo \"${{1#{n}:}}\";;\n",
+            n = o.name,
+            h = o.home().display()
+        ));
+    }
+    write(
+        "scp",
+        format!(
+            "map() {{\n case \"$1\" in\n{map}  *) echo \"$1\";;\n esac\n}}\n\
+             [ \"$#\" -eq 2 ] || {{ echo \"scp (quickstart test): SOURCE TARGET only: $*\" >&2; exit 1; }}\n\
+             cp \"$(map \"$1\")\" \"$(map \"$2\")\"\n"
+        ),
+    );
+}
+
+/// Runs a block's script on a machine: its output, or a panic with it.
+fn run(m: &Machine, script: &str, dxpu: &Path) -> String {
+    let path = format!(
+        "{}:{}:{}",
+        m.root.join("bin").display(),
+        dxpu.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("timeout")
+        .args(["120", "ip", "netns", "exec", &m.ns, "sh", "-eu", "-c", script])
+        .current_dir(m.home())
+        .env("PATH", path)
+        .env("HOME", m.home())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "on {} ({}):\n{script}\n--- exit {:?}, output:\n{text}",
+        m.name,
+        m.ns,
+        out.status.code()
+    );
+    text
+}
+
+fn ip(args: &str) -> Result<(), String> {
+    let out = Command::new("ip").args(args.split_whitespace()).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {args}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// The namespaces, removed (and the services in them stopped) on drop.
+struct Testbed {
+    machines: Vec<Machine>,
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for m in &self.machines {
+            for unit in ["dxpu-gpu", "dxpu-host"] {
+                let pid = std::fs::read_to_string(m.root.join(format!("run/{unit}.pid"))).unwrap_or_default();
+                if let Some(p) = pid.trim().parse::<i32>().ok().and_then(rustix::process::Pid::from_raw) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+                    for _ in 0..50 {
+                        if !Path::new(&format!("/proc/{}", p.as_raw_pid())).exists() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+            let _ = ip(&format!("netns del {}", m.ns));
+        }
+        if let Some(m) = self.machines.first() {
+            let _ = std::fs::remove_dir_all(m.root.parent().unwrap());
+        }
+    }
+}
+
+#[test]
+fn the_quickstart_runs_as_written_on_two_machines() {
+    for tool in ["ip", "nft", "tcpdump", "curl", "setsid", "timeout"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            eprintln!("skipped: {tool} not found (.ci/run installs iproute2, nftables, tcpdump, curl)");
+            return;
+        }
+    }
+    let dxpu = PathBuf::from(env!("CARGO_BIN_EXE_dxpu"));
+    let doc = std::fs::read_to_string(repo().join("docs/quickstart.md")).unwrap();
+    let blocks = blocks(&doc);
+    let dir = std::env::temp_dir().join(format!("dxpu-quickstart-{}", std::process::id()));
+    let tag = std::process::id() % 10_000;
+    let machine = |name: &'static str, n: usize| Machine {
+        name,
+        ns: format!("dxpu-qs{tag}-{n}"),
+        root: dir.join(name),
+    };
+    let bed = Testbed { machines: vec![machine(BOX, 0), machine(HOST, 1)] };
+    let (b, h) = (&bed.machines[0], &bed.machines[1]);
+    // Two machines on one segment, at the page's addresses, with jumbo frames as its [link]
+    // asks; nothing leaves the namespaces.
+    let veth = (format!("vqs{tag}a"), format!("vqs{tag}b"));
+    let setup = || -> Result<(), String> {
+        ip(&format!("netns add {}", b.ns))?;
+        ip(&format!("netns add {}", h.ns))?;
+        ip(&format!(
+            "link add {} netns {} mtu 9000 type veth peer name {} netns {} mtu 9000",
+            veth.0, b.ns, veth.1, h.ns
+        ))?;
+        for (m, dev, addr) in [(b, &veth.0, "10.0.0.7/24"), (h, &veth.1, "10.0.0.21/24")] {
+            ip(&format!("-n {} addr add {addr} dev {dev}", m.ns))?;
+            ip(&format!("-n {} link set {dev} up", m.ns))?;
+            ip(&format!("-n {} link set lo up", m.ns))?;
+        }
+        Ok(())
+    };
+    if let Err(e) = setup() {
+        eprintln!("skipped: cannot make two network namespaces ({e}); the test needs root and iproute2");
+        return;
+    }
+    let all = [b, h];
+    // What the build block copies to each machine.
+    for m in all {
+        std::fs::create_dir_all(m.home()).unwrap();
+        std::fs::write(m.home().join("dxpu_0.1.0_amd64.deb"), "placeholder: the build block is not run")
+            .unwrap();
+    }
+    // The services' control sockets, from the page's configuration files, for `systemctl`
+    // to wait on as systemd waits for a notify unit's READY=1.
+    let mut sockets = Vec::new();
+    for blk in blocks.iter().filter(|b| b.lang == "toml") {
+        let m = all.iter().find(|m| blk.machines.first().is_some_and(|n| n == m.name)).unwrap();
+        let unit = if blk.file.as_deref().is_some_and(|f| f.ends_with("gpu.toml")) {
+            "dxpu-gpu"
+        } else {
+            "dxpu-host"
+        };
+        if let Some(s) = control_socket(&blk.text) {
+            sockets.push((unit.to_string(), rewrite(&s, m, &all)));
+        }
+    }
+    for m in all {
+        shims(m, &all, &dxpu, &sockets);
+    }
+    let mut ran = 0;
+    let mut said = String::new();
+    for blk in &blocks {
+        if blk.machines.is_empty() {
+            continue;
+        }
+        if blk.machines == ["build"] {
+            assert!(blk.text.contains("packaging/build-deb.sh"), "{blk:?}");
+            continue;
+        }
+        for name in &blk.machines {
+            let m =
+                all.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("no machine {name}: {blk:?}"));
+            match (blk.lang.as_str(), &blk.file) {
+                ("toml", Some(file)) => {
+                    let text = rewrite(&blk.text, m, &all);
+                    // The simulated GPU where the page binds a real one.
+                    let text: String = text
+                        .lines()
+                        .map(|l| if l.starts_with("vfio = ") { "sim = { vram_mib = 256 }" } else { l })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    let path = PathBuf::from(rewrite(file, m, &all));
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    std::fs::write(&path, text + "\n").unwrap();
+                }
+                ("sh", None) => said.push_str(&run(m, &rewrite(&blk.text, m, &all), &dxpu)),
+                other => panic!("a block the test cannot run: {other:?} {blk:?}"),
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= 12, "only {ran} blocks ran: has the page lost its machine marks?");
+    // What the page says the reader sees.
+    assert!(
+        said.contains("host-a's key: ") && !said.contains("host-a's key: \n"),
+        "the key ID is printed: {said}"
+    );
+    assert!(said.contains("gpu0: workload verified"), "{said}");
+    assert!(said.contains("table inet dxpu"), "{said}");
+    assert!(said.contains("dxpu_link_retransmits"), "{said}");
+    assert!(
+        said.contains("host->box KEEPALIVE") && said.contains("box->host KEEPALIVE"),
+        "the capture decodes: {said}"
+    );
+    let ctl = |m: &Machine, sock: &str, method: &str| -> serde_json::Value {
+        let out = run(m, &format!("dxpu ctl --json --socket {sock} {method}"), &dxpu);
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let gpu_sock = rewrite("/run/dxpu/gpu.sock", b, &all);
+    let host_sock = rewrite("/run/dxpu/host.sock", h, &all);
+    let devs = ctl(b, &gpu_sock, "devices");
+    assert_eq!(
+        (devs[0]["state"].as_str(), devs[0]["owner"].as_str()),
+        (Some("attached"), Some("host-a")),
+        "{devs}"
+    );
+    let devs = ctl(h, &host_sock, "devices");
+    assert_eq!(devs[0]["state"], "attached", "{devs}");
+    // The firewall is in the path: with the host's address out of the set, the box hears
+    // nothing from it, and the host's session goes down.
+    run(b, "nft delete element inet dxpu hosts '{ 10.0.0.21 }'", &dxpu);
+    let mut down = false;
+    for _ in 0..100 {
+        if ctl(h, &host_sock, "devices")[0]["state"] != "attached" {
+            down = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(down, "the host kept its session through a firewall that drops it");
+    run(b, "nft add element inet dxpu hosts '{ 10.0.0.21 }'", &dxpu);
+    let mut up = false;
+    for _ in 0..200 {
+        if ctl(h, &host_sock, "devices")[0]["state"] == "attached" {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(up, "the host did not attach again once the firewall let it: {}", ctl(h, &host_sock, "devices"));
+    // The page's reload: the file checked, then applied.
+    std::fs::write(
+        rewrite("/etc/dxpu/host.toml", h, &all),
+        std::fs::read_to_string(rewrite("/etc/dxpu/host.toml", h, &all))
+            .unwrap()
+            .replace("poll = \"busy\"", "poll = \"blocking\""),
+    )
+    .unwrap();
+    run(h, "systemctl reload dxpu-host", &dxpu);
+    // A refused file fails the reload, as `systemctl reload` reports it.
+    std::fs::write(rewrite("/etc/dxpu/host.toml", h, &all), "[link]\nmtu = 1\n").unwrap();
+    let refused = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h.ns,
+            &h.root.join("bin/systemctl").display().to_string(),
+            "reload",
+            "dxpu-host",
+        ])
+        .env(
+            "PATH",
+            format!("{}:{}", dxpu.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default()),
+        )
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "a refused file reloads: {refused:?}");
+    drop(bed);
+}
