@@ -12,32 +12,36 @@
 //! [`GpuEndpoint::run`] loops on it until told to stop, spinning or sleeping in the kernel
 //! as the [`PollMode`] says.
 //!
-//! The rooms: this file (the endpoint, its poll loop, sessions, releases), `attach` (how an
-//! ATTACH is answered), `pool` (a box serving a pool: claims confirmed, owners cut off, the
-//! ownership and health sinks).
+//! The rooms: this file (the endpoint and its poll loop in named phases: receive, answer the
+//! kept requests, timers and session events, let the devices work, the pool's claims),
+//! `export` (each exported device: its BARs, owner and outbox, its upstream port, opening
+//! and releasing it), `attach` (how an ATTACH is answered), `pool` (a box serving a pool:
+//! claims confirmed, owners cut off, the ownership and health sinks), `ops` (what the
+//! control socket reports), `thread` (the endpoint on a thread of its own).
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bridge::attach::{BarInfo, Control};
+use bridge::attach::Control;
 use bridge::{Dispatcher, Kept};
 use hw::simgpu::SimGpuParams;
-use hw::{Device, SimGpu, TlpQueue, Upstream};
 use link::driver::{
     AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, ServerRunner, Tap, Tapped,
 };
-use link::{DownReason, Endpoint, Event, PresharedKey, SendError, Session, SessionMap};
-use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
+use link::{DownReason, Endpoint, Event, PresharedKey, Session, SessionMap};
+use tlp::{Bdf, Body, CplStatus, TlpRepr, rules};
 
 mod attach;
+mod export;
 mod ops;
 mod pool;
 mod thread;
 
 use attach::{attach, finish_attach};
+use export::{Deferred, Export, ToHost, device_completion, emit, release, restore_bars};
 pub use ops::{ExportReport, SessionReport};
 use pool::{AttachCtx, Claims, Journal, Owner};
 pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, OwnershipEvent, OwnershipSink};
@@ -191,125 +195,6 @@ pub struct GpuStats {
     pub largest_payload_received: u32,
 }
 
-struct Export {
-    name: String,
-    allow: Vec<String>,
-    /// Its place in the box: device number on the box's bus and its 1 TiB of bus addresses.
-    slot: u8,
-    /// What backs it, in words (`simgpu, 64 MiB VRAM`, `VFIO 0000:41:00.0`).
-    backing: String,
-    /// Its IDs as read at start.
-    identity: ExportIdentity,
-    /// Why the device is unhealthy (it no longer answers config reads), if it is: not
-    /// attached to anyone until the box restarts.
-    health: Option<String>,
-    dev: Box<dyn Device>,
-    bars: [BarInfo; 6],
-    base: u64,
-    owner: Option<Owner>,
-    out: Outbox,
-    stats: ExportStats,
-}
-
-/// What the device sent that the session could not take yet, and the device's reads
-/// awaiting completion.
-#[derive(Default)]
-struct Outbox {
-    queue: VecDeque<Vec<u8>>,
-    reads: HashSet<u16>,
-}
-
-/// The device's upstream port, as the owner's session.
-struct ToHost<'a> {
-    s: &'a mut Session,
-    out: &'a mut Outbox,
-    stats: &'a mut ExportStats,
-    device: &'a str,
-}
-
-impl Upstream for ToHost<'_> {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.out.note(tlp, self.stats);
-        if !self.out.queue.is_empty() {
-            self.out.queue.push_back(emit(tlp));
-            return;
-        }
-        // Emitted straight into the buffer its frame is sent from: the payload's one copy.
-        match self.s.send_repr(tlp) {
-            Ok(()) => {}
-            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(emit(tlp)),
-            Err(SendError::TooLarge { len, mtu }) => {
-                self.stats.too_large += 1;
-                log::error!(
-                    "{}: a {len}-byte TLP does not fit the link's {mtu}-byte MTU; dropped",
-                    self.device
-                );
-            }
-            Err(e) => log::debug!("{}: TLP not sent: {e}", self.device),
-        }
-    }
-}
-
-/// The device's upstream port while its session is busy (handling the datagram the TLP
-/// came in): what the device sends waits in the outbox, in order, for the next flush.
-struct Deferred<'a> {
-    out: &'a mut Outbox,
-    stats: &'a mut ExportStats,
-}
-
-impl Upstream for Deferred<'_> {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.out.note(tlp, self.stats);
-        self.out.queue.push_back(emit(tlp));
-    }
-}
-
-/// A completion from the owner for one of the device's reads.
-fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_>) {
-    up.out.note_completion(t, up.stats);
-    dev.completion(t, up);
-}
-
-impl Outbox {
-    /// Counts a completion for one of the device's reads; the read is no longer in flight
-    /// once its last completion (or an error) arrives.
-    fn note_completion(&mut self, t: &TlpRepr<'_>, stats: &mut ExportStats) {
-        let Body::Completion { cpl, data, .. } = t.body else { return };
-        stats.device_completions += 1;
-        if rules::completes_request(&cpl, data) {
-            self.reads.remove(&cpl.tag.value());
-        }
-    }
-
-    /// Counts a TLP the device sends and remembers the tag of each of its reads.
-    fn note(&mut self, tlp: &TlpRepr<'_>, stats: &mut ExportStats) {
-        match tlp.body {
-            Body::MemRead { req, .. } => {
-                self.reads.insert(req.tag.value());
-                stats.device_requests += 1;
-            }
-            Body::MemWrite { .. } | Body::Message { .. } | Body::Atomic { .. } => stats.device_requests += 1,
-            _ => {}
-        }
-    }
-
-    /// Moves queued TLPs into the session, in order, while it takes them; returns whether
-    /// it took any.
-    fn flush(&mut self, s: &mut Session) -> bool {
-        let mut took = false;
-        while let Some(b) = self.queue.front() {
-            match s.send_tlp(b) {
-                Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
-                    self.queue.pop_front();
-                    took = true;
-                }
-                Err(_) => break,
-            }
-        }
-        took
-    }
-}
-
 struct SessionInfo {
     host: String,
     device: Option<usize>,
@@ -335,88 +220,6 @@ pub struct GpuEndpoint {
     journal: Journal,
 }
 
-/// Sends one config request to `dev` and returns the completion's data (all-ones if none).
-fn config_access(dev: &mut dyn Device, register: u16, write: Option<u32>) -> u32 {
-    let mut q = TlpQueue::default();
-    let req = Request { requester: BOX_ROOT, tag: Tag::from_bits(0), first_be: 0xf, last_be: 0 };
-    let cfg = ConfigTarget { type1: false, target: dev.id(), register };
-    let data = write.unwrap_or(0).to_le_bytes();
-    let body = match write {
-        Some(_) => Body::CfgWrite { req, cfg, data: &data },
-        None => Body::CfgRead { req, cfg },
-    };
-    dev.request(&TlpRepr::new(body), &mut q);
-    for b in &q.0 {
-        if let Ok(TlpRepr { body: Body::Completion { cpl, data, .. }, .. }) =
-            TlpRepr::parse_bytes(b, &ParseConfig::default())
-            && cpl.status == CplStatus::Success
-        {
-            return data.and_then(|d| d.get(..4)).map_or(0, |d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
-        }
-    }
-    u32::MAX
-}
-
-/// Sizes the device's BARs and places the unplaced ones from `base` up, as firmware would.
-fn place_bars(dev: &mut dyn Device, base: u64) -> [BarInfo; 6] {
-    let mut bars = [BarInfo::default(); 6];
-    let mut cursor = base;
-    let mut i = 0;
-    while i < 6 {
-        let at = 0x10 + 4 * i as u16;
-        let orig = config_access(dev, at, None);
-        config_access(dev, at, Some(0xffff_ffff));
-        let mask = config_access(dev, at, None);
-        let io = mask & 1 == 1;
-        let is_64 = !io && (mask >> 1) & 3 == 2;
-        let (orig_hi, mask_hi) = if is_64 && i < 5 {
-            let o = config_access(dev, at + 4, None);
-            config_access(dev, at + 4, Some(0xffff_ffff));
-            (o, config_access(dev, at + 4, None))
-        } else {
-            (0, if is_64 { 0xffff_ffff } else { 0 })
-        };
-        let low_mask = if io { mask & !3 } else { mask & !0xf };
-        let full = if is_64 {
-            (mask_hi as u64) << 32 | low_mask as u64
-        } else {
-            0xffff_ffff_0000_0000 | low_mask as u64
-        };
-        let size = if low_mask == 0 && mask_hi == 0 { 0 } else { (!full).wrapping_add(1) };
-        let mut address = (orig_hi as u64) << 32 | (orig & !0xf) as u64;
-        if size != 0 && !io && address == 0 {
-            address = cursor.div_ceil(size) * size;
-            cursor = address + size;
-        }
-        config_access(dev, at, Some(address as u32 | (orig & 0xf)));
-        if is_64 && i < 5 {
-            config_access(dev, at + 4, Some((address >> 32) as u32));
-        }
-        if size != 0 {
-            bars[i] = BarInfo { address, size, memory: !io, is_64, prefetchable: mask & 8 != 0 };
-        }
-        i += if is_64 { 2 } else { 1 };
-    }
-    bars
-}
-
-/// Writes the BAR addresses back if a reset cleared them (the sizes do not change).
-fn restore_bars(dev: &mut dyn Device, bars: &[BarInfo; 6]) {
-    for (i, b) in bars.iter().enumerate() {
-        if b.size == 0 || !b.memory {
-            continue;
-        }
-        let at = 0x10 + 4 * i as u16;
-        let lo = config_access(dev, at, None);
-        if lo & !0xf != b.address as u32 & !0xf {
-            config_access(dev, at, Some(b.address as u32 | (lo & 0xf)));
-        }
-        if b.is_64 && i < 5 && config_access(dev, at + 4, None) != (b.address >> 32) as u32 {
-            config_access(dev, at + 4, Some((b.address >> 32) as u32));
-        }
-    }
-}
-
 /// Checks that every host `spec` allows is a known one; `at` says where in the configuration.
 fn check_allow(at: &str, spec: &ExportSpec, hosts: &[HostKey]) -> Result<(), GpuError> {
     for h in &spec.allow {
@@ -428,59 +231,6 @@ fn check_allow(at: &str, spec: &ExportSpec, hosts: &[HostKey]) -> Result<(), Gpu
         }
     }
     Ok(())
-}
-
-impl Export {
-    /// Opens the device `spec` names in `slot` of the box (its device number on the box's
-    /// bus, and its own 1 TiB of the box's bus address space), sizes and places its BARs.
-    fn open(spec: &ExportSpec, slot: u8) -> Result<Export, GpuError> {
-        let id = Bdf::new(slot, 0, 0);
-        let mut dev = open_device(spec, id)?;
-        let base = (slot as u64) << 40;
-        let bars = place_bars(dev.as_mut(), base);
-        let backing = match &spec.device {
-            DeviceSpec::Sim(p) => format!("simgpu, {} MiB VRAM", p.vram_bytes >> 20),
-            DeviceSpec::Vfio(a) => format!("VFIO {a}"),
-        };
-        log::info!("exporting {} as {id} ({backing}) to {}", spec.name, spec.allow.join(", "));
-        let ids = config_access(dev.as_mut(), 0, None);
-        let class = config_access(dev.as_mut(), 8, None) >> 8;
-        let identity = ExportIdentity {
-            vendor_id: ids as u16,
-            device_id: (ids >> 16) as u16,
-            class,
-            largest_bar: bars.iter().map(|b| b.size).max().unwrap_or(0),
-            allow: spec.allow.clone(),
-        };
-        let health = unanswered(dev.as_mut(), "at start");
-        Ok(Export {
-            name: spec.name.clone(),
-            allow: spec.allow.clone(),
-            slot,
-            backing,
-            identity,
-            health,
-            dev,
-            bars,
-            base,
-            owner: None,
-            out: Outbox::default(),
-            stats: ExportStats::default(),
-        })
-    }
-}
-
-fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>, GpuError> {
-    match &spec.device {
-        DeviceSpec::Sim(p) => Ok(Box::new(SimGpu::new(id, *p))),
-        DeviceSpec::Vfio(addr) => {
-            let path = std::path::Path::new("/sys/bus/pci/devices").join(addr);
-            let name = spec.name.clone();
-            let d = hw::vfio::VfioDevice::open(&path, id, &mut |m| log::info!("{name}: {m}"))
-                .map_err(|error| GpuError::Device { name: spec.name.clone(), error })?;
-            Ok(Box::new(d))
-        }
-    }
 }
 
 impl GpuEndpoint {
@@ -579,14 +329,45 @@ impl GpuEndpoint {
         self.exports.iter().find(|e| e.name == name)?.owner.as_ref().map(|o| o.host.as_str())
     }
 
-    /// One pass: receive, step sessions and devices, send. Returns whether anything happened.
+    /// One pass, in phases, each named for what it does; what a phase produced leaves
+    /// before the next one runs, at the points the phases' order makes (a host's register
+    /// read is answered before the timers run; acknowledgements leave before the devices
+    /// work; what the devices sent, at once after their turn). Returns whether anything
+    /// happened.
     pub fn poll(&mut self) -> io::Result<bool> {
-        let GpuEndpoint { runner, exports, hosts, sessions, stats, dispatcher, claims, journal, .. } = self;
-        // The dispatcher hands over the hosts' posted writes (into BARs) and the completions
-        // for the devices' DMA reads where they lie in the receive buffer: their payload is
-        // copied once, into the device. What the device sends meanwhile waits in its outbox
-        // (the session is busy with the datagram). Non-posted requests and control messages
-        // are kept and handled right after the receive, in order.
+        let now = self.runner.clock.now();
+        let mut active = self.receive(now)?;
+        if self.answer_kept() {
+            // In a host's read the time from here to the send is the round trip's; the
+            // timers and events below overlap the host's turn.
+            active = true;
+            self.runner.transmit_at(now)?;
+        }
+        active |= self.run_timers_and_events(now);
+        // What the timers made due (acknowledgements, replays) goes out before the devices
+        // are polled, in one pass over the sessions.
+        active |= self.runner.transmit_at(now)? > 0;
+        if self.let_devices_work()? {
+            // What the devices sent, at a fresh time: a device step may have been long.
+            active = true;
+            self.runner.transmit()?;
+        }
+        self.runner.endpoint.reap();
+        self.log_failed_handshakes();
+        if self.reconcile_claims() {
+            active = true;
+            self.runner.transmit()?;
+        }
+        Ok(active)
+    }
+
+    /// Receives what the socket has. The dispatcher hands over the hosts' posted writes
+    /// (into BARs) and the completions for the devices' DMA reads where they lie in the
+    /// receive buffer: their payload is copied once, into the device. What the device sends
+    /// meanwhile waits in its outbox (the session is busy with the datagram). Non-posted
+    /// requests and control messages are kept for [`GpuEndpoint::answer_kept`].
+    fn receive(&mut self, now: link::Time) -> io::Result<bool> {
+        let GpuEndpoint { runner, exports, sessions, stats, dispatcher, .. } = self;
         let mut in_place = |sid: u32, t: &TlpRepr<'_>| {
             let Some(d) = sessions.get(&sid).and_then(|i| i.device) else {
                 stats.unowned_requests += 1;
@@ -601,9 +382,8 @@ impl GpuEndpoint {
                 e.dev.request(t, &mut up);
             }
         };
-        let now = runner.clock.now();
         let mut sink = |sid: u32, bytes: &[u8]| dispatcher.route(sid, bytes, &mut in_place);
-        let mut active = runner.receive_frames_at(now, Some(&mut sink))? > 0;
+        let active = runner.receive_frames_at(now, Some(&mut sink))? > 0;
         // What a session queued instead (nothing, unless it received outside a poll) goes the
         // same way, behind what it holds.
         for (sid, _, s) in runner.endpoint.sessions() {
@@ -612,25 +392,34 @@ impl GpuEndpoint {
                 s.recycle(b);
             }
         }
+        Ok(active)
+    }
+
+    /// Handles the requests and control messages the receive kept, in order; returns whether
+    /// there were any (their answers wait in the sessions for the caller's send).
+    ///
+    /// They are handled before this pass's session events, and that is safe for an Attach:
+    /// a host sends one only once its session is up, which takes the box's ESTABLISHED; the
+    /// pass that accepted the session queued it and handles its `Up` in
+    /// [`GpuEndpoint::run_timers_and_events`] before any later receive can bring the Attach.
+    fn answer_kept(&mut self) -> bool {
+        let GpuEndpoint { runner, exports, sessions, stats, dispatcher, claims, journal, .. } = self;
         let answered = !dispatcher.is_empty();
-        // Kept requests are handled before this pass's session events, and that is safe for
-        // an Attach: a host sends one only once its session is up, which takes the box's
-        // ESTABLISHED; the pass that accepted the session queued it and handles its `Up`
-        // below before any later receive can bring the Attach.
         dispatcher.drain(|sid, kept| {
             if let Some(s) = runner.endpoint.session(sid) {
                 let mut ctx = AttachCtx { claims, journal };
                 handle_kept(sid, s, kept, exports, sessions, stats, &mut ctx);
             }
         });
-        // The answers (a register read's completion) leave before anything else is done:
-        // in a host's read the time from here to the send is the round trip's; the timers
-        // and events below overlap the host's turn.
-        if answered {
-            active = true;
-            runner.transmit_at(now)?;
-        }
+        answered
+    }
+
+    /// Runs the sessions' timers and acts on their events: a host connected, a host gone
+    /// (its device released). Returns whether there were events.
+    fn run_timers_and_events(&mut self, now: link::Time) -> bool {
+        let GpuEndpoint { runner, exports, hosts, sessions, stats, journal, .. } = self;
         runner.run_timers(now);
+        let mut active = false;
         for (id, _, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;
@@ -664,20 +453,22 @@ impl GpuEndpoint {
                 }
             }
         }
-        // What the timers made due (acknowledgements, replays) goes out before the devices
-        // are polled, in one pass over the sessions.
-        if runner.transmit_at(now)? > 0 {
-            active = true;
-        }
-        let mut devices_worked = false;
+        active
+    }
+
+    /// Lets each attached device work while its upstream has room, after moving what its
+    /// outbox holds into its owner's session; returns whether any device worked or sent.
+    ///
+    /// Bounded per pass, in steps and in time ([`DEVICE_TURN`]), so that one busy device
+    /// does not starve the socket: a step may be a band of a long kernel, and the link's
+    /// ACKs and a host's register reads wait for the end of the pass.
+    fn let_devices_work(&mut self) -> io::Result<bool> {
+        let GpuEndpoint { runner, exports, .. } = self;
+        let mut worked = false;
         for e in exports.iter_mut() {
             let Some(Owner { sid, .. }) = e.owner else { continue };
             let Some(s) = runner.endpoint.session(sid) else { continue };
-            devices_worked |= e.out.flush(s);
-            // Let the device work while its upstream has room; bounded per pass, in steps
-            // and in time, so that one busy device does not starve the socket: a step may
-            // be a band of a long kernel, and the link's ACKs and a host's register reads
-            // wait for the end of the pass.
+            worked |= e.out.flush(s);
             let turn_ends = runner.clock.now() + DEVICE_TURN;
             for _ in 0..64 {
                 if !e.out.queue.is_empty() {
@@ -687,7 +478,7 @@ impl GpuEndpoint {
                 if !e.dev.poll(&mut up) {
                     break;
                 }
-                devices_worked = true;
+                worked = true;
                 // Frames held back by an impairment (an ACK sent a pass ago, delayed) leave
                 // when due, as on a wire, not a whole turn late.
                 runner.sock.release_held()?;
@@ -696,18 +487,7 @@ impl GpuEndpoint {
                 }
             }
         }
-        // What the devices sent, at a fresh time: a device step may have been long.
-        if devices_worked {
-            active = true;
-            runner.transmit()?;
-        }
-        runner.endpoint.reap();
-        self.log_failed_handshakes();
-        if self.reconcile_claims() {
-            active = true;
-            self.runner.transmit()?;
-        }
-        Ok(active)
+        Ok(worked)
     }
 
     /// Says which hosts could not get a session and why (a key this box does not hold, a
@@ -787,39 +567,6 @@ fn reason_text(r: DownReason) -> &'static str {
     }
 }
 
-/// Gives the device back: function-level reset, in-flight DMA dropped and counted, BARs
-/// placed again (the reset cleared them).
-fn release(e: &mut Export, why: &str, journal: &mut Journal) {
-    let dropped = e.out.reads.len() + e.out.queue.len();
-    e.stats.dma_dropped += dropped as u64;
-    e.out.reads.clear();
-    e.out.queue.clear();
-    e.dev.reset();
-    e.stats.resets += 1;
-    e.bars = place_bars(e.dev.as_mut(), e.base);
-    if let Some(owner) = e.owner.take() {
-        log::info!(
-            device = e.name.as_str(), host = owner.host.as_str(), session = format!("{:#010x}", owner.sid).as_str();
-            "{}: released by {} ({why}); reset, {dropped} in-flight DMA dropped", e.name, owner.host
-        );
-        journal.record(&e.name, &owner, false, why);
-    }
-    if e.health.is_none()
-        && let Some(h) = unanswered(e.dev.as_mut(), "after its reset")
-    {
-        log::error!(device = e.name.as_str(); "{}: unhealthy: {h}; attached to nobody from now on", e.name);
-        journal.health(&e.name, &h);
-        e.health = Some(h);
-    }
-}
-
-/// Why a device is unhealthy, if it is: a function that answers its Vendor ID with all-ones
-/// is not there (a real device that fell off its bus, a VFIO device gone).
-fn unanswered(dev: &mut dyn Device, when: &str) -> Option<String> {
-    (config_access(dev, 0, None) & 0xffff == 0xffff)
-        .then(|| format!("does not answer config reads {when} (Vendor ID 0xffff)"))
-}
-
 fn reply(s: &mut Session, c: Control) {
     let _ = s.send_tlp(&c.to_tlp(BOX_ROOT));
 }
@@ -871,11 +618,4 @@ fn handle_kept(
         // placement, so it puts them back where the host expects them.
         restore_bars(e.dev.as_mut(), &e.bars);
     }
-}
-
-fn emit(t: &TlpRepr<'_>) -> Vec<u8> {
-    let mut b = vec![0u8; t.buffer_len()];
-    let n = t.emit(&mut b).unwrap_or(0);
-    b.truncate(n);
-    b
 }
