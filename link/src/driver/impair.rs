@@ -115,15 +115,20 @@ impl<D: Datagrams> Impaired<D> {
         }
         let mut result = Ok(());
         let mut i = 0;
+        // The frames of one send, borrowed in place: no allocation per release.
+        let mut frames: [&[u8]; RELEASE_BATCH] = [&[]; RELEASE_BATCH];
         while i < self.due.len() {
             let to = self.due[i].0;
-            let end = self.due[i..].iter().position(|(t, _)| *t != to).map_or(self.due.len(), |k| i + k);
-            let frames: Vec<&[u8]> = self.due[i..end].iter().map(|(_, b)| b.as_slice()).collect();
-            if let Err(e) = self.inner.send_borrowed(to, &frames) {
+            let mut n = 0;
+            while n < RELEASE_BATCH && self.due.get(i + n).is_some_and(|(t, _)| *t == to) {
+                frames[n] = &self.due[i + n].1;
+                n += 1;
+            }
+            if let Err(e) = self.inner.send_borrowed(to, &frames[..n]) {
                 result = Err(e);
                 break;
             }
-            i = end;
+            i += n;
         }
         for (_, b) in self.due.drain(..) {
             if self.spare.len() < SPARE_BUFFERS {
@@ -134,6 +139,9 @@ impl<D: Datagrams> Impaired<D> {
         self.inner.flush()
     }
 }
+
+/// Datagrams released in one borrowed send at most: UDP GSO's own limit of segments.
+const RELEASE_BATCH: usize = 64;
 
 /// Buffers the layer keeps for datagrams it holds, at most.
 const SPARE_BUFFERS: usize = 4096;
@@ -262,5 +270,77 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
 
     fn offload(&self) -> super::OffloadState {
         self.inner.offload()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver that records what it is asked to send: each borrowed send's destination and
+    /// frames, and the datagrams sent one by one.
+    #[derive(Default)]
+    struct Recorder {
+        borrowed: Vec<(SocketAddr, Vec<Vec<u8>>)>,
+        single: usize,
+    }
+
+    impl Datagrams for Recorder {
+        fn send_with(
+            &mut self,
+            _to: SocketAddr,
+            max: usize,
+            fill: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<usize> {
+            let mut b = vec![0; max];
+            self.single += 1;
+            Ok(fill(&mut b))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+        fn send_borrowed(&mut self, to: SocketAddr, frames: &[&[u8]]) -> io::Result<()> {
+            self.borrowed.push((to, frames.iter().map(|f| f.to_vec()).collect()));
+            Ok(())
+        }
+        fn recv(&mut self, _f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait(&mut self, _timeout: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+        fn local_addr(&self) -> io::Result<SocketAddr> {
+            Ok(SocketAddr::from(([127, 0, 0, 1], 1)))
+        }
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+    }
+
+    #[test]
+    fn held_datagrams_leave_in_one_send_per_run_of_a_destination_at_most_a_gso_batch_each() {
+        let delay = Duration::from_millis(2);
+        let mut l = Impaired::new(Recorder::default(), Impairment { delay, ..Impairment::default() });
+        let (a, b) = (SocketAddr::from(([127, 0, 0, 1], 10)), SocketAddr::from(([127, 0, 0, 1], 11)));
+        // 100 to a, 30 to b, 5 to a: sends of 64 and 36, 30, 5, in the order sent.
+        let to = |i: usize| if (100..130).contains(&i) { b } else { a };
+        for i in 0..135usize {
+            l.send_to(to(i), &i.to_be_bytes()).unwrap();
+        }
+        assert!(l.inner().borrowed.is_empty(), "nothing leaves before it is due");
+        std::thread::sleep(delay + Duration::from_millis(1));
+        l.release_held().unwrap();
+        let sends: Vec<(SocketAddr, usize)> = l.inner().borrowed.iter().map(|(t, f)| (*t, f.len())).collect();
+        assert_eq!(sends, [(a, 64), (a, 36), (b, 30), (a, 5)]);
+        let order: Vec<usize> = l
+            .inner()
+            .borrowed
+            .iter()
+            .flat_map(|(_, f)| f.iter().map(|d| usize::from_be_bytes(d[..].try_into().unwrap())))
+            .collect();
+        assert_eq!(order, (0..135).collect::<Vec<_>>(), "every datagram once, in order");
+        assert_eq!(l.inner().single, 0, "none sent one by one");
+        // The buffers come back for the next held datagrams.
+        assert_eq!(l.spare.len(), 135);
     }
 }
