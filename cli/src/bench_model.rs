@@ -206,7 +206,7 @@ fn measure(
     la.workload = Some(w);
     la.scale = args.scale;
     la.repeat = args.repeat;
-    la.delay_us = delay_us;
+    la.impair.delay_us = delay_us;
     la.rtt_samples = 500;
     let o = crate::loopback::run(&la, &mut |m| steps.detail(&format!("{} +{delay_us} µs: {m}", w.name())))
         .map_err(|e| format!("{} at +{delay_us} µs: {e}", w.name()))?;

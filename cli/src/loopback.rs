@@ -17,15 +17,15 @@ use clap::Args;
 use driver::SimGpuDriver;
 use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
-use link::driver::{DriverKind, Impairment};
+use link::driver::DriverKind;
 use serde_json::json;
 use testbed::concurrent::ConcurrentAttach;
 use testbed::direct::DirectAttach;
 use testbed::model::{self, LinkParams, Prediction, Profile};
 use testbed::workload::{self, Workload, WorkloadReport};
 
-use crate::affinity::{self, PinArg, Placement};
-use crate::args::{DriverArg, PollArg};
+use crate::affinity::{self, Placement};
+use crate::args::{EndpointArgs, ImpairArgs};
 use crate::harness::{Frames, LocalBox, Spread, WorkloadArg, mmio_rtt};
 
 /// Options of `dxpu loopback`.
@@ -53,31 +53,10 @@ pub(crate) struct LoopbackArgs {
     /// gives the medians and their spread.
     #[arg(long, default_value_t = DEFAULT_REPEAT, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) repeat: u32,
-    /// UDP driver.
-    #[arg(long, value_enum, default_value_t = DriverArg::Auto)]
-    driver: DriverArg,
-    /// How the endpoints wait for work.
-    #[arg(long, value_enum, default_value_t = PollArg::Busy)]
-    poll: PollArg,
-    /// Busy-poll budget before sleeping in the kernel, µs.
-    #[arg(long, default_value_t = 2000)]
-    spin_us: u64,
-    /// Which CPUs the spinning threads run on: DEVICE,HOST puts the GPU-box endpoint's thread
-    /// (which runs the device) and the directly attached device on CPU DEVICE, the host's
-    /// driver thread on CPU HOST, so that the device computes on one CPU both ways and the
-    /// two spinning threads never share one; auto: the first two CPUs this process may use
-    /// (none where it may use one); off: wherever the scheduler puts them.
-    #[arg(long, default_value = "auto", value_parser = PinArg::parse, value_name = "auto|off|DEVICE,HOST")]
-    pub(crate) pin: PinArg,
-    /// Added one-way delay in each direction, µs (emulates distance).
-    #[arg(long, default_value_t = 0)]
-    pub(crate) delay_us: u64,
-    /// Random extra delay per datagram, up to this many µs (reorders).
-    #[arg(long, default_value_t = 0)]
-    jitter_us: u64,
-    /// Datagram loss probability in each direction, 0.0..=0.5.
-    #[arg(long, default_value_t = 0.0)]
-    loss: f64,
+    #[command(flatten)]
+    pub(crate) endpoints: EndpointArgs,
+    #[command(flatten)]
+    pub(crate) impair: ImpairArgs,
     /// Encrypt the frames' bodies (link.encrypt_frames), as on a fabric others can read.
     #[arg(long)]
     encrypt: bool,
@@ -119,17 +98,6 @@ pub(crate) const DEFAULT_REPEAT: u32 = 15;
 const RUNS_PER_SESSION: u32 = 3;
 
 impl LoopbackArgs {
-    /// The impairment the options ask for, seeded.
-    fn impairment(&self, seed: u64) -> Impairment {
-        Impairment {
-            loss: self.loss,
-            delay: Duration::from_micros(self.delay_us),
-            jitter: Duration::from_micros(self.jitter_us),
-            seed,
-            ..Impairment::default()
-        }
-    }
-
     /// What `dxpu loopback` runs with no options.
     pub(crate) fn defaults() -> LoopbackArgs {
         LoopbackArgs {
@@ -139,13 +107,8 @@ impl LoopbackArgs {
             layers: None,
             baseline: BaselineArg::Synchronous,
             repeat: DEFAULT_REPEAT,
-            driver: DriverArg::Auto,
-            poll: PollArg::Busy,
-            spin_us: 2000,
-            pin: PinArg::Auto,
-            delay_us: 0,
-            jitter_us: 0,
-            loss: 0.0,
+            endpoints: EndpointArgs::default(),
+            impair: ImpairArgs::default(),
             encrypt: false,
             rtt_samples: 2000,
             json: false,
@@ -241,15 +204,12 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     if !(1..=32).contains(&args.scale) {
         return Err(format!("--scale {}: must be 1..=32", args.scale));
     }
-    if !(0.0..=0.5).contains(&args.loss) {
-        return Err(format!("--loss {}: must be 0.0..=0.5", args.loss));
-    }
-    let driver = args.driver.kind();
-    let poll = args.poll.mode(Duration::from_micros(args.spin_us));
-    let imp = |seed| args.impairment(seed);
+    let driver = args.endpoints.driver.kind();
+    let poll = args.endpoints.poll_mode();
+    let imp = |seed| args.impair.impairment(seed);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;
-    let placement = args.pin.placement(&affinity::allowed()?)?;
+    let placement = args.endpoints.pin.placement(&affinity::allowed()?)?;
     if let Some(p) = placement {
         progress(&format!(
             "pinned: the GPU-box endpoint and the direct device to CPU {}, the host's driver to CPU {}",
@@ -293,7 +253,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         let mut o = gpu.attach_options(driver, poll, imp(12));
         o.tap = args.tap.clone();
         // Distance adds to every round trip: keep the timeout above it.
-        o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+        o.completion_timeout += 4 * args.impair.held();
         let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
         let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
         Ok((gpu, d))
@@ -487,12 +447,12 @@ fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
 /// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
 /// served on DIR/gpu0.sock until SIGINT or SIGTERM.
 fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), String> {
-    let driver = args.driver.kind();
+    let driver = args.endpoints.driver.kind();
     // The server waits on the client socket and the link together: the portable driver
     // gives it a descriptor to wait on (docs/vfio-user.md).
     let driver = if driver == DriverKind::Auto { DriverKind::Portable } else { driver };
-    let poll = args.poll.mode(Duration::from_micros(args.spin_us));
-    let imp = |seed| args.impairment(seed);
+    let poll = args.endpoints.poll_mode();
+    let imp = |seed| args.impair.impairment(seed);
     let stop = ops::process::stop_flag()?;
     // A hangup (the terminal closed) stops it as SIGTERM does: its socket removed, the
     // device given back (it has no file to reload).
@@ -501,7 +461,7 @@ fn serve_vfio_user(args: &LoopbackArgs, dir: &std::path::Path) -> Result<(), Str
     std::fs::create_dir_all(dir).map_err(|e| format!("--vfio-user {}: {e}", dir.display()))?;
     let gpu = LocalBox::start_with(driver, poll, imp(11), Frames::from_encrypt(args.encrypt))?;
     let mut o = gpu.attach_options(driver, poll, imp(12));
-    o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+    o.completion_timeout += 4 * args.impair.held();
     // The VMM grants guest memory; the server thread drives the link.
     o.dma_memory = 0;
     o.service_interval = None;
@@ -749,10 +709,10 @@ fn print_report(args: &LoopbackArgs, o: &Outcome) {
     outln!(
         "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
         o.driver,
-        args.poll.name(),
-        args.delay_us,
-        args.jitter_us,
-        args.loss * 100.0,
+        args.endpoints.poll.name(),
+        args.impair.delay_us,
+        args.impair.jitter_us,
+        args.impair.loss * 100.0,
         if args.encrypt { "encrypted" } else { "authenticated" }
     );
     match o.placement {
@@ -930,14 +890,14 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "max_payload_bytes": o.sizes.1,
         "gso": o.offload.gso,
         "gro": o.offload.gro,
-        "poll": args.poll.name(),
+        "poll": args.endpoints.poll.name(),
         "cpus": o.placement.map(|p| json!({ "device": p.device, "host": p.host })),
         "baseline": match args.baseline {
             BaselineArg::Synchronous => "synchronous",
             BaselineArg::Concurrent => "concurrent",
         },
-        "delay_us": args.delay_us,
-        "loss_ratio": args.loss,
+        "delay_us": args.impair.delay_us,
+        "loss_ratio": args.impair.loss,
         "encrypted": args.encrypt,
     })
 }

@@ -17,8 +17,8 @@ use testbed::model;
 use testbed::plan::{self, Plan};
 use testbed::replay::{ReplayRun, Replayer};
 
-use crate::affinity::{self, PinArg};
-use crate::args::{DriverArg, PollArg};
+use crate::affinity;
+use crate::args::{EndpointArgs, ImpairArgs};
 use crate::harness::{LocalBox, Spread, mmio_rtt};
 use crate::model::{added_json, trace_json, trace_summary};
 
@@ -34,45 +34,16 @@ pub(crate) struct ReplayArgs {
     /// Replays each way, direct and bridged in turns, after one warm-up each (1..=100).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
-    /// Added one-way delay in each direction, µs (0..=10000).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    delay_us: u64,
-    /// Random extra delay per datagram, up to this many µs (reorders).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    jitter_us: u64,
-    /// Datagram loss probability in each direction, 0.0..=0.5.
-    #[arg(long, default_value_t = 0.0, value_parser = parse_loss)]
-    loss: f64,
+    #[command(flatten)]
+    impair: ImpairArgs,
     /// The link's rate each way, Gbit/s (0: the loopback's own).
     #[arg(long, default_value_t = 0.0, value_parser = parse_rate)]
     rate_gbit: f64,
-    /// UDP driver.
-    #[arg(long, value_enum, default_value_t = DriverArg::Auto)]
-    driver: DriverArg,
-    /// How the endpoints wait for work.
-    #[arg(long, value_enum, default_value_t = PollArg::Busy)]
-    poll: PollArg,
-    /// Busy-poll budget before sleeping in the kernel, µs.
-    #[arg(long, default_value_t = 2000)]
-    spin_us: u64,
-    /// Which CPUs the spinning threads run on: DEVICE,HOST puts the GPU-box endpoint's thread
-    /// (which runs the device) and the directly attached device's thread on CPU DEVICE, the
-    /// replayed job's host thread on CPU HOST, so that the two spinning threads never share
-    /// one; auto: the first two CPUs this process may use (none where it may use one); off:
-    /// wherever the scheduler puts them.
-    #[arg(long, default_value = "auto", value_parser = PinArg::parse, value_name = "auto|off|DEVICE,HOST")]
-    pin: PinArg,
+    #[command(flatten)]
+    endpoints: EndpointArgs,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_loss(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("loss {s:?}: not a number"))?;
-    if !(0.0..=0.5).contains(&v) {
-        return Err(format!("loss {s}: must be 0.0..=0.5"));
-    }
-    Ok(v)
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -85,14 +56,7 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 
 impl ReplayArgs {
     fn impairment(&self, seed: u64) -> Impairment {
-        Impairment {
-            loss: self.loss,
-            delay: Duration::from_micros(self.delay_us),
-            jitter: Duration::from_micros(self.jitter_us),
-            rate: (self.rate_gbit * 1e9 / 8.0) as u64,
-            seed,
-            ..Impairment::default()
-        }
+        Impairment { rate: (self.rate_gbit * 1e9 / 8.0) as u64, ..self.impair.impairment(seed) }
     }
 }
 
@@ -156,7 +120,7 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     let plan = Plan::of(&trace);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;
-    let placement = args.pin.placement(&affinity::allowed()?)?;
+    let placement = args.endpoints.pin.placement(&affinity::allowed()?)?;
     if let Some(p) = placement {
         progress(&format!(
             "pinned: the GPU-box endpoint and the direct device to CPU {}, the job's host to CPU {}",
@@ -183,11 +147,11 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     let mut direct_replayer = Replayer::new(&mut direct, &plan).map_err(|e| format!("direct: {e}"))?;
 
     progress("both endpoints over UDP loopback: attaching");
-    let poll = args.poll.mode(Duration::from_micros(args.spin_us));
-    let gpu = LocalBox::start(args.driver.kind(), poll, args.impairment(31))?;
-    let mut o = gpu.attach_options(args.driver.kind(), poll, args.impairment(32));
+    let poll = args.endpoints.poll_mode();
+    let gpu = LocalBox::start(args.endpoints.driver.kind(), poll, args.impairment(31))?;
+    let mut o = gpu.attach_options(args.endpoints.driver.kind(), poll, args.impairment(32));
     o.dma_memory = HOST_MEMORY;
-    o.completion_timeout += 4 * Duration::from_micros(args.delay_us + args.jitter_us);
+    o.completion_timeout += 4 * args.impair.held();
     let remote =
         bridge_host::RemoteDevice::attach(o).map_err(|e| format!("attaching through the bridges: {e}"))?;
     let mut bridged = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
@@ -197,8 +161,9 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     // endpoint busy-polls for `--spin-us` after its last datagram, the direct device's thread
     // for its own budget, and a third spinning thread on two cores made a 0.4 ms direct run
     // take 4-12 ms (the scheduler's slice).
-    let settle =
-        || std::thread::sleep(Duration::from_micros(args.spin_us).max(testbed::concurrent::SPIN) * 2);
+    let settle = || {
+        std::thread::sleep(Duration::from_micros(args.endpoints.spin_us).max(testbed::concurrent::SPIN) * 2)
+    };
     let box_on = |which: fn(affinity::Placement) -> usize| placement.map_or(Ok(()), |p| gpu.pin(which(p)));
     // A warm-up each (VRAM and host memory touched once), then in turns.
     progress("warm-up");
@@ -290,8 +255,8 @@ impl Report {
         m.insert("overhead_percent_min".into(), json!(o.min));
         m.insert("overhead_percent_max".into(), json!(o.max));
         m.insert("rtt_us".into(), json!(self.bridged.rtt.as_secs_f64() * 1e6));
-        m.insert("delay_us".into(), json!(args.delay_us));
-        m.insert("loss_ratio".into(), json!(args.loss));
+        m.insert("delay_us".into(), json!(args.impair.delay_us));
+        m.insert("loss_ratio".into(), json!(args.impair.loss));
         m.insert("rate_gbit_per_s".into(), json!(args.rate_gbit));
         m.insert("direct".into(), side_json(&self.direct));
         m.insert("bridged".into(), side_json(&self.bridged));
@@ -317,8 +282,12 @@ impl Report {
         outln!(
             "  the trace: GPU span {:.2} ms; link +{} µs each way{}{}",
             t.gpu_span_ns() as f64 / 1e6,
-            args.delay_us,
-            if args.loss > 0.0 { format!(", {:.1} % loss", args.loss * 100.0) } else { String::new() },
+            args.impair.delay_us,
+            if args.impair.loss > 0.0 {
+                format!(", {:.1} % loss", args.impair.loss * 100.0)
+            } else {
+                String::new()
+            },
             if args.rate_gbit > 0.0 { format!(", {} Gbit/s", args.rate_gbit) } else { String::new() }
         );
         for (name, s) in [("direct", &self.direct), ("bridged", &self.bridged)] {
