@@ -15,4 +15,6 @@ bin=target/release/dxpu
 "$bin" completions fish >"$gen/dxpu.fish"
 "$bin" man "$gen/man"
 gzip -9n "$gen"/man/*.1 "$gen"/man/*.5
-cargo deb -p dxpu --no-build --output target/debian/ 2>&1 | tail -1
+# --multiarch foreign: assets under usr/lib/ go to usr/lib/<tuple>/ of the architecture built
+# (the Wireshark plugin, where that architecture's Wireshark looks for Lua plugins).
+cargo deb -p dxpu --no-build --multiarch foreign --output target/debian/ 2>&1 | tail -1

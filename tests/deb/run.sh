@@ -13,6 +13,8 @@ deb=$(bash packaging/build-deb.sh | tail -1)
 [[ -f "$deb" ]] || { echo "deb test: no package built ($deb)" >&2; exit 1; }
 echo "deb test: built $deb"
 dpkg-deb --info "$deb" | grep -E '^ (Package|Version|Depends):'
+# Built for one architecture, its Wireshark plugin where that architecture's Wireshark looks.
+[[ $(dpkg-deb -f "$deb" Multi-Arch) == foreign ]] || { echo "deb test: Multi-Arch is not foreign" >&2; exit 1; }
 
 # The same mirror and release as this machine's apt.
 mirror=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v -- '-security' | head -1)
@@ -46,7 +48,7 @@ echo "deb test: in the clean root: $version"
 chroot "$root" dxpu keygen /tmp/k >/dev/null 2>&1
 [[ $(stat -c %a "$root/tmp/k") == 600 ]] || { echo "deb test: keygen's file is not mode 0600" >&2; exit 1; }
 for f in usr/bin/dxpu usr/lib/systemd/system/dxpu-gpu.service usr/lib/systemd/system/dxpu-host.service \
-    etc/dxpu/gpu.toml.example etc/dxpu/host.toml.example usr/lib/x86_64-linux-gnu/wireshark/plugins/dxpu.lua \
+    etc/dxpu/gpu.toml.example etc/dxpu/host.toml.example usr/lib/$(uname -m)-linux-gnu/wireshark/plugins/dxpu.lua \
     usr/share/bash-completion/completions/dxpu usr/share/man/man1/dxpu.1.gz usr/share/man/man1/dxpu-gpu.1.gz \
     usr/share/man/man5/gpu.toml.5.gz usr/share/man/man5/host.toml.5.gz \
     usr/share/doc/dxpu/README.md usr/share/doc/dxpu/docs/operations.md usr/share/doc/dxpu/docs/model/training.svg; do
