@@ -7,7 +7,9 @@
 //! `/etc/dxpu`, `/run/dxpu` and `/var/tmp` are directories of the test's (the paths rewritten
 //! in the blocks and files); `dpkg -i` only checks its file (tests/deb installs the real
 //! package); `systemctl enable --now` and `reload` run the units' own `ExecStart` and
-//! `ExecReload` lines (packaging/*.service); `scp` copies between the machines' directories;
+//! `ExecReload` lines (packaging/*.service) as root, where the host's unit runs as the
+//! package's user `dxpu`, which `chown` and `install -g` take as root here (tests/deb checks
+//! the user and the unit); `scp` copies between the machines' directories;
 //! the simulated GPU stands where the page has `vfio =`; the build block is not run (the
 //! package is built by tests/deb) and its copies are a placeholder file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -169,6 +171,17 @@ fn shims(m: &Machine, all: &[&Machine], dxpu: &Path, sockets: &[(String, String)
             "case \"$*\" in\n{cases}*) echo \"systemctl (quickstart test): '$*' is not one the page uses\" >&2; exit 1;;\nesac\n"
         ),
     );
+    // The package's user, which this machine does not have: root stands for it.
+    let as_root = "for a in \"$@\"; do\n  case \"$a\" in dxpu|dxpu:dxpu) a=root;; esac\n  set -- \"$@\" \"$a\"; shift\ndone\n";
+    let real = |tool: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin"]
+            .iter()
+            .map(|d| format!("{d}/{tool}"))
+            .find(|p| Path::new(p).exists())
+            .unwrap_or_else(|| panic!("{tool} not found"))
+    };
+    write("chown", format!("{as_root}exec {} \"$@\"\n", real("chown")));
+    write("install", format!("{as_root}exec {} \"$@\"\n", real("install")));
     let mut map = String::new();
     for o in all {
         map.push_str(&format!(

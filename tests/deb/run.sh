@@ -47,7 +47,11 @@ echo "deb test: in the clean root: $version"
 [[ "$version" == "dxpu $(grep -m1 '^version' Cargo.toml | cut -d'"' -f2)" ]] || { echo "deb test: unexpected version '$version'" >&2; exit 1; }
 chroot "$root" dxpu keygen /tmp/k >/dev/null 2>&1
 [[ $(stat -c %a "$root/tmp/k") == 600 ]] || { echo "deb test: keygen's file is not mode 0600" >&2; exit 1; }
-for f in usr/bin/dxpu usr/lib/systemd/system/dxpu-gpu.service usr/lib/systemd/system/dxpu-host.service \
+# The host endpoint's user, made by the postinst, and the host unit running as it.
+chroot "$root" getent passwd dxpu >/dev/null || { echo "deb test: no user dxpu after install" >&2; exit 1; }
+grep -qx 'User=dxpu' "$root/usr/lib/systemd/system/dxpu-host.service" ||
+    { echo "deb test: dxpu-host.service does not run as dxpu" >&2; exit 1; }
+for f in usr/lib/sysusers.d/dxpu.conf usr/bin/dxpu usr/lib/systemd/system/dxpu-gpu.service usr/lib/systemd/system/dxpu-host.service \
     etc/dxpu/gpu.toml.example etc/dxpu/host.toml.example usr/lib/$(uname -m)-linux-gnu/wireshark/plugins/dxpu.lua \
     usr/share/bash-completion/completions/dxpu usr/share/man/man1/dxpu.1.gz usr/share/man/man1/dxpu-gpu.1.gz \
     usr/share/man/man5/gpu.toml.5.gz usr/share/man/man5/host.toml.5.gz \
