@@ -356,7 +356,12 @@ pub fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
         x.counter("link_tlps", "TLPs carried by the link, by direction", with(&[("direction", dir)]), tlps);
     }
     x.counter("link_retransmits", "DATA frames sent again from the replay buffer", l.clone(), s.retransmits);
-    x.counter("link_replay_timer_fires", "Replay timer expiries", l.clone(), s.replay_timeouts);
+    x.counter(
+        "link_replay_timeouts",
+        "Replay timer expiries (ctl and stats: replay_timeouts)",
+        l.clone(),
+        s.replay_timeouts,
+    );
     x.counter("link_naks", "NAKs, by direction", with(&[("direction", "sent")]), s.naks_sent);
     x.counter("link_naks", "NAKs, by direction", with(&[("direction", "received")]), s.naks_received);
     x.counter(
