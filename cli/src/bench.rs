@@ -43,6 +43,9 @@ pub(crate) struct LinkBench {
 
 const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
 
+/// `bench link`'s columns: the case, then its three figures.
+const LINK_COLUMNS: [usize; 4] = [44, 10, 10, 12];
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -704,12 +707,15 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         say!("io_uring unavailable ({e}): its rows are skipped");
     }
     say!();
+    let row = |cells: &[String]| crate::out::row(&LINK_COLUMNS, cells);
     say!(
-        "{:<44} {:>10} {:>10} {:>12}",
-        "round trip (64 B / one MRd→CplD)",
-        "p50 µs",
-        "p99 µs",
-        "p50 / floor"
+        "{}",
+        row(&[
+            "round trip (64 B / one MRd→CplD)".into(),
+            "p50 µs".into(),
+            "p99 µs".into(),
+            "p50 / floor".into()
+        ])
     );
     let floors = [(true, bare_pingpong(true, true, n, None)?), (false, bare_pingpong(false, true, n, None)?)];
     for (busy, f) in &floors {
@@ -718,20 +724,24 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         rtt_rows.push(serde_json::json!({"path": "bare", "driver": "plain", "poll": poll,
             "p50_us": us(f.p50), "p99_us": us(f.p99)}));
         say!(
-            "{:<44} {:>10.1} {:>10.1} {:>12}",
-            format!("bare UDP ping-pong, {mode} (floor)"),
-            us(f.p50),
-            us(f.p99),
-            "1.00"
+            "{}",
+            row(&[
+                format!("bare UDP ping-pong, {mode} (floor)"),
+                format!("{:.1}", us(f.p50)),
+                format!("{:.1}", us(f.p99)),
+                "1.00".into()
+            ])
         );
         // For reference: what not connecting the client's socket costs.
         let unconnected = bare_pingpong(*busy, false, n, None)?;
         say!(
-            "{:<44} {:>10.1} {:>10.1} {:>12.2}",
-            "  the same, client socket not connected",
-            us(unconnected.p50),
-            us(unconnected.p99),
-            us(unconnected.p50) / us(f.p50)
+            "{}",
+            row(&[
+                "  the same, client socket not connected".into(),
+                format!("{:.1}", us(unconnected.p50)),
+                format!("{:.1}", us(unconnected.p99)),
+                format!("{:.2}", us(unconnected.p50) / us(f.p50))
+            ])
         );
     }
     for driver in [DriverKind::Portable, DriverKind::IoUring] {
@@ -749,11 +759,13 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
                 if *busy { "busy-poll" } else { "blocking" }
             );
             say!(
-                "{:<44} {:>10.1} {:>10.1} {:>12.2}",
-                name,
-                us(rtt.p50),
-                us(rtt.p99),
-                us(rtt.p50) / us(floor.p50)
+                "{}",
+                row(&[
+                    name,
+                    format!("{:.1}", us(rtt.p50)),
+                    format!("{:.1}", us(rtt.p99)),
+                    format!("{:.2}", us(rtt.p50) / us(floor.p50))
+                ])
             );
         }
     }
@@ -761,11 +773,13 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
     let size = 256;
     let tlp_len = write_tlp(size).len();
     say!(
-        "{:<44} {:>10} {:>10} {:>12}",
-        format!("streaming {} × {size} B posted writes", args.stream),
-        "MB/s",
-        "Mdgram/s",
-        "vs bare"
+        "{}",
+        row(&[
+            format!("streaming {} × {size} B posted writes", args.stream),
+            "MB/s".into(),
+            "Mdgram/s".into(),
+            "vs bare".into()
+        ])
     );
     for driver in [DriverKind::Portable, DriverKind::IoUring] {
         if driver == DriverKind::IoUring && uring.is_err() {
@@ -787,18 +801,26 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             per
         );
         say!(
-            "{:<44} {:>10.0} {:>10.3} {:>12.2}",
-            name,
-            mbps,
-            s.datagrams as f64 / s.seconds / 1e6,
-            mbps / bare_mbps
+            "{}",
+            row(&[
+                name,
+                format!("{mbps:.0}"),
+                format!("{:.3}", s.datagrams as f64 / s.seconds / 1e6),
+                format!("{:.2}", mbps / bare_mbps)
+            ])
         );
         say!(
-            "{:<44} {:>10.0} {:>10.3} {:>12}",
-            format!("  bare sockets, same {} × {dgram} B datagrams", s.datagrams),
-            bare_mbps,
-            bare_got as f64 / bare_s / 1e6,
-            if bare_got < s.datagrams { format!("({} lost)", s.datagrams - bare_got) } else { "1.00".into() }
+            "{}",
+            row(&[
+                format!("  bare sockets, same {} × {dgram} B datagrams", s.datagrams),
+                format!("{bare_mbps:.0}"),
+                format!("{:.3}", bare_got as f64 / bare_s / 1e6),
+                if bare_got < s.datagrams {
+                    format!("({} lost)", s.datagrams - bare_got)
+                } else {
+                    "1.00".into()
+                }
+            ])
         );
     }
     say!();

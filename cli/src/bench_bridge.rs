@@ -159,41 +159,39 @@ fn mmio_section(
     let mut mmio = Vec::new();
     let row = |path: &str, driver: &str, poll: &str, p50: Duration, p99: Duration| json!({"path": path, "driver": driver, "poll": poll, "p50_us": us(p50), "p99_us": us(p99)});
     say(String::new());
-    say(format!(
-        "{:<48} {:>8} {:>8} {:>11} {:>11}",
+    let line = |cells: &[String]| say(crate::out::row(&[48, 8, 8, 11, 11], cells));
+    line(&[
         match placement {
             Some(p) => format!("(a) MMIO read round trip, {n} reads, CPUs {},{}", p.device, p.host),
             None => format!("(a) MMIO read round trip, {n} reads"),
         },
-        "p50 µs",
-        "p99 µs",
-        "/ sockets",
-        "/ driver"
-    ));
+        "p50 µs".into(),
+        "p99 µs".into(),
+        "/ sockets".into(),
+        "/ driver".into(),
+    ]);
     let io = |e: std::io::Error| e.to_string();
     for busy in [true, false] {
         let floor = bare_pingpong(busy, true, n, echo_cpu).map_err(io)?;
         let mode = if busy { "busy-poll" } else { "blocking" };
         let poll_name = if busy { "busy" } else { "blocking" };
         mmio.push(row("bare", "plain", poll_name, floor.p50, floor.p99));
-        say(format!(
-            "{:<48} {:>8.1} {:>8.1} {:>11}",
+        line(&[
             format!("bare UDP ping-pong, plain sockets, {mode}"),
-            us(floor.p50),
-            us(floor.p99),
-            "1.00"
-        ));
+            format!("{:.1}", us(floor.p50)),
+            format!("{:.1}", us(floor.p99)),
+            "1.00".into(),
+        ]);
         for &driver in drivers {
             let dfloor = driver_pingpong(driver, busy, n, echo_cpu).map_err(io)?;
             mmio.push(row("bare", name(driver), poll_name, dfloor.p50, dfloor.p99));
-            say(format!(
-                "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11}",
+            line(&[
                 format!("bare UDP ping-pong, {} driver, {mode}", name(driver)),
-                us(dfloor.p50),
-                us(dfloor.p99),
-                us(dfloor.p50) / us(floor.p50),
-                "1.00"
-            ));
+                format!("{:.1}", us(dfloor.p50)),
+                format!("{:.1}", us(dfloor.p99)),
+                format!("{:.2}", us(dfloor.p50) / us(floor.p50)),
+                "1.00".into(),
+            ]);
             let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
             let gpu = LocalBox::start_offload(
                 driver,
@@ -206,14 +204,13 @@ fn mmio_section(
             let mut d = open(&gpu, driver, poll)?;
             let (p50, p99) = mmio_rtt(&mut d, n);
             mmio.push(row("bridged", name(driver), poll_name, p50, p99));
-            say(format!(
-                "{:<48} {:>8.1} {:>8.1} {:>11.2} {:>11.2}",
+            line(&[
                 format!("  through the bridges, {}, {mode}", name(driver)),
-                us(p50),
-                us(p99),
-                us(p50) / us(floor.p50),
-                us(p50) / us(dfloor.p50)
-            ));
+                format!("{:.1}", us(p50)),
+                format!("{:.1}", us(p99)),
+                format!("{:.2}", us(p50) / us(floor.p50)),
+                format!("{:.2}", us(p50) / us(dfloor.p50)),
+            ]);
         }
     }
 
@@ -234,13 +231,8 @@ fn dma_section(
     let io = |e: std::io::Error| e.to_string();
     say(String::new());
     let mb = args.copy_bytes as f64 / 1e6;
-    say(format!(
-        "{:<48} {:>10} {:>10} {:>12}",
-        format!("(b) DMA, {:.0} MB per copy", mb),
-        "h→d MB/s",
-        "d→h MB/s",
-        "vs bare"
-    ));
+    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 12], cells));
+    line(&[format!("(b) DMA, {mb:.0} MB per copy"), "h→d MB/s".into(), "d→h MB/s".into(), "vs bare".into()]);
     let mut dma = Vec::new();
     let bytes = args.copy_bytes;
     let dma_row = |path: &str, driver: &str, h2d: f64, d2h: f64, authenticated: bool| {
@@ -253,13 +245,12 @@ fn dma_section(
     let (bare_s, bare_got) = bare_stream(count, dgram).map_err(io)?;
     let bare = (bare_got as usize * dgram) as f64 / bare_s / 1e6;
     dma.push(dma_row("bare", "plain", bare, bare, false));
-    say(format!(
-        "{:<48} {:>10.0} {:>10.0} {:>12}",
+    line(&[
         format!("bare sockets, {count} × {dgram} B datagrams"),
-        bare,
-        bare,
-        "1.00"
-    ));
+        format!("{bare:.0}"),
+        format!("{bare:.0}"),
+        "1.00".into(),
+    ]);
     // The floor issue 17 measures the bridges against: the kernel's UDP GSO and GRO with the
     // link's datagram size.
     // Sampled before the bridged rows and after each of them, and taken as the median: one
@@ -287,13 +278,12 @@ fn dma_section(
         let c = timed_copies(&mut d, &buf, args.copy_repeat)?;
         let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
         dma.push(dma_row("direct", "none", h2d, d2h, false));
-        say(format!(
-            "{:<48} {:>10.0} {:>10.0} {:>12}",
-            "directly attached simgpu (no network)",
-            h2d,
-            d2h,
-            format!("{:.2} / {:.2}", h2d / bare, d2h / bare)
-        ));
+        line(&[
+            "directly attached simgpu (no network)".into(),
+            format!("{h2d:.0}"),
+            format!("{d2h:.0}"),
+            format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
+        ]);
     }
     // With the link's tags (the default) and without them: what authentication costs in bulk.
     // Printed once the floor's samples are in.
@@ -338,18 +328,17 @@ fn dma_section(
     let floor = Spread::of(floors.iter().copied());
     let gso = (!floors.is_empty()).then_some(floor.median);
     match (gso, &gso_refused) {
-        (Some(f), _) => say(format!(
-            "{:<48} {:>10.0} {:>10.0} {:>12}",
+        (Some(f), _) => line(&[
             format!(
                 "bare sockets, UDP GSO + GRO, {LINK_MTU} B segs: median of {} ({:.0}–{:.0})",
                 floors.len(),
                 floor.min,
                 floor.max
             ),
-            f,
-            f,
-            format!("{:.2}", f / bare)
-        )),
+            format!("{f:.0}"),
+            format!("{f:.0}"),
+            format!("{:.2}", f / bare),
+        ]),
         (None, Some(e)) => say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor")),
         (None, None) => {}
     }
@@ -357,13 +346,12 @@ fn dma_section(
     let staged = (!staged_floors.is_empty()).then(|| Spread::of(staged_floors.iter().copied()));
     for (what, s) in [("from and into", copy), ("staged, from and into", staged)] {
         if let Some(c) = s {
-            say(format!(
-                "{:<48} {:>10.0} {:>10.0} {:>12}",
+            line(&[
                 format!("  the same, {what} {mb:.0} MB buffers ({:.0}–{:.0})", c.min, c.max),
-                c.median,
-                c.median,
-                format!("{:.2}", c.median / bare)
-            ));
+                format!("{:.0}", c.median),
+                format!("{:.0}", c.median),
+                format!("{:.2}", c.median / bare),
+            ]);
         }
     }
     let mut cpu = Vec::new();
@@ -382,28 +370,31 @@ fn dma_section(
             row["vs_gso_staged_floor_ratio"] = json!({"h2d": h2d / c.median, "d2h": d2h / c.median});
         }
         dma.push(row);
-        say(format!(
-            "{:<48} {:>10.0} {:>10.0} {:>12}{}",
-            label,
-            h2d,
-            d2h,
-            format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
-            gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f)),
-        ) + &staged
-            .map_or(String::new(), |c| format!(", staged {:.2} / {:.2}", h2d / c.median, d2h / c.median)));
+        say(crate::out::row(
+            &[48, 10, 10, 12],
+            &[
+                label.clone(),
+                format!("{h2d:.0}"),
+                format!("{d2h:.0}"),
+                format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
+            ],
+        ) + &gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f))
+            + &staged.map_or(String::new(), |c| {
+                format!(", staged {:.2} / {:.2}", h2d / c.median, d2h / c.median)
+            }));
         cpu.push((label, c));
     }
     if !cpu.is_empty() {
         say(String::new());
-        say(format!(
-            "{:<48} {:>10} {:>10} {:>10} {:>10}",
-            "    CPU seconds per GiB moved", "host h→d", "box h→d", "host d→h", "box d→h"
-        ));
+        let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 10, 10], cells));
+        line(
+            &["    CPU seconds per GiB moved", "host h→d", "box h→d", "host d→h", "box d→h"]
+                .map(String::from),
+        );
         for (label, c) in &cpu {
-            say(format!(
-                "{:<48} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
-                label, c.host_cpu[0], c.box_cpu[0], c.host_cpu[1], c.box_cpu[1]
-            ));
+            let figures =
+                [c.host_cpu[0], c.box_cpu[0], c.host_cpu[1], c.box_cpu[1]].map(|x| format!("{x:.3}"));
+            line(&[[label.to_string()].as_slice(), &figures].concat());
         }
     }
 

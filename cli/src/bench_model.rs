@@ -234,17 +234,21 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         "dxpu bench model — each point: {} runs each way, bridged and direct in turns; model from the direct runs' profile and the link measured at that point",
         args.repeat
     );
-    outln!(
-        "{:<13} {:>6} {:>8}  {:>22}  {:>9}  {:>10} {:>10}  {:>7} {:>7}  holds",
-        "workload",
-        "+delay",
-        "RTT µs",
-        "overhead % (min..max)",
-        "model %",
-        "bridged",
-        "model",
-        "miss %",
-        "miss pp"
+    let line = |cells: &[String]| outln!("{}", crate::out::row(&[13, 6, 8, 23, 10, 11, 10, 8, 7, 6], cells));
+    line(
+        &[
+            "workload",
+            "+delay",
+            "RTT µs",
+            "overhead % (min..max)",
+            "model %",
+            "bridged",
+            "model",
+            "miss %",
+            "miss pp",
+            "holds",
+        ]
+        .map(String::from),
     );
     let (mut all, mut held, mut total) = (Vec::new(), 0, 0);
     let steps = crate::out::Steps::new("bench model");
@@ -255,21 +259,20 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
             steps.step(&format!("point {} of {count}: {} at +{delay} µs", total + 1, w.name()));
             let p = measure(&args, w, delay, &steps)?;
             let (time, pp) = p.miss();
-            steps.print(|| outln!(
-                "{:<13} {:>6} {:>8.1}  {:>7.1} ({:>5.0}..{:>5.0})  {:>9.1}  {:>8.2}ms {:>8.2}ms  {:>+7.1} {:>+7.1}  {}",
-                w.name(),
-                delay,
-                p.rtt_us,
-                p.overhead.median,
-                p.overhead.min,
-                p.overhead.max,
-                p.predicted_overhead,
-                p.bridged.median * 1e3,
-                p.predicted_bridged * 1e3,
-                time,
-                pp,
-                if p.holds() { "yes" } else { "NO" }
-            ));
+            steps.print(|| {
+                line(&[
+                    w.name().to_string(),
+                    delay.to_string(),
+                    format!("{:.1}", p.rtt_us),
+                    format!("{:.1} ({:>5.0}..{:>5.0})", p.overhead.median, p.overhead.min, p.overhead.max),
+                    format!("{:.1}", p.predicted_overhead),
+                    format!("{:.2}ms", p.bridged.median * 1e3),
+                    format!("{:.2}ms", p.predicted_bridged * 1e3),
+                    format!("{time:+.1}"),
+                    format!("{pp:+.1}"),
+                    (if p.holds() { "yes" } else { "NO" }).to_string(),
+                ])
+            });
             total += 1;
             held += usize::from(p.holds());
             points.push(p);

@@ -99,13 +99,13 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
     );
     outln!();
-    outln!(
-        "{:<56} {:>8} {:>8} {:>10}",
+    let line = |cells: &[String]| outln!("{}", crate::out::row(&[56, 8, 8, 10], cells));
+    line(&[
         format!("(a) register read round trip, {n} reads"),
-        "p50 µs",
-        "p99 µs",
-        "/ bridged"
-    );
+        "p50 µs".into(),
+        "p99 µs".into(),
+        "/ bridged".into(),
+    ]);
     let mut rates = Vec::new();
     for busy in [true, false] {
         let mode = if busy { "busy-poll" } else { "blocking" };
@@ -115,26 +115,24 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let mut d = SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
         let (b50, b99) = mmio_rtt(&mut d, n);
-        outln!(
-            "{:<56} {:>8.1} {:>8.1} {:>10}",
+        line(&[
             format!("bridged (RemoteDevice), {mode}"),
-            us(b50),
-            us(b99),
-            "1.00"
-        );
+            format!("{:.1}", us(b50)),
+            format!("{:.1}", us(b99)),
+            "1.00".into(),
+        ]);
         let bridged = if busy { Some(copy(&mut d, args.copy_bytes)?) } else { None };
         d.into_pci().detach();
 
         let served = Served::start(&gpu, driver, poll)?;
         let mut v = served.client(true, args.copy_bytes + (1 << 20))?;
         let (p50, p99) = mmio_rtt(&mut v, n);
-        outln!(
-            "{:<56} {:>8.1} {:>8.1} {:>10.2}",
+        line(&[
             format!("  through the vfio-user server (REGION_READ), {mode}"),
-            us(p50),
-            us(p99),
-            us(p50) / us(b50)
-        );
+            format!("{:.1}", us(p50)),
+            format!("{:.1}", us(p99)),
+            format!("{:.2}", us(p50) / us(b50)),
+        ]);
         if let Some(b) = bridged {
             let shared = copy(&mut v, args.copy_bytes)?;
             drop(v);
@@ -144,20 +142,24 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         }
     }
     outln!();
-    outln!(
-        "{:<56} {:>10} {:>10}",
+    let line = |cells: &[String]| outln!("{}", crate::out::row(&[56, 10, 10], cells));
+    line(&[
         format!(
             "(b) DMA, {:.0} MB per copy ({:.0} MB by messages)",
             args.copy_bytes as f64 / 1e6,
             args.message_copy_bytes as f64 / 1e6
         ),
-        "h→d MB/s",
-        "d→h MB/s"
-    );
+        "h→d MB/s".into(),
+        "d→h MB/s".into(),
+    ]);
     for (mode, b, s, m) in rates {
-        outln!("{:<56} {:>10.0} {:>10.0}", format!("bridged (RemoteDevice), {mode}"), b.0, b.1);
-        outln!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory shared as a file", s.0, s.1);
-        outln!("{:<56} {:>10.0} {:>10.0}", "  vfio-user, guest memory by DMA_READ/DMA_WRITE", m.0, m.1);
+        for (what, (h2d, d2h)) in [
+            (format!("bridged (RemoteDevice), {mode}"), b),
+            ("  vfio-user, guest memory shared as a file".into(), s),
+            ("  vfio-user, guest memory by DMA_READ/DMA_WRITE".into(), m),
+        ] {
+            line(&[what, format!("{h2d:.0}"), format!("{d2h:.0}")]);
+        }
     }
     Ok(())
 }

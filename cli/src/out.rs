@@ -78,6 +78,25 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// One line of a table printed a row at a time, as a long measurement produces its rows (the
+/// benches' reports): the first cell, text, left-aligned in its width, the others aligned
+/// right in theirs, one space apart; a row may have fewer cells than the widths.
+pub(crate) fn row(widths: &[usize], cells: &[String]) -> String {
+    let mut s = String::new();
+    for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+        let pad = w.saturating_sub(c.chars().count());
+        if i == 0 {
+            s.push_str(c);
+            s.push_str(&" ".repeat(pad));
+        } else {
+            s.push(' ');
+            s.push_str(&" ".repeat(pad));
+            s.push_str(c);
+        }
+    }
+    s.trim_end().to_string()
+}
+
 /// A time since the Unix epoch as tables and text print it: RFC 3339, UTC, whole seconds.
 pub(crate) fn utc(unix_seconds: f64) -> String {
     match jiff::Timestamp::from_second(unix_seconds.floor() as i64) {
@@ -213,6 +232,14 @@ mod tests {
         assert_eq!(table(&["a", "b"], &[]), "A  B\n");
         let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);
         assert_eq!(t, "A  B\nx\ny  z\n", "{t}");
+    }
+
+    #[test]
+    fn a_streamed_row_pads_its_label_left_and_its_figures_right() {
+        let w = [12, 6, 6];
+        assert_eq!(row(&w, &["bare".into(), "7.5".into(), "1.00".into()]), "bare            7.5   1.00");
+        assert_eq!(row(&w, &["a label too long".into(), "1".into()]), "a label too long      1");
+        assert_eq!(row(&w, &["x".into()]), "x");
     }
 
     #[test]
