@@ -29,6 +29,25 @@ pub struct GpuRuntime {
     pub(crate) started: Instant,
 }
 
+impl GpuRuntime {
+    /// Reads the file as `dxpu gpu` starts (with the command line's overrides): the run time
+    /// [`serve`] keeps, and the options to make the endpoint with.
+    pub fn start(start: &GpuStart) -> Result<(GpuRuntime, GpuOptions), String> {
+        let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
+        let (file, opts) = read_options(&start.config, &overrides)?;
+        let rt = GpuRuntime {
+            path: start.config.clone(),
+            file,
+            listen: start.listen.clone(),
+            driver: start.driver.clone(),
+            poll: start.poll.clone(),
+            opts: opts.clone(),
+            started: Instant::now(),
+        };
+        Ok((rt, opts))
+    }
+}
+
 /// The box's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
 pub const METHODS: [&str; 8] =
     ["status", "devices", "sessions", "stats", "export", "unexport", "reload", "rpc_get_methods"];
@@ -517,32 +536,16 @@ pub fn check(start: &GpuStart) -> Result<String, String> {
 /// `dxpu gpu`: reads the file, starts the endpoint (and its pool agent), serves until
 /// SIGINT / SIGTERM, reloads on SIGHUP; the error says what was wrong.
 pub fn run(start: GpuStart) -> Result<(), String> {
-    let mut file: GpuFile = config::read(&start.config)?;
-    if let Some(d) = &start.driver {
-        file.link.driver = Some(d.clone());
-    }
-    if let Some(p) = &start.poll {
-        file.link.poll = Some(p.clone());
-    }
-    let mut opts =
-        file.options(start.listen.as_deref()).map_err(|e| format!("{}: {e}", start.config.display()))?;
+    let (mut rt, mut opts) = GpuRuntime::start(&start)?;
+    let file = rt.file.clone();
     let capture = match &start.capture {
         Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
         None => None,
     };
+    // The endpoint's options alone get the tap: the capture ends with the endpoint.
     opts.tap = capture.as_ref().and_then(|c| c.tap());
     let stop = crate::process::stop_flag()?;
     let opts_exports = opts.exports.clone();
-    let mut rt = GpuRuntime {
-        path: start.config.clone(),
-        file: file.clone(),
-        listen: start.listen.clone(),
-        driver: start.driver.clone(),
-        poll: start.poll.clone(),
-        // Without the tap: the capture ends with the endpoint.
-        opts: GpuOptions { tap: None, ..opts.clone() },
-        started: Instant::now(),
-    };
     let hup = crate::process::hup_flag()?;
     let mut ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
     let addr = ep.local_addr().map_err(|e| e.to_string())?;

@@ -4,7 +4,7 @@
 //! session untouched throughout.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,18 +16,8 @@ use ops::control::Call;
 use ops::host_run::{HostRuntime, entries, read_host_file};
 use serde_json::{Value, json};
 
-const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dxpu-ops-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+mod common;
+use common::{KEY, free_udp_port, tempdir};
 
 /// A box with gpu0 and gpu1 serving on its own thread until `stop`.
 fn start_box(dir: &Path, port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
