@@ -11,16 +11,16 @@ impl Session {
         self.timers[Timer::Handshake as usize] = None;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
         self.set_timer(Timer::Keepalive, now + self.cfg.keepalive_interval);
-        self.events.push_back(Event::Up { peer_epoch: self.peer_epoch });
+        self.events.push_back(Event::Up { peer_epoch: self.id.peer_epoch });
     }
 
     /// COOKIE: the server keeps nothing until INIT echoes this. Taken only if it echoes
     /// our nonce (an off-path sender does not know it); INIT goes again at once.
     pub(super) fn on_cookie(&mut self, frame: &Frame<'_>) {
         match CookieBody::ref_from_bytes(frame.body()) {
-            Ok(c) if c.nonce == self.local_nonce => {
-                self.cookie = c.cookie;
-                self.handshake_due = true;
+            Ok(c) if c.nonce == self.id.local_nonce => {
+                self.id.cookie = c.cookie;
+                self.due.handshake = true;
                 self.stats.frames_received += 1;
             }
             _ => self.stats.dropped_unexpected += 1,
@@ -30,7 +30,7 @@ impl Session {
     /// REFUSE echoing our nonce: the server does not hold our key, or has no room.
     pub(super) fn on_refuse(&mut self, frame: &Frame<'_>) {
         match RefuseBody::ref_from_bytes(frame.body()) {
-            Ok(r) if r.nonce == self.local_nonce => {
+            Ok(r) if r.nonce == self.id.local_nonce => {
                 self.stats.frames_received += 1;
                 match Refusal::from_byte(r.reason) {
                     Refusal::UnknownKey => {
@@ -50,12 +50,12 @@ impl Session {
             self.stats.dropped_unexpected += 1;
             return;
         };
-        let t = transcript(self.local_epoch, &self.init_body(), h.epoch, c);
+        let t = transcript(self.id.local_epoch, &self.init_body(), h.epoch, c);
         if !self.cfg.psk.verify(SERVER_PROOF, &t, &c.proof) {
             // The server does not hold our key (or the frame was forged): keep trying until
             // the handshake times out, then report the failure.
             self.stats.auth_failures += 1;
-            self.saw_bad_proof = true;
+            self.id.saw_bad_proof = true;
             return;
         }
         let (peer_id, mtu, window) = (c.server_id.get(), c.mtu.get() as usize, c.window.get() as u32);
@@ -73,16 +73,16 @@ impl Session {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        self.peer_id = peer_id;
-        self.peer_epoch = h.epoch;
+        self.id.peer_id = peer_id;
+        self.id.peer_epoch = h.epoch;
         self.mtu = mtu;
         self.window = window;
         self.replay.set_spare_limit(2 * window as usize);
         let (c2s, s2c) = self.cfg.psk.frame_keys(&t);
         self.set_keys(c2s, s2c, c.options);
-        self.transcript = t;
+        self.id.transcript = t;
         self.state = State::ClientResponse;
-        self.handshake_due = true;
+        self.due.handshake = true;
         self.stats.frames_received += 1;
         self.set_timer(Timer::Handshake, now + self.cfg.handshake_retry);
     }
@@ -93,37 +93,37 @@ impl Session {
             self.stats.dropped_unexpected += 1;
             return;
         };
-        if frame.header().epoch != self.peer_epoch {
+        if frame.header().epoch != self.id.peer_epoch {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        if !self.cfg.psk.verify(CLIENT_PROOF, &self.transcript, &r.proof) {
+        if !self.cfg.psk.verify(CLIENT_PROOF, &self.id.transcript, &r.proof) {
             self.stats.auth_failures += 1;
             return;
         }
         self.stats.frames_received += 1;
-        self.established_due = true;
+        self.due.established = true;
     }
 
     pub(super) fn init_body(&self) -> InitBody {
         InitBody {
-            client_id: self.local_id.into(),
-            nonce: self.local_nonce,
+            client_id: self.id.local_id.into(),
+            nonce: self.id.local_nonce,
             mtu: (self.cfg.mtu.min(u16::MAX as usize) as u16).into(),
             window: (self.cfg.window.min(u16::MAX as u32) as u16).into(),
             key_id: self.cfg.psk.key_id(),
             options: options::of(&self.cfg),
             reserved: 0,
-            cookie: self.cookie,
+            cookie: self.id.cookie,
         }
     }
 
     /// The session's keys, both ways, and what it does to its frames.
     pub(super) fn set_keys(&mut self, tx: FrameKey, rx: FrameKey, negotiated: u8) {
-        self.tx = Some(TxKeys::new(tx, self.cfg.key_update_frames));
-        self.rx = Some(RxKeys::new(rx));
-        self.authenticate = negotiated & options::AUTHENTICATE != 0;
-        self.encrypt = negotiated & options::ENCRYPT != 0;
+        self.crypto.tx = Some(TxKeys::new(tx, self.cfg.key_update_frames));
+        self.crypto.rx = Some(RxKeys::new(rx));
+        self.crypto.authenticate = negotiated & options::AUTHENTICATE != 0;
+        self.crypto.encrypt = negotiated & options::ENCRYPT != 0;
     }
 
     pub(super) fn handshake_frame(&mut self, buf: &mut [u8]) -> Option<usize> {
@@ -137,7 +137,7 @@ impl Session {
                 FrameRepr { header: h, fc: None, body }.emit(buf, unauthenticated).ok()
             }
             State::ClientResponse => {
-                let proof = self.cfg.psk.proof(CLIENT_PROOF, &self.transcript);
+                let proof = self.cfg.psk.proof(CLIENT_PROOF, &self.id.transcript);
                 let r = ResponseBody { init, proof };
                 let h = self.header(FrameType::Response, SeqNum(0));
                 let body = r.as_bytes();

@@ -30,11 +30,11 @@ use crate::config::Config;
 use crate::credits::{self, RxCredits, TxCredits};
 use crate::error::SendError;
 use crate::handshake::{
-    CLIENT_PROOF, COOKIE_LEN, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody,
-    SERVER_PROOF, options, transcript,
+    CLIENT_PROOF, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody, SERVER_PROOF,
+    options, transcript,
 };
 use crate::keys::{RxKeys, TxKeys, Which};
-use crate::reorder::{Next, ReorderBuffer};
+use crate::reorder::Next;
 use crate::replay_buffer::{ReplayBuffer, Sent};
 use crate::replay_window::ReplayWindow;
 use crate::seq::SeqNum;
@@ -45,8 +45,11 @@ use crate::wire::{
 };
 
 mod connect;
+mod parts;
 mod receive;
 mod send;
+
+use parts::{Crypto, Due, Identity, RxQueue, TxQueue};
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
 /// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
@@ -314,28 +317,14 @@ pub struct Session {
     role: Role,
     cfg: Config,
     state: State,
-    local_id: u32,
-    peer_id: u32,
-    local_epoch: u32,
-    peer_epoch: u32,
-    local_nonce: [u8; 16],
-    /// Client: the cookie the server gave, echoed in INIT (zeros before one came).
-    cookie: [u8; COOKIE_LEN],
-    transcript: Vec<u8>,
-    /// The frame keys, once the handshake made them.
-    tx: Option<TxKeys>,
-    rx: Option<RxKeys>,
-    /// Negotiated: frames carry tags; DATA bodies are encrypted.
-    authenticate: bool,
-    encrypt: bool,
-    /// Where an encrypted frame is decrypted (the receive buffer is not ours to change).
-    scratch: Vec<u8>,
+    /// Who the two ends are: IDs, epochs, nonce, cookie, the handshake's transcript.
+    id: Identity,
+    /// The frame keys, once the handshake made them, and what frames carry.
+    crypto: Crypto,
     mtu: usize,
     window: u32,
-    saw_bad_proof: bool,
-    handshake_due: bool,
-    established_due: bool,
-    close_due: bool,
+    /// The control frames owed to the peer.
+    due: Due,
     // Packet numbers: the next to send, and the window of those received (anti-replay).
     next_pn: u64,
     rx_pns: ReplayWindow,
@@ -346,29 +335,16 @@ pub struct Session {
     /// The DATA frame being timed for a round-trip sample, and when it was first sent;
     /// dropped if it is replayed (Karn: an ACK after a replay times neither send).
     rtt_probe: Option<(SeqNum, Time)>,
-    /// Chunks whose TLPs had credits when queued (already charged), in PCIe order, waiting
-    /// for the window; the last one takes more TLPs until it is full or sent.
-    ready: VecDeque<Chunk>,
-    /// Per class, chunks of TLPs held back: no credits when queued, or queued behind a
-    /// held-back TLP they may not pass. Charged when they go.
-    stalled: [VecDeque<Chunk>; 3],
-    /// TLPs queued per class (ready and stalled).
-    queued: [usize; 3],
-    next_order: u64,
+    /// TLPs waiting for credits and the window, in PCIe order.
+    txq: TxQueue,
     /// The peer's credits: its limits, what this side consumed, its first grant.
     tx_credits: TxCredits,
     // Receive side.
-    rx_next: SeqNum,
-    /// DATA frames ahead of `rx_next`, waiting for the gap before them.
-    out_of_order: ReorderBuffer,
-    /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
-    delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
+    /// The next frame to deliver, the frames ahead of it, the TLPs delivered.
+    rxq: RxQueue,
     /// The credits this side grants: allocated, advertised, used by the peer.
     rx_credits: RxCredits,
     nak_sent_for: Option<SeqNum>,
-    nak_due: bool,
-    ack_due: bool,
-    keepalive_due: bool,
     timers: [Option<Time>; TIMERS],
     last_tx: Time,
     events: VecDeque<Event>,
@@ -379,10 +355,7 @@ pub struct Session {
 impl Session {
     fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
         let spare = 2 * cfg.window as usize;
-        let mut local_nonce = [0u8; 16];
-        rng.fill(&mut local_nonce);
-        let local_id = rng.nonzero_u32();
-        let local_epoch = rng.nonzero_u32();
+        let id = Identity::new(&mut rng);
         let rx_credits = RxCredits::new(cfg.credits);
         let mut s = Session {
             role,
@@ -390,40 +363,19 @@ impl Session {
             window: cfg.window,
             cfg,
             state: State::ClientInit,
-            local_id,
-            peer_id: 0,
-            local_epoch,
-            peer_epoch: 0,
-            local_nonce,
-            cookie: [0; COOKIE_LEN],
-            transcript: Vec::new(),
+            id,
+            crypto: Crypto::new(),
             rtt_probe: None,
-            tx: None,
-            rx: None,
-            authenticate: true,
-            encrypt: false,
-            scratch: Vec::new(),
-            saw_bad_proof: false,
-            handshake_due: false,
-            established_due: false,
-            close_due: false,
+            due: Due::default(),
             next_pn: 0,
             rx_pns: ReplayWindow::default(),
             next_seq: SeqNum(0),
             replay: ReplayBuffer::new(spare),
-            ready: VecDeque::new(),
-            stalled: [VecDeque::new(), VecDeque::new(), VecDeque::new()],
-            queued: [0; 3],
-            next_order: 0,
+            txq: TxQueue::new(),
             tx_credits: TxCredits::default(),
-            rx_next: SeqNum(0),
-            out_of_order: ReorderBuffer::default(),
-            delivered: VecDeque::new(),
+            rxq: RxQueue::new(),
             rx_credits,
             nak_sent_for: None,
-            nak_due: false,
-            ack_due: false,
-            keepalive_due: false,
             timers: [None; TIMERS],
             last_tx: now,
             events: VecDeque::new(),
@@ -438,9 +390,9 @@ impl Session {
     /// endpoint instance (a restarted process picks a new one); `rng` supplies nonces and IDs.
     pub fn client(cfg: Config, now: Time, epoch: u32, rng: Rng) -> Session {
         let mut s = Session::blank(Role::Client, cfg, now, rng);
-        s.local_epoch = epoch;
+        s.id.local_epoch = epoch;
         s.state = State::ClientInit;
-        s.handshake_due = true;
+        s.due.handshake = true;
         s.set_timer(Timer::Handshake, now + s.cfg.handshake_retry);
         s
     }
@@ -449,19 +401,19 @@ impl Session {
     /// which runs the handshake statelessly until then): up at once, with ESTABLISHED due.
     pub(crate) fn accepted(cfg: Config, now: Time, rng: Rng, a: Accepted) -> Session {
         let mut s = Session::blank(Role::Server, cfg, now, rng);
-        s.local_id = a.local_id;
-        s.local_epoch = a.local_epoch;
-        s.peer_id = a.peer_id;
-        s.peer_epoch = a.peer_epoch;
+        s.id.local_id = a.local_id;
+        s.id.local_epoch = a.local_epoch;
+        s.id.peer_id = a.peer_id;
+        s.id.peer_epoch = a.peer_epoch;
         s.mtu = a.mtu;
         s.window = a.window;
         s.replay.set_spare_limit(2 * a.window as usize);
         let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
         s.set_keys(s2c, c2s, a.options);
-        s.transcript = a.transcript;
+        s.id.transcript = a.transcript;
         s.stats.frames_received += 1;
         s.become_up(now);
-        s.established_due = true;
+        s.due.established = true;
         s
     }
 
@@ -473,15 +425,15 @@ impl Session {
     }
     /// This side's session ID (what the peer puts in the header).
     pub fn local_id(&self) -> u32 {
-        self.local_id
+        self.id.local_id
     }
     /// This endpoint's epoch.
     pub fn local_epoch(&self) -> u32 {
-        self.local_epoch
+        self.id.local_epoch
     }
     /// The peer's epoch (0 before the handshake has told it).
     pub fn peer_epoch(&self) -> u32 {
-        self.peer_epoch
+        self.id.peer_epoch
     }
     /// The session is established.
     pub fn is_up(&self) -> bool {
@@ -503,16 +455,17 @@ impl Session {
     pub fn memory(&self) -> Memory {
         Memory {
             queued_bytes: self
+                .txq
                 .ready
                 .iter()
-                .chain(self.stalled.iter().flatten())
+                .chain(self.txq.stalled.iter().flatten())
                 .map(|c| c.end - BODY_AT - 2 * c.tlps.iter().sum::<u32>() as usize)
                 .sum(),
-            queued_tlps: self.queued.iter().sum(),
+            queued_tlps: self.txq.len(),
             unacked_frames: self.replay.len(),
             unacked_bytes: self.replay.bytes(),
-            out_of_order_frames: self.out_of_order.held(),
-            delivered_tlps: self.delivered.len(),
+            out_of_order_frames: self.rxq.out_of_order.held(),
+            delivered_tlps: self.rxq.delivered.len(),
         }
     }
     /// Credits the peer granted that this side has not used, per class × (header, data).
@@ -538,15 +491,15 @@ impl Session {
     }
     /// What the handshake settled for the frames: (tagged, DATA bodies encrypted).
     pub fn frame_protection(&self) -> (bool, bool) {
-        (self.authenticate, self.encrypt)
+        (self.crypto.authenticate, self.crypto.encrypt)
     }
     /// The peer's session ID (0 before the handshake has told it).
     pub fn peer_id(&self) -> u32 {
-        self.peer_id
+        self.id.peer_id
     }
     /// Nothing is queued or waiting for acknowledgement.
     pub fn is_idle(&self) -> bool {
-        self.replay.is_empty() && self.queued.iter().all(|q| *q == 0)
+        self.replay.is_empty() && self.txq.len() == 0
     }
 
     // ----- application commands ---------------------------------------------------------
@@ -554,9 +507,9 @@ impl Session {
     /// Closes the session: a CLOSE frame goes out at the next `poll_transmit`.
     pub fn close(&mut self, _now: Time) {
         if !self.is_down() {
-            let had_keys = self.tx.is_some();
+            let had_keys = self.crypto.tx.is_some();
             self.go_down(DownReason::Closed);
-            self.close_due = had_keys;
+            self.due.close = had_keys;
         }
     }
 
@@ -580,7 +533,7 @@ impl Session {
             self.timers[Timer::Idle as usize] = None;
             let reason = match self.state {
                 State::Up => DownReason::Timeout,
-                _ if self.saw_bad_proof => DownReason::AuthFailed,
+                _ if self.id.saw_bad_proof => DownReason::AuthFailed,
                 _ => DownReason::HandshakeTimeout,
             };
             self.go_down(reason);
@@ -588,7 +541,7 @@ impl Session {
         }
         if self.timer_passed(Timer::Handshake, now) {
             if matches!(self.state, State::ClientInit | State::ClientResponse) {
-                self.handshake_due = true;
+                self.due.handshake = true;
                 self.set_timer(Timer::Handshake, now + self.cfg.handshake_retry);
             } else {
                 self.timers[Timer::Handshake as usize] = None;
@@ -605,7 +558,7 @@ impl Session {
             self.timers[Timer::Keepalive as usize] = None;
             if self.state == State::Up {
                 // A keepalive carries the ACK and credits; sending it is what re-arms this.
-                self.keepalive_due = true;
+                self.due.keepalive = true;
             }
         }
     }
@@ -635,10 +588,10 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("role", &self.role)
             .field("state", &self.state)
-            .field("local_id", &self.local_id)
-            .field("peer_id", &self.peer_id)
+            .field("local_id", &self.id.local_id)
+            .field("peer_id", &self.id.peer_id)
             .field("next_seq", &self.next_seq)
-            .field("rx_next", &self.rx_next)
+            .field("rx_next", &self.rxq.rx_next)
             .finish_non_exhaustive()
     }
 }

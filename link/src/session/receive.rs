@@ -9,7 +9,7 @@ impl Session {
     /// The next TLP the peer sent, in order. Reading it returns its credits to the peer.
     /// Give the buffer back with [`Session::recycle`] to avoid allocation.
     pub fn recv_tlp(&mut self) -> Option<Vec<u8>> {
-        let (tlp, class, h, d) = self.delivered.pop_front()?;
+        let (tlp, class, h, d) = self.rxq.delivered.pop_front()?;
         self.rx_credits.release(class, h, d);
         Some(tlp)
     }
@@ -55,7 +55,7 @@ impl Session {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        if h.session != self.local_id {
+        if h.session != self.id.local_id {
             self.stats.dropped_wrong_session += 1;
             return;
         }
@@ -76,36 +76,36 @@ impl Session {
         }
         // Everything else is authenticated with the peer's frame key of the phase the frame
         // says; an encrypted body is decrypted into `scratch` (the receive buffer is not ours).
-        let Some(rx) = self.rx.as_mut() else {
+        let Some(rx) = self.crypto.rx.as_mut() else {
             self.stats.dropped_unexpected += 1;
             return;
         };
         let which = rx.which(h.key_phase, h.pn);
         let key = rx.key(which);
         let mut decrypted = None;
-        if self.encrypt && !frame.body().is_empty() {
-            let mut scratch = std::mem::take(&mut self.scratch);
+        if self.crypto.encrypt && !frame.body().is_empty() {
+            let mut scratch = std::mem::take(&mut self.crypto.scratch);
             scratch.clear();
             let bytes = frame.bytes();
             scratch.extend_from_slice(&bytes[..bytes.len() - 4]);
             match key.open(&mut scratch, frame.body_at()) {
                 Some(len) => decrypted = Some((scratch, len)),
                 None => {
-                    self.scratch = scratch;
+                    self.crypto.scratch = scratch;
                     self.stats.dropped_bad_mac += 1;
                     return;
                 }
             }
-        } else if self.authenticate && !key.verify(frame.authenticated(), &frame.tag()) {
+        } else if self.crypto.authenticate && !key.verify(frame.authenticated(), &frame.tag()) {
             self.stats.dropped_bad_mac += 1;
             return;
         }
-        if self.authenticate && which == Which::Next {
+        if self.crypto.authenticate && which == Which::Next {
             // Authentic under the next key: the peer updated its key.
             rx.advance(h.pn);
             self.stats.peer_key_updates += 1;
         }
-        if h.epoch != self.peer_epoch {
+        if h.epoch != self.id.peer_epoch {
             self.stats.dropped_stale_epoch += 1;
             return;
         }
@@ -128,7 +128,7 @@ impl Session {
                 Some((scratch, len)) => {
                     let at = frame.body_at();
                     self.on_data(now, SeqNum(h.seq), &scratch[at..at + len], sink);
-                    self.scratch = scratch;
+                    self.crypto.scratch = scratch;
                 }
                 None => self.on_data(now, SeqNum(h.seq), frame.body(), sink),
             },
@@ -138,7 +138,7 @@ impl Session {
     }
 
     pub(super) fn on_ack(&mut self, now: Time, ack: SeqNum, nak: bool) {
-        if let Some(tx) = &mut self.tx {
+        if let Some(tx) = &mut self.crypto.tx {
             tx.acked(ack);
         }
         if let Some((seq, sent)) = self.rtt_probe
@@ -158,11 +158,11 @@ impl Session {
     }
 
     pub(super) fn on_data(&mut self, now: Time, seq: SeqNum, body: &[u8], mut sink: Option<InPlace<'_>>) {
-        self.ack_due = true;
+        self.due.ack = true;
         if !self.cfg.ack_delay.is_zero() && self.timers[Timer::Ack as usize].is_none() {
             self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
         }
-        let ahead = seq.distance_from(self.rx_next);
+        let ahead = seq.distance_from(self.rxq.rx_next);
         if ahead < 0 {
             self.stats.duplicate_data += 1;
             return;
@@ -173,20 +173,20 @@ impl Session {
         }
         if ahead > 0 {
             // A gap: hold this frame and NAK the first missing one, once per gap.
-            if !self.out_of_order.hold(ahead as usize, body, &mut self.pool) {
+            if !self.rxq.out_of_order.hold(ahead as usize, body, &mut self.pool) {
                 self.stats.duplicate_data += 1;
             }
             self.nak_gap();
             return;
         }
         self.deliver(body, &mut sink);
-        self.rx_next = self.rx_next.next();
+        self.rxq.rx_next = self.rxq.rx_next.next();
         loop {
-            match self.out_of_order.pop_next() {
+            match self.rxq.out_of_order.pop_next() {
                 Next::Held(b) => {
                     self.deliver(&b, &mut sink);
                     self.recycle(b);
-                    self.rx_next = self.rx_next.next();
+                    self.rxq.rx_next = self.rxq.rx_next.next();
                 }
                 // rx_next is still missing, with frames after it held.
                 Next::Gap => break self.nak_gap(),
@@ -197,9 +197,9 @@ impl Session {
 
     /// A NAK for the first missing frame, once per gap.
     pub(super) fn nak_gap(&mut self) {
-        if self.nak_sent_for != Some(self.rx_next) {
-            self.nak_sent_for = Some(self.rx_next);
-            self.nak_due = true;
+        if self.nak_sent_for != Some(self.rxq.rx_next) {
+            self.nak_sent_for = Some(self.rxq.rx_next);
+            self.due.nak = true;
         }
     }
 
@@ -220,7 +220,7 @@ impl Session {
                 return;
             }
             self.stats.tlps_received += 1;
-            if self.delivered.is_empty()
+            if self.rxq.delivered.is_empty()
                 && let Some(take) = sink.as_mut()
                 && take(tlp)
             {
@@ -231,7 +231,7 @@ impl Session {
             let mut b = self.pool.pop().unwrap_or_default();
             b.clear();
             b.extend_from_slice(tlp);
-            self.delivered.push_back((b, class, h, d));
+            self.rxq.delivered.push_back((b, class, h, d));
         }
     }
 }

@@ -50,30 +50,31 @@ impl Session {
         if 2 + len > room {
             return Err(SendError::TooLarge { len, mtu: self.mtu });
         }
-        if self.queued[class] >= self.cfg.max_queued {
+        if self.txq.queued[class] >= self.cfg.max_queued {
             return Err(SendError::QueueFull { class: credits::CLASSES[class], limit: self.cfg.max_queued });
         }
-        let now = self.stalled[0].is_empty()
-            && self.stalled[class].is_empty()
+        let now = self.txq.stalled[0].is_empty()
+            && self.txq.stalled[class].is_empty()
             && self.tx_credits.covers(class, 1, data);
         let (cap_h, cap_d) = self.tx_credits.chunk_cap(class, data);
         // A held-back read or completion may join the last held-back chunk of its class only
         // if no posted request was held back after that chunk began: the chunk goes out
         // before such a request (it is older), and the TLP joining it would pass it.
         let posted_since =
-            |c: &Chunk| class != 0 && self.stalled[0].back().is_some_and(|p| p.order > c.order);
-        let joins = (if now { self.ready.back() } else { self.stalled[class].back() }).is_some_and(|c| {
-            c.end + 2 + len <= BODY_AT + room
-                && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d && !posted_since(c)))
-        });
-        let queue = if now { &mut self.ready } else { &mut self.stalled[class] };
+            |c: &Chunk| class != 0 && self.txq.stalled[0].back().is_some_and(|p| p.order > c.order);
+        let joins =
+            (if now { self.txq.ready.back() } else { self.txq.stalled[class].back() }).is_some_and(|c| {
+                c.end + 2 + len <= BODY_AT + room
+                    && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d && !posted_since(c)))
+            });
+        let queue = if now { &mut self.txq.ready } else { &mut self.txq.stalled[class] };
         if !joins {
             let mut buf = self.replay.take_buffer();
             if buf.len() < self.mtu {
                 // Room for a whole frame at once: appending TLPs and sealing never move it.
                 buf.resize(self.mtu, 0);
             }
-            queue.push_back(Chunk { order: self.next_order, buf, end: BODY_AT, tlps: [0; 3], data: 0 });
+            queue.push_back(Chunk { order: self.txq.next_order, buf, end: BODY_AT, tlps: [0; 3], data: 0 });
         }
         let Some(chunk) = queue.back_mut() else { return Err(SendError::NotConnected) };
         let at = chunk.end;
@@ -115,8 +116,7 @@ impl Session {
         } else if !self.tx_credits.covers(class, 1, data) {
             self.stats.credit_stalls += 1;
         }
-        self.queued[class] += 1;
-        self.next_order += 1;
+        self.txq.count(class);
         Ok(())
     }
 
@@ -165,21 +165,19 @@ impl Session {
         let written = |n: Option<usize>| n.map(Transmit::Written);
         let buf_len = buf.len().min(self.mtu);
         let buf = &mut buf[..buf_len];
-        if self.close_due {
-            self.close_due = false;
+        if Due::take(&mut self.due.close) {
             return written(self.control_frame(FrameType::Close, buf));
         }
         match self.state {
             State::Down(_) => return None,
-            State::ClientInit | State::ClientResponse if self.handshake_due => {
-                self.handshake_due = false;
+            State::ClientInit | State::ClientResponse if self.due.handshake => {
+                self.due.handshake = false;
                 return written(self.handshake_frame(buf));
             }
             State::ClientInit | State::ClientResponse => return None,
             State::Up => {}
         }
-        if self.established_due {
-            self.established_due = false;
+        if Due::take(&mut self.due.established) {
             return written(self.control_frame(FrameType::Established, buf));
         }
         // Replays first: they hold up everything behind them at the receiver.
@@ -200,8 +198,7 @@ impl Session {
             self.arm_replay(now);
             return self.data_transmit(f?, buf);
         }
-        if self.keepalive_due {
-            self.keepalive_due = false;
+        if Due::take(&mut self.due.keepalive) {
             return written(self.control_frame(FrameType::Keepalive, buf));
         }
         // Credits freed since the last advertisement go out at once when a quarter of any
@@ -214,8 +211,8 @@ impl Session {
             }
             urgent || self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now)
         };
-        let ack_ready = self.ack_due && (self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now));
-        if self.nak_due || ack_ready || fc_due {
+        let ack_ready = self.due.ack && (self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now));
+        if self.due.nak || ack_ready || fc_due {
             self.stats.acks_sent += 1;
             return written(self.control_frame(FrameType::Ack, buf));
         }
@@ -227,7 +224,7 @@ impl Session {
     pub(super) fn header(&mut self, ty: FrameType, seq: SeqNum) -> Header {
         let pn = self.next_pn;
         self.next_pn += 1;
-        let key_phase = match &mut self.tx {
+        let key_phase = match &mut self.crypto.tx {
             Some(t) => {
                 let phase = t.for_frame().1;
                 self.stats.key_updates = t.updates;
@@ -237,12 +234,12 @@ impl Session {
         };
         Header {
             ty,
-            session: self.peer_id,
-            epoch: self.local_epoch,
+            session: self.id.peer_id,
+            epoch: self.id.local_epoch,
             pn,
             seq: seq.0,
-            ack: self.rx_next.0,
-            nak: self.nak_due,
+            ack: self.rxq.rx_next.0,
+            nak: self.due.nak,
             key_phase,
         }
     }
@@ -250,13 +247,13 @@ impl Session {
     /// The tag of a frame whose body is sent as it is (every frame of a session that does not
     /// encrypt, and those with no body in one that does: GCM over an empty plaintext is GMAC).
     pub(super) fn mac(&self) -> impl Fn(&[u8]) -> [u8; TAG_LEN] + '_ {
-        let key = if self.authenticate { self.tx.as_ref().map(TxKeys::key) } else { None };
+        let key = if self.crypto.authenticate { self.crypto.tx.as_ref().map(TxKeys::key) } else { None };
         move |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes))
     }
 
     /// A DATA frame to send: where it was sealed, or an encrypted copy in `buf`.
     pub(super) fn data_transmit(&self, f: SealedFrame, buf: &mut [u8]) -> Option<Transmit> {
-        if self.encrypt {
+        if self.crypto.encrypt {
             self.encrypt_into(&f, buf).map(Transmit::Written)
         } else {
             Some(Transmit::Sealed(f))
@@ -270,7 +267,7 @@ impl Session {
         let frame = self.sealed(f);
         let out = buf.get_mut(..frame.len())?;
         out.copy_from_slice(frame);
-        let key = self.tx.as_ref()?.key();
+        let key = self.crypto.tx.as_ref()?.key();
         crate::wire::reseal(out, |b, body_at| key.seal(b, body_at));
         Some(out.len())
     }
@@ -290,10 +287,10 @@ impl Session {
     }
 
     pub(super) fn after_ack_sent(&mut self, nak: bool) {
-        self.ack_due = false;
+        self.due.ack = false;
         self.timers[Timer::Ack as usize] = None;
         if nak {
-            self.nak_due = false;
+            self.due.nak = false;
             self.stats.naks_sent += 1;
         }
     }
@@ -304,8 +301,8 @@ impl Session {
         let seq = self.replay.get_mut(index)?.seq;
         let h = self.header(FrameType::Data, seq);
         // An encrypting session seals its copy of the frame instead (`encrypt_into`).
-        let tags = self.authenticate && !self.encrypt;
-        let key = if tags { self.tx.as_ref().map(TxKeys::key) } else { None };
+        let tags = self.crypto.authenticate && !self.crypto.encrypt;
+        let key = if tags { self.crypto.tx.as_ref().map(TxKeys::key) } else { None };
         let mac = |bytes: &[u8]| key.map_or([0u8; TAG_LEN], |k| k.tag(bytes));
         let sent = self.replay.get_mut(index)?;
         if sent.buf.len() < BODY_AT + sent.len + TRAILER_LEN {
@@ -322,9 +319,9 @@ impl Session {
     /// an earlier held-back posted chunk. (A ready chunk never holds a TLP that may not pass
     /// what is held back: see `enqueue`.)
     pub(super) fn next_chunk(&self) -> Option<Option<usize>> {
-        let mut best = self.ready.front().map(|c| (c.order, None));
-        let posted_head = self.stalled[0].front().map(|c| c.order);
-        for (class, q) in self.stalled.iter().enumerate() {
+        let mut best = self.txq.ready.front().map(|c| (c.order, None));
+        let posted_head = self.txq.stalled[0].front().map(|c| c.order);
+        for (class, q) in self.txq.stalled.iter().enumerate() {
             let Some(head) = q.front() else { continue };
             if class != 0 && posted_head.is_some_and(|p| p < head.order) {
                 continue;
@@ -342,21 +339,21 @@ impl Session {
     /// seals it.
     pub(super) fn new_data_frame(&mut self, from: Option<usize>) -> Option<SealedFrame> {
         let chunk = match from {
-            None => self.ready.pop_front()?,
+            None => self.txq.ready.pop_front()?,
             Some(class) => {
-                let c = self.stalled[class].pop_front()?;
+                let c = self.txq.stalled[class].pop_front()?;
                 self.tx_credits.charge(class, c.tlps[class], c.data);
                 c
             }
         };
-        for (q, n) in self.queued.iter_mut().zip(chunk.tlps) {
+        for (q, n) in self.txq.queued.iter_mut().zip(chunk.tlps) {
             *q -= n as usize;
         }
         self.stats.tlps_sent += chunk.tlps.iter().sum::<u32>() as u64;
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
         self.next_seq = seq.next();
-        if let Some(tx) = &mut self.tx {
+        if let Some(tx) = &mut self.crypto.tx {
             tx.first_sent(seq);
         }
 

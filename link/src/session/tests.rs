@@ -1,5 +1,6 @@
 //! The session against itself: two sessions joined in memory.
 use super::*;
+use crate::handshake::COOKIE_LEN;
 use tlp::{Address, Bdf, Body, Request, Tag};
 
 fn test_config() -> Config {
@@ -61,8 +62,8 @@ fn a_tlp_is_sent_from_where_it_was_written() {
     let payload: Vec<u8> = (0..256u16).map(|i| i as u8).collect();
     c.send_repr(&write(&payload)).unwrap();
     c.send_repr(&write(&payload[..64])).unwrap();
-    let written = c.ready.back().map(|ch| ch.buf.as_ptr() as usize).unwrap();
-    assert_eq!(c.ready.len(), 1, "two TLPs queued together share a frame");
+    let written = c.txq.ready.back().map(|ch| ch.buf.as_ptr() as usize).unwrap();
+    assert_eq!(c.txq.ready.len(), 1, "two TLPs queued together share a frame");
     let t = Time::from_nanos(2);
     let mut control = vec![0u8; 2048];
     let Some(Transmit::Sealed(f)) = c.poll_transmit_in_place(t, &mut control) else {
@@ -118,9 +119,9 @@ fn held_back_tlps_wait_for_credits_and_writes_pass_them() {
         c.send_repr(&read).unwrap();
     }
     c.send_repr(&write(&[1, 2, 3, 4])).unwrap();
-    assert_eq!(c.stalled[1].iter().map(|ch| ch.tlps[1]).sum::<u32>(), 2);
+    assert_eq!(c.txq.stalled[1].iter().map(|ch| ch.tlps[1]).sum::<u32>(), 2);
     assert_eq!(c.stats().credit_stalls, 2, "each read held back for credits is counted");
-    assert_eq!(c.queued, [1, nph as usize + 2, 0]);
+    assert_eq!(c.txq.queued, [1, nph as usize + 2, 0]);
     let t = Time::from_nanos(2);
     let mut buf = vec![0u8; 2048];
     while let Some(n) = c.poll_transmit(t, &mut buf) {
@@ -294,7 +295,7 @@ fn a_cookie_or_refusal_not_echoing_the_clients_nonce_is_ignored() {
     wrong[0] ^= 1;
     to_client(&mut c, FrameType::Cookie, CookieBody { nonce: wrong, cookie: [7; COOKIE_LEN] }.as_bytes());
     to_client(&mut c, FrameType::Refuse, RefuseBody { nonce: wrong, reason: 2, reserved: [0; 3] }.as_bytes());
-    assert_eq!(c.cookie, [0; COOKIE_LEN], "a forged cookie was taken");
+    assert_eq!(c.id.cookie, [0; COOKIE_LEN], "a forged cookie was taken");
     assert!(!c.is_down() && c.poll_event().is_none(), "a forged refusal ended the handshake");
     assert_eq!(c.stats().dropped_unexpected, 2);
     // The same with the right nonce: taken.
@@ -303,7 +304,7 @@ fn a_cookie_or_refusal_not_echoing_the_clients_nonce_is_ignored() {
         FrameType::Cookie,
         CookieBody { nonce: init.nonce, cookie: [7; COOKIE_LEN] }.as_bytes(),
     );
-    assert_eq!(c.cookie, [7; COOKIE_LEN]);
+    assert_eq!(c.id.cookie, [7; COOKIE_LEN]);
     // A reason this version does not know still ends it, as a refusal.
     to_client(
         &mut c,
