@@ -7,7 +7,7 @@
 
 use tlp::{Bdf, TlpRepr};
 
-use crate::function::Upstream;
+use crate::upstream::Upstream;
 
 /// The devices' clock: CLOCK_MONOTONIC in nanoseconds, the clock a host process on the same
 /// machine reads too, so that times a device writes compare with the host's.

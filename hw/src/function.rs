@@ -9,25 +9,7 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr, rules};
 
 use crate::config::{BarKind, ConfigSpace, ConfigWrite};
 use crate::msix::{MsixMessage, MsixTable};
-
-/// Where the function sends the TLPs it originates or answers with.
-pub trait Upstream {
-    /// Sends one TLP towards the host.
-    fn send(&mut self, tlp: &TlpRepr<'_>);
-}
-
-/// Collects TLPs as bytes (tests, and bridges that queue them).
-#[derive(Default, Debug)]
-pub struct TlpQueue(pub Vec<Vec<u8>>);
-
-impl Upstream for TlpQueue {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
-        let mut b = vec![0u8; tlp.buffer_len()];
-        if tlp.emit(&mut b).is_ok() {
-            self.0.push(b);
-        }
-    }
-}
+pub use crate::upstream::{TlpQueue, Upstream};
 
 /// Where a memory request lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,6 +33,7 @@ pub mod function;
 pub mod msix;
 pub mod simgpu;
 pub mod simgpu_device;
+pub mod upstream;
 pub mod vfio;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};

@@ -27,8 +27,8 @@ use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Bdf, Body, CplStatus, TlpRepr};
 
 use crate::device::Device;
-use crate::function::Upstream;
 use crate::msix::MsixTable;
+use crate::upstream::Upstream;
 pub use pci::MsixEventfds;
 
 /// Raw access to a function's config space.
