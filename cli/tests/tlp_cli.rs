@@ -191,3 +191,30 @@ fn the_ln_bit_round_trips() {
     let v: serde_json::Value = serde_json::from_str(String::from_utf8(dec.stdout).unwrap().trim()).unwrap();
     assert!(v.get("ln").is_none(), "{v}");
 }
+
+/// A Vendor ID prints as `0x` and four hex digits and reads back from that or a number; one
+/// wider than 16 bits, or not a number, is refused with the key named.
+#[test]
+fn a_vendor_id_reads_as_hex_or_a_number_and_is_refused_past_16_bits() {
+    let msg = |v: &str| {
+        format!(
+            "{{\"kind\":\"MsgD\",\"length\":1,\"requester_id\":\"01:00.0\",\"tag\":127,\"routing\":\"local\",\"message\":{{\"code\":127}},\"vendor_id\":{v},\"data\":\"deadbeef\"}}\n"
+        )
+    };
+    let want = "7400000101007f7f00001af400000000deadbeef";
+    for v in ["\"0x1af4\"", "6900", "\"6900\""] {
+        let out = dxpu(&["tlp", "encode"], &msg(v));
+        assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{v}");
+    }
+    let dec = dxpu(&["tlp", "decode", want], "");
+    let v: serde_json::Value = serde_json::from_slice(&dec.stdout).unwrap();
+    assert_eq!(v["vendor_id"], "0x1af4");
+    for (v, says) in
+        [("70000", "wider than 16 bits"), ("\"0x1ffff\"", "wider than 16 bits"), ("\"abc\"", "not a number")]
+    {
+        let out = dxpu(&["tlp", "encode"], &msg(v));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success() && text.contains("vendor_id") && text.contains(says), "{v}: {text}");
+    }
+}
