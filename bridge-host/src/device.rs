@@ -9,7 +9,6 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use bridge::Dispatcher;
 use driver::Interrupts;
@@ -135,7 +134,8 @@ impl DeviceState {
                 Ok(()) => return true,
                 Err(SendError::QueueFull { .. }) => {
                     let timeout = self.requester.timeout;
-                    if Instant::now() >= *deadline.get_or_insert_with(|| Instant::now() + timeout) {
+                    let now = self.link.clock.now();
+                    if now >= *deadline.get_or_insert(now + timeout) {
                         self.remove(format!("the link took no {} for {timeout:?}", t.kind().name()));
                         return false;
                     }
@@ -389,9 +389,9 @@ impl DeviceState {
                     length_dw: length_dw as u16,
                     locked: false,
                 });
-                let started = std::time::Instant::now();
+                let started = self.link.clock.now();
                 let got = self.request(&t, tag);
-                self.stats.mmio_reads.record(started.elapsed());
+                self.stats.mmio_reads.record(self.link.clock.now().since(started));
                 match got {
                     Some(Completed { status: CplStatus::Success, data, len }) if len >= length_dw * 4 => {
                         Some(data)
