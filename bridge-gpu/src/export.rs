@@ -41,7 +41,15 @@ pub(crate) struct Export {
 pub(crate) struct Outbox {
     pub(crate) queue: VecDeque<Vec<u8>>,
     pub(crate) reads: HashSet<u16>,
+    /// Buffers of TLPs the session took, for the next ones queued: a long copy that
+    /// outruns the link's credits queues thousands, and allocated a buffer for each.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Buffers the outbox keeps for reuse while its device is attached, at most: a 4 MiB copy's
+/// 4 KiB writes, which a device queues at once when the link's credits hold them (256 left
+/// 35 allocations per 8 MiB moved; `tests/alloc.rs`). Let go when the device is given back.
+const OUTBOX_SPARE: usize = 1024;
 
 /// The device's upstream port, as the owner's session.
 pub(crate) struct ToHost<'a> {
@@ -55,13 +63,13 @@ impl Upstream for ToHost<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         self.out.note(tlp, self.stats);
         if !self.out.queue.is_empty() {
-            self.out.queue.push_back(emit(tlp));
+            self.out.push(tlp);
             return;
         }
         // Emitted straight into the buffer its frame is sent from: the payload's one copy.
         match self.s.send_repr(tlp) {
             Ok(()) => {}
-            Err(SendError::QueueFull { .. }) => self.out.queue.push_back(emit(tlp)),
+            Err(SendError::QueueFull { .. }) => self.out.push(tlp),
             Err(SendError::TooLarge { len, mtu }) => {
                 self.stats.too_large += 1;
                 log::error!(
@@ -84,7 +92,7 @@ pub(crate) struct Deferred<'a> {
 impl Upstream for Deferred<'_> {
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         self.out.note(tlp, self.stats);
-        self.out.queue.push_back(emit(tlp));
+        self.out.push(tlp);
     }
 }
 
@@ -95,6 +103,22 @@ pub(crate) fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut 
 }
 
 impl Outbox {
+    /// Queues `tlp`, emitted into a spare buffer where there is one.
+    fn push(&mut self, tlp: &TlpRepr<'_>) {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.resize(tlp.buffer_len(), 0);
+        let n = tlp.emit(&mut b).unwrap_or(0);
+        b.truncate(n);
+        self.queue.push_back(b);
+    }
+
+    /// Drops what is queued and the spare buffers (the device is given back).
+    pub(crate) fn clear(&mut self) {
+        self.queue.clear();
+        self.reads.clear();
+        self.spare = Vec::new();
+    }
+
     /// Counts a completion for one of the device's reads; the read is no longer in flight
     /// once its last completion (or an error) arrives.
     pub(crate) fn note_completion(&mut self, t: &TlpRepr<'_>, stats: &mut ExportStats) {
@@ -124,7 +148,11 @@ impl Outbox {
         while let Some(b) = self.queue.front() {
             match s.send_tlp(b) {
                 Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
-                    self.queue.pop_front();
+                    if let Some(b) = self.queue.pop_front()
+                        && self.spare.len() < OUTBOX_SPARE
+                    {
+                        self.spare.push(b);
+                    }
                     took = true;
                 }
                 Err(_) => break,
@@ -274,8 +302,7 @@ pub(crate) fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>,
 pub(crate) fn release(e: &mut Export, why: &str, journal: &mut Journal) {
     let dropped = e.out.reads.len() + e.out.queue.len();
     e.stats.dma_dropped += dropped as u64;
-    e.out.reads.clear();
-    e.out.queue.clear();
+    e.out.clear();
     e.dev.reset();
     e.stats.resets += 1;
     e.bars = place_bars(e.dev.as_mut(), e.base);

@@ -55,6 +55,12 @@ impl ReplayBuffer {
         self.spare.truncate(n);
     }
 
+    /// Lets go of freed buffers beyond `keep` (a burst is over); the limit stays.
+    pub(crate) fn trim_spare(&mut self, keep: usize) {
+        self.spare.truncate(keep);
+        self.spare.shrink_to(keep);
+    }
+
     /// Frames held.
     pub(crate) fn len(&self) -> usize {
         self.unacked.len()
@@ -194,6 +200,21 @@ mod tests {
         assert_eq!(r.acknowledge(SeqNum(5)), Acked { freed: 2 });
         assert!(r.is_empty());
         assert_eq!(r.spare.len(), 4, "at most the spare limit is kept");
+    }
+
+    #[test]
+    fn a_trim_lets_a_bursts_buffers_go_and_keeps_the_limit() {
+        let mut r = filled(5);
+        r.acknowledge(SeqNum(5));
+        assert_eq!(r.spare.len(), 4);
+        r.trim_spare(1);
+        assert_eq!(r.spare.len(), 1);
+        // The next burst fills the pool again up to the limit, not the trim.
+        let bufs: Vec<Vec<u8>> = (0..4).map(|_| r.take_buffer()).collect();
+        for b in bufs {
+            r.give_buffer(b);
+        }
+        assert_eq!(r.spare.len(), 4);
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Session {
         self.id.peer_epoch = h.epoch;
         self.mtu = mtu;
         self.window = window;
-        self.replay.set_spare_limit(2 * window as usize);
+        self.replay.set_spare_limit(super::spare_frames(window, self.cfg.max_queued));
         let (c2s, s2c) = self.cfg.psk.frame_keys(&t);
         self.set_keys(c2s, s2c, c.options);
         self.id.transcript = t;

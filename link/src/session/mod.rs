@@ -354,7 +354,7 @@ pub struct Session {
 
 impl Session {
     fn blank(role: Role, cfg: Config, now: Time, mut rng: Rng) -> Session {
-        let spare = 2 * cfg.window as usize;
+        let spare = spare_frames(cfg.window, cfg.max_queued);
         let id = Identity::new(&mut rng);
         let rx_credits = RxCredits::new(cfg.credits);
         let mut s = Session {
@@ -407,7 +407,7 @@ impl Session {
         s.id.peer_epoch = a.peer_epoch;
         s.mtu = a.mtu;
         s.window = a.window;
-        s.replay.set_spare_limit(2 * a.window as usize);
+        s.replay.set_spare_limit(spare_frames(a.window, s.cfg.max_queued));
         let (c2s, s2c) = s.cfg.psk.frame_keys(&a.transcript);
         s.set_keys(s2c, c2s, a.options);
         s.id.transcript = a.transcript;
@@ -559,6 +559,9 @@ impl Session {
             if self.state == State::Up {
                 // A keepalive carries the ACK and credits; sending it is what re-arms this.
                 self.due.keepalive = true;
+                // Idle for the keepalive's interval: a burst is over, and the buffers it
+                // needed beyond the window's go back to the allocator.
+                self.replay.trim_spare(2 * self.window as usize);
             }
         }
     }
@@ -598,3 +601,13 @@ impl std::fmt::Debug for Session {
 
 #[cfg(test)]
 mod tests;
+
+/// Frame buffers a session keeps for reuse while it is busy: as many as it can have in use
+/// at once — the window's unacknowledged frames, as many again sealed or sent meanwhile, and
+/// a frame for each TLP its three classes may queue — so that a stream allocates none. (With
+/// twice the window alone, bulk DMA allocated a frame for every six it sent: the frames
+/// queued behind the credits were not counted.) Idle for a keepalive's interval, it keeps
+/// twice the window's ([`ReplayBuffer::trim_spare`]): a burst's buffers do not stay.
+pub(crate) fn spare_frames(window: u32, max_queued: usize) -> usize {
+    2 * window as usize + 3 * max_queued
+}
