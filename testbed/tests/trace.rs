@@ -381,17 +381,21 @@ mod replay {
             let mut d = direct();
             let mut r = Replayer::new(&mut d, &plan).unwrap();
             let span = t.gpu_span_ns() as f64;
-            // Every run is verified; the span is judged on the best of up to ten, 200 ms
-            // apart, as other tests may load the two cores meanwhile (a spinning device and
-            // host thread put on one CPU take turns for milliseconds).
+            // Every run is verified; the span is judged on the run nearest the trace's of up
+            // to ten, 200 ms apart, as other tests may load the two cores meanwhile (a
+            // spinning device and host thread put on one CPU take turns for milliseconds).
+            // Either way: a host that falls behind at the start and catches up packs the GPU's
+            // gaps together, a span shorter than the trace's (0.226 ms against 0.263, once,
+            // on a loaded machine).
+            let within = |ns: f64| ns >= span * 0.95 && tolerance.is_none_or(|tol| ns <= span * (1.0 + tol));
             let mut run = r.run(&mut d, &plan).unwrap();
             for _ in 0..9 {
-                if tolerance.is_none_or(|tol| run.gpu_span_ns <= span * (1.0 + tol)) {
+                if within(run.gpu_span_ns) {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(200));
                 let again = r.run(&mut d, &plan).unwrap();
-                if again.gpu_span_ns < run.gpu_span_ns {
+                if (again.gpu_span_ns - span).abs() < (run.gpu_span_ns - span).abs() {
                     run = again;
                 }
             }
