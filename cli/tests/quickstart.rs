@@ -209,7 +209,9 @@ fn run(m: &Machine, script: &str, dxpu: &Path) -> String {
         std::env::var("PATH").unwrap_or_default()
     );
     let out = Command::new("timeout")
-        .args(["120", "ip", "netns", "exec", &m.ns, "sh", "-eu", "-c", script])
+        // A machine's usual umask, whatever the test runner's: tcpdump, which drops to its own
+        // user, must reach /var/tmp through the directories the blocks make.
+        .args(["120", "ip", "netns", "exec", &m.ns, "sh", "-eu", "-c", &format!("umask 022\n{script}")])
         .current_dir(m.home())
         .env("PATH", path)
         .env("HOME", m.home())
@@ -312,6 +314,12 @@ fn the_quickstart_runs_as_written_on_two_machines() {
     // What the build block copies to each machine.
     for m in all {
         std::fs::create_dir_all(m.home()).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            for d in [dir.as_path(), m.root.as_path(), m.home().as_path()] {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
         std::fs::write(m.home().join("dxpu_0.1.0_amd64.deb"), "placeholder: the build block is not run")
             .unwrap();
     }
