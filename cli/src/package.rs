@@ -166,7 +166,10 @@ fn extra_sections(name: &str) -> String {
         ],
         "dxpu-host" => &[
             ("/etc/dxpu/host.toml", "the configuration, as packaged (host.toml(5))"),
-            ("/etc/dxpu/keys/", "the pre-shared keys (key_file), mode 0600, owned by the service's user dxpu"),
+            (
+                "/etc/dxpu/keys/",
+                "the pre-shared keys (key_file), mode 0600, owned by the service's user dxpu",
+            ),
             ("/usr/lib/sysusers.d/dxpu.conf", "the service's user dxpu, made when the package is installed"),
             ("/run/dxpu/host.sock", "the control socket, as packaged ([control] socket)"),
             ("/run/dxpu/*.sock", "vfio-user sockets served to virtual machines (vfio_user_socket)"),
