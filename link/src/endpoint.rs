@@ -54,6 +54,9 @@ pub struct EndpointStats {
     pub stale_handshakes: u64,
     /// Stateless answers dropped because too many were waiting to be sent.
     pub replies_dropped: u64,
+    /// TLPs the sessions delivered, all of them (authenticated, in order): what tells a
+    /// busy-polling runner that TLPs move, where a datagram's header alone could be forged.
+    pub tlps_received: u64,
 }
 
 /// A handshake the endpoint turned down from an address that receives (its cookie was
@@ -176,10 +179,12 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         match self.sessions.get_mut(&h.session) {
             Some(live) => {
                 let (id, s) = (h.session, &mut live.session);
+                let before = s.stats().tlps_received;
                 match sink {
                     Some(sink) => s.handle_frame_with(now, &frame, Some(&mut |t: &[u8]| sink(id, t))),
                     None => s.handle_frame(now, &frame),
                 }
+                self.stats.tlps_received += s.stats().tlps_received - before;
                 Some(id)
             }
             None if h.ty == FrameType::Response => self.on_response(now, from, &frame),

@@ -248,10 +248,10 @@ impl<D: Datagrams> SessionRunner<D> {
     pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlace<'_>>) -> io::Result<usize> {
         let peer = self.peer;
         let session = &mut self.session;
-        let mut data = false;
+        // TLPs delivered, not datagrams whose header says DATA: anyone can send one.
+        let before = session.stats().tlps_received;
         let received = self.sock.recv(&mut |from, bytes| {
             if from == peer {
-                data |= carries_tlps(bytes);
                 session.handle_datagram_with(
                     now,
                     bytes,
@@ -259,7 +259,7 @@ impl<D: Datagrams> SessionRunner<D> {
                 );
             }
         })?;
-        if data {
+        if self.session.stats().tlps_received != before {
             self.idle.active();
         }
         Ok(received)
@@ -386,9 +386,10 @@ impl<D: Datagrams> ServerRunner<D> {
     /// [`SessionRunner::receive_frames_at`]); run them with [`ServerRunner::run_timers`].
     pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
         let endpoint = &mut self.endpoint;
-        let mut data = false;
+        // TLPs the sessions delivered, not datagrams whose header says DATA: anyone can
+        // send one, and it would make the endpoint spin its budget.
+        let before = endpoint.stats().tlps_received;
         let received = self.sock.recv(&mut |from, bytes| {
-            data |= carries_tlps(bytes);
             endpoint.handle_datagram_with(
                 now,
                 from,
@@ -396,7 +397,7 @@ impl<D: Datagrams> ServerRunner<D> {
                 sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(u32, &[u8]) -> bool),
             );
         })?;
-        if data {
+        if self.endpoint.stats().tlps_received != before {
             self.idle.active();
         }
         Ok(received)
@@ -466,5 +467,45 @@ impl<D: Datagrams> ServerRunner<D> {
     /// Whether the runner busy-polls ([`PollMode::Busy`]).
     pub fn busy_polls(&self) -> bool {
         matches!(self.idle.mode, PollMode::Busy { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::PortableUdp;
+    use crate::{Config, PresharedKey, Rng};
+
+    /// A datagram that says DATA in its header, from anyone, is not a TLP: it does not start a
+    /// busy-polling endpoint's spin budget again (a stream of them would keep it spinning).
+    #[test]
+    fn a_forged_data_frame_does_not_restart_the_spin_budget() {
+        let sock = PortableUdp::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = sock.local_addr().unwrap();
+        let cfg = Config::new(PresharedKey::new(b"runner unit test key, 32 bytes!!").unwrap());
+        let ep = Endpoint::new(cfg, 7, Rng::from_u64(7), 4);
+        let mut r =
+            ServerRunner::new(sock, ep, Clock::new(), PollMode::Busy { spin: Duration::from_secs(1) });
+        // The budget spent: the next idle wait sleeps.
+        let spent = Instant::now() - Duration::from_secs(2);
+        r.idle.since = Some(spent);
+        let mut forged = [0u8; 96];
+        forged[..2].copy_from_slice(&crate::wire::MAGIC.to_be_bytes());
+        forged[3] = FrameType::Data.byte();
+        let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..3 {
+            attacker.send_to(&forged, to).unwrap();
+        }
+        let mut got = 0;
+        for _ in 0..200 {
+            got += r.receive_frames_at(r.clock.now(), None).unwrap();
+            if got == 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(got, 3, "the forged datagrams arrived");
+        assert_eq!(r.endpoint.stats().tlps_received, 0);
+        assert_eq!(r.idle.since, Some(spent), "the budget started again for datagrams that carried no TLP");
     }
 }
