@@ -140,8 +140,8 @@ impl<D: Datagrams> Impaired<D> {
     }
 }
 
-/// Datagrams released in one borrowed send at most: UDP GSO's own limit of segments.
-const RELEASE_BATCH: usize = 64;
+/// Datagrams released in one borrowed send at most: what one GSO send carries.
+const RELEASE_BATCH: usize = super::MAX_SEGMENTS;
 
 /// Buffers the layer keeps for datagrams it holds, at most.
 const SPARE_BUFFERS: usize = 4096;
