@@ -96,6 +96,23 @@ impl EndpointArgs {
     pub(crate) fn poll_mode(&self) -> PollMode {
         self.poll.mode(Duration::from_micros(self.spin_us))
     }
+
+    /// Where `--pin` puts the spinning threads among the CPUs this process may use, said
+    /// through `progress`; `host` names what runs on the host's CPU.
+    pub(crate) fn placement(
+        &self,
+        host: &str,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Option<crate::affinity::Placement>, String> {
+        let placement = self.pin.placement(&crate::affinity::allowed()?)?;
+        if let Some(p) = placement {
+            progress(&format!(
+                "pinned: the GPU-box endpoint and the direct device to CPU {}, {host} to CPU {}",
+                p.device, p.host
+            ));
+        }
+        Ok(placement)
+    }
 }
 
 /// The link's impairment an experiment adds (`loopback`, `replay`): delay, jitter, loss.

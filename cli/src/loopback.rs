@@ -209,13 +209,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     let imp = |seed| args.impair.impairment(seed);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;
-    let placement = args.endpoints.pin.placement(&affinity::allowed()?)?;
-    if let Some(p) = placement {
-        progress(&format!(
-            "pinned: the GPU-box endpoint and the direct device to CPU {}, the host's driver to CPU {}",
-            p.device, p.host
-        ));
-    }
+    let placement = args.endpoints.placement("the host's driver", progress)?;
     // Bridged turns: the box's thread (the device) on the device's CPU, the workload's on
     // the host's. Direct turns: the device computes on the device's CPU — the synchronous
     // baseline in the workload's thread, the concurrent one in its own beside the driver on

@@ -120,13 +120,7 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     let plan = Plan::of(&trace);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;
-    let placement = args.endpoints.pin.placement(&affinity::allowed()?)?;
-    if let Some(p) = placement {
-        progress(&format!(
-            "pinned: the GPU-box endpoint and the direct device to CPU {}, the job's host to CPU {}",
-            p.device, p.host
-        ));
-    }
+    let placement = args.endpoints.placement("the job's host", progress)?;
     // Left to the scheduler, a wake-up sometimes put the job's thread and the device's on one
     // CPU, where they took turns for milliseconds (a 0.4 ms job took 2-10 ms one run in
     // twenty). The job's thread (and the host endpoint's service thread, started from it)

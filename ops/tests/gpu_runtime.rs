@@ -4,8 +4,6 @@
 //! refused with the devices untouched, and a stop that ends it cleanly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,20 +30,10 @@ fn box_file(sock: &Path, port: u16, devices: &[&str]) -> String {
     t
 }
 
-/// One JSON-RPC call on the control socket: its result, or its error object.
+/// One JSON-RPC call on the control socket (`dxpu ctl`'s client): its result, or its error
+/// object.
 fn call(sock: &Path, method: &str, params: Value) -> Result<Value, Value> {
-    let mut s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    writeln!(s, "{req}").unwrap();
-    let mut buf = Vec::new();
-    let mut b = [0u8; 4096];
-    while !buf.ends_with(b"\n") {
-        let n = s.read(&mut b).unwrap();
-        assert!(n > 0, "{method}: closed without an answer");
-        buf.extend_from_slice(&b[..n]);
-    }
-    let v: Value = serde_json::from_slice(&buf).unwrap();
+    let v = ops::control::call(sock, method, params, Duration::from_secs(10)).unwrap();
     match v.get("error") {
         Some(e) => Err(e.clone()),
         None => Ok(v["result"].clone()),
