@@ -619,3 +619,19 @@ fn a_gpu_endpoint_restarted_at_once_gets_its_port_back() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `loopback` and `replay` bound their shared link options the same way: a delay or jitter
+/// past 10 ms and a loss past one half are refused before anything runs, naming the option.
+#[test]
+fn loopback_and_replay_refuse_the_same_out_of_range_link_options() {
+    for cmd in [&["loopback"][..], &["replay", "no-such-trace.json"][..]] {
+        for (opt, v) in
+            [("--delay-us", "10001"), ("--jitter-us", "10001"), ("--loss", "0.6"), ("--loss", "x")]
+        {
+            let out = dxpu().args(cmd).args([opt, v]).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?} {opt} {v}: {err}");
+            assert!(err.contains(opt), "{cmd:?} {opt} {v}: {err}");
+        }
+    }
+}
