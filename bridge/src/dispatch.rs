@@ -17,6 +17,8 @@
 //! error, and nothing behind it depends on it (PCIe 6.0 §2.3.1).
 #![forbid(unsafe_code)]
 
+use std::collections::VecDeque;
+
 use tlp::{FcClass, ParseConfig, TlpRepr};
 
 use crate::attach::{Control, ControlError};
@@ -33,6 +35,15 @@ pub enum Kept<'a> {
     Control(Control),
     /// A TLP that claimed to be a control message and is not a valid one.
     BadControl(ControlError),
+}
+
+/// Reads of more than this many bytes are long: a bulk copy's (a Max_Read_Request_Size of
+/// 4 KiB, or 2) rather than a command fetch's (up to 1 KiB) or a register's.
+const SHORT_READ: usize = 1024;
+
+/// Whether `t` is a long memory read ([`SHORT_READ`]).
+fn long_read(t: &TlpRepr<'_>) -> bool {
+    matches!(t.body, tlp::Body::MemRead { length_dw, .. } if length_dw as usize * 4 > SHORT_READ)
 }
 
 /// One kept item: a request without its payload (held beside it), or a control message.
@@ -59,9 +70,15 @@ pub struct DispatchStats {
 /// where it came from — the session, on the box, which serves many.
 #[derive(Debug)]
 pub struct Dispatcher<L> {
-    kept: Vec<(L, Item)>,
+    kept: VecDeque<(L, Item)>,
     parse: ParseConfig,
     stats: DispatchStats,
+}
+
+impl Item {
+    fn is_long_read(&self) -> bool {
+        matches!(self, Item::Request(t, _, _) if long_read(t))
+    }
 }
 
 impl<L: Copy> Default for Dispatcher<L> {
@@ -73,7 +90,7 @@ impl<L: Copy> Default for Dispatcher<L> {
 impl<L: Copy> Dispatcher<L> {
     /// Nothing kept yet.
     pub fn new() -> Dispatcher<L> {
-        Dispatcher { kept: Vec::new(), parse: ParseConfig::default(), stats: DispatchStats::default() }
+        Dispatcher { kept: VecDeque::new(), parse: ParseConfig::default(), stats: DispatchStats::default() }
     }
 
     /// Routes one TLP from the receive buffer: `now` gets a posted request or a completion
@@ -94,8 +111,8 @@ impl<L: Copy> Dispatcher<L> {
             FcClass::Completion => now(label, &t),
             FcClass::Posted => match Control::from_repr(&t) {
                 Err(ControlError::NotControl) => now(label, &t),
-                Ok(c) => self.kept.push((label, Item::Control(c))),
-                Err(e) => self.kept.push((label, Item::BadControl(e))),
+                Ok(c) => self.kept.push_back((label, Item::Control(c))),
+                Err(e) => self.kept.push_back((label, Item::BadControl(e))),
             },
             FcClass::NonPosted => {
                 let data = t.data().unwrap_or(&[]);
@@ -106,7 +123,18 @@ impl<L: Copy> Dispatcher<L> {
                 let mut d = [0u8; MAX_REQUEST_DATA];
                 d[..data.len()].copy_from_slice(data);
                 let request = t.with_data(&[]);
-                self.kept.push((label, Item::Request(request, d, data.len())));
+                // A short request goes ahead of the long reads kept since the last
+                // anything-else: a read may pass a read (PCIe 6.0 §2.4.1, table 2-39: the
+                // completer's order among non-posted requests is free), so a command fetch
+                // or a fence's read is not answered after a megabyte of a bulk copy's.
+                let at = match long_read(&request) {
+                    true => self.kept.len(),
+                    false => {
+                        let behind = self.kept.iter().rev().take_while(|(_, i)| i.is_long_read()).count();
+                        self.kept.len() - behind
+                    }
+                };
+                self.kept.insert(at, (label, Item::Request(request, d, data.len())));
             }
         }
         true
@@ -119,8 +147,16 @@ impl<L: Copy> Dispatcher<L> {
 
     /// Hands `f` what was kept, in arrival order, and forgets it (the storage stays for the
     /// next poll: a poll that keeps no more than one before allocates nothing).
-    pub fn drain(&mut self, mut f: impl FnMut(L, Kept<'_>)) {
-        for (label, item) in self.kept.drain(..) {
+    pub fn drain(&mut self, f: impl FnMut(L, Kept<'_>)) {
+        self.drain_until(|| false, f);
+    }
+
+    /// [`Dispatcher::drain`] until `stop` says so, asked before each item: what is left stays
+    /// kept, in order, for the next call — for a bridge that answers in slices between other
+    /// work of its thread's.
+    pub fn drain_until(&mut self, mut stop: impl FnMut() -> bool, mut f: impl FnMut(L, Kept<'_>)) {
+        while !self.kept.is_empty() && !stop() {
+            let Some((label, item)) = self.kept.pop_front() else { break };
             match item {
                 Item::Request(t, d, n) => f(label, Kept::Request(t.with_data(&d[..n]))),
                 Item::Control(c) => f(label, Kept::Control(c)),
@@ -222,5 +258,62 @@ mod tests {
         let mut seen = None;
         d.drain(|_, k| seen = Some(format!("{k:?}")));
         assert_eq!(seen, Some(format!("{:?}", Kept::Request(cfg))));
+    }
+
+    fn read(tag: u16, bytes: u16) -> Vec<u8> {
+        let length_dw = bytes / 4;
+        super::tests::bytes(&TlpRepr::new(Body::MemRead {
+            req: Request { last_be: if length_dw == 1 { 0 } else { 0xf }, ..req(tag) },
+            address: Address::new(0x1_0000 + 0x1000 * tag as u64),
+            ph: 0,
+            length_dw,
+            locked: false,
+        }))
+    }
+
+    fn order(d: &mut Dispatcher<u32>, stop_after: usize) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut asked = 0;
+        d.drain_until(
+            || {
+                asked += 1;
+                asked > stop_after
+            },
+            |_, k| {
+                seen.push(match k {
+                    Kept::Request(t) => format!("{}", t.requester_tag().1.value()),
+                    Kept::Control(_) => "control".to_string(),
+                    Kept::BadControl(_) => "bad".to_string(),
+                })
+            },
+        );
+        seen
+    }
+
+    #[test]
+    fn short_reads_pass_the_long_reads_kept_before_them_but_nothing_else() {
+        let mut d = Dispatcher::<u32>::new();
+        let detach = Control::Detach { device: "gpu0".into() }.to_tlp(Bdf::new(0, 0, 0));
+        // Long (4 KiB) reads 1 and 2, a short read 3 (a command fetch's 1 KiB) passes them;
+        // a control message 4; a long read 5 and a short 6 (a register's DW): 6 passes 5 and
+        // not the control message; 7 (short) queues behind 3 and 6's kind, in order.
+        for b in [read(1, 4096), read(2, 4096), read(3, 1024), detach, read(5, 4096), read(6, 4), read(7, 64)]
+        {
+            d.route(0, &b, &mut |_, t| panic!("{:?} is not kept", t.kind()));
+        }
+        assert_eq!(order(&mut d, usize::MAX), ["3", "1", "2", "control", "6", "7", "5"]);
+    }
+
+    #[test]
+    fn draining_until_told_to_stop_keeps_the_rest_in_order_for_the_next_call() {
+        let mut d = Dispatcher::<u32>::new();
+        for tag in 1..=5 {
+            d.route(0, &read(tag, 4096), &mut |_, _| {});
+        }
+        assert_eq!(order(&mut d, 2), ["1", "2"]);
+        assert!(!d.is_empty());
+        assert_eq!(order(&mut d, 0), Vec::<String>::new());
+        assert_eq!(order(&mut d, usize::MAX), ["3", "4", "5"]);
+        assert!(d.is_empty());
     }
 }
