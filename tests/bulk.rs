@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use bridge_host::RemoteDevice;
+use bridge_host::{AttachOptions, RemoteDevice};
 use driver::{DmaBuf, PciFunction, SimGpuDriver, WaitMode};
 use dxpu_tests::{GpuBox, gpu_options, host_options, key_a, serial};
 use hw::simgpu::SimGpuParams;
@@ -50,6 +50,10 @@ struct Bulk {
 }
 
 fn attach(bytes: usize, impairment: Impairment) -> Bulk {
+    attach_with(bytes, impairment, |_| {})
+}
+
+fn attach_with(bytes: usize, impairment: Impairment, host: impl FnOnce(&mut AttachOptions)) -> Bulk {
     let mut g = gpu_options("127.0.0.1:0".parse().unwrap());
     g.link.mtu = 9000;
     g.link.size_for_path(link::DEFAULT_PATH_BANDWIDTH, link::DEFAULT_PATH_RTT);
@@ -63,6 +67,7 @@ fn attach(bytes: usize, impairment: Impairment) -> Bulk {
     h.impairment = impairment;
     h.dma_memory = bytes + (1 << 20);
     h.completion_timeout = Duration::from_secs(2);
+    host(&mut h);
     let remote = RemoteDevice::attach(h).unwrap();
     let mut d = SimGpuDriver::open(remote).unwrap();
     d.set_timeout(Duration::from_secs(300));
@@ -155,4 +160,55 @@ fn a_quarter_gibibyte_each_way_at_1_percent_loss_with_reordering_arrives_byte_fo
     round_trip(&mut b, 0xface);
     let s = finish_and_check_sizes(b);
     assert!(s.link.retransmits > 0, "1 % loss replayed nothing: {:?}", s.link);
+}
+
+/// A host endpoint on a thread with work of its own answers the device's reads in slices
+/// (`AttachOptions::answer_slice`) and serves it in the time its caller lends
+/// (`PciFunction::serve_for`): bytes arrive whole and in place whatever the slice — here one
+/// read per pass, the rest left queued — and a loan on an idle link ends early.
+#[test]
+fn a_host_endpoint_answering_in_slices_and_in_lent_time_moves_copies_byte_for_byte() {
+    let _g = serial();
+    let bytes = 32 << 20;
+    let mut b = attach_with(bytes, Impairment::default(), |h| {
+        h.answer_slice = Some(Duration::from_nanos(1));
+        h.service_interval = None;
+    });
+    // Waits that poll the fence: each look answers one read.
+    round_trip(&mut b, 0x511ce);
+    // Nothing but loans: the copy in moves only while the caller lends its time.
+    let mut chunk = vec![0u8; CHUNK];
+    for off in (0..bytes).step_by(CHUNK) {
+        pattern(off, 0x1e4d, &mut chunk);
+        b.d.pci().dma_write(&b.buf, off, &chunk);
+    }
+    let read_before = b.d.pci().stats().dma_read_bytes;
+    b.d.enqueue(driver::Command { opcode: op::COPY_H2V, args: [b.buf.bus.get(), 0, bytes as u64, 0, 0] })
+        .unwrap();
+    let fence = b.d.fence(WaitMode::Poll).unwrap();
+    let (t, mut loans) = (Instant::now(), 0);
+    while b.d.pci().stats().dma_read_bytes - read_before < bytes as u64 {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", b.d.pci().stats());
+        b.d.pci().serve_for(Duration::from_micros(200));
+        loans += 1;
+    }
+    assert!(loans > 1, "a loan of 200 µs answered all {bytes} bytes");
+    b.d.wait(fence, WaitMode::Poll).unwrap();
+    let bar2 = b.d.vram_bar();
+    for k in 0..64u64 {
+        let at = (k * 0x0010_0f38 % bytes as u64) & !7;
+        let mut want = [0u8; 8];
+        pattern(at as usize, 0x1e4d, &mut want);
+        let got = b.d.pci().mmio_read(bar2 + at, 8);
+        assert_eq!(got, u64::from_le_bytes(want), "VRAM at {at:#x} after the copy in");
+    }
+    // Idle: a loan of a second comes back as soon as a pass finds nothing to do.
+    let mut idle = Duration::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        b.d.pci().serve_for(Duration::from_secs(1));
+        idle = idle.min(t.elapsed());
+    }
+    assert!(idle < Duration::from_millis(100), "an idle loan took {idle:?}");
+    finish_and_check_sizes(b);
 }

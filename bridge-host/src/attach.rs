@@ -62,6 +62,13 @@ pub struct AttachOptions {
     /// away, but every wake-up takes a core from busy-polling threads (at 1 ms the MMIO
     /// round trip's p99 tripled on a two-core machine: `dxpu bench bridge`).
     pub service_interval: Option<Duration>,
+    /// How long one pass over the link may spend answering the device's reads of host
+    /// memory (`None`: all that came). With a bound, what is left stays queued, in order,
+    /// for the next pass, and the caller's thread gets back to its own work within about
+    /// that: for a caller that drives the link from a thread with work of its own to be on
+    /// time for (a replayed job's launches), where an endpoint with a core of its own would
+    /// not delay it. Bulk DMA then moves in slices, each followed by a send.
+    pub answer_slice: Option<Duration>,
     /// A flag the caller sets to give up (a signal handler's): an attach in progress returns
     /// [`AttachError::Cancelled`] within a poll; an attached device then counts as removed
     /// ("cancelled") and every wait on it ends at once. The device can still be detached.
@@ -93,6 +100,7 @@ impl AttachOptions {
             attach_timeout: Duration::from_secs(5),
             dma_memory: 64 << 20,
             service_interval: Some(Duration::from_millis(10)),
+            answer_slice: None,
             cancel: None,
             token: None,
             fence: None,

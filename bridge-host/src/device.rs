@@ -71,6 +71,8 @@ pub(crate) struct DeviceState {
     pub stats: HostStats,
     /// When the link was last driven (`pump`), for the service thread.
     pub last_pump: link::Time,
+    /// `AttachOptions::answer_slice`.
+    pub answer_slice: Option<std::time::Duration>,
 }
 
 impl DeviceState {

@@ -19,6 +19,10 @@ use crate::device::DeviceState;
 use crate::requester::CompletionMatch;
 use crate::stats::{HostStats, KindCounts};
 
+/// Bytes of the device's reads a pass with a deadline answers at most before it sends
+/// them (then the next pass, if time is left): 32 KiB, four jumbo frames.
+const ANSWER_CHUNK: usize = 32 << 10;
+
 /// Bytes of the interrupt window MSI-X writes land in.
 const MSI_WINDOW: u64 = 0x10_0000;
 
@@ -83,6 +87,26 @@ impl DeviceState {
     /// events and timers, the send) is left to the next pump or send, off the round trip of
     /// the read — unless something came that must be answered.
     pub(crate) fn pump_for(&mut self, now: Time, awaited: Option<tlp::Tag>) -> bool {
+        let answer_until = self.answer_slice.map(|s| now + s);
+        self.pass(now, awaited, answer_until)
+    }
+
+    /// Passes over the link until `deadline`, answering the device's requests for as long
+    /// as that leaves, or until a pass finds nothing to do. True if anything happened.
+    pub(crate) fn serve_until(&mut self, deadline: Time) -> bool {
+        let mut any = false;
+        loop {
+            let now = self.link.clock.now();
+            if now >= deadline || !self.pass(now, None, Some(deadline)) {
+                return any;
+            }
+            any = true;
+        }
+    }
+
+    /// One pass: [`DeviceState::pump_for`], answering the device's requests until
+    /// `answer_until` (one at least; all without it).
+    fn pass(&mut self, now: Time, awaited: Option<tlp::Tag>, answer_until: Option<Time>) -> bool {
         self.last_pump = now;
         if self.fence_raised() {
             // Fenced between calls (the service thread pumps every few ms): act on it now.
@@ -150,10 +174,25 @@ impl DeviceState {
         }
         if !self.dispatcher.is_empty() {
             active = true;
-            // Out of `self` while they are answered (answering needs all of it).
+            // Out of `self` while they are answered (answering needs all of it); with a
+            // slice, until it is spent (one answered at least), the rest left in order.
             let mut dispatcher = std::mem::take(&mut self.dispatcher);
-            dispatcher.drain(|(), kept| match kept {
-                Kept::Request(t) => self.answer_request(&t),
+            // and, in a slice, no more than ANSWER_CHUNK bytes before they are sent: the send
+            // is most of an answer's cost, and it comes after.
+            let clock = self.link.clock;
+            let answered = std::cell::Cell::new(0usize);
+            let mut first = true;
+            let spent = || {
+                let spent = !first
+                    && answer_until.is_some_and(|end| answered.get() >= ANSWER_CHUNK || clock.now() >= end);
+                first = false;
+                spent
+            };
+            dispatcher.drain_until(spent, |(), kept| match kept {
+                Kept::Request(t) => {
+                    answered.set(answered.get() + 4 * t.length_dw().unwrap_or(1) as usize);
+                    self.answer_request(&t)
+                }
                 // The box sends no control message once attached; one is dropped.
                 Kept::Control(_) | Kept::BadControl(_) => {}
             });

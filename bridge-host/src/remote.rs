@@ -83,6 +83,7 @@ impl RemoteDevice {
             received: KindCounts::default(),
             stats: HostStats::default(),
             last_pump: clock.now(),
+            answer_slice: opts.answer_slice,
         };
         state.learn_max_payload();
         let inner = Arc::new(Mutex::new(state));
@@ -284,9 +285,15 @@ impl RemoteDevice {
         lock(&self.inner).link.sock.poll_fd()
     }
 
-    /// How long until the link's next timer, for a caller that drives the link itself.
+    /// How long until the link's next timer, for a caller that drives the link itself: no
+    /// time while the device's requests wait to be answered (a pass with
+    /// [`AttachOptions::answer_slice`] left some) or completions to be sent.
     pub fn next_timer(&self) -> Option<Duration> {
-        lock(&self.inner).link.next_timer()
+        let g = lock(&self.inner);
+        if !g.dispatcher.is_empty() || !g.held.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        g.link.next_timer()
     }
 
     /// Detaches: what is in flight completes, the box takes the device back (and resets
@@ -458,6 +465,11 @@ impl PciFunction for RemoteDevice {
     /// declared dead and the device removed).
     fn progress(&self) -> u64 {
         self.enter().link.session.stats().frames_received
+    }
+    fn serve_for(&mut self, budget: Duration) -> bool {
+        let mut g = self.enter();
+        let deadline = g.link.clock.now() + budget;
+        g.serve_until(deadline)
     }
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool {
         let mut g = self.enter();

@@ -82,6 +82,15 @@ pub trait PciFunction {
     fn msi_message(&mut self, vector: u16) -> (u64, u32) {
         (MSI_BASE, vector as u32)
     }
+    /// The caller has nothing to do for `budget`: a platform that runs on its caller's
+    /// thread (a bridge's host side, driven by the driver's calls) serves the device
+    /// meanwhile — its reads of host memory, the link's timers — for about that long at
+    /// most, and returns early once it finds nothing to do. True if anything happened. By
+    /// default nothing: a platform with a thread of its own.
+    fn serve_for(&mut self, budget: Duration) -> bool {
+        let _ = budget;
+        false
+    }
     /// Waits until vector `vector` fired (consuming one occurrence) or `timeout` passed.
     fn wait_interrupt(&mut self, vector: u16, timeout: Duration) -> bool;
     /// Why the device is gone, once it is (a surprise removal: its reads return all-ones from
