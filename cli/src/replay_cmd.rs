@@ -74,8 +74,29 @@ struct Side {
     rtt: Duration,
     /// One posted register write's cost to the host, ns.
     write_ns: f64,
+    /// Copy rates, bytes per second, of one copy alone (`model::copy_rates`).
     h2d: f64,
     d2h: f64,
+}
+
+impl Side {
+    /// The rates the platform moved host memory at during its runs (median over the runs
+    /// that had copies large enough to tell), each way; `None` where none did.
+    fn in_replay(&self) -> (Option<f64>, Option<f64>) {
+        let median = |f: fn(&ReplayRun) -> Option<f64>| {
+            let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
+        };
+        (median(|r| r.copy_bytes_per_s.0), median(|r| r.copy_bytes_per_s.1))
+    }
+
+    /// The link the model takes for this platform: its copies at the rates they got during
+    /// the replay where it tells them (the host endpoint serves them on the job's thread
+    /// here, and a copy alone gets more than one beside the job's work), else alone.
+    fn model_rates(&self) -> (f64, f64) {
+        let (h2d, d2h) = self.in_replay();
+        (h2d.unwrap_or(self.h2d), d2h.unwrap_or(self.d2h))
+    }
 }
 
 /// The host's time to send one posted register write, ns: the mean of `n` doorbell writes
@@ -145,6 +166,9 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     let gpu = LocalBox::start(args.endpoints.driver.kind(), poll, args.impairment(31))?;
     let mut o = gpu.attach_options(args.endpoints.driver.kind(), poll, args.impairment(32));
     o.dma_memory = HOST_MEMORY;
+    // The host endpoint runs on the job's thread here (no core of its own): it answers the
+    // device's reads in short slices, and the replay lends it the time until its next step.
+    o.answer_slice = Some(testbed::replay::HOST_ANSWER_SLICE);
     o.completion_timeout += 4 * args.impair.held();
     let remote =
         bridge_host::RemoteDevice::attach(o).map_err(|e| format!("attaching through the bridges: {e}"))?;
@@ -192,12 +216,12 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     // The model: the trace's job on each platform's copy engine; through the bridges, their
     // round trip and the host's cost of a submission's two posted writes beyond the direct
     // platform's.
-    let direct_link =
-        plan::Link { h2d_bytes_per_s: d_side.h2d, d2h_bytes_per_s: d_side.d2h, ..plan::Link::LOCAL };
+    let ((d_h2d, d_d2h), (b_h2d, b_d2h)) = (d_side.model_rates(), b_side.model_rates());
+    let direct_link = plan::Link { h2d_bytes_per_s: d_h2d, d2h_bytes_per_s: d_d2h, ..plan::Link::LOCAL };
     let bridged_link = plan::Link {
         rtt_ns: b_side.rtt.saturating_sub(d_side.rtt).as_nanos() as f64,
-        h2d_bytes_per_s: b_side.h2d,
-        d2h_bytes_per_s: b_side.d2h,
+        h2d_bytes_per_s: b_h2d,
+        d2h_bytes_per_s: b_d2h,
         submit_ns: 2.0 * (b_side.write_ns - d_side.write_ns).max(0.0),
     };
     let predicted_direct = plan.evaluate(&direct_link);
@@ -232,6 +256,8 @@ fn side_json(s: &Side) -> Value {
         "posted_write_us": s.write_ns / 1e3,
         "h2d_bytes_per_s": s.h2d,
         "d2h_bytes_per_s": s.d2h,
+        "h2d_bytes_per_s_in_replay": s.in_replay().0,
+        "d2h_bytes_per_s_in_replay": s.in_replay().1,
     })
 }
 
@@ -286,13 +312,20 @@ impl Report {
         );
         for (name, s) in [("direct", &self.direct), ("bridged", &self.bridged)] {
             outln!(
-                "  {name:>7}: job {}, GPU span {}; round trip {:.1} µs, posted write {:.2} µs, copies {:.2} / {:.2} GB/s",
+                "  {name:>7}: job {}, GPU span {}; round trip {:.1} µs, posted write {:.2} µs, copies {:.2} / {:.2} GB/s alone{}",
                 ms(spread(&s.runs, |r| r.job_ns / 1e6)),
                 ms(spread(&s.runs, |r| r.gpu_span_ns / 1e6)),
                 s.rtt.as_secs_f64() * 1e6,
                 s.write_ns / 1e3,
                 s.h2d / 1e9,
-                s.d2h / 1e9
+                s.d2h / 1e9,
+                match s.in_replay() {
+                    (None, None) => String::new(),
+                    (h2d, d2h) => {
+                        let r = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}", v / 1e9));
+                        format!(", {} / {} in the replay", r(h2d), r(d2h))
+                    }
+                }
             );
             outln!(
                 "           waits: command fetch {}, copies beyond their traced time {}, synchronizations seen {}, submissions late {}",

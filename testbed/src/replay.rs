@@ -20,6 +20,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::time::Duration;
 
 use driver::{Command, DmaBuf, DriverError, PciFunction, SimGpuDriver, WaitMode};
 use simgpu_abi::{CHANNELS, op, sem};
@@ -98,7 +99,17 @@ pub struct ReplayRun {
     pub host_late_max_ns: f64,
     /// Traced copies whose bytes were more than [`MAX_COPY_BYTES`]: moved in part.
     pub copies_capped: usize,
+    /// The rate the platform moved host memory at during the run, each way (host → device,
+    /// device → host), bytes per second: the bytes of the copies of at least
+    /// [`RATE_COPY_BYTES`] that the platform held beyond their traced time, over their time.
+    /// `None` where no copy was. (Through a bridge whose host side serves the device on the
+    /// job's own thread, as here, below what one copy alone gets: the job's work shares it.)
+    pub copy_bytes_per_s: (Option<f64>, Option<f64>),
 }
+
+/// Copies at least this large tell the platform's bulk rate (smaller ones mostly its round
+/// trip).
+pub const RATE_COPY_BYTES: u64 = 1 << 20;
 
 /// What the replay keeps between runs on one device: the channels it opened, its buffers,
 /// and where its semaphores' values go on from.
@@ -304,8 +315,22 @@ struct Run<'a> {
     next_pump: u64,
 }
 
+/// How long a pass over the link may answer the device's reads when the replay's host
+/// endpoint runs on the job's thread (`bridge_host::AttachOptions::answer_slice`): the
+/// replay lends it the time between steps ([`PciFunction::serve_for`]), and a look at a
+/// release word costs no more than this beside it.
+pub const HOST_ANSWER_SLICE: Duration = Duration::from_micros(5);
+
 /// With nothing to watch, how often the replay lets the platform run (ns).
 const PUMP_NS: u64 = 2_000;
+/// The most time lent to the platform at once (ns): between loans the replay looks at
+/// what is due.
+const LEND_MAX_NS: u64 = 100_000;
+/// … while a synchronization waits for its word (ns).
+const LEND_WATCHING_NS: u64 = 10_000;
+/// How long before a step is due the platform's loan ends (ns): a pass over the link runs
+/// over its deadline by up to one request's answer and a send.
+const LEND_MARGIN_NS: u64 = 10_000;
 
 const CALL: u8 = 0;
 const ORPHAN: u8 = 1;
@@ -404,6 +429,7 @@ impl<'a> Run<'a> {
                     self.act(d, kind, i, at)?;
                 }
             }
+            self.lend(d);
             let after = (self.calls_done, self.submitted_count, self.awaiting.len(), self.blocked.len());
             if before != after {
                 moved = hw::device::now_ns();
@@ -436,6 +462,20 @@ impl<'a> Run<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Lends the platform the time until the next step is due (a bridge's host side serves
+    /// the device's reads of host memory on this thread): as an endpoint with a core of its
+    /// own would, without making the job's next launch late. While a synchronization is
+    /// watched, in short slices, so that its return is seen when its word lands.
+    fn lend<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>) {
+        let now = hw::device::now_ns();
+        let next = self.due.peek().map_or(u64::MAX, |Reverse((at, _, _))| *at);
+        let cap = if self.awaiting.is_empty() { LEND_MAX_NS } else { LEND_WATCHING_NS };
+        let budget = next.saturating_sub(now).saturating_sub(LEND_MARGIN_NS).min(cap);
+        if budget > 0 {
+            d.pci().serve_for(Duration::from_nanos(budget));
+        }
     }
 
     /// When call `c`'s work is submitted: the traced point in the call after its issue.
@@ -639,6 +679,7 @@ impl<'a> Run<'a> {
             host_late_max_ns: self.host_late.1,
             ..ReplayRun::default()
         };
+        let (mut rate_in, mut rate_out) = ((0.0, 0.0), (0.0, 0.0));
         for (a, (act, &(v, begin, end))) in plan.activities.iter().zip(&words).enumerate() {
             if v != 1 || end < begin {
                 problems.push(format!("activity {a}: release word {v} (begin {begin}, end {end})"));
@@ -669,12 +710,22 @@ impl<'a> Run<'a> {
             if copy_bytes(act.kind).is_some_and(|(_, b)| b > MAX_COPY_BYTES) {
                 out.copies_capped += 1;
             }
+            if let Some((k, bytes)) = copy_bytes(act.kind)
+                && bytes >= RATE_COPY_BYTES
+                && (end - begin) as f64 > act.dur_ns as f64 * 1.05
+            {
+                let way = if to_device(k) { &mut rate_in } else { &mut rate_out };
+                way.0 += bytes.min(MAX_COPY_BYTES) as f64;
+                way.1 += (end - begin) as f64;
+            }
         }
         if !problems.is_empty() {
             let n = problems.len();
             problems.truncate(5);
             return Err(ReplayError::Verification(format!("{n} problems: {}", problems.join("; "))));
         }
+        let rate = |(bytes, ns): (f64, f64)| (ns > 0.0).then(|| bytes / ns * 1e9);
+        out.copy_bytes_per_s = (rate(rate_in), rate(rate_out));
         for (c, call) in plan.calls.iter().enumerate() {
             if let Some(last) = call.awaits.iter().map(|&a| words[a].2).max() {
                 out.sync_notify_ns += self.seen_at[c].saturating_sub(last) as f64;
