@@ -326,6 +326,7 @@ pub(crate) fn plan_link(base: &LinkParams, rtt_us: f64) -> testbed::plan::Link {
         d2h_bytes_per_s: base.d2h_bytes_per_s,
         // A submission is two posted writes (RING_TAIL, doorbell).
         submit_ns: 2.0 * base.per_tlp_s * 1e9,
+        fetch_extra_ns: 0.0,
     }
 }
 

@@ -74,6 +74,8 @@ struct Side {
     rtt: Duration,
     /// One posted register write's cost to the host, ns.
     write_ns: f64,
+    /// A fence's round trip with nothing queued (`testbed::workload::fence_rtt`).
+    fence_rtt: Duration,
     /// Copy rates, bytes per second, of one copy alone (`model::copy_rates`).
     h2d: f64,
     d2h: f64,
@@ -114,8 +116,10 @@ fn posted_write_ns<P: PciFunction>(d: &mut SimGpuDriver<P>, n: u32) -> f64 {
 fn measure<P: PciFunction>(d: &mut SimGpuDriver<P>, what: &str) -> Result<Side, String> {
     let (rtt, _) = mmio_rtt(d, RTT_SAMPLES);
     let write_ns = posted_write_ns(d, 2000);
+    let fence_rtt =
+        testbed::workload::fence_rtt(d, RTT_SAMPLES).map_err(|e| format!("{what} fences: {e}"))?;
     let (h2d, d2h) = model::copy_rates(d, RATE_BYTES, 3).map_err(|e| format!("{what} copies: {e}"))?;
-    Ok(Side { runs: Vec::new(), rtt, write_ns, h2d, d2h })
+    Ok(Side { runs: Vec::new(), rtt, write_ns, fence_rtt, h2d, d2h })
 }
 
 fn spread(runs: &[ReplayRun], f: impl Fn(&ReplayRun) -> f64) -> Spread {
@@ -218,11 +222,18 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, Stri
     // platform's.
     let ((d_h2d, d_d2h), (b_h2d, b_d2h)) = (d_side.model_rates(), b_side.model_rates());
     let direct_link = plan::Link { h2d_bytes_per_s: d_h2d, d2h_bytes_per_s: d_d2h, ..plan::Link::LOCAL };
+    let rtt_ns = b_side.rtt.saturating_sub(d_side.rtt).as_nanos() as f64;
+    let submit_ns = 2.0 * (b_side.write_ns - d_side.write_ns).max(0.0);
+    // A fence's round trip through the bridges beyond the direct one is a submission, a
+    // command fetch (1.5 round trips and its turns) and the fence's way back (half of one):
+    // what is left over is the fetch's turns.
+    let fence_added = b_side.fence_rtt.saturating_sub(d_side.fence_rtt).as_nanos() as f64;
     let bridged_link = plan::Link {
-        rtt_ns: b_side.rtt.saturating_sub(d_side.rtt).as_nanos() as f64,
+        rtt_ns,
         h2d_bytes_per_s: b_h2d,
         d2h_bytes_per_s: b_d2h,
-        submit_ns: 2.0 * (b_side.write_ns - d_side.write_ns).max(0.0),
+        submit_ns,
+        fetch_extra_ns: (fence_added - 2.0 * rtt_ns - submit_ns).max(0.0),
     };
     let predicted_direct = plan.evaluate(&direct_link);
     let predicted_bridged = plan.evaluate(&bridged_link);
@@ -254,6 +265,7 @@ fn side_json(s: &Side) -> Value {
         "host_late_ms": ms(&|r| r.host_late_ns),
         "rtt_us": s.rtt.as_secs_f64() * 1e6,
         "posted_write_us": s.write_ns / 1e3,
+        "fence_rtt_us": s.fence_rtt.as_secs_f64() * 1e6,
         "h2d_bytes_per_s": s.h2d,
         "d2h_bytes_per_s": s.d2h,
         "h2d_bytes_per_s_in_replay": s.in_replay().0,
@@ -288,6 +300,7 @@ impl Report {
                 "predicted_overhead_percent": predicted_overhead,
                 "added": added_json(&self.predicted_bridged.added),
                 "link": {"added_rtt_us": self.link.rtt_ns / 1e3, "submit_us": self.link.submit_ns / 1e3,
+                         "fetch_extra_us": self.link.fetch_extra_ns / 1e3,
                          "h2d_bytes_per_s": self.link.h2d_bytes_per_s, "d2h_bytes_per_s": self.link.d2h_bytes_per_s},
                 "crosses_10_percent_at_rtt_us": self.crosses,
             }),
@@ -312,10 +325,11 @@ impl Report {
         );
         for (name, s) in [("direct", &self.direct), ("bridged", &self.bridged)] {
             outln!(
-                "  {name:>7}: job {}, GPU span {}; round trip {:.1} µs, posted write {:.2} µs, copies {:.2} / {:.2} GB/s alone{}",
+                "  {name:>7}: job {}, GPU span {}; round trip {:.1} µs (a fence's {:.1}), posted write {:.2} µs, copies {:.2} / {:.2} GB/s alone{}",
                 ms(spread(&s.runs, |r| r.job_ns / 1e6)),
                 ms(spread(&s.runs, |r| r.gpu_span_ns / 1e6)),
                 s.rtt.as_secs_f64() * 1e6,
+                s.fence_rtt.as_secs_f64() * 1e6,
                 s.write_ns / 1e3,
                 s.h2d / 1e9,
                 s.d2h / 1e9,

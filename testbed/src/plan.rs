@@ -126,12 +126,27 @@ pub struct Link {
     /// The host's own time to publish a submission (its RING_TAIL and doorbell writes)
     /// beyond what it took in the trace, ns: a posted write through a bridge is a send.
     pub submit_ns: f64,
+    /// A command fetch's time beyond 1.5 round trips, ns: the turns a register read's round
+    /// trip does not take (the device acting on the doorbell; the host answering the
+    /// fetch), measured where they can be (a fence's round trip), 0 from the trace alone.
+    pub fetch_extra_ns: f64,
 }
 
 impl Link {
     /// No link: the local slot the trace was taken in.
-    pub const LOCAL: Link =
-        Link { rtt_ns: 0.0, h2d_bytes_per_s: f64::INFINITY, d2h_bytes_per_s: f64::INFINITY, submit_ns: 0.0 };
+    pub const LOCAL: Link = Link {
+        rtt_ns: 0.0,
+        h2d_bytes_per_s: f64::INFINITY,
+        d2h_bytes_per_s: f64::INFINITY,
+        submit_ns: 0.0,
+        fetch_extra_ns: 0.0,
+    };
+
+    /// What a command fetch the device waits for adds: the doorbell's way there and the
+    /// fetch's round trip (1.5 round trips), and its turns.
+    pub fn fetch_ns(&self) -> f64 {
+        1.5 * self.rtt_ns.max(0.0) + self.fetch_extra_ns.max(0.0)
+    }
 }
 
 /// Where the link's time went on the job's critical path, ns.
@@ -617,7 +632,7 @@ impl<'a> Evaluation<'a> {
             }
             Node::Activity(ai) => {
                 let a = &plan.activities[ai];
-                let fetch = 3.0 * one_way;
+                let fetch = link.fetch_ns();
                 match a.call {
                     Some((c, gap)) => {
                         let submit = link.submit_ns.max(0.0);

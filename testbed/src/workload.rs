@@ -291,3 +291,21 @@ pub fn mmio_read_rtt<P: PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> (Dura
     let at = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
     (at(0.5), at(0.99))
 }
+
+/// Times `n` fences with nothing queued before them (after a warm-up of `n / 10`), waited
+/// for by polling their word in host memory: the publish (RING_TAIL and doorbell writes),
+/// the device's command fetch, the fence's write back and the host seeing it — a launch's
+/// way to the device and its result's way back. The median.
+pub fn fence_rtt<P: PciFunction>(d: &mut SimGpuDriver<P>, n: usize) -> Result<Duration, DriverError> {
+    for _ in 0..n / 10 {
+        d.sync(WaitMode::Poll)?;
+    }
+    let mut v = Vec::with_capacity(n.max(1));
+    for _ in 0..n.max(1) {
+        let t = Instant::now();
+        d.sync(WaitMode::Poll)?;
+        v.push(t.elapsed());
+    }
+    v.sort();
+    Ok(v[v.len() / 2])
+}

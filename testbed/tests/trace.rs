@@ -236,6 +236,7 @@ mod plan {
                 h2d_bytes_per_s: 3.1e9,
                 d2h_bytes_per_s: 3.1e9,
                 submit_ns: 0.0,
+                fetch_extra_ns: 0.0,
             });
             eprintln!(
                 "  rtt {rtt} ns: job {:.3} ms (+{:.2} %), fetch {:.3} copies {:.3} syncs {:.3} ms",
@@ -315,9 +316,15 @@ mod plan {
         let o = plan.evaluate(&Link { rtt_ns: r, submit_ns: s, ..Link::LOCAL });
         assert_eq!(o.job_ns, 190_000.0 + 4.0 * r + 2.0 * s);
         assert_eq!(o.added.submissions_ns, 2.0 * s);
+        // A command fetch's turns F beyond 1.5 R: each of the two fetches on the path, F
+        // more, counted as command fetch.
+        let f = 4_000.0;
+        let o = plan.evaluate(&Link { rtt_ns: r, fetch_extra_ns: f, ..Link::LOCAL });
+        assert_eq!(o.job_ns, 190_000.0 + 4.0 * r + 2.0 * f);
+        assert_eq!(o.added.command_fetch_ns, 3.0 * r + 2.0 * f);
         // A link of 1 GB/s makes the 1 MB copy take 1 ms + R: the stream synchronization
         // does not wait for it (another stream), the device synchronization does.
-        let slow = Link { rtt_ns: r, h2d_bytes_per_s: 1e9, d2h_bytes_per_s: 1e9, submit_ns: 0.0 };
+        let slow = Link { rtt_ns: r, h2d_bytes_per_s: 1e9, d2h_bytes_per_s: 1e9, ..Link::LOCAL };
         let o = plan.evaluate(&slow);
         assert_eq!(o.call_return_ns[2], 115_000.0 + 2.0 * r);
         // The copy starts 1.5 R late, at 10 µs + 15 µs, and lasts 1 ms + R.
