@@ -49,7 +49,7 @@ mod parts;
 mod receive;
 mod send;
 
-use parts::{Crypto, Due, Identity, RxQueue, TxQueue};
+use parts::{Crypto, Due, Identity, Placement, RxQueue, TxQueue};
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
 /// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].

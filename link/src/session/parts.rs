@@ -10,7 +10,8 @@ use crate::keys::{RxKeys, TxKeys};
 use crate::reorder::ReorderBuffer;
 use crate::seq::SeqNum;
 
-use super::Chunk;
+use super::{BODY_AT, Chunk};
+use crate::credits::TxCredits;
 
 /// Who the two ends are, as the handshake established it.
 pub(super) struct Identity {
@@ -87,6 +88,16 @@ pub(super) struct TxQueue {
     pub(super) next_order: u64,
 }
 
+/// Where a TLP queued now goes ([`TxQueue::place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Placement {
+    /// It may go now: it joins the ready chunks and is charged at once (else it is held
+    /// back in its class).
+    pub(super) now: bool,
+    /// It joins the last chunk of its queue (else it starts a new one).
+    pub(super) joins: bool,
+}
+
 impl TxQueue {
     pub(super) fn new() -> TxQueue {
         TxQueue { ready: VecDeque::new(), stalled: Default::default(), queued: [0; 3], next_order: 0 }
@@ -101,6 +112,78 @@ impl TxQueue {
     pub(super) fn count(&mut self, class: usize) {
         self.queued[class] += 1;
         self.next_order += 1;
+    }
+
+    /// Where a TLP of `class` (`data` data credits, `len` bytes) goes. Now if its class has
+    /// the credits and nothing held back comes before it that it may not pass (PCIe 6.0
+    /// §2.4.1: posted requests may pass non-posted requests and completions; nothing passes
+    /// an earlier posted request; a class keeps its own order). It joins the last chunk of
+    /// its queue if its record fits the frame's `room`, and — a held-back chunk — if the
+    /// chunk stays within what it may ask at once (`TxCredits::chunk_cap`) and no posted
+    /// request was held back after the chunk began: the chunk goes out before such a request
+    /// (it is older), and the TLP joining it would pass it.
+    pub(super) fn place(
+        &self,
+        class: usize,
+        data: u32,
+        len: usize,
+        room: usize,
+        credits: &TxCredits,
+    ) -> Placement {
+        let now =
+            self.stalled[0].is_empty() && self.stalled[class].is_empty() && credits.covers(class, 1, data);
+        let (cap_h, cap_d) = credits.chunk_cap(class, data);
+        let posted_since =
+            |c: &Chunk| class != 0 && self.stalled[0].back().is_some_and(|p| p.order > c.order);
+        let last = if now { self.ready.back() } else { self.stalled[class].back() };
+        let joins = last.is_some_and(|c| {
+            c.end + 2 + len <= BODY_AT + room
+                && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d && !posted_since(c)))
+        });
+        Placement { now, joins }
+    }
+
+    /// The queue a TLP of `class` placed `now` (or not) goes into.
+    pub(super) fn queue_for(&mut self, class: usize, now: bool) -> &mut VecDeque<Chunk> {
+        if now { &mut self.ready } else { &mut self.stalled[class] }
+    }
+
+    /// Where the next DATA frame comes from — `None` inside: the oldest ready chunk;
+    /// `Some(class)`: that class's oldest held-back chunk — whichever holds the earliest TLP
+    /// among those that may go now: a held-back chunk needs its credits and must not pass
+    /// an earlier held-back posted chunk. (A ready chunk never holds a TLP that may not pass
+    /// what is held back: see [`TxQueue::place`].)
+    pub(super) fn next(&self, credits: &TxCredits) -> Option<Option<usize>> {
+        let mut best = self.ready.front().map(|c| (c.order, None));
+        let posted_head = self.stalled[0].front().map(|c| c.order);
+        for (class, q) in self.stalled.iter().enumerate() {
+            let Some(head) = q.front() else { continue };
+            if class != 0 && posted_head.is_some_and(|p| p < head.order) {
+                continue;
+            }
+            if credits.covers(class, head.tlps[class], head.data) && best.is_none_or(|(o, _)| head.order < o)
+            {
+                best = Some((head.order, Some(class)));
+            }
+        }
+        best.map(|(_, from)| from)
+    }
+
+    /// Takes the chunk [`TxQueue::next`] chose, charging a held-back one's credits, and
+    /// counts its TLPs out of the queue.
+    pub(super) fn take(&mut self, from: Option<usize>, credits: &mut TxCredits) -> Option<Chunk> {
+        let chunk = match from {
+            None => self.ready.pop_front()?,
+            Some(class) => {
+                let c = self.stalled[class].pop_front()?;
+                credits.charge(class, c.tlps[class], c.data);
+                c
+            }
+        };
+        for (q, n) in self.queued.iter_mut().zip(chunk.tlps) {
+            *q -= n as usize;
+        }
+        Some(chunk)
     }
 }
 
@@ -157,6 +240,85 @@ mod tests {
         assert!(a.local_id != 0 && a.local_epoch != 0 && (a.peer_id, a.peer_epoch) == (0, 0));
         assert_ne!((a.local_id, a.local_nonce), (b.local_id, b.local_nonce));
         assert!(a.transcript.is_empty() && a.cookie == [0; COOKIE_LEN] && !a.saw_bad_proof);
+    }
+
+    use crate::wire::FcLimits;
+
+    /// Credits of (header, data) per class: posted, non-posted, completion.
+    fn credits(p: (u32, u32), np: (u32, u32), c: (u32, u32)) -> TxCredits {
+        let mut t = TxCredits::default();
+        t.update(FcLimits { posted: p, non_posted: np, completion: c });
+        t
+    }
+
+    /// A chunk of `n` TLPs of `class` (a record of `len` bytes each, one data credit each).
+    fn chunk(order: u64, class: usize, n: u32, len: usize) -> Chunk {
+        let mut tlps = [0; 3];
+        tlps[class] = n;
+        Chunk { order, buf: Vec::new(), end: BODY_AT + n as usize * (2 + len), tlps, data: n }
+    }
+
+    #[test]
+    fn a_tlp_with_its_credits_goes_now_and_joins_the_last_ready_chunk_while_the_frame_has_room() {
+        let mut q = TxQueue::new();
+        let cr = credits((8, 64), (8, 0), (8, 64));
+        assert_eq!(q.place(2, 1, 20, 100, &cr), Placement { now: true, joins: false });
+        q.ready.push_back(chunk(0, 2, 1, 20));
+        assert_eq!(q.place(2, 1, 20, 100, &cr), Placement { now: true, joins: true });
+        // 22 bytes in, 78 left: a record of 2 + 77 bytes does not fit.
+        assert_eq!(q.place(0, 1, 77, 100, &cr), Placement { now: true, joins: false });
+        // No credits: held back in its class, in a chunk of its own.
+        let none = credits((0, 0), (8, 0), (8, 64));
+        assert_eq!(q.place(0, 1, 20, 100, &none), Placement { now: false, joins: false });
+    }
+
+    #[test]
+    fn a_posted_request_passes_a_held_back_completion_and_nothing_passes_a_held_back_posted_one() {
+        let cr = credits((8, 64), (8, 0), (8, 64));
+        let mut q = TxQueue::new();
+        q.stalled[2].push_back(chunk(0, 2, 1, 20));
+        assert!(q.place(0, 1, 20, 100, &cr).now, "a posted request may pass a completion");
+        assert!(!q.place(2, 1, 20, 100, &cr).now, "a completion keeps its class's order");
+        let mut q = TxQueue::new();
+        q.stalled[0].push_back(chunk(0, 0, 1, 20));
+        for class in 0..3 {
+            assert!(!q.place(class, 0, 20, 100, &cr).now, "class {class} passed a held-back posted request");
+        }
+        // A completion held back before the posted request was may join its chunk; one held
+        // back after it may not (the chunk goes before the posted request).
+        let mut q = TxQueue::new();
+        q.stalled[2].push_back(chunk(0, 2, 1, 20));
+        // The completion credits granted, all used.
+        let mut held = credits((8, 64), (8, 0), (8, 64));
+        held.charge(2, 8, 64);
+        assert!(q.place(2, 1, 20, 100, &held).joins);
+        q.stalled[0].push_back(chunk(1, 0, 1, 20));
+        assert!(!q.place(2, 1, 20, 100, &held).joins);
+    }
+
+    #[test]
+    fn the_next_frame_is_the_earliest_chunk_that_may_go_and_taking_it_charges_and_counts_it_out() {
+        let mut q = TxQueue::new();
+        q.stalled[0].push_back(chunk(2, 0, 1, 20));
+        q.stalled[2].push_back(chunk(3, 2, 2, 20));
+        q.ready.push_back(chunk(5, 1, 1, 20));
+        q.queued = [1, 1, 2];
+        // No posted credits: the completions (order 3) may not pass the posted request (2);
+        // the ready chunk goes.
+        let mut cr = credits((0, 0), (8, 0), (8, 64));
+        assert_eq!(q.next(&cr), Some(None));
+        // With them, the posted request is the earliest.
+        cr.update(FcLimits { posted: (8, 64), non_posted: (8, 0), completion: (8, 64) });
+        assert_eq!(q.next(&cr), Some(Some(0)));
+        let c = q.take(Some(0), &mut cr).map(|c| c.order);
+        assert_eq!((c, q.queued), (Some(2), [0, 1, 2]));
+        assert_eq!(q.next(&cr), Some(Some(2)));
+        assert!(q.take(Some(2), &mut cr).is_some());
+        assert_eq!(q.queued, [0, 1, 0]);
+        // Charged: the completions' 2 headers and 2 data credits of 8 and 64.
+        assert_eq!(cr.available(), [7, 63, 8, 0, 6, 62]);
+        assert_eq!(q.take(None, &mut cr).map(|c| c.order), Some(5));
+        assert_eq!((q.next(&cr), q.len()), (None, 0));
     }
 
     #[test]

@@ -34,11 +34,8 @@ impl Session {
     }
 
     /// Writes a TLP of `class` (`data` data credits, `len` bytes at most) into the chunk it
-    /// will be sent in. It joins the ready chunks if it may go now — its class has the
-    /// credits and nothing held back comes before it that it may not pass (PCIe 6.0 §2.4.1:
-    /// posted requests may pass non-posted requests and completions; nothing passes an
-    /// earlier posted request; a class keeps its own order) — and is charged at once; else
-    /// it is held back in its class.
+    /// will be sent in, where [`TxQueue::place`] says: with the ready chunks, charged at
+    /// once, if it may go now; else held back in its class.
     pub(super) fn enqueue(
         &mut self,
         class: usize,
@@ -53,28 +50,16 @@ impl Session {
         if self.txq.queued[class] >= self.cfg.max_queued {
             return Err(SendError::QueueFull { class: credits::CLASSES[class], limit: self.cfg.max_queued });
         }
-        let now = self.txq.stalled[0].is_empty()
-            && self.txq.stalled[class].is_empty()
-            && self.tx_credits.covers(class, 1, data);
-        let (cap_h, cap_d) = self.tx_credits.chunk_cap(class, data);
-        // A held-back read or completion may join the last held-back chunk of its class only
-        // if no posted request was held back after that chunk began: the chunk goes out
-        // before such a request (it is older), and the TLP joining it would pass it.
-        let posted_since =
-            |c: &Chunk| class != 0 && self.txq.stalled[0].back().is_some_and(|p| p.order > c.order);
-        let joins =
-            (if now { self.txq.ready.back() } else { self.txq.stalled[class].back() }).is_some_and(|c| {
-                c.end + 2 + len <= BODY_AT + room
-                    && (now || (c.tlps[class] < cap_h && c.data + data <= cap_d && !posted_since(c)))
-            });
-        let queue = if now { &mut self.txq.ready } else { &mut self.txq.stalled[class] };
+        let Placement { now, joins } = self.txq.place(class, data, len, room, &self.tx_credits);
+        let order = self.txq.next_order;
+        let queue = self.txq.queue_for(class, now);
         if !joins {
             let mut buf = self.replay.take_buffer();
             if buf.len() < self.mtu {
                 // Room for a whole frame at once: appending TLPs and sealing never move it.
                 buf.resize(self.mtu, 0);
             }
-            queue.push_back(Chunk { order: self.txq.next_order, buf, end: BODY_AT, tlps: [0; 3], data: 0 });
+            queue.push_back(Chunk { order, buf, end: BODY_AT, tlps: [0; 3], data: 0 });
         }
         let Some(chunk) = queue.back_mut() else { return Err(SendError::NotConnected) };
         let at = chunk.end;
@@ -313,42 +298,15 @@ impl Session {
         Some(SealedFrame { seq, start, end })
     }
 
-    /// Where the next DATA frame comes from — `None` inside: the oldest ready chunk;
-    /// `Some(class)`: that class's oldest held-back chunk — whichever holds the earliest TLP
-    /// among those that may go now: a held-back chunk needs its credits and must not pass
-    /// an earlier held-back posted chunk. (A ready chunk never holds a TLP that may not pass
-    /// what is held back: see `enqueue`.)
+    /// Where the next DATA frame comes from ([`TxQueue::next`]).
     pub(super) fn next_chunk(&self) -> Option<Option<usize>> {
-        let mut best = self.txq.ready.front().map(|c| (c.order, None));
-        let posted_head = self.txq.stalled[0].front().map(|c| c.order);
-        for (class, q) in self.txq.stalled.iter().enumerate() {
-            let Some(head) = q.front() else { continue };
-            if class != 0 && posted_head.is_some_and(|p| p < head.order) {
-                continue;
-            }
-            if self.tx_credits.covers(class, head.tlps[class], head.data)
-                && best.is_none_or(|(o, _)| head.order < o)
-            {
-                best = Some((head.order, Some(class)));
-            }
-        }
-        best.map(|(_, from)| from)
+        self.txq.next(&self.tx_credits)
     }
 
     /// Takes the chunk `next_chunk` chose into the replay buffer as a new DATA frame and
     /// seals it.
     pub(super) fn new_data_frame(&mut self, from: Option<usize>) -> Option<SealedFrame> {
-        let chunk = match from {
-            None => self.txq.ready.pop_front()?,
-            Some(class) => {
-                let c = self.txq.stalled[class].pop_front()?;
-                self.tx_credits.charge(class, c.tlps[class], c.data);
-                c
-            }
-        };
-        for (q, n) in self.txq.queued.iter_mut().zip(chunk.tlps) {
-            *q -= n as usize;
-        }
+        let chunk = self.txq.take(from, &mut self.tx_credits)?;
         self.stats.tlps_sent += chunk.tlps.iter().sum::<u32>() as u64;
         self.stats.data_frames_sent += 1;
         let seq = self.next_seq;
