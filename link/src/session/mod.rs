@@ -49,7 +49,7 @@ mod parts;
 mod receive;
 mod send;
 
-use parts::{Crypto, Due, Identity, Placement, RxQueue, TxQueue};
+use parts::{Arrival, Crypto, Due, Identity, Placement, RxQueue, TxQueue};
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
 /// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
@@ -340,11 +340,10 @@ pub struct Session {
     /// The peer's credits: its limits, what this side consumed, its first grant.
     tx_credits: TxCredits,
     // Receive side.
-    /// The next frame to deliver, the frames ahead of it, the TLPs delivered.
+    /// The next frame to deliver, the frames ahead of it, the TLPs delivered, the gap NAKed.
     rxq: RxQueue,
     /// The credits this side grants: allocated, advertised, used by the peer.
     rx_credits: RxCredits,
-    nak_sent_for: Option<SeqNum>,
     timers: [Option<Time>; TIMERS],
     last_tx: Time,
     events: VecDeque<Event>,
@@ -375,7 +374,6 @@ impl Session {
             tx_credits: TxCredits::default(),
             rxq: RxQueue::new(),
             rx_credits,
-            nak_sent_for: None,
             timers: [None; TIMERS],
             last_tx: now,
             events: VecDeque::new(),

@@ -206,18 +206,61 @@ impl Crypto {
 }
 
 /// The receive side's order: the next sequence number to deliver, the frames ahead of it,
-/// and the TLPs delivered for `recv_tlp`.
+/// the TLPs delivered for `recv_tlp`, and the gap last NAKed.
 pub(super) struct RxQueue {
     pub(super) rx_next: SeqNum,
     /// DATA frames ahead of `rx_next`, waiting for the gap before them.
     pub(super) out_of_order: ReorderBuffer,
     /// Delivered TLPs with their credit index and cost (header, data), for `recv_tlp`.
     pub(super) delivered: VecDeque<(Vec<u8>, usize, u32, u32)>,
+    /// The missing frame a NAK was last owed for (one NAK per gap).
+    nak_sent_for: Option<SeqNum>,
+}
+
+/// What a DATA frame's sequence number makes of it ([`RxQueue::arrival`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Arrival {
+    /// Delivered before: dropped.
+    Duplicate,
+    /// A window or more ahead of the next to deliver: dropped (the peer cannot have sent it
+    /// before what it acknowledges).
+    OutOfWindow,
+    /// This many frames ahead of the next to deliver: held until the gap fills.
+    Ahead(usize),
+    /// The next to deliver.
+    Next,
 }
 
 impl RxQueue {
     pub(super) fn new() -> RxQueue {
-        RxQueue { rx_next: SeqNum(0), out_of_order: ReorderBuffer::default(), delivered: VecDeque::new() }
+        RxQueue {
+            rx_next: SeqNum(0),
+            out_of_order: ReorderBuffer::default(),
+            delivered: VecDeque::new(),
+            nak_sent_for: None,
+        }
+    }
+
+    /// Where DATA frame `seq` stands against the next to deliver, in a window of `window`.
+    pub(super) fn arrival(&self, seq: SeqNum, window: u32) -> Arrival {
+        match seq.distance_from(self.rx_next) {
+            a if a < 0 => Arrival::Duplicate,
+            a if a as u32 >= window => Arrival::OutOfWindow,
+            0 => Arrival::Next,
+            a => Arrival::Ahead(a as usize),
+        }
+    }
+
+    /// The next frame was delivered.
+    pub(super) fn advance(&mut self) {
+        self.rx_next = self.rx_next.next();
+    }
+
+    /// Whether the gap at `rx_next` is owed a NAK: once per gap.
+    pub(super) fn nak_owed(&mut self) -> bool {
+        let owed = self.nak_sent_for != Some(self.rx_next);
+        self.nak_sent_for = Some(self.rx_next);
+        owed
     }
 }
 
@@ -319,6 +362,24 @@ mod tests {
         assert_eq!(cr.available(), [7, 63, 8, 0, 6, 62]);
         assert_eq!(q.take(None, &mut cr).map(|c| c.order), Some(5));
         assert_eq!((q.next(&cr), q.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_frame_is_next_ahead_a_duplicate_or_out_of_the_window_and_each_gap_is_naked_once() {
+        let mut q = RxQueue::new();
+        q.rx_next = SeqNum(u32::MAX - 1);
+        let at = |d: i64| SeqNum((u32::MAX as i64 - 1 + d).rem_euclid(1 << 32) as u32);
+        assert_eq!(q.arrival(at(0), 8), Arrival::Next);
+        assert_eq!(q.arrival(at(-1), 8), Arrival::Duplicate);
+        // Across the wrap of the sequence space.
+        assert_eq!(q.arrival(at(3), 8), Arrival::Ahead(3));
+        assert_eq!(q.arrival(at(7), 8), Arrival::Ahead(7));
+        assert_eq!(q.arrival(at(8), 8), Arrival::OutOfWindow);
+        assert!(q.nak_owed() && !q.nak_owed(), "a gap is NAKed once");
+        q.advance();
+        q.advance();
+        assert_eq!((q.rx_next, q.arrival(at(2), 8)), (SeqNum(0), Arrival::Next));
+        assert!(q.nak_owed(), "the next gap is NAKed again");
     }
 
     #[test]

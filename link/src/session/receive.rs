@@ -162,31 +162,33 @@ impl Session {
         if !self.cfg.ack_delay.is_zero() && self.timers[Timer::Ack as usize].is_none() {
             self.set_timer(Timer::Ack, now + self.cfg.ack_delay);
         }
-        let ahead = seq.distance_from(self.rxq.rx_next);
-        if ahead < 0 {
-            self.stats.duplicate_data += 1;
-            return;
-        }
-        if ahead as u32 >= self.window {
-            self.stats.dropped_out_of_window += 1;
-            return;
-        }
-        if ahead > 0 {
-            // A gap: hold this frame and NAK the first missing one, once per gap.
-            if !self.rxq.out_of_order.hold(ahead as usize, body, &mut self.pool) {
+        match self.rxq.arrival(seq, self.window) {
+            Arrival::Duplicate => {
                 self.stats.duplicate_data += 1;
+                return;
             }
-            self.nak_gap();
-            return;
+            Arrival::OutOfWindow => {
+                self.stats.dropped_out_of_window += 1;
+                return;
+            }
+            Arrival::Ahead(ahead) => {
+                // A gap: hold this frame and NAK the first missing one, once per gap.
+                if !self.rxq.out_of_order.hold(ahead, body, &mut self.pool) {
+                    self.stats.duplicate_data += 1;
+                }
+                self.nak_gap();
+                return;
+            }
+            Arrival::Next => {}
         }
         self.deliver(body, &mut sink);
-        self.rxq.rx_next = self.rxq.rx_next.next();
+        self.rxq.advance();
         loop {
             match self.rxq.out_of_order.pop_next() {
                 Next::Held(b) => {
                     self.deliver(&b, &mut sink);
                     self.recycle(b);
-                    self.rxq.rx_next = self.rxq.rx_next.next();
+                    self.rxq.advance();
                 }
                 // rx_next is still missing, with frames after it held.
                 Next::Gap => break self.nak_gap(),
@@ -197,8 +199,7 @@ impl Session {
 
     /// A NAK for the first missing frame, once per gap.
     pub(super) fn nak_gap(&mut self) {
-        if self.nak_sent_for != Some(self.rxq.rx_next) {
-            self.nak_sent_for = Some(self.rxq.rx_next);
+        if self.rxq.nak_owed() {
             self.due.nak = true;
         }
     }
