@@ -1,0 +1,132 @@
+//! `dxpu gpu`'s file: what it configures, what a reload may change.
+
+use super::*;
+
+impl GpuFile {
+    /// The settings a reload cannot change (the socket, the link, the pool, the control
+    /// socket and metrics server): the names of those that differ in `new`.
+    pub fn restart_only_changes(&self, new: &GpuFile) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, same) in [
+            ("listen", self.listen == new.listen),
+            ("[link]", self.link == new.link),
+            ("[impairment]", self.impairment == new.impairment),
+            ("[pool]", self.pool == new.pool),
+            ("[control]", self.control == new.control),
+            ("[metrics]", self.metrics == new.metrics),
+        ] {
+            if !same {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// The endpoint's options; `listen` overrides the file's.
+    pub fn options(&self, listen: Option<&str>) -> Result<GpuOptions, String> {
+        let listen = match (listen, &self.listen) {
+            (Some(l), _) => socket_addr("--listen", l)?,
+            (None, Some(l)) => socket_addr("listen", l)?,
+            (None, None) => SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+        };
+        if self.host.is_empty() {
+            return Err("host: at least one [[host]] with a name and a key is needed".into());
+        }
+        let mut hosts = Vec::new();
+        for (i, h) in self.host.iter().enumerate() {
+            if h.name.is_empty() {
+                return Err(bad(&format!("host[{i}].name"), "\"\"", "must not be empty"));
+            }
+            if hosts.iter().any(|k: &HostKey| k.name == h.name) {
+                return Err(bad(&format!("host[{i}].name"), format!("\"{}\"", h.name), "named twice"));
+            }
+            hosts.push(HostKey {
+                name: h.name.clone(),
+                key: key(&format!("host[{i}]"), &h.key, &h.key_file)?,
+            });
+        }
+        if self.device.is_empty() {
+            return Err("device: at least one [[device]] to export is needed".into());
+        }
+        let mut exports = Vec::new();
+        for (i, d) in self.device.iter().enumerate() {
+            let at = format!("device[{i}]");
+            if d.name.is_empty() || d.name.len() > bridge::attach::MAX_TEXT {
+                return Err(bad(&format!("{at}.name"), format!("\"{}\"", d.name), "must be 1..=255 bytes"));
+            }
+            let device = match (&d.sim, &d.vfio) {
+                (Some(s), None) => {
+                    let mut p = SimGpuParams::default();
+                    if let Some(v) = s.vram_mib {
+                        if !(256..=1 << 20).contains(&v) || !v.is_power_of_two() {
+                            return Err(bad(
+                                &format!("{at}.sim.vram_mib"),
+                                v,
+                                "must be a power of two, 256..=1048576 (the driver's workload needs 256 MiB)",
+                            ));
+                        }
+                        p.vram_bytes = v << 20;
+                    }
+                    if let Some(v) = s.msix_vectors {
+                        if !(4..=2048).contains(&v) {
+                            return Err(bad(&format!("{at}.sim.msix_vectors"), v, "must be 4..=2048"));
+                        }
+                        p.msix_vectors = v;
+                    }
+                    if let Some(v) = s.serial {
+                        p.serial = v;
+                    }
+                    DeviceSpec::Sim(p)
+                }
+                (None, Some(addr)) => {
+                    let ok = addr.len() == 12
+                        && addr.as_bytes()[4] == b':'
+                        && addr.as_bytes()[7] == b':'
+                        && addr.as_bytes()[10] == b'.';
+                    if !ok {
+                        return Err(bad(
+                            &format!("{at}.vfio"),
+                            format!("\"{addr}\""),
+                            "not a PCI address like \"0000:41:00.0\"",
+                        ));
+                    }
+                    DeviceSpec::Vfio(addr.clone())
+                }
+                (Some(_), Some(_)) => return Err(format!("{at}: give sim or vfio, not both")),
+                (None, None) => return Err(format!("{at}: sim = {{ … }} or vfio = \"…\" is required")),
+            };
+            if d.allow.is_empty() {
+                return Err(bad(
+                    &format!("{at}.allow"),
+                    "[]",
+                    "no host may attach it: name at least one [[host]]",
+                ));
+            }
+            if exports.iter().any(|e: &ExportSpec| e.name == d.name) {
+                return Err(bad(&format!("{at}.name"), format!("\"{}\"", d.name), "named twice"));
+            }
+            for (j, h) in d.allow.iter().enumerate() {
+                if !hosts.iter().any(|k| &k.name == h) {
+                    return Err(bad(
+                        &format!("{at}.allow[{j}]"),
+                        format!("\"{h}\""),
+                        "no [[host]] has this name",
+                    ));
+                }
+            }
+            exports.push(ExportSpec { name: d.name.clone(), device, allow: d.allow.clone() });
+        }
+        let link = self.link.settings(hosts[0].key.clone())?;
+        Ok(GpuOptions {
+            listen,
+            link: link.config,
+            hosts,
+            exports,
+            driver: link.driver,
+            offload: link.offload,
+            poll: link.poll,
+            impairment: self.impairment.impairment()?,
+            tap: None,
+        })
+    }
+}

@@ -1,0 +1,251 @@
+//! `dxpu host`'s file: its pool, what it configures, what a reload may change.
+
+use super::*;
+
+impl HostFile {
+    /// `[pool]`, if the file has one.
+    pub fn pool(&self) -> Result<Option<HostPool>, String> {
+        let Some(p) = &self.pool else { return Ok(None) };
+        let config = pool_config(&p.etcd, p.lease_ttl_s, &p.prefix)?;
+        if !pool::valid_name(&p.host) {
+            return Err(bad("pool.host", format!("\"{}\"", p.host), "must be 1-64 of A-Z a-z 0-9 - _ ."));
+        }
+        if !(1..=64).contains(&p.want) {
+            return Err(bad("pool.want", p.want, "must be 1..=64 devices"));
+        }
+        for (i, b) in p.boxes.iter().enumerate() {
+            if !pool::valid_name(b) {
+                return Err(bad(&format!("pool.boxes[{i}]"), format!("\"{b}\""), "not a box name"));
+            }
+        }
+        if let Some(d) = &p.vfio_user_dir
+            && !d.is_dir()
+        {
+            return Err(bad("pool.vfio_user_dir", d.display(), "not a directory"));
+        }
+        let k = key("pool", &p.key, &p.key_file)?;
+        let link = self.link.settings(k.clone())?;
+        // The server is each claim's box; this one is replaced.
+        let mut o = AttachOptions::new(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)), "", k);
+        o.link = link.config;
+        o.driver = link.driver;
+        o.offload = link.offload;
+        o.poll = link.poll;
+        o.impairment = self.impairment.impairment()?;
+        let agent = pool::HostAgentOptions {
+            host: p.host.clone(),
+            want: p.want,
+            filter: pool::Filter { vendor_id: p.vendor_id, device_id: p.device_id, boxes: p.boxes.clone() },
+            cool_down: Duration::from_secs(2),
+        };
+        Ok(Some(HostPool { config, agent, template: o, vfio_user_dir: p.vfio_user_dir.clone() }))
+    }
+}
+
+impl HostFile {
+    /// The settings a reload cannot change: the names of those that differ in `new`.
+    pub fn restart_only_changes(&self, new: &HostFile) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, same) in [
+            ("[link]", self.link == new.link),
+            ("[impairment]", self.impairment == new.impairment),
+            ("[pool]", self.pool == new.pool),
+            ("[control]", self.control == new.control),
+            ("[metrics]", self.metrics == new.metrics),
+        ] {
+            if !same {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// Whether `[[attach]]` number `i` reads the same in `other`'s number `j`.
+    pub fn same_attach(&self, i: usize, other: &HostFile, j: usize) -> bool {
+        self.attach.get(i).is_some_and(|a| other.attach.get(j) == Some(a))
+    }
+
+    /// One set of attach options per `[[attach]]`; `server` overrides every server address.
+    #[cfg(test)]
+    pub fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {
+        Ok(self.attachments(server)?.into_iter().map(|(o, _)| o).collect())
+    }
+
+    /// Each `[[attach]]`'s options with the vfio-user socket it is served on, if any. A
+    /// device served to a VMM has no DMA arena (the VMM grants guest memory), no service
+    /// thread (the server's thread drives the link) and, unless the file says otherwise,
+    /// the portable link driver (its socket is what the server waits on).
+    pub fn attachments(
+        &self,
+        server: Option<&str>,
+    ) -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, String> {
+        if self.attach.is_empty() && self.pool.is_none() {
+            return Err(
+                "attach: at least one [[attach]] with server, device and key (or a [pool]) is needed".into(),
+            );
+        }
+        let imp = self.impairment.impairment()?;
+        let mut out = Vec::new();
+        for (i, a) in self.attach.iter().enumerate() {
+            let at = format!("attach[{i}]");
+            let (key_name, text) = match server {
+                Some(s) => ("--server".to_string(), s),
+                None => (format!("{at}.server"), a.server.as_str()),
+            };
+            let addr = socket_addr(&key_name, text)?;
+            if addr.port() == 0 || addr.ip().is_unspecified() {
+                return Err(bad(
+                    &key_name,
+                    format!("\"{text}\""),
+                    "not a box's address: the box listens on a real address and port (7440 by default)",
+                ));
+            }
+            if let Some((j, _)) = out.iter().enumerate().find(
+                |(_, (o, _)): &(usize, &(AttachOptions, Option<ServedSocket>))| {
+                    o.server == addr && o.device == a.device
+                },
+            ) {
+                return Err(bad(
+                    &format!("{at}.device"),
+                    format!("\"{}\"", a.device),
+                    &format!("attach[{j}] attaches {} at {addr} already", a.device),
+                ));
+            }
+            let k = key(&at, &a.key, &a.key_file)?;
+            let link = self.link.settings(k.clone())?;
+            let mut o = AttachOptions::new(addr, &a.device, k);
+            o.link = link.config;
+            o.driver = link.driver;
+            o.offload = link.offload;
+            o.poll = link.poll;
+            o.impairment = imp;
+            if let Some(ms) = a.completion_timeout_ms {
+                if !(1..=60_000).contains(&ms) {
+                    return Err(bad(&format!("{at}.completion_timeout_ms"), ms, "must be 1..=60000"));
+                }
+                o.completion_timeout = Duration::from_millis(ms);
+            }
+            if let Some(m) = a.dma_memory_mib {
+                if !(1..=65536).contains(&m) {
+                    return Err(bad(&format!("{at}.dma_memory_mib"), m, "must be 1..=65536"));
+                }
+                if let Some(total) = physical_memory_mib()
+                    && m > total / 2
+                {
+                    return Err(bad(
+                        &format!("{at}.dma_memory_mib"),
+                        m,
+                        &format!("more than half of this machine's {total} MiB of memory"),
+                    ));
+                }
+                o.dma_memory = m << 20;
+            }
+            if let Some(ms) = a.service_interval_ms {
+                if ms > 10_000 {
+                    return Err(bad(
+                        &format!("{at}.service_interval_ms"),
+                        ms,
+                        "must be 0..=10000 (0: no service thread)",
+                    ));
+                }
+                o.service_interval = (ms > 0).then(|| Duration::from_millis(ms));
+            }
+            if let Some(b) = &a.bdf {
+                o.device_id = b.parse().map_err(|_| {
+                    bad(&format!("{at}.bdf"), format!("\"{b}\""), "not a BDF like \"00:01.0\"")
+                })?;
+            }
+            if let Some(p) = &a.vfio_user_socket {
+                let name = format!("{at}.vfio_user_socket");
+                if p.as_os_str().is_empty() || p.is_dir() {
+                    return Err(bad(&name, p.display(), "must be a socket file path"));
+                }
+                let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                if !dir.is_dir() {
+                    return Err(bad(
+                        &name,
+                        p.display(),
+                        &format!("its directory {} does not exist", dir.display()),
+                    ));
+                }
+                if out.iter().any(|(_, s)| s.as_ref().is_some_and(|s| s.path == *p)) {
+                    return Err(bad(&name, p.display(), "another [[attach]] is served on it already"));
+                }
+                o.dma_memory = 0;
+                o.service_interval = None;
+                if self.link.driver.is_none() {
+                    o.driver = link::driver::DriverKind::Portable;
+                }
+            }
+            let served = match &a.vfio_user_socket {
+                None => {
+                    for (k, set) in [
+                        ("vfio_user_socket_mode", a.vfio_user_socket_mode.is_some()),
+                        ("vfio_user_socket_group", a.vfio_user_socket_group.is_some()),
+                        ("vfio_user_socket_owner", a.vfio_user_socket_owner.is_some()),
+                    ] {
+                        if set {
+                            return Err(bad(&format!("{at}.{k}"), "given", "only with vfio_user_socket"));
+                        }
+                    }
+                    None
+                }
+                Some(p) => {
+                    let mode = a.vfio_user_socket_mode.unwrap_or(0o600);
+                    if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
+                        return Err(bad(
+                            &format!("{at}.vfio_user_socket_mode"),
+                            format!("0o{mode:o}"),
+                            "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
+                        ));
+                    }
+                    let gid = a
+                        .vfio_user_socket_group
+                        .as_deref()
+                        .map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true))
+                        .transpose()?;
+                    let uid = a
+                        .vfio_user_socket_owner
+                        .as_deref()
+                        .map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false))
+                        .transpose()?;
+                    Some(ServedSocket {
+                        path: p.clone(),
+                        access: bridge_host::SocketAccess { mode, uid, gid },
+                    })
+                }
+            };
+            out.push((o, served));
+        }
+        // Each device its own place in the host's view: those without `bdf` take the first
+        // free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given.
+        let given: Vec<tlp::Bdf> = self
+            .attach
+            .iter()
+            .zip(&out)
+            .filter(|(a, _)| a.bdf.is_some())
+            .map(|(_, (o, _))| o.device_id)
+            .collect();
+        for (i, (o, _)) in out.iter().enumerate() {
+            if self.attach[i].bdf.is_some()
+                && let Some(j) =
+                    (0..i).find(|j| self.attach[*j].bdf.is_some() && out[*j].0.device_id == o.device_id)
+            {
+                return Err(bad(
+                    &format!("attach[{i}].bdf"),
+                    format!("\"{}\"", o.device_id),
+                    &format!("attach[{j}] is at that BDF already: each device needs its own"),
+                ));
+            }
+        }
+        let mut free = (1u8..32).map(|d| tlp::Bdf::new(0, d, 0)).filter(|b| !given.contains(b));
+        for (i, (o, _)) in out.iter_mut().enumerate() {
+            if self.attach[i].bdf.is_none() {
+                o.device_id = free.next().ok_or_else(|| {
+                    bad(&format!("attach[{i}]"), i, "no free BDF on bus 0 left for it: give bdf")
+                })?;
+            }
+        }
+        Ok(out)
+    }
+}
