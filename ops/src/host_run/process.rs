@@ -1,0 +1,237 @@
+//! `dxpu host`'s process: the main loop, `--check`, and the run that reads the file and picks
+//! the loop (static `[[attach]]`, the pool, a workload).
+
+use super::*;
+
+/// The main loop of `dxpu host` with `[[attach]]` and no `--workload`: moves the devices'
+/// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the
+/// loop), until a signal stops it. Tells the service manager it is ready once every device's
+/// first attach has ended, and which are up whenever that changes.
+pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
+    let calls = Calls::new();
+    let _control =
+        rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
+    let _metrics = match rt.file.metrics.listen()? {
+        Some(a) => Some(MetricsServer::bind(a, calls.sender())?),
+        None => None,
+    };
+    let mut ready = false;
+    let mut status = String::new();
+    let mut reload: Option<PendingRead<HostConfig>> = None;
+    let mut reload_again = false;
+    let mut watchdog = crate::notify::Watchdog::from_env();
+    while !rt.stop.load(Ordering::Relaxed) {
+        watchdog.tick();
+        if let Some(c) = calls.next_within(Duration::from_millis(20)) {
+            match c.method.as_str() {
+                "attach" => rt.attach_call(c),
+                "reload" => match c.only_params(&[]) {
+                    Err(e) => c.answer(Err(e)),
+                    Ok(()) => {
+                        if reload.is_none() {
+                            reload = start_reload(rt);
+                        }
+                        match reload.as_mut() {
+                            Some(r) => r.wait_with(c),
+                            None => {
+                                c.answer(Err(RpcError::failed("reload: could not start reading the file")))
+                            }
+                        }
+                    }
+                },
+                _ => {
+                    let r = rt.answer(&c);
+                    c.answer(r);
+                }
+            }
+        }
+        rt.step();
+        if !ready && rt.settled() {
+            ready = true;
+            log::info!(
+                "{} of {} device(s) attached, {} served over vfio-user; SIGINT or SIGTERM detaches and exits",
+                rt.attached(),
+                rt.entries.len(),
+                rt.served()
+            );
+        }
+        if ready {
+            let now = rt.status_line();
+            if now != status {
+                crate::notify::ready(&now);
+                status = now;
+            }
+        }
+        if hup.swap(false, Ordering::Relaxed) {
+            if reload.is_some() {
+                reload_again = true;
+            } else {
+                reload = start_reload(rt);
+            }
+        }
+        if let Some(mut r) = reload.take() {
+            match r.poll() {
+                ReadState::Reading => reload = Some(r),
+                ReadState::Done(read) => {
+                    let applied = read.and_then(|(file, all)| rt.apply(file, all));
+                    match &applied {
+                        Ok(v) => log::info!("reloaded {}: {v}", rt.path.display()),
+                        Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+                    }
+                    r.answer(&applied);
+                    // Ready again, with what is up now.
+                    status.clear();
+                    if reload_again {
+                        reload_again = false;
+                        reload = start_reload(rt);
+                    }
+                }
+            }
+        }
+    }
+    crate::notify::notify("STOPPING=1");
+    rt.stop.store(true, Ordering::Relaxed);
+    if let Some(r) = reload {
+        r.answer(&Err("reload: the endpoint is stopping".into()));
+    }
+    rt.detach_all();
+    Ok(())
+}
+
+/// Starts reading the file again off the loop (said to the service manager).
+fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig>> {
+    crate::notify::reloading();
+    let (path, overrides) = (rt.path.clone(), rt.overrides.clone());
+    match PendingRead::start(rt.path.display().to_string(), READ_DEADLINE, move || {
+        read_host_file(&path, &overrides)
+    }) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            log::error!("{e}");
+            None
+        }
+    }
+}
+
+/// How `dxpu host` was started: the file and the command line's overrides (as the file
+/// spells the values).
+#[derive(Clone, Debug, Default)]
+pub struct HostStart {
+    /// The configuration file.
+    pub config: PathBuf,
+    /// `--server`: the box for every `[[attach]]`.
+    pub server: Option<String>,
+    /// `--driver` (`auto`, `io_uring`, `portable`).
+    pub driver: Option<String>,
+    /// `--poll` (`blocking`, `busy`).
+    pub poll: Option<String>,
+    /// `--capture FILE` and its size bound.
+    pub capture: Option<(PathBuf, u64)>,
+}
+
+/// What runs on each device a `--workload` host attached (not served over vfio-user): its
+/// label, the device, and the stop flag (raised by a signal); whether it verified. The
+/// device is the callee's to detach.
+pub type Workload<'a> = &'a mut dyn FnMut(&str, RemoteDevice, &AtomicBool) -> bool;
+
+/// `dxpu host --check`: the file read and validated as a start would (key files, sockets'
+/// directories, the pool section), nothing attached; what it would do.
+pub fn check(start: &HostStart) -> Result<String, String> {
+    let at = start.config.display().to_string();
+    let mut file: HostFile = config::read(&start.config)?;
+    if let Some(d) = &start.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &start.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
+    file.metrics.listen()?;
+    match file.pool().map_err(|e| format!("{at}: {e}"))? {
+        Some(_) if !all.is_empty() => Err(format!("{at}: give [[attach]] or [pool], not both")),
+        Some(p) => Ok(format!("a pool host wanting {} device(s)", p.agent.want)),
+        None => Ok(format!(
+            "{} device(s), {} served over vfio-user",
+            all.len(),
+            all.iter().filter(|(_, s)| s.is_some()).count()
+        )),
+    }
+}
+
+/// `dxpu host`: reads the file; with `[[attach]]`, attaches each device (each on its own
+/// thread) and serves until SIGINT / SIGTERM, reloading on SIGHUP; with `[pool]`, claims
+/// from the pool (`pool_run`). With `workload`, runs it on every device once attached,
+/// detaches and returns instead. `Ok(false)`: a workload did not verify, or a device could
+/// not be had for it.
+pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, String> {
+    let at = start.config.display().to_string();
+    let mut file: HostFile = config::read(&start.config)?;
+    if let Some(d) = &start.driver {
+        file.link.driver = Some(d.clone());
+    }
+    if let Some(p) = &start.poll {
+        file.link.poll = Some(p.clone());
+    }
+    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
+    let pool = file.pool().map_err(|e| format!("{at}: {e}"))?;
+    let stop = crate::process::stop_flag()?;
+    if let Some(hp) = pool {
+        if start.capture.is_some() {
+            return Err("--capture: for the devices of [[attach]]; a pool's are not captured".into());
+        }
+        if !all.is_empty() {
+            return Err(format!("{at}: give [[attach]] or [pool], not both"));
+        }
+        let ops = (file.control.clone(), file.metrics.clone());
+        let ok = crate::pool_run::run_host(hp, stop, workload, ops);
+        log::info!("stopped");
+        return Ok(ok);
+    }
+    let hup = crate::process::hup_flag()?;
+    let overrides = [start.server.clone(), start.driver.clone(), start.poll.clone()];
+    let capture = match &start.capture {
+        Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
+        None => None,
+    };
+    let mut rt = HostRuntime::new(start.config.clone(), file, overrides, entries(all), stop.clone());
+    rt.tap = capture.as_ref().and_then(|c| c.tap());
+    // Every device attaches on a thread of its own: one box that does not answer costs its
+    // device, not the others.
+    rt.attach_all();
+    let mut ok = true;
+    match workload {
+        Some(run_on) => {
+            while !rt.settled() {
+                rt.step();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            rt.step();
+            for (name, why) in rt.down() {
+                log::error!("{name}: not attached, no workload: {why}");
+                ok = false;
+            }
+            if rt.served() > 0 {
+                log::warn!("--workload runs on the devices not served over vfio-user only");
+            }
+            for (name, d) in rt.take_direct() {
+                ok &= run_on(&name, d, &stop);
+            }
+            stop.store(true, Ordering::Relaxed);
+            rt.detach_all();
+        }
+        None => {
+            if let Err(e) = serve(&mut rt, &hup) {
+                rt.detach_all();
+                return Err(e);
+            }
+        }
+    }
+    drop(rt);
+    if let Some(c) = capture
+        && let Err(e) = c.finish()
+    {
+        log::error!("{e}");
+    }
+    log::info!("stopped");
+    Ok(ok)
+}

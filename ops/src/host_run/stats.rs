@@ -1,0 +1,102 @@
+//! A host's metrics and its devices' counters as JSON (`dxpu ctl stats`).
+
+use super::*;
+
+/// A host endpoint's exposition, before its devices.
+pub fn host_exposition() -> Exposition {
+    let mut x = Exposition::default();
+    x.gauge(
+        "up",
+        "The endpoint runs (1), by role and version",
+        labels(&[("role", "host"), ("version", env!("CARGO_PKG_VERSION"))]),
+        1.0,
+    );
+    crate::metrics::build_info(&mut x);
+    x
+}
+
+/// One device's metrics on a host: its info (state, box), removals, and with `stats` (an
+/// attached device) its TLPs, DMA, interrupts, timeouts, register-read latency and link.
+pub fn device_metrics(
+    x: &mut Exposition,
+    label: &str,
+    peer: &str,
+    state: &str,
+    removals: u64,
+    stats: Option<&HostStats>,
+) {
+    x.gauge(
+        "device_info",
+        "A configured device (1), with its box's address (labels that do not change)",
+        labels(&[("device", label), ("peer", peer)]),
+        1.0,
+    );
+    for st in ["attached", "attaching", "down", "detached", "removed"] {
+        x.gauge(
+            "device_state",
+            "1 for the device's state, 0 for the others (attached, attaching, down, detached, removed)",
+            labels(&[("device", label), ("state", st)]),
+            if state == st { 1.0 } else { 0.0 },
+        );
+    }
+    let d = labels(&[("device", label)]);
+    x.counter("surprise_removals", "Devices seen removed (link down, box gone, fenced)", d.clone(), removals);
+    let Some(s) = stats else { return };
+    for (dir, m) in [("sent", &s.tlps_sent), ("received", &s.tlps_received)] {
+        for (kind, n) in m {
+            x.counter(
+                "tlps",
+                "TLPs by kind and direction",
+                labels(&[("device", label), ("direction", dir), ("kind", kind)]),
+                *n,
+            );
+        }
+    }
+    for (op, n, bytes, outside) in [
+        ("read", s.dma_reads, s.dma_read_bytes, s.dma_read_refused),
+        ("write", s.dma_writes, s.dma_write_bytes, s.dma_write_dropped),
+    ] {
+        let l = labels(&[("device", label), ("op", op)]);
+        x.counter("dma", "Device DMA into granted windows", l.clone(), n);
+        x.counter("dma_bytes", "Bytes of device DMA into granted windows", l.clone(), bytes);
+        x.counter("dma_outside_windows", "Device DMA outside every granted window (refused)", l, outside);
+    }
+    for (name, help, v) in [
+        ("interrupts", "MSI-X messages received", s.interrupts),
+        ("completion_timeouts", "Non-posted requests that timed out", s.completion_timeouts),
+        ("failed_requests", "Non-posted requests failed (link down, device removed)", s.failed_requests),
+        ("stray_completions", "Completions matching no request", s.stray_completions),
+        ("unclaimed_mmio", "MMIO to addresses no BAR claims", s.unclaimed_mmio),
+    ] {
+        x.counter(name, help, d.clone(), v);
+    }
+    mmio_histogram(x, &d, &s.mmio_reads);
+    link_metrics(x, &labels(&[("device", label), ("peer", peer)]), &s.link);
+}
+
+fn mmio_histogram(x: &mut Exposition, l: &crate::metrics::Labels, h: &LatencyHistogram) {
+    x.log2_histogram(
+        "mmio_read_seconds",
+        "Register reads through the bridges, request to completion",
+        l.clone(),
+        &h.buckets,
+        1e-9,
+        h.sum_ns as f64 * 1e-9,
+    );
+}
+
+/// A host device's counters as `dxpu ctl stats` gives them.
+pub fn host_stats_json(s: &HostStats) -> Value {
+    json!({
+        "tlps_sent": s.tlps_sent, "tlps_received": s.tlps_received,
+        "dma_reads": s.dma_reads, "dma_writes": s.dma_writes,
+        "dma_read_bytes": s.dma_read_bytes, "dma_write_bytes": s.dma_write_bytes,
+        "dma_read_refused": s.dma_read_refused, "dma_write_dropped": s.dma_write_dropped,
+        "interrupts": s.interrupts, "completion_timeouts": s.completion_timeouts,
+        "failed_requests": s.failed_requests, "stray_completions": s.stray_completions,
+        "unclaimed_mmio": s.unclaimed_mmio, "malformed_tlps": s.malformed_tlps,
+        "mmio_reads": s.mmio_reads.count(),
+        "mmio_read_p50_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_ns": s.mmio_reads.quantile_ns(0.99),
+        "link": link_json(&s.link),
+    })
+}
