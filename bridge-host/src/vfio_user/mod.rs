@@ -28,6 +28,7 @@
 //! One thread serves one device: it waits on the client socket and the link socket
 //! together, so commands, device DMA and interrupts are handled as they arrive.
 
+mod caps;
 mod channel;
 use channel::{Channel, RecvError};
 mod commands;
