@@ -1,0 +1,245 @@
+//! `dxpu loopback`'s report: the table of each workload, the summary of several, and the
+//! JSON object.
+
+use super::*;
+
+/// Every workload's overhead beside the model's prediction, one line each.
+pub(super) fn print_summary(outcomes: &[Outcome]) {
+    outln!();
+    outln!(
+        "  summary: overhead through the bridges against direct (median of the pairs, their spread), and the model"
+    );
+    outln!(
+        "    {:<13} {:>9} {:>16} {:>10} {:>9}   model: 10 % at a round trip of",
+        "workload",
+        "overhead",
+        "spread",
+        "RTT µs",
+        "model"
+    );
+    for o in outcomes {
+        let (overhead, (pred, crossing)) = (o.overhead(), o.prediction());
+        outln!(
+            "    {:<13} {:>7.1} % {:>7.0} to {:>4.0} % {:>10.1} {:>7.1} %   {}",
+            o.workload.name(),
+            overhead.median,
+            overhead.min,
+            overhead.max,
+            o.link.rtt_s * 1e6,
+            pred.overhead_percent,
+            crossing_text(crossing)
+        );
+    }
+}
+
+fn crossing_text(crossing: Option<f64>) -> String {
+    match crossing {
+        Some(0.0) => "any (its bandwidth term alone is over 10 %)".to_string(),
+        Some(x) => format!("{x:.0} µs"),
+        None => "never".to_string(),
+    }
+}
+
+/// One workload's report.
+pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
+    let overhead = o.overhead();
+    let (bridged, direct) = o.seconds();
+    let tlps = tlp_totals(&o.host);
+    outln!(
+        "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
+    );
+    outln!(
+        "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
+        o.driver,
+        args.endpoints.poll.name(),
+        args.impair.delay_us,
+        args.impair.jitter_us,
+        args.impair.loss * 100.0,
+        if args.encrypt { "encrypted" } else { "authenticated" }
+    );
+    match o.placement {
+        Some(p) => outln!(
+            "  CPUs: the GPU-box endpoint and the direct device on {}, the host's driver on {} (--pin)",
+            p.device,
+            p.host
+        ),
+        None => outln!("  CPUs: wherever the scheduler puts the threads (--pin off, or one CPU)"),
+    }
+    outln!();
+    let runs = o.bridged.len();
+    if runs > 1 {
+        outln!(
+            "  workload {} (every result checked against the CPU), medians of {runs} runs each way, in turns, and their spread",
+            o.workload.name()
+        );
+        outln!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
+    } else {
+        outln!(
+            "  workload {} (every result checked against the CPU)       bridged      direct",
+            o.workload.name()
+        );
+    }
+    for (i, step) in o.bridged[0].steps.iter().enumerate() {
+        let (b, d) = o.step(i);
+        if runs > 1 {
+            outln!("    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
+        } else {
+            outln!("    {:<52} {:>9}  {:>9}", step.name, fmt_s(b.median), fmt_s(d.median));
+        }
+    }
+    outln!("  all results verified: yes");
+    outln!();
+    outln!("  TLPs by kind in one run (the last; host→box / box→host):");
+    for k in tlps.keys() {
+        outln!(
+            "    {:<8} {:>9} / {}",
+            k,
+            o.host.tlps_sent.get(k).copied().unwrap_or(0),
+            o.host.tlps_received.get(k).copied().unwrap_or(0)
+        );
+    }
+    outln!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
+    outln!(
+        "  link: {} driver, MTU {}, Max_Payload_Size {} B, {}",
+        o.driver,
+        o.sizes.0,
+        o.sizes.1,
+        o.offload.describe()
+    );
+    outln!();
+    outln!(
+        "  MMIO read round trip: p50 {:.1} µs, p99 {:.1} µs   (direct: p50 {:.2} µs)",
+        us(o.rtt.0),
+        us(o.rtt.1),
+        us(o.direct_rtt.0)
+    );
+    let (bh, bd) = Outcome::dma(&o.bridged);
+    let (dh, dd) = Outcome::dma(&o.direct);
+    outln!(
+        "  DMA host→device {bh:.2} Gbit/s, device→host {bd:.2} Gbit/s   (direct: {dh:.2} / {dd:.2}; the workload's copies, medians)"
+    );
+    if runs > 1 {
+        outln!(
+            "  workload: bridged {}, direct {}, overhead {:.0} % (median of {runs} pairs; {:.0} to {:.0} %)",
+            fmt_spread(bridged),
+            fmt_spread(direct),
+            overhead.median,
+            overhead.min,
+            overhead.max
+        );
+    } else {
+        outln!(
+            "  workload: bridged {}, direct {}, overhead {:.0} %",
+            fmt_s(bridged.median),
+            fmt_s(direct.median),
+            overhead.median
+        );
+    }
+    let (pred, crossing) = o.prediction();
+    let p = &o.profile;
+    outln!(
+        "  profile (a direct run): {} register reads, {} dependent device reads, {} idle waits, {} KiB to the device, {} KiB from it",
+        p.platform.register_reads,
+        p.platform.dependent_reads,
+        p.driver.waits_idle,
+        p.platform.device_read_bytes >> 10,
+        p.platform.device_write_bytes >> 10
+    );
+    outln!(
+        "  model: at the measured round trip ({:.1} µs) and bulk rates ({:.2} / {:.2} Gbit/s) it predicts bridged {}, overhead {:.0} %; 10 % at a round trip of {}",
+        o.link.rtt_s * 1e6,
+        o.link.h2d_bytes_per_s * 8e-9,
+        o.link.d2h_bytes_per_s * 8e-9,
+        fmt_s(pred.bridged_seconds),
+        pred.overhead_percent,
+        crossing_text(crossing)
+    );
+}
+
+fn fmt_s(s: f64) -> String {
+    workload::human(Duration::from_secs_f64(s.max(0.0)))
+}
+
+/// `median (min–max)`.
+fn fmt_spread(s: Spread) -> String {
+    format!("{} ({}–{})", fmt_s(s.median), fmt_s(s.min), fmt_s(s.max))
+}
+
+/// `loopback --json`'s object (and `bench bridge --json`'s `workload`).
+pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value {
+    let overhead = o.overhead();
+    let (bridged, direct) = o.seconds();
+    let (bh, bd) = Outcome::dma(&o.bridged);
+    let (dh, dd) = Outcome::dma(&o.direct);
+    let tlps = tlp_totals(&o.host);
+    let steps: Vec<_> = o.bridged[0]
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (b, d) = o.step(i);
+            json!({"name": s.name, "bridged_seconds": b.median, "bridged_seconds_min": b.min,
+                   "bridged_seconds_max": b.max, "direct_seconds": d.median,
+                   "direct_seconds_min": d.min, "direct_seconds_max": d.max})
+        })
+        .collect();
+    let (pred, crossing) = o.prediction();
+    json!({
+        "verified": true,
+        "workload": o.workload.name(),
+        "profile": crate::model::profile_json(&o.profile),
+        "model": {
+            "rtt_us": o.link.rtt_s * 1e6,
+            "h2d_bytes_per_s": o.link.h2d_bytes_per_s,
+            "d2h_bytes_per_s": o.link.d2h_bytes_per_s,
+            "predicted_bridged_seconds": pred.bridged_seconds,
+            "predicted_overhead_percent": pred.overhead_percent,
+            "latency_seconds": pred.latency_seconds,
+            "bandwidth_seconds": pred.bandwidth_seconds,
+            "crosses_10_percent_at_rtt_us": crossing,
+        },
+        "repeat": o.bridged.len(),
+        "steps": steps,
+        "tlps": tlps,
+        "tlps_host_to_box": o.host.tlps_sent,
+        "tlps_box_to_host": o.host.tlps_received,
+        "capture": args.capture.as_ref().map(|f| json!({
+            "file": f.display().to_string(),
+            "tlps_host_to_box": o.captured.0,
+            "tlps_box_to_host": o.captured.1,
+        })),
+        "mmio_read_rtt_us": { "p50": us(o.rtt.0), "p99": us(o.rtt.1) },
+        "direct_mmio_read_rtt_us": { "p50": us(o.direct_rtt.0), "p99": us(o.direct_rtt.1) },
+        "dma_h2d_bytes_per_s": bh * 1e9 / 8.0,
+        "dma_d2h_bytes_per_s": bd * 1e9 / 8.0,
+        "direct_dma_h2d_bytes_per_s": dh * 1e9 / 8.0,
+        "direct_dma_d2h_bytes_per_s": dd * 1e9 / 8.0,
+        "direct_seconds": direct.median,
+        "direct_seconds_min": direct.min,
+        "direct_seconds_max": direct.max,
+        "bridged_seconds": bridged.median,
+        "bridged_seconds_min": bridged.min,
+        "bridged_seconds_max": bridged.max,
+        "bridged_runs_seconds": o.bridged.iter().map(|r| r.seconds).collect::<Vec<_>>(),
+        "direct_runs_seconds": o.direct.iter().map(|r| r.seconds).collect::<Vec<_>>(),
+        "overhead_percent": overhead.median,
+        "overhead_percent_min": overhead.min,
+        "overhead_percent_max": overhead.max,
+        "interrupts": o.host.interrupts,
+        "retransmits": o.host.link.retransmits,
+        "link_driver": o.driver,
+        "mtu_bytes": o.sizes.0,
+        "max_payload_bytes": o.sizes.1,
+        "gso": o.offload.gso,
+        "gro": o.offload.gro,
+        "poll": args.endpoints.poll.name(),
+        "cpus": o.placement.map(|p| json!({ "device": p.device, "host": p.host })),
+        "baseline": match args.baseline {
+            BaselineArg::Synchronous => "synchronous",
+            BaselineArg::Concurrent => "concurrent",
+        },
+        "delay_us": args.impair.delay_us,
+        "loss_ratio": args.impair.loss,
+        "encrypted": args.encrypt,
+    })
+}
