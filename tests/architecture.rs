@@ -7,28 +7,36 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The two lists in the document's `text` block: crate → allowed dependencies, crate → files
-/// that may hold `unsafe` ("*" for all).
-fn documented_rules() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<String>>) {
+/// A list of the rules' block: crate → names.
+type Rule = BTreeMap<String, BTreeSet<String>>;
+
+/// The lists in the document's `text` block: crate → allowed dependencies, crate → files
+/// that may hold `unsafe` ("*" for all), crate → its source files (the cli crate's).
+fn documented(list: usize) -> Rule {
     let doc = std::fs::read_to_string(workspace().join("docs/architecture.md")).unwrap();
     let start = doc.find("allowed dependencies (crate:").expect("the rules' block in docs/architecture.md");
     let block = &doc[start..];
     let block = &block[..block.find("```").expect("the rules' block ends")];
-    let (mut deps, mut unsafe_files) = (BTreeMap::new(), BTreeMap::new());
+    let mut lists = [Rule::new(), Rule::new(), Rule::new()];
     let mut section = 0;
     for line in block.lines() {
         if line.starts_with("allowed dependencies") {
-            section = 1;
+            section = 0;
         } else if line.starts_with("where unsafe lives") {
+            section = 1;
+        } else if line.starts_with("the cli crate's sources") {
             section = 2;
         } else if let Some((krate, rest)) = line.split_once(':') {
             let set: BTreeSet<String> = rest.split_whitespace().map(str::to_owned).collect();
-            let map = if section == 1 { &mut deps } else { &mut unsafe_files };
-            map.insert(krate.trim().to_owned(), set);
+            lists[section].insert(krate.trim().to_owned(), set);
         }
     }
-    assert!(!deps.is_empty() && !unsafe_files.is_empty(), "the rules' block did not parse");
-    (deps, unsafe_files)
+    assert!(lists.iter().all(|l| !l.is_empty()), "the rules' block did not parse");
+    std::mem::take(&mut lists[list])
+}
+
+fn documented_rules() -> (Rule, Rule) {
+    (documented(0), documented(1))
 }
 
 fn workspace() -> PathBuf {
@@ -181,4 +189,46 @@ fn the_unsafe_detector_sees_the_keyword_and_only_the_keyword() {
     assert!(!has_unsafe("#![allow(unsafe_code)]"));
     assert!(!has_unsafe("// SAFETY: nothing unsafe here"));
     assert!(!has_unsafe("#![forbid(unsafe_code)]"));
+}
+
+/// The longest a source file may be, and the one file allowed past it.
+const MAX_LINES: usize = 800;
+const LONG_FILE: &str = "tlp/src/repr.rs";
+
+#[test]
+fn no_source_file_is_over_800_lines_but_the_tlp_representation() {
+    let root = workspace();
+    let mut files = Vec::new();
+    for p in packages() {
+        rust_files(&p.dir, &mut files);
+    }
+    rust_files(&root.join("fuzz/fuzz_targets"), &mut files);
+    let mut long = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+        if rel.contains("/target/") || rel == LONG_FILE {
+            continue;
+        }
+        let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+        if lines > MAX_LINES {
+            long.push(format!("{rel}: {lines} lines"));
+        }
+    }
+    long.sort();
+    long.dedup();
+    assert!(long.is_empty(), "over {MAX_LINES} lines (docs/architecture.md): {long:#?}");
+}
+
+#[test]
+fn the_cli_crate_holds_the_files_the_architecture_lists_and_no_other() {
+    let listed = documented(2).remove("dxpu").expect("the cli crate's sources are listed");
+    let cli = packages().into_iter().find(|p| p.name == "dxpu").expect("the cli crate");
+    let mut files = Vec::new();
+    rust_files(&cli.dir.join("src"), &mut files);
+    let have: BTreeSet<String> =
+        files.iter().map(|f| f.strip_prefix(&cli.dir).unwrap().to_string_lossy().into_owned()).collect();
+    let extra: Vec<_> = have.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&have).collect();
+    assert!(extra.is_empty(), "in cli/ but not in docs/architecture.md's list: {extra:?}");
+    assert!(gone.is_empty(), "listed in docs/architecture.md but not in cli/: {gone:?}");
 }
