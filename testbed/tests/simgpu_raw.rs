@@ -325,6 +325,45 @@ fn entries_published_while_the_device_works_are_fetched_ahead() {
     assert_eq!(dev.command_fetches, 2);
 }
 
+/// The read request `r` sent.
+fn raw_parse(r: &SentRead) -> tlp::TlpRepr<'_> {
+    tlp::TlpRepr::parse_bytes(&r.2, &tlp::ParseConfig::default()).unwrap()
+}
+
+/// Entries published while a fetch ahead is still out are fetched with a read of their own
+/// beside it, not after it lands — launches faster than one a round trip each pay one round
+/// trip — and run in ring order whichever read lands first.
+#[test]
+fn entries_published_while_a_fetch_ahead_is_out_get_a_read_of_their_own_beside_it() {
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let first: Vec<SentRead> = raw_ring_reads(&reads, RAW_RING).into_iter().cloned().collect();
+    assert_eq!(first.len(), 1);
+    raw_write_reg(&mut dev, &mut up, reg::RING_TAIL, 5);
+    let second: Vec<SentRead> =
+        raw_ring_reads(&raw_reads(&mut dev, &mut up, 1), RAW_RING).into_iter().cloned().collect();
+    assert_eq!(
+        second.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        [(RAW_RING + 3 * 64, 128)],
+        "slots 3 and 4"
+    );
+    raw_write_reg(&mut dev, &mut up, reg::RING_TAIL, 6);
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty(), "two ring reads in flight at most");
+    // The second lands first.
+    let fences_3_4 = [(op::FENCE, [RAW_FENCE, 3, 0]), (op::FENCE, [RAW_FENCE, 4, 0])];
+    raw_complete_with(&mut dev, &mut up, &raw_parse(&second[0]), &raw_ring(&fences_3_4));
+    assert!(raw_fences(&up, RAW_FENCE).is_empty(), "nothing runs before the copy and slots 1 and 2");
+    raw_complete_with(&mut dev, &mut up, &raw_parse(&first[0]), &raw_ring(&RAW_FENCES_1_2));
+    // Slot 5, published meanwhile, is read once the processor gets near it.
+    let third: Vec<SentRead> =
+        raw_ring_reads(&raw_reads(&mut dev, &mut up, 40), RAW_RING).into_iter().cloned().collect();
+    assert_eq!(third.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(), [(RAW_RING + 5 * 64, 64)], "slot 5");
+    raw_complete_with(&mut dev, &mut up, &raw_parse(&third[0]), &raw_ring(&[(op::FENCE, [RAW_FENCE, 5, 0])]));
+    assert!(raw_reads(&mut dev, &mut up, 40).is_empty(), "nothing fetched twice");
+    assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2, 3, 4, 5]);
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 6);
+    assert_eq!(dev.command_fetches, 4);
+}
+
 /// A fetch ahead that has not landed when the processor gets to it is waited for, and
 /// counted as the round trip the link makes the device wait — once.
 #[test]

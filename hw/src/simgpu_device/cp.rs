@@ -192,10 +192,15 @@ impl SimGpu {
     /// Reads the ring entries published after those prefetched while a command executes,
     /// as a GPU's front end reads its command buffer ahead of its engines: commands
     /// published while the device is busy are there when it gets to them, the read's round
-    /// trip hidden under the work before them. One ring read at a time, never across the
-    /// ring's end (the processor reads from the start when it gets there).
+    /// trip hidden under the work before them. Two ring reads in flight at most, never
+    /// across the ring's end (the processor reads from the start when it gets there).
     pub(super) fn fetch_ahead(&mut self, ch: usize, up: &mut dyn Upstream) {
-        if self.ch[ch].ring_read.is_some() || matches!(self.ch[ch].cp, Cp::Idle) {
+        // A second read may go while one is in flight (not behind a failed one).
+        let second = self.ch[ch].ring_read.is_some();
+        if self.ch[ch].ring_read_next.is_some()
+            || (second && self.ch[ch].fetch_failed)
+            || matches!(self.ch[ch].cp, Cp::Idle)
+        {
             return;
         }
         let (size, tail, head) = (self.ch[ch].ring_size, self.ch[ch].ring_tail, self.ch[ch].ring_head);
@@ -217,27 +222,41 @@ impl SimGpu {
             t if t < head => size - from,
             _ => 0,
         };
+        if self.ch[ch].ring_read.is_some_and(|first| from <= first) {
+            // The read in flight was forgotten (the ring moved): nothing lands beside it.
+            return;
+        }
         let held = from - self.ch[ch].fetched_next;
+        // Beside a read in flight, the buffer stays as it is (that read lands where it was
+        // told): the second lands after it, in the room left.
+        let used = if second { from - self.ch[ch].fetched_first } else { held };
         let addr = self.ch[ch].ring_base + from * COMMAND_BYTES;
         let mrrs = self.function.config().max_read_request() as u64;
         let n = published
             .min(PREFETCH)
-            .min(2 * PREFETCH - held)
+            .min((2 * PREFETCH).saturating_sub(used))
             .min(mrrs / COMMAND_BYTES)
             .min((PAGE - addr % PAGE) / COMMAND_BYTES);
         if n == 0 {
             return;
         }
-        // What is still to execute moves to the buffer's start; the read lands after it.
-        let keep = ((self.ch[ch].fetched_next - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
-        let held_bytes = (held * COMMAND_BYTES) as usize;
-        self.ch[ch].fetched.copy_within(keep..keep + held_bytes, 0);
-        self.ch[ch].fetched_first = self.ch[ch].fetched_next;
-        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: held_bytes as u64 }, up) {
+        if !second {
+            // What is still to execute moves to the buffer's start; the read lands after it.
+            let keep = ((self.ch[ch].fetched_next - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
+            let held_bytes = (held * COMMAND_BYTES) as usize;
+            self.ch[ch].fetched.copy_within(keep..keep + held_bytes, 0);
+            self.ch[ch].fetched_first = self.ch[ch].fetched_next;
+        }
+        let at = (from - self.ch[ch].fetched_first) * COMMAND_BYTES;
+        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at, slot: from }, up) {
             return;
         }
         self.ch[ch].fetched_end = from + n;
-        (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(from), false);
+        if second {
+            self.ch[ch].ring_read_next = Some(from);
+        } else {
+            (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(from), false);
+        }
         self.command_fetches += 1;
     }
 
@@ -277,9 +296,12 @@ impl SimGpu {
                 }
                 let head = self.ch[ch].ring_head;
                 if !self.prefetched(ch, head) {
-                    if self.ch[ch].ring_read.is_some() && !self.ch[ch].fetch_failed {
-                        // A read of entries forgotten since (the ring was reprogrammed)
-                        // still fills the buffer: the next starts once it has landed.
+                    if self.ch[ch].ring_read_next.is_some()
+                        || (self.ch[ch].ring_read.is_some() && !self.ch[ch].fetch_failed)
+                    {
+                        // A read of entries forgotten since (the ring was reprogrammed, or
+                        // a read before it failed) still fills the buffer: the next starts
+                        // once it has landed.
                         return false;
                     }
                     (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
@@ -293,7 +315,12 @@ impl SimGpu {
                     let n =
                         published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
                     self.ch[ch].fetched = [0; FETCHED_BYTES];
-                    if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: 0 }, up) {
+                    if !self.dma_read(
+                        addr,
+                        n * COMMAND_BYTES,
+                        ReadPurpose::Commands { ch, at: 0, slot: head },
+                        up,
+                    ) {
                         return false;
                     }
                     (self.ch[ch].fetched_first, self.ch[ch].fetched_next, self.ch[ch].fetched_end) =

@@ -55,8 +55,9 @@ static ZERO_PAGE: [u8; VRAM_PAGE as usize] = [0; VRAM_PAGE as usize];
 /// What an outstanding DMA read is for.
 #[derive(Clone, Copy, Debug)]
 enum ReadPurpose {
-    /// Ring entries of channel `ch`, into its prefetch buffer from this byte on.
-    Commands { ch: usize, at: u64 },
+    /// Ring entries of channel `ch` from ring slot `slot` on, into its prefetch buffer from
+    /// byte `at` on.
+    Commands { ch: usize, at: u64, slot: u64 },
     /// Part of a host→VRAM copy of channel `ch`: bytes land at this VRAM offset.
     Copy { ch: usize, vram: u64 },
 }
@@ -151,10 +152,15 @@ struct Channel {
     fetched_first: u64,
     fetched_next: u64,
     fetched_end: u64,
-    /// The first ring slot of the ring read in flight (its entries, up to `fetched_end`,
-    /// are not there yet), or of one that failed (`fetch_failed`) until the processor
-    /// reaches it. One ring read at a time.
+    /// The first ring slot of the ring read in flight (its entries are not there yet), or
+    /// of one that failed (`fetch_failed`) until the processor reaches it.
     ring_read: Option<u64>,
+    /// The first ring slot of a second ring read, issued while `ring_read` was in flight
+    /// for entries published since: it lands after the first's in the buffer, up to
+    /// `fetched_end`. Launches published faster than one a round trip are fetched each
+    /// with its own read, as a GPU's front end keeps several reads of its command buffer in
+    /// flight, not one after the landing of the other.
+    ring_read_next: Option<u64>,
     /// Whether the processor has had to wait for `ring_read` (counted once).
     ring_read_waited: bool,
     /// The ring read in flight failed: what it fetched is not to be trusted.
@@ -191,6 +197,7 @@ impl Channel {
             fetched_next: 0,
             fetched_end: 0,
             ring_read: None,
+            ring_read_next: None,
             ring_read_waited: false,
             fetch_failed: false,
             copy_reads: 0,
@@ -674,8 +681,14 @@ impl Device for SimGpu {
         o.next += n;
         o.remaining -= n;
         if o.remaining == 0 {
-            if matches!(o.purpose, ReadPurpose::Commands { .. }) {
-                self.ch[ch].ring_read = None;
+            if let ReadPurpose::Commands { slot, .. } = o.purpose {
+                let c = &mut self.ch[ch];
+                if c.ring_read == Some(slot) {
+                    // The second read, if any, is now the one the processor may wait for.
+                    (c.ring_read, c.ring_read_waited) = (c.ring_read_next.take(), false);
+                } else if c.ring_read_next == Some(slot) {
+                    c.ring_read_next = None;
+                }
             }
             self.retire(tag);
         } else {
