@@ -119,37 +119,7 @@ impl HostFile {
             o.offload = link.offload;
             o.poll = link.poll;
             o.impairment = imp;
-            if let Some(ms) = a.completion_timeout_ms {
-                if !(1..=60_000).contains(&ms) {
-                    return Err(bad(&format!("{at}.completion_timeout_ms"), ms, "must be 1..=60000"));
-                }
-                o.completion_timeout = Duration::from_millis(ms);
-            }
-            if let Some(m) = a.dma_memory_mib {
-                if !(1..=65536).contains(&m) {
-                    return Err(bad(&format!("{at}.dma_memory_mib"), m, "must be 1..=65536"));
-                }
-                if let Some(total) = physical_memory_mib()
-                    && m > total / 2
-                {
-                    return Err(bad(
-                        &format!("{at}.dma_memory_mib"),
-                        m,
-                        &format!("more than half of this machine's {total} MiB of memory"),
-                    ));
-                }
-                o.dma_memory = m << 20;
-            }
-            if let Some(ms) = a.service_interval_ms {
-                if ms > 10_000 {
-                    return Err(bad(
-                        &format!("{at}.service_interval_ms"),
-                        ms,
-                        "must be 0..=10000 (0: no service thread)",
-                    ));
-                }
-                o.service_interval = (ms > 0).then(|| Duration::from_millis(ms));
-            }
+            a.limits(&at, &mut o)?;
             if let Some(b) = &a.bdf {
                 o.device_id = b.parse().map_err(|_| {
                     bad(&format!("{at}.bdf"), format!("\"{b}\""), "not a BDF like \"00:01.0\"")
@@ -177,52 +147,23 @@ impl HostFile {
                     o.driver = link::driver::DriverKind::Portable;
                 }
             }
-            let served = match &a.vfio_user_socket {
-                None => {
-                    for (k, set) in [
-                        ("vfio_user_socket_mode", a.vfio_user_socket_mode.is_some()),
-                        ("vfio_user_socket_group", a.vfio_user_socket_group.is_some()),
-                        ("vfio_user_socket_owner", a.vfio_user_socket_owner.is_some()),
-                    ] {
-                        if set {
-                            return Err(bad(&format!("{at}.{k}"), "given", "only with vfio_user_socket"));
-                        }
-                    }
-                    None
-                }
-                Some(p) => {
-                    let mode = a.vfio_user_socket_mode.unwrap_or(0o600);
-                    if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
-                        return Err(bad(
-                            &format!("{at}.vfio_user_socket_mode"),
-                            format!("0o{mode:o}"),
-                            "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
-                        ));
-                    }
-                    let gid = a
-                        .vfio_user_socket_group
-                        .as_deref()
-                        .map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true))
-                        .transpose()?;
-                    let uid = a
-                        .vfio_user_socket_owner
-                        .as_deref()
-                        .map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false))
-                        .transpose()?;
-                    Some(ServedSocket {
-                        path: p.clone(),
-                        access: bridge_host::SocketAccess { mode, uid, gid },
-                    })
-                }
-            };
+            let served = a.served_socket(&at)?;
             out.push((o, served));
         }
-        // Each device its own place in the host's view: those without `bdf` take the first
-        // free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given.
+        self.place_in_view(&mut out)?;
+        Ok(out)
+    }
+}
+
+impl HostFile {
+    /// Each device its own place in the host's view: those without `bdf` take the first
+    /// free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given; two given the
+    /// same are refused.
+    fn place_in_view(&self, out: &mut [(AttachOptions, Option<ServedSocket>)]) -> Result<(), String> {
         let given: Vec<tlp::Bdf> = self
             .attach
             .iter()
-            .zip(&out)
+            .zip(out.iter())
             .filter(|(a, _)| a.bdf.is_some())
             .map(|(_, (o, _))| o.device_id)
             .collect();
@@ -246,6 +187,87 @@ impl HostFile {
                 })?;
             }
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+impl AttachSection {
+    /// The attachment's completion timeout, DMA arena and service interval, where the file
+    /// gives them, checked (`at` names the section in errors).
+    fn limits(&self, at: &str, o: &mut AttachOptions) -> Result<(), String> {
+        let a = self;
+        if let Some(ms) = a.completion_timeout_ms {
+            if !(1..=60_000).contains(&ms) {
+                return Err(bad(&format!("{at}.completion_timeout_ms"), ms, "must be 1..=60000"));
+            }
+            o.completion_timeout = Duration::from_millis(ms);
+        }
+        if let Some(m) = a.dma_memory_mib {
+            if !(1..=65536).contains(&m) {
+                return Err(bad(&format!("{at}.dma_memory_mib"), m, "must be 1..=65536"));
+            }
+            if let Some(total) = physical_memory_mib()
+                && m > total / 2
+            {
+                return Err(bad(
+                    &format!("{at}.dma_memory_mib"),
+                    m,
+                    &format!("more than half of this machine's {total} MiB of memory"),
+                ));
+            }
+            o.dma_memory = m << 20;
+        }
+        if let Some(ms) = a.service_interval_ms {
+            if ms > 10_000 {
+                return Err(bad(
+                    &format!("{at}.service_interval_ms"),
+                    ms,
+                    "must be 0..=10000 (0: no service thread)",
+                ));
+            }
+            o.service_interval = (ms > 0).then(|| Duration::from_millis(ms));
+        }
+        Ok(())
+    }
+
+    /// The vfio-user socket the device is served on, if the section names one, with the
+    /// socket's mode, owner and group checked (and refused without a socket).
+    fn served_socket(&self, at: &str) -> Result<Option<ServedSocket>, String> {
+        let a = self;
+        Ok(match &a.vfio_user_socket {
+            None => {
+                for (k, set) in [
+                    ("vfio_user_socket_mode", a.vfio_user_socket_mode.is_some()),
+                    ("vfio_user_socket_group", a.vfio_user_socket_group.is_some()),
+                    ("vfio_user_socket_owner", a.vfio_user_socket_owner.is_some()),
+                ] {
+                    if set {
+                        return Err(bad(&format!("{at}.{k}"), "given", "only with vfio_user_socket"));
+                    }
+                }
+                None
+            }
+            Some(p) => {
+                let mode = a.vfio_user_socket_mode.unwrap_or(0o600);
+                if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
+                    return Err(bad(
+                        &format!("{at}.vfio_user_socket_mode"),
+                        format!("0o{mode:o}"),
+                        "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
+                    ));
+                }
+                let gid = a
+                    .vfio_user_socket_group
+                    .as_deref()
+                    .map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true))
+                    .transpose()?;
+                let uid = a
+                    .vfio_user_socket_owner
+                    .as_deref()
+                    .map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false))
+                    .transpose()?;
+                Some(ServedSocket { path: p.clone(), access: bridge_host::SocketAccess { mode, uid, gid } })
+            }
+        })
     }
 }
