@@ -92,55 +92,12 @@ impl VfioUserServer {
             return answer(Err(errno::EINVAL), &self.counters);
         }
         let r = match req {
-            Request::Version { major, minor, caps } => {
-                if major != 0 {
-                    log::warn!(
-                        "vfio-user {}: client speaks version {major}.{minor}; this server 0.1",
-                        self.socket.path().display()
-                    );
-                    Err(errno::ENOTSUP)
-                } else {
-                    s.version = true;
-                    lock(&s.chan).peer_max_xfer = caps.max_data_xfer_size;
-                    let ours = Caps {
-                        max_msg_fds: MAX_MSG_FDS,
-                        max_data_xfer_size: MAX_DATA_XFER,
-                        max_dma_maps: MAX_DMA_MAPS,
-                        pgsizes: 4096,
-                        write_multiple: true,
-                    };
-                    let mut p = Vec::new();
-                    p.extend_from_slice(&0u16.to_le_bytes());
-                    p.extend_from_slice(&minor.min(1).to_le_bytes());
-                    p.extend_from_slice(&ours.to_json());
-                    Ok(p)
-                }
-            }
+            Request::Version { major, minor, caps } => self.version(s, major, minor, &caps),
             Request::DmaMap { flags, offset, address, size } => {
                 self.dma_map(s, flags, offset, address, size, m.fds)
             }
             Request::DmaUnmap { address, size, flags, .. } => {
-                // The mapping itself, or (as VFIO's type1 IOMMU does, and QEMU relies on
-                // when a vIOMMU address space goes away) every mapping inside the range;
-                // VFIO_DMA_UNMAP_FLAG_ALL (2): all of them.
-                let removed = if flags & 2 != 0 {
-                    self.device.unmap_range(BusAddr(0), u64::MAX)
-                } else if let Ok(len) = usize::try_from(size)
-                    && self.device.unmap_window(BusAddr(address), Some(len)).is_ok()
-                {
-                    1
-                } else {
-                    self.device.unmap_range(BusAddr(address), size)
-                };
-                if removed > 0 {
-                    Ok(m.payload[..24].to_vec())
-                } else {
-                    log::debug!(
-                        "vfio-user {}: DMA_UNMAP of {address:#x}+{size:#x}: not mapped",
-                        self.socket.path().display()
-                    );
-                    Err(errno::ENOENT)
-                }
+                self.dma_unmap(address, size, flags, &m.payload)
             }
             Request::DeviceGetInfo { argsz } => {
                 if argsz < 16 {
@@ -166,18 +123,7 @@ impl VfioUserServer {
             Request::RegionWrite { offset, region, data } => self
                 .region_access(region, offset, Access::Write(data))
                 .map(|()| proto::region_write_reply(offset, region, data.len() as u32)),
-            Request::RegionWriteMulti { writes } => {
-                let mut done = 0u64;
-                let mut r = Ok(());
-                for w in &writes {
-                    r = self.region_access(w.region, w.offset, Access::Write(&w.data[..w.count as usize]));
-                    if r.is_err() {
-                        break;
-                    }
-                    done += 1;
-                }
-                r.map(|()| done.to_le_bytes().to_vec())
-            }
+            Request::RegionWriteMulti { writes } => self.region_write_multi(&writes),
             Request::DeviceReset => {
                 self.reset_device();
                 self.program_routed();
@@ -193,6 +139,71 @@ impl VfioUserServer {
             }
         };
         answer(r, &self.counters)
+    }
+
+    /// VERSION: this server speaks 0.1; the client's data size is kept, ours answered.
+    fn version(&self, s: &mut ClientState, major: u16, minor: u16, caps: &Caps) -> Result<Vec<u8>, u32> {
+        if major != 0 {
+            log::warn!(
+                "vfio-user {}: client speaks version {major}.{minor}; this server 0.1",
+                self.socket.path().display()
+            );
+            Err(errno::ENOTSUP)
+        } else {
+            s.version = true;
+            lock(&s.chan).peer_max_xfer = caps.max_data_xfer_size;
+            let ours = Caps {
+                max_msg_fds: MAX_MSG_FDS,
+                max_data_xfer_size: MAX_DATA_XFER,
+                max_dma_maps: MAX_DMA_MAPS,
+                pgsizes: 4096,
+                write_multiple: true,
+            };
+            let mut p = Vec::new();
+            p.extend_from_slice(&0u16.to_le_bytes());
+            p.extend_from_slice(&minor.min(1).to_le_bytes());
+            p.extend_from_slice(&ours.to_json());
+            Ok(p)
+        }
+    }
+
+    /// DMA_UNMAP: the mapping itself, or every mapping inside the range, or all of them.
+    fn dma_unmap(&self, address: u64, size: u64, flags: u32, payload: &[u8]) -> Result<Vec<u8>, u32> {
+        // The mapping itself, or (as VFIO's type1 IOMMU does, and QEMU relies on
+        // when a vIOMMU address space goes away) every mapping inside the range;
+        // VFIO_DMA_UNMAP_FLAG_ALL (2): all of them.
+        let removed = if flags & 2 != 0 {
+            self.device.unmap_range(BusAddr(0), u64::MAX)
+        } else if let Ok(len) = usize::try_from(size)
+            && self.device.unmap_window(BusAddr(address), Some(len)).is_ok()
+        {
+            1
+        } else {
+            self.device.unmap_range(BusAddr(address), size)
+        };
+        if removed > 0 {
+            Ok(payload[..24].to_vec())
+        } else {
+            log::debug!(
+                "vfio-user {}: DMA_UNMAP of {address:#x}+{size:#x}: not mapped",
+                self.socket.path().display()
+            );
+            Err(errno::ENOENT)
+        }
+    }
+
+    /// REGION_WRITE_MULTI: the writes in order, until one fails; the count done.
+    fn region_write_multi(&mut self, writes: &[proto::SmallWrite]) -> Result<Vec<u8>, u32> {
+        let mut done = 0u64;
+        let mut r = Ok(());
+        for w in writes {
+            r = self.region_access(w.region, w.offset, Access::Write(&w.data[..w.count as usize]));
+            if r.is_err() {
+                break;
+            }
+            done += 1;
+        }
+        r.map(|()| done.to_le_bytes().to_vec())
     }
 
     pub(super) fn dma_map(
