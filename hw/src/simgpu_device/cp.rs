@@ -16,9 +16,6 @@ impl SimGpu {
         if !matches!(opcode, op::SEM_RELEASE | op::SEM_ACQUIRE) {
             self.ch[ch].work_started_ns = now_ns();
         }
-        let f32_range = |off: u64, n: u64| {
-            n > 0 && n <= 1 << 24 && off.is_multiple_of(4) && self.vram.in_bounds(off, n * 4)
-        };
         if matches!(opcode, op::COPY_H2V | op::COPY_V2H) && d > 0 {
             // Held to the traced copy engine's time: busy until then once its bytes went.
             self.ch[ch].hold_until_ns = self.ch[ch].work_started_ns.saturating_add(d.min(MAX_TIMED_NS));
@@ -74,6 +71,44 @@ impl SimGpu {
                 self.ch[ch].cp = Cp::CopyOut { next_vram: a, end_vram: a + c, host_at_next: b };
                 return false;
             }
+            op::COPY_V2V | op::FILL | op::VADD | op::SAXPY | op::REDUCE_SUM | op::MATMUL => {
+                match self.vram_work(ch, opcode, [a, b, c, d]) {
+                    Some(ok) => ok,
+                    None => return false,
+                }
+            }
+            op::FENCE if a.is_multiple_of(8) => {
+                self.dma_write(a, DmaSource::Bytes(&b.to_le_bytes()), 8, up);
+                self.regs.fence = b;
+                true
+            }
+            op::INTERRUPT if (a as usize) < self.function.msix().len() => {
+                self.regs.int_status |= 1;
+                self.function.signal(a as u16, up);
+                true
+            }
+            // A known opcode whose arguments failed its checks.
+            known if known <= op::SEM_ACQUIRE => false,
+            _ => {
+                self.raise_error(err::BAD_OPCODE, up);
+                return true;
+            }
+        };
+        self.ch[ch].scratch.trim();
+        if !ok {
+            self.raise_error(err::BAD_ARGUMENT, up);
+        }
+        true
+    }
+
+    /// A command that works on VRAM alone — a copy inside it, a fill, a kernel — run, or
+    /// started (`None`: a MATMUL goes on in bands over the next polls); `Some(false)` where
+    /// its arguments fail their checks.
+    fn vram_work(&mut self, ch: usize, opcode: u32, [a, b, c, d]: [u64; 4]) -> Option<bool> {
+        let f32_range = |off: u64, n: u64| {
+            n > 0 && n <= 1 << 24 && off.is_multiple_of(4) && self.vram.in_bounds(off, n * 4)
+        };
+        Some(match opcode {
             op::COPY_V2V if c > 0 && self.vram.in_bounds(a, c) && self.vram.in_bounds(b, c) => {
                 let mut buf = vec![0u8; c.min(CHUNK) as usize];
                 // Overlapping ranges copy as memmove does: backwards when the destination is above.
@@ -148,33 +183,13 @@ impl SimGpu {
                     cm.resize(m * n, 0.0);
                     // In bands, one per poll (see MATMUL_BAND).
                     self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: 0 };
-                    return false;
+                    return None;
                 } else {
                     false
                 }
             }
-            op::FENCE if a.is_multiple_of(8) => {
-                self.dma_write(a, DmaSource::Bytes(&b.to_le_bytes()), 8, up);
-                self.regs.fence = b;
-                true
-            }
-            op::INTERRUPT if (a as usize) < self.function.msix().len() => {
-                self.regs.int_status |= 1;
-                self.function.signal(a as u16, up);
-                true
-            }
-            // A known opcode whose arguments failed its checks.
-            known if known <= op::SEM_ACQUIRE => false,
-            _ => {
-                self.raise_error(err::BAD_OPCODE, up);
-                return true;
-            }
-        };
-        self.ch[ch].scratch.trim();
-        if !ok {
-            self.raise_error(err::BAD_ARGUMENT, up);
-        }
-        true
+            _ => false,
+        })
     }
 
     /// The u64 at VRAM offset `at` (in bounds).
