@@ -298,149 +298,12 @@ impl SimGpu {
     pub(super) fn poll_channel(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
         self.fetch_ahead(ch, up);
         match self.ch[ch].cp.clone() {
-            Cp::Idle => {
-                if self.ch[ch].ring_head == self.ch[ch].ring_tail {
-                    return false;
-                }
-                let size = self.ch[ch].ring_size;
-                if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.ch[ch].ring_tail >= size {
-                    self.raise_error(err::RING, up);
-                    self.ch[ch].ring_head = self.ch[ch].ring_tail;
-                    self.forget_prefetched(ch);
-                    return true;
-                }
-                let head = self.ch[ch].ring_head;
-                if !self.prefetched(ch, head) {
-                    if self.ch[ch].ring_read_next.is_some()
-                        || (self.ch[ch].ring_read.is_some() && !self.ch[ch].fetch_failed)
-                    {
-                        // A read of entries forgotten since (the ring was reprogrammed, or
-                        // a read before it failed) still fills the buffer: the next starts
-                        // once it has landed.
-                        return false;
-                    }
-                    (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
-                    // Every published entry up to the ring's end, at most PREFETCH, in one
-                    // read that honours Max_Read_Request_Size and does not cross 4 KiB.
-                    let addr = self.ch[ch].ring_base + head * COMMAND_BYTES;
-                    let published =
-                        if self.ch[ch].ring_tail > head { self.ch[ch].ring_tail } else { size } - head;
-                    let mrrs = self.function.config().max_read_request() as u64;
-                    let to_4k = PAGE - addr % PAGE;
-                    let n =
-                        published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
-                    self.ch[ch].fetched = [0; FETCHED_BYTES];
-                    if !self.dma_read(
-                        addr,
-                        n * COMMAND_BYTES,
-                        ReadPurpose::Commands { ch, at: 0, slot: head },
-                        up,
-                    ) {
-                        return false;
-                    }
-                    (self.ch[ch].fetched_first, self.ch[ch].fetched_next, self.ch[ch].fetched_end) =
-                        (head, head, head + n);
-                    (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(head), true);
-                    self.command_fetches += 1;
-                    self.reads_waited_on += 1;
-                }
-                self.ch[ch].cp = Cp::Fetching;
-                true
-            }
-            Cp::Fetching => {
-                if self.ch[ch].ring_read.is_some_and(|from| self.ch[ch].fetched_next >= from) {
-                    if !self.ch[ch].fetch_failed {
-                        // The next command is in the ring read still in flight.
-                        if !self.ch[ch].ring_read_waited {
-                            // Fetched ahead, and not far enough: the link makes it wait.
-                            self.reads_waited_on += 1;
-                            self.ch[ch].ring_read_waited = true;
-                        }
-                        return false;
-                    }
-                    // The read failed: what it fetched is not to be trusted.
-                    (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
-                    self.forget_prefetched(ch);
-                    self.finish_command(ch);
-                    return true;
-                }
-                let head = self.ch[ch].ring_head;
-                if !self.prefetched(ch, head) {
-                    self.ch[ch].cp = Cp::Idle;
-                    return true;
-                }
-                let at = ((head - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
-                let mut command = [0u8; COMMAND_BYTES as usize];
-                command.copy_from_slice(&self.ch[ch].fetched[at..at + COMMAND_BYTES as usize]);
-                if self.ch[ch].copy_reads > 0 && !self.may_start_beside_copies(ch, &command) {
-                    return false;
-                }
-                let c = &self.ch[ch];
-                if !c.landing.is_empty() && !Self::starts_beside(&command, c.landing.iter().copied()) {
-                    // What the link would make this command wait for.
-                    self.reads_waited_on += 1;
-                    self.ch[ch].landing.clear();
-                }
-                if self.ch[ch].copy_reads == 0 {
-                    // No copy in flight: a failure of one before is reported and done with.
-                    self.ch[ch].failed = false;
-                }
-                self.ch[ch].command = command;
-                self.ch[ch].fetched_next += 1;
-                if self.execute(ch, up) {
-                    self.finish_command(ch);
-                }
-                true
-            }
+            Cp::Idle => self.start_fetch(ch, up),
+            Cp::Fetching => self.next_command(ch, up),
             Cp::CopyIn { next_host, end_host, vram_at_next } => {
-                if self.ch[ch].failed {
-                    if self.ch[ch].copy_reads == 0 {
-                        self.ch[ch].failed = false;
-                        self.finish_command(ch);
-                    }
-                    return true;
-                }
-                let mrrs = TransferSize::from_bytes(self.function.config().max_read_request())
-                    .unwrap_or(TransferSize::B128);
-                let (mut host, mut vram) = (next_host, vram_at_next);
-                let mut issued = false;
-                for (a, n) in rules::split(host, end_host - host, mrrs) {
-                    if self.in_flight >= MAX_READS_IN_FLIGHT
-                        || !self.dma_read(a, n as u64, ReadPurpose::Copy { ch, vram }, up)
-                    {
-                        break;
-                    }
-                    host = a + n as u64;
-                    vram += n as u64;
-                    issued = true;
-                }
-                if host >= end_host {
-                    // Every read issued: the copy's bytes land as its completions come,
-                    // and what follows waits for them unless it is a copy in beside them.
-                    self.finish_command(ch);
-                    return true;
-                }
-                self.ch[ch].cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
-                issued
+                self.copy_in(ch, next_host, end_host, vram_at_next, up)
             }
-            Cp::Matmul { c, m, n, k, next_row } => {
-                let end = (next_row + (MATMUL_BAND / (n * k)).max(1)).min(m);
-                let Scratch { x: am, t: bt, out: cm, .. } = &mut self.ch[ch].scratch;
-                for i in next_row..end {
-                    let row = &am[i * k..(i + 1) * k];
-                    for (j, col) in bt.chunks_exact(k).enumerate() {
-                        cm[i * n + j] = row.iter().zip(col).map(|(a, b)| a * b).sum();
-                    }
-                }
-                if end < m {
-                    self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: end };
-                } else {
-                    self.vram.write_f32s(c, cm);
-                    self.ch[ch].scratch.trim();
-                    self.finish_command(ch);
-                }
-                true
-            }
+            Cp::Matmul { c, m, n, k, next_row } => self.matmul_band(ch, c, (m, n, k), next_row),
             Cp::Timed { until_ns, finishes } => {
                 if now_ns() < until_ns {
                     return false;
@@ -472,5 +335,157 @@ impl SimGpu {
                 true
             }
         }
+    }
+
+    /// An idle channel with published entries: they are in the prefetch buffer, or one read
+    /// of them goes (the processor waits for it in `Fetching`).
+    fn start_fetch(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+        if self.ch[ch].ring_head == self.ch[ch].ring_tail {
+            return false;
+        }
+        let size = self.ch[ch].ring_size;
+        if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.ch[ch].ring_tail >= size {
+            self.raise_error(err::RING, up);
+            self.ch[ch].ring_head = self.ch[ch].ring_tail;
+            self.forget_prefetched(ch);
+            return true;
+        }
+        let head = self.ch[ch].ring_head;
+        if !self.prefetched(ch, head) {
+            if self.ch[ch].ring_read_next.is_some()
+                || (self.ch[ch].ring_read.is_some() && !self.ch[ch].fetch_failed)
+            {
+                // A read of entries forgotten since (the ring was reprogrammed, or
+                // a read before it failed) still fills the buffer: the next starts
+                // once it has landed.
+                return false;
+            }
+            (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
+            // Every published entry up to the ring's end, at most PREFETCH, in one
+            // read that honours Max_Read_Request_Size and does not cross 4 KiB.
+            let addr = self.ch[ch].ring_base + head * COMMAND_BYTES;
+            let published = if self.ch[ch].ring_tail > head { self.ch[ch].ring_tail } else { size } - head;
+            let mrrs = self.function.config().max_read_request() as u64;
+            let to_4k = PAGE - addr % PAGE;
+            let n = published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
+            self.ch[ch].fetched = [0; FETCHED_BYTES];
+            if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: 0, slot: head }, up) {
+                return false;
+            }
+            (self.ch[ch].fetched_first, self.ch[ch].fetched_next, self.ch[ch].fetched_end) =
+                (head, head, head + n);
+            (self.ch[ch].ring_read, self.ch[ch].ring_read_waited) = (Some(head), true);
+            self.command_fetches += 1;
+            self.reads_waited_on += 1;
+        }
+        self.ch[ch].cp = Cp::Fetching;
+        true
+    }
+
+    /// The next command from the prefetch buffer, once its read has landed, executed.
+    fn next_command(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+        if self.ch[ch].ring_read.is_some_and(|from| self.ch[ch].fetched_next >= from) {
+            if !self.ch[ch].fetch_failed {
+                // The next command is in the ring read still in flight.
+                if !self.ch[ch].ring_read_waited {
+                    // Fetched ahead, and not far enough: the link makes it wait.
+                    self.reads_waited_on += 1;
+                    self.ch[ch].ring_read_waited = true;
+                }
+                return false;
+            }
+            // The read failed: what it fetched is not to be trusted.
+            (self.ch[ch].ring_read, self.ch[ch].fetch_failed) = (None, false);
+            self.forget_prefetched(ch);
+            self.finish_command(ch);
+            return true;
+        }
+        let head = self.ch[ch].ring_head;
+        if !self.prefetched(ch, head) {
+            self.ch[ch].cp = Cp::Idle;
+            return true;
+        }
+        let at = ((head - self.ch[ch].fetched_first) * COMMAND_BYTES) as usize;
+        let mut command = [0u8; COMMAND_BYTES as usize];
+        command.copy_from_slice(&self.ch[ch].fetched[at..at + COMMAND_BYTES as usize]);
+        if self.ch[ch].copy_reads > 0 && !self.may_start_beside_copies(ch, &command) {
+            return false;
+        }
+        let c = &self.ch[ch];
+        if !c.landing.is_empty() && !Self::starts_beside(&command, c.landing.iter().copied()) {
+            // What the link would make this command wait for.
+            self.reads_waited_on += 1;
+            self.ch[ch].landing.clear();
+        }
+        if self.ch[ch].copy_reads == 0 {
+            // No copy in flight: a failure of one before is reported and done with.
+            self.ch[ch].failed = false;
+        }
+        self.ch[ch].command = command;
+        self.ch[ch].fetched_next += 1;
+        if self.execute(ch, up) {
+            self.finish_command(ch);
+        }
+        true
+    }
+
+    /// A host→VRAM copy's next reads, as many as may be in flight.
+    fn copy_in(
+        &mut self,
+        ch: usize,
+        next_host: u64,
+        end_host: u64,
+        vram_at_next: u64,
+        up: &mut dyn Upstream,
+    ) -> bool {
+        if self.ch[ch].failed {
+            if self.ch[ch].copy_reads == 0 {
+                self.ch[ch].failed = false;
+                self.finish_command(ch);
+            }
+            return true;
+        }
+        let mrrs =
+            TransferSize::from_bytes(self.function.config().max_read_request()).unwrap_or(TransferSize::B128);
+        let (mut host, mut vram) = (next_host, vram_at_next);
+        let mut issued = false;
+        for (a, n) in rules::split(host, end_host - host, mrrs) {
+            if self.in_flight >= MAX_READS_IN_FLIGHT
+                || !self.dma_read(a, n as u64, ReadPurpose::Copy { ch, vram }, up)
+            {
+                break;
+            }
+            host = a + n as u64;
+            vram += n as u64;
+            issued = true;
+        }
+        if host >= end_host {
+            // Every read issued: the copy's bytes land as its completions come,
+            // and what follows waits for them unless it is a copy in beside them.
+            self.finish_command(ch);
+            return true;
+        }
+        self.ch[ch].cp = Cp::CopyIn { next_host: host, end_host, vram_at_next: vram };
+        issued
+    }
+
+    /// A MATMUL's next band of rows.
+    fn matmul_band(&mut self, ch: usize, c: u64, (m, n, k): (usize, usize, usize), next_row: usize) -> bool {
+        let end = (next_row + (MATMUL_BAND / (n * k)).max(1)).min(m);
+        let Scratch { x: am, t: bt, out: cm, .. } = &mut self.ch[ch].scratch;
+        for i in next_row..end {
+            let row = &am[i * k..(i + 1) * k];
+            for (j, col) in bt.chunks_exact(k).enumerate() {
+                cm[i * n + j] = row.iter().zip(col).map(|(a, b)| a * b).sum();
+            }
+        }
+        if end < m {
+            self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: end };
+        } else {
+            self.vram.write_f32s(c, cm);
+            self.ch[ch].scratch.trim();
+            self.finish_command(ch);
+        }
+        true
     }
 }
