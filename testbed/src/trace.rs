@@ -331,89 +331,8 @@ pub fn parse(text: &[u8], what: &str, rank: Option<u32>) -> Result<Trace, TraceE
     let file: File<'_> = serde_json::from_slice(text).map_err(|e| not(e.to_string()))?;
     let events = file.trace_events.ok_or_else(|| not("no traceEvents".into()))?;
     let mut t = Trace { rank: file.distributed_info.and_then(|d| d.rank), ..Trace::default() };
-    let mut activities: Vec<(u32, u128, GpuActivity)> = Vec::new();
-    let mut calls = Vec::new();
-    let mut origin: Option<u128> = None;
-    // Times as read (ns since the epoch), made relative once every event is in.
-    for (index, raw) in events.iter().enumerate() {
-        let bad = |name: &str, field: &'static str, why: String| TraceError::BadEvent {
-            path: what.to_string(),
-            index,
-            name: name.chars().take(80).collect(),
-            field,
-            why,
-        };
-        let e: Event<'_> = serde_json::from_str(raw.get()).map_err(|e| bad("?", "(event)", e.to_string()))?;
-        let cat = e.cat.unwrap_or("");
-        let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
-        let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime");
-        if e.ph != Some("X") || !(gpu || runtime) {
-            t.skipped += 1;
-            continue;
-        }
-        let name = e.name.as_deref().unwrap_or("");
-        let ts = micros_ns(e.ts).map_err(|why| bad(name, "ts", why))?;
-        let dur = micros_ns(e.dur).map_err(|why| bad(name, "dur", why))?;
-        origin = Some(origin.map_or(ts, |o| o.min(ts)));
-        let args = e.args.unwrap_or_default();
-        let arg_u64 = |k: &'static str| -> Result<Option<u64>, TraceError> {
-            match args.get(k) {
-                None => Ok(None),
-                Some(v) => serde_json::from_str::<u64>(v.get())
-                    .map(Some)
-                    .map_err(|_| bad(name, k, format!("{} is not a whole number", v.get()))),
-            }
-        };
-        if runtime {
-            let thread = match e.tid {
-                Some(v) => serde_json::from_str::<i64>(v.get())
-                    .map(|t| t as u64)
-                    .or_else(|_| serde_json::from_str::<String>(v.get()).map(|s| hash_name(&s)))
-                    .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
-                None => 0,
-            };
-            calls.push((
-                ts,
-                RuntimeCall {
-                    kind: CallKind::of(name),
-                    name: name.to_string(),
-                    thread,
-                    start_ns: 0,
-                    dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
-                    correlation: arg_u64("correlation")?,
-                },
-            ));
-            continue;
-        }
-        let correlation =
-            arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
-        let stream = arg_u64("stream")?.ok_or_else(|| bad(name, "args.stream", "missing".into()))?;
-        let device = arg_u64("device")?.unwrap_or(0);
-        let kind = match cat {
-            "kernel" => ActivityKind::Kernel,
-            "gpu_memcpy" => ActivityKind::Memcpy {
-                kind: CopyKind::of(name),
-                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-            },
-            _ => ActivityKind::Memset {
-                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-            },
-        };
-        let (Ok(stream), Ok(device)) = (u32::try_from(stream), u32::try_from(device)) else {
-            return Err(bad(name, "args.stream", format!("stream {stream} or device {device} out of range")));
-        };
-        activities.push((
-            device,
-            ts,
-            GpuActivity {
-                kind,
-                stream,
-                start_ns: 0,
-                dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
-                correlation,
-            },
-        ));
-    }
+    let Events { activities, calls, origin, skipped } = read_events(&events, what)?;
+    t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
     let device = match (rank, devices.len()) {
         (Some(r), _) => r,
@@ -474,6 +393,104 @@ pub fn parse(text: &[u8], what: &str, rank: Option<u32>) -> Result<Trace, TraceE
         .filter(|c| c.correlation.is_none_or(|k| !kept.contains_key(&k)))
         .count() as u64;
     Ok(t)
+}
+
+/// The runtime calls and GPU activities of a trace's events, times as read (ns since the
+/// epoch): each activity with its device, each call with its start.
+#[derive(Default)]
+struct Events {
+    activities: Vec<(u32, u128, GpuActivity)>,
+    calls: Vec<(u128, RuntimeCall)>,
+    /// The earliest time of them all.
+    origin: Option<u128>,
+    /// Events of other kinds, counted.
+    skipped: u64,
+}
+
+/// Reads every event of `events` (of the file `what`), or says which one is wrong and why.
+fn read_events(events: &[&RawValue], what: &str) -> Result<Events, TraceError> {
+    let mut out = Events::default();
+    // Times as read (ns since the epoch), made relative once every event is in.
+    for (index, raw) in events.iter().enumerate() {
+        let bad = |name: &str, field: &'static str, why: String| TraceError::BadEvent {
+            path: what.to_string(),
+            index,
+            name: name.chars().take(80).collect(),
+            field,
+            why,
+        };
+        let e: Event<'_> = serde_json::from_str(raw.get()).map_err(|e| bad("?", "(event)", e.to_string()))?;
+        let cat = e.cat.unwrap_or("");
+        let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
+        let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime");
+        if e.ph != Some("X") || !(gpu || runtime) {
+            out.skipped += 1;
+            continue;
+        }
+        let name = e.name.as_deref().unwrap_or("");
+        let ts = micros_ns(e.ts).map_err(|why| bad(name, "ts", why))?;
+        let dur = micros_ns(e.dur).map_err(|why| bad(name, "dur", why))?;
+        out.origin = Some(out.origin.map_or(ts, |o| o.min(ts)));
+        let args = e.args.unwrap_or_default();
+        let arg_u64 = |k: &'static str| -> Result<Option<u64>, TraceError> {
+            match args.get(k) {
+                None => Ok(None),
+                Some(v) => serde_json::from_str::<u64>(v.get())
+                    .map(Some)
+                    .map_err(|_| bad(name, k, format!("{} is not a whole number", v.get()))),
+            }
+        };
+        if runtime {
+            let thread = match e.tid {
+                Some(v) => serde_json::from_str::<i64>(v.get())
+                    .map(|t| t as u64)
+                    .or_else(|_| serde_json::from_str::<String>(v.get()).map(|s| hash_name(&s)))
+                    .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
+                None => 0,
+            };
+            out.calls.push((
+                ts,
+                RuntimeCall {
+                    kind: CallKind::of(name),
+                    name: name.to_string(),
+                    thread,
+                    start_ns: 0,
+                    dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
+                    correlation: arg_u64("correlation")?,
+                },
+            ));
+            continue;
+        }
+        let correlation =
+            arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
+        let stream = arg_u64("stream")?.ok_or_else(|| bad(name, "args.stream", "missing".into()))?;
+        let device = arg_u64("device")?.unwrap_or(0);
+        let kind = match cat {
+            "kernel" => ActivityKind::Kernel,
+            "gpu_memcpy" => ActivityKind::Memcpy {
+                kind: CopyKind::of(name),
+                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
+            },
+            _ => ActivityKind::Memset {
+                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
+            },
+        };
+        let (Ok(stream), Ok(device)) = (u32::try_from(stream), u32::try_from(device)) else {
+            return Err(bad(name, "args.stream", format!("stream {stream} or device {device} out of range")));
+        };
+        out.activities.push((
+            device,
+            ts,
+            GpuActivity {
+                kind,
+                stream,
+                start_ns: 0,
+                dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
+                correlation,
+            },
+        ));
+    }
+    Ok(out)
 }
 
 /// A Kineto time in microseconds (`1707417525512145`, or `…145.125` with nanoseconds),
