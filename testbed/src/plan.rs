@@ -204,9 +204,18 @@ fn blocking_copy(kind: ActivityKind) -> bool {
 impl Plan {
     /// The plan of `trace`'s job.
     pub fn of(trace: &Trace) -> Plan {
+        let (mut plan, by_corr) = Plan::calls_of(trace);
+        plan.host_edges();
+        plan.activities_of(trace, &by_corr);
+        plan.device_edges();
+        plan.awaits();
+        plan
+    }
+
+    /// The calls, on threads densely numbered, calls nested inside an earlier call of their
+    /// thread folded into it; and each call by its correlation ID.
+    fn calls_of(trace: &Trace) -> (Plan, HashMap<u64, usize>) {
         let mut plan = Plan::default();
-        // Threads, densely numbered; calls nested inside an earlier call of their thread
-        // folded into it.
         let mut thread_ix: BTreeMap<u64, usize> = BTreeMap::new();
         let mut open_until: HashMap<usize, i64> = HashMap::new();
         let mut kept = Vec::new();
@@ -240,27 +249,30 @@ impl Plan {
                 floor_ns: ns(c.dur_ns),
             })
             .collect();
-        let end_of = |c: &PlannedCall| c.trace_start_ns.saturating_add(c.trace_dur_ns);
+        (plan, by_corr)
+    }
 
-        // Host edges.
-        let mut last_on: Vec<Option<usize>> = vec![None; plan.threads];
+    /// Each call after its thread's previous one, and after an idle thread, after the other
+    /// threads' latest returns.
+    fn host_edges(&mut self) {
+        let mut last_on: Vec<Option<usize>> = vec![None; self.threads];
         // Calls by end, to find each other thread's latest return before a call.
-        let mut by_end: Vec<usize> = (0..plan.calls.len()).collect();
-        by_end.sort_by_key(|&i| (end_of(&plan.calls[i]), i));
+        let mut by_end: Vec<usize> = (0..self.calls.len()).collect();
+        by_end.sort_by_key(|&i| (call_end(&self.calls[i]), i));
         let mut ended = 0usize;
-        let mut latest_return: Vec<Option<usize>> = vec![None; plan.threads];
-        for i in 0..plan.calls.len() {
-            let start = plan.calls[i].trace_start_ns;
-            while ended < by_end.len() && end_of(&plan.calls[by_end[ended]]) <= start {
+        let mut latest_return: Vec<Option<usize>> = vec![None; self.threads];
+        for i in 0..self.calls.len() {
+            let start = self.calls[i].trace_start_ns;
+            while ended < by_end.len() && call_end(&self.calls[by_end[ended]]) <= start {
                 let j = by_end[ended];
                 if j < i {
-                    latest_return[plan.calls[j].thread] = Some(j);
+                    latest_return[self.calls[j].thread] = Some(j);
                 }
                 ended += 1;
             }
-            let t = plan.calls[i].thread;
+            let t = self.calls[i].thread;
             let mut after = Vec::new();
-            let own_gap = last_on[t].map(|p| start - end_of(&plan.calls[p]));
+            let own_gap = last_on[t].map(|p| start - call_end(&self.calls[p]));
             if let (Some(p), Some(gap)) = (last_on[t], own_gap) {
                 after.push((p, gap));
             }
@@ -269,16 +281,18 @@ impl Plan {
                     if let Some(j) = *r
                         && u != t
                     {
-                        after.push((j, start - end_of(&plan.calls[j])));
+                        after.push((j, start - call_end(&self.calls[j])));
                     }
                 }
             }
-            plan.calls[i].after = after;
+            self.calls[i].after = after;
             last_on[t] = Some(i);
         }
+    }
 
-        // Activities and their submissions.
-        plan.activities = trace
+    /// The activities, each after the call that submitted it.
+    fn activities_of(&mut self, trace: &Trace, by_corr: &HashMap<u64, usize>) {
+        self.activities = trace
             .activities
             .iter()
             .map(|a| PlannedActivity {
@@ -292,17 +306,20 @@ impl Plan {
             .collect();
         for (ai, a) in trace.activities.iter().enumerate() {
             let Some(&ci) = by_corr.get(&a.correlation) else { continue };
-            let c = &mut plan.calls[ci];
-            let start = plan.activities[ai].trace_start_ns;
+            let c = &mut self.calls[ci];
+            let start = self.activities[ai].trace_start_ns;
             if blocking_copy(a.kind) {
                 // The driver stages the copy inside the call and returns when it is done.
                 c.submit_ns = (start - c.trace_start_ns).clamp(0, c.trace_dur_ns);
             }
             c.submits.push(ai);
             let submitted = c.trace_start_ns + c.submit_ns;
-            plan.activities[ai].call = Some((ci, start - submitted));
+            self.activities[ai].call = Some((ci, start - submitted));
         }
+    }
 
+    /// The edges inside the device (see below).
+    fn device_edges(&mut self) {
         // Device edges: the binding one keeps its gap, the others the typical gap of their
         // kind at most.
         struct Candidates {
@@ -310,34 +327,35 @@ impl Plan {
             stream: Option<(usize, i64)>,
             other: Option<(usize, i64)>,
         }
-        let mut cands = Vec::with_capacity(plan.activities.len());
+        let mut cands = Vec::with_capacity(self.activities.len());
         let mut last_on_stream: HashMap<u32, usize> = HashMap::new();
         // Activities by end, to find the latest end on another stream before a start.
-        let end_a = |a: &PlannedActivity| a.trace_start_ns.saturating_add(a.dur_ns);
-        let mut a_by_end: Vec<usize> = (0..plan.activities.len()).collect();
-        a_by_end.sort_by_key(|&i| (end_a(&plan.activities[i]), i));
+        let mut a_by_end: Vec<usize> = (0..self.activities.len()).collect();
+        a_by_end.sort_by_key(|&i| (activity_end(&self.activities[i]), i));
         let mut a_ended = 0usize;
         let mut latest_end: HashMap<u32, usize> = HashMap::new();
-        for i in 0..plan.activities.len() {
-            let a = &plan.activities[i];
-            while a_ended < a_by_end.len() && end_a(&plan.activities[a_by_end[a_ended]]) <= a.trace_start_ns {
+        for i in 0..self.activities.len() {
+            let a = &self.activities[i];
+            while a_ended < a_by_end.len()
+                && activity_end(&self.activities[a_by_end[a_ended]]) <= a.trace_start_ns
+            {
                 let j = a_by_end[a_ended];
                 if j < i {
-                    let s = plan.activities[j].stream;
-                    if latest_end
-                        .get(&s)
-                        .is_none_or(|&k| end_a(&plan.activities[k]) <= end_a(&plan.activities[j]))
-                    {
+                    let s = self.activities[j].stream;
+                    if latest_end.get(&s).is_none_or(|&k| {
+                        activity_end(&self.activities[k]) <= activity_end(&self.activities[j])
+                    }) {
                         latest_end.insert(s, j);
                     }
                 }
                 a_ended += 1;
             }
-            let stream =
-                last_on_stream.get(&a.stream).map(|&p| (p, a.trace_start_ns - end_a(&plan.activities[p])));
+            let stream = last_on_stream
+                .get(&a.stream)
+                .map(|&p| (p, a.trace_start_ns - activity_end(&self.activities[p])));
             // Only work submitted before this one's can be waited for (an event is recorded
             // after the work it marks, and waited on before the work that waits).
-            let call_of = |k: usize| plan.activities[k].call.map(|(c, _)| c);
+            let call_of = |k: usize| self.activities[k].call.map(|(c, _)| c);
             let submitted_before = |j: usize| match (call_of(j), call_of(i)) {
                 (Some(cj), Some(ci)) => cj < ci,
                 _ => true,
@@ -345,7 +363,7 @@ impl Plan {
             let other = latest_end
                 .iter()
                 .filter(|&(&s, &j)| s != a.stream && submitted_before(j))
-                .map(|(_, &j)| (j, a.trace_start_ns - end_a(&plan.activities[j])))
+                .map(|(_, &j)| (j, a.trace_start_ns - activity_end(&self.activities[j])))
                 .min_by_key(|&(j, gap)| (gap, j));
             cands.push(Candidates { submit: a.call.map(|(_, g)| g), stream, other });
             last_on_stream.insert(a.stream, i);
@@ -374,7 +392,7 @@ impl Plan {
             let is_cross = cross(c);
             let decided = if is_cross { c.other.map(|o| o.1) } else { explained(c) };
             let keep = |gap: i64, typical: i64| if Some(gap) == decided { gap } else { gap.min(typical) };
-            let a = &mut plan.activities[i];
+            let a = &mut self.activities[i];
             if let (Some((ci, _)), Some(g)) = (a.call, c.submit) {
                 a.call = Some((ci, if is_cross { g.min(t_submit) } else { keep(g, t_submit) }));
             }
@@ -387,20 +405,23 @@ impl Plan {
             }
             if is_cross && let Some((j, g)) = c.other {
                 a.after.push((j, DeviceEdge::CrossStream, g));
-                plan.cross_stream_waits += 1;
+                self.cross_stream_waits += 1;
             }
         }
+    }
 
+    /// What each synchronizing call waited for (see below).
+    fn awaits(&mut self) {
         // Awaits. A synchronizing call returns after the work it waited for: a device
         // synchronization after the last activity issued before it on every stream, a stream
         // or event synchronization after the last issued before it on the stream whose work
         // ended while it waited (the trace does not say which stream), a pageable copy after
         // its own. It spends the CPU time the trace shows after the latest of them.
         let mut a_end_sorted: Vec<(i64, usize)> =
-            plan.activities.iter().enumerate().map(|(i, a)| (end_a(a), i)).collect();
+            self.activities.iter().enumerate().map(|(i, a)| (activity_end(a), i)).collect();
         a_end_sorted.sort_unstable();
-        let mut issued_by: Vec<Vec<usize>> = vec![Vec::new(); plan.calls.len()];
-        for (i, a) in plan.activities.iter().enumerate() {
+        let mut issued_by: Vec<Vec<usize>> = vec![Vec::new(); self.calls.len()];
+        for (i, a) in self.activities.iter().enumerate() {
             if let Some((c, _)) = a.call {
                 issued_by[c].push(i);
             }
@@ -408,8 +429,8 @@ impl Plan {
         // The last activity issued so far on each stream, as the calls go by.
         let mut last_issued: BTreeMap<u32, usize> = BTreeMap::new();
         for (ci, issued) in issued_by.iter().enumerate() {
-            let c = &plan.calls[ci];
-            let (start, end) = (c.trace_start_ns, end_of(c));
+            let c = &self.calls[ci];
+            let (start, end) = (c.trace_start_ns, call_end(c));
             let ended_inside = || {
                 let lo = a_end_sorted.partition_point(|&(e, _)| e < start);
                 let hi = a_end_sorted.partition_point(|&(e, _)| e <= end);
@@ -417,24 +438,26 @@ impl Plan {
                     .iter()
                     .rev()
                     .map(|&(_, a)| a)
-                    .find(|&a| plan.activities[a].call.is_none_or(|(k, _)| k < ci))
+                    .find(|&a| self.activities[a].call.is_none_or(|(k, _)| k < ci))
             };
             let awaited: Vec<usize> = match c.kind {
                 CallKind::DeviceSynchronize => last_issued.values().copied().collect(),
                 CallKind::StreamSynchronize | CallKind::EventSynchronize => ended_inside()
-                    .and_then(|a| last_issued.get(&plan.activities[a].stream).copied())
+                    .and_then(|a| last_issued.get(&self.activities[a].stream).copied())
                     .into_iter()
                     .collect(),
                 _ => {
                     let mut own =
-                        c.submits.iter().copied().filter(|&a| blocking_copy(plan.activities[a].kind));
-                    own.rfind(|&a| end_a(&plan.activities[a]) <= end).into_iter().collect()
+                        c.submits.iter().copied().filter(|&a| blocking_copy(self.activities[a].kind));
+                    own.rfind(|&a| activity_end(&self.activities[a]) <= end).into_iter().collect()
                 }
             };
             for &a in issued {
-                last_issued.insert(plan.activities[a].stream, a);
+                last_issued.insert(self.activities[a].stream, a);
             }
-            let Some(latest) = awaited.iter().map(|&a| end_a(&plan.activities[a])).max() else { continue };
+            let Some(latest) = awaited.iter().map(|&a| activity_end(&self.activities[a])).max() else {
+                continue;
+            };
             // Work that ended after the call returned was not waited for (a trace whose
             // times disagree): the call keeps its own time.
             if latest > end {
@@ -442,12 +465,11 @@ impl Plan {
             }
             // Work done before the call began left it only its own time.
             let tail = end - latest.max(start);
-            let c = &mut plan.calls[ci];
+            let c = &mut self.calls[ci];
             c.awaits = awaited;
             c.await_tail_ns = tail;
             c.floor_ns = if c.submits.is_empty() { tail } else { tail.max(c.submit_ns) };
         }
-        plan
     }
 
     /// The job's times at `link`.
@@ -739,4 +761,14 @@ pub fn crossing_rtt_ns(plan: &Plan, link: &Link, percent: f64) -> Option<f64> {
         if over(mid) { hi = mid } else { lo = mid }
     }
     Some(hi)
+}
+
+/// When a call returned in the trace.
+fn call_end(c: &PlannedCall) -> i64 {
+    c.trace_start_ns.saturating_add(c.trace_dur_ns)
+}
+
+/// When an activity ended in the trace.
+fn activity_end(a: &PlannedActivity) -> i64 {
+    a.trace_start_ns.saturating_add(a.dur_ns)
 }
