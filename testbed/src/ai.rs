@@ -345,6 +345,24 @@ pub fn training<P: PciFunction>(
     })?;
     let seconds = start.elapsed().as_secs_f64();
     // The CPU's run of the same steps.
+    let (wr, want_losses, want_ckpts) = training_reference(&s, w0, &data);
+    check("loss", &losses, &want_losses)?;
+    for (i, (got, want)) in checkpoints.iter().zip(&want_ckpts).enumerate() {
+        check(&format!("checkpoint {i}"), got, want)?;
+    }
+    check("checkpoints", &[checkpoints.len()], &[want_ckpts.len()])?;
+    check("final weights", &f32s(&wf), &wr)?;
+    Ok(WorkloadReport { steps, h2d: (up_bytes, up_s), d2h: (0, 0.0), seconds })
+}
+
+/// The CPU's run of `training`'s steps, the same fp32 operations in the same order: the
+/// final weights, the losses and the checkpoints the device's run must match.
+fn training_reference(
+    s: &TrainingSize,
+    w0: Vec<f32>,
+    data: &[[Vec<f32>; 3]],
+) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
+    let (b, w, mb) = (s.batch, s.dim, s.micro_batches);
     let (mut wr, mut want_losses, mut want_ckpts) = (w0, Vec::new(), Vec::new());
     for step in 0..s.steps {
         let k = step % TR_BATCHES;
@@ -369,13 +387,7 @@ pub fn training<P: PciFunction>(
             want_ckpts.push(wr.clone());
         }
     }
-    check("loss", &losses, &want_losses)?;
-    for (i, (got, want)) in checkpoints.iter().zip(&want_ckpts).enumerate() {
-        check(&format!("checkpoint {i}"), got, want)?;
-    }
-    check("checkpoints", &[checkpoints.len()], &[want_ckpts.len()])?;
-    check("final weights", &f32s(&wf), &wr)?;
-    Ok(WorkloadReport { steps, h2d: (up_bytes, up_s), d2h: (0, 0.0), seconds })
+    (wr, want_losses, want_ckpts)
 }
 
 const DL_SLOTS: [u64; 2] = [0x100_0000, 0x200_0000];
