@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::etcd::{PutOptions, Txn, TxnOp};
+use crate::etcd::{Client, PutOptions, Txn, TxnOp};
 use serde::Serialize;
 
 use crate::claim::{ClaimRequest, Filter, RecordCache, RoundTrips, claim_one, release};
@@ -65,31 +65,7 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
     let keys = Keys::new(&cfg.prefix);
     let mut client = crate::connect(&cfg).await?;
     let hosts: Vec<String> = (0..p.hosts).map(|i| format!("host-{i}")).collect();
-    // The boxes: one lease each, their devices put in one transaction per box.
-    for b in 0..p.boxes {
-        let lease = client.lease_grant(60).await.map_err(|e| etcd_error(&cfg, "granting", e))?.id();
-        let puts: Vec<TxnOp> = (0..p.devices_per_box)
-            .map(|d| {
-                let r = DeviceRecord {
-                    advertise: format!("10.0.{}.{}:7440", b / 250, b % 250 + 1),
-                    vendor_id: 0x1234,
-                    device_id: 0xd9a0,
-                    class: 0x03_02_00,
-                    vram_bytes: 256 << 20,
-                    health: "ok".into(),
-                    // Any host: the storm's hosts exist only in it.
-                    allow: vec!["*".into()],
-                    since: crate::unix_now(),
-                };
-                TxnOp::put(
-                    keys.device(&format!("box-{b}"), &format!("gpu{d}")),
-                    encode(&r),
-                    Some(PutOptions::new().with_lease(lease)),
-                )
-            })
-            .collect();
-        client.txn(Txn::new().and_then(puts)).await.map_err(|e| etcd_error(&cfg, "registering", e))?;
-    }
+    register_boxes(&mut client, &cfg, &keys, p).await?;
     let trips = Arc::new(RoundTrips::default());
     let held: Arc<Mutex<HashMap<(String, String), String>>> = Arc::default();
     let (claims, none_free, doubles, errors) = (
@@ -186,4 +162,38 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
         double_allocations: doubles.load(Ordering::Relaxed),
         errors: errors.load(Ordering::Relaxed),
     })
+}
+
+/// The storm's boxes: one lease each, their devices put in one transaction per box.
+async fn register_boxes(
+    client: &mut Client,
+    cfg: &PoolConfig,
+    keys: &Keys,
+    p: &StormParams,
+) -> Result<(), PoolError> {
+    for b in 0..p.boxes {
+        let lease = client.lease_grant(60).await.map_err(|e| etcd_error(cfg, "granting", e))?.id();
+        let puts: Vec<TxnOp> = (0..p.devices_per_box)
+            .map(|d| {
+                let r = DeviceRecord {
+                    advertise: format!("10.0.{}.{}:7440", b / 250, b % 250 + 1),
+                    vendor_id: 0x1234,
+                    device_id: 0xd9a0,
+                    class: 0x03_02_00,
+                    vram_bytes: 256 << 20,
+                    health: "ok".into(),
+                    // Any host: the storm's hosts exist only in it.
+                    allow: vec!["*".into()],
+                    since: crate::unix_now(),
+                };
+                TxnOp::put(
+                    keys.device(&format!("box-{b}"), &format!("gpu{d}")),
+                    encode(&r),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            })
+            .collect();
+        client.txn(Txn::new().and_then(puts)).await.map_err(|e| etcd_error(cfg, "registering", e))?;
+    }
+    Ok(())
 }
