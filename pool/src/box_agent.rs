@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::etcd::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use crate::etcd::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse};
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
 use tokio::sync::mpsc;
 
@@ -411,24 +411,13 @@ impl Run {
         let prefix = self.keys.box_claims(&self.box_name);
         let from = match *resume {
             Some(r) => r,
-            None => {
-                let got = match client.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await {
-                    Ok(g) => g,
-                    Err(e) => return Served::StreamBroken(etcd_error(&cfg, "reading the claims", e)),
-                };
-                let revision = got.header().map_or(0, |h| h.revision());
-                let mut claims = HashMap::new();
-                for kv in got.kvs() {
-                    if let (Some((_, d)), Ok(c)) =
-                        (self.keys.split(&self.keys.claims(), kv.key()), decode::<ClaimRecord>(kv))
-                    {
-                        claims.insert(d.to_string(), (c.host, kv.create_revision() as u64));
-                    }
+            None => match self.read_claims(client, &prefix).await {
+                Ok(revision) => {
+                    *resume = Some(revision + 1);
+                    revision + 1
                 }
-                self.table.reset(claims, revision);
-                *resume = Some(revision + 1);
-                revision + 1
-            }
+                Err(e) => return Served::StreamBroken(e),
+            },
         };
         let watch_opts = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
         let (_watcher, mut watch) = match client.watch(prefix, Some(watch_opts)).await {
@@ -466,33 +455,8 @@ impl Run {
                         Ok(None) => return Served::StreamBroken(PoolError::NotFound("the claims watch ended".into())),
                         Err(e) => return Served::StreamBroken(etcd_error(&cfg, "watching the claims", e)),
                     };
-                    if resp.canceled() {
-                        // Compacted past where it would resume: read the claims afresh.
-                        if resp.compact_revision() > 0 {
-                            *resume = None;
-                        }
-                        return Served::StreamBroken(PoolError::NotFound(format!(
-                            "the claims watch was cancelled: {} (compacted to {})",
-                            resp.cancel_reason(),
-                            resp.compact_revision()
-                        )));
-                    }
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        *resume = Some(resume.unwrap_or(0).max(kv.mod_revision() + 1));
-                        let Some((_, d)) = self.keys.split(&self.keys.claims(), kv.key()) else { continue };
-                        let claim = match ev.event_type() {
-                            EventType::Put => decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64)),
-                            EventType::Delete => None,
-                        };
-                        self.table.apply(d, claim, kv.mod_revision());
-                    }
-                    if let Some(h) = resp.header() {
-                        if resp.events().is_empty() {
-                            // A progress notification: every event through it was sent.
-                            *resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
-                        }
-                        self.table.advance(h.revision());
+                    if let Some(end) = self.apply_watch(&resp, resume) {
+                        return end;
                     }
                 }
                 Some((device, h)) = health.recv() => {
@@ -522,6 +486,61 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// Reads the box's claims into the table afresh; the revision read at.
+    async fn read_claims(&mut self, client: &mut Client, prefix: &str) -> Result<i64, PoolError> {
+        let got = client
+            .get(prefix.to_string(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| etcd_error(&self.cfg, "reading the claims", e))?;
+        let revision = got.header().map_or(0, |h| h.revision());
+        let mut claims = HashMap::new();
+        for kv in got.kvs() {
+            if let (Some((_, d)), Ok(c)) =
+                (self.keys.split(&self.keys.claims(), kv.key()), decode::<ClaimRecord>(kv))
+            {
+                claims.insert(d.to_string(), (c.host, kv.create_revision() as u64));
+            }
+        }
+        self.table.reset(claims, revision);
+        Ok(revision)
+    }
+
+    /// One answer of the claims watch applied to the table, and where it resumes from;
+    /// the end of the serving if the watch was cancelled.
+    fn apply_watch(&mut self, resp: &WatchResponse, resume: &mut Option<i64>) -> Option<Served> {
+        if resp.canceled() {
+            // Compacted past where it would resume: read the claims afresh.
+            if resp.compact_revision() > 0 {
+                *resume = None;
+            }
+            return Some(Served::StreamBroken(PoolError::NotFound(format!(
+                "the claims watch was cancelled: {} (compacted to {})",
+                resp.cancel_reason(),
+                resp.compact_revision()
+            ))));
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            *resume = Some(resume.unwrap_or(0).max(kv.mod_revision() + 1));
+            let Some((_, d)) = self.keys.split(&self.keys.claims(), kv.key()) else { continue };
+            let claim = match ev.event_type() {
+                EventType::Put => {
+                    decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))
+                }
+                EventType::Delete => None,
+            };
+            self.table.apply(d, claim, kv.mod_revision());
+        }
+        if let Some(h) = resp.header() {
+            if resp.events().is_empty() {
+                // A progress notification: every event through it was sent.
+                *resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
+            }
+            self.table.advance(h.revision());
+        }
+        None
     }
 }
 
