@@ -495,40 +495,7 @@ impl UringUdp {
                         continue;
                     }
                     let Some(bid) = cqueue::buffer_select(flags) else { continue };
-                    let start = bid as usize * RX_BUF_SIZE;
-                    let buf = &self.rx_bufs[start..start + (result as usize).min(RX_BUF_SIZE)];
-                    if let Ok(out) = RecvMsgOut::parse(buf, &self.rx_msg) {
-                        if out.is_payload_truncated() {
-                            self.truncated += 1;
-                        } else {
-                            let mut ss: libc::sockaddr_storage =
-                                // SAFETY: plain old data, zero is valid.
-                                unsafe { std::mem::zeroed() };
-                            let name = out.name_data();
-                            let n = name.len().min(std::mem::size_of::<libc::sockaddr_storage>());
-                            // SAFETY: copying at most sizeof(sockaddr_storage) bytes into it.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n)
-                            };
-                            let segment = if self.offload.gro {
-                                let control = out.control_data();
-                                // SAFETY: plain old data, zero is valid.
-                                let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-                                m.msg_control = control.as_ptr() as *mut libc::c_void;
-                                m.msg_controllen = control.len() as _;
-                                gro_segment(&m)
-                            } else {
-                                None
-                            };
-                            if let Some(from) = addr_of(&ss) {
-                                self.offload.gro_reads += segment.is_some() as u64;
-                                for frame in gro_segments(out.payload_data(), segment) {
-                                    f(from, frame);
-                                    received += 1;
-                                }
-                            }
-                        }
-                    }
+                    received += self.deliver_multishot(bid, result as usize, f);
                     self.provide(bid);
                     returned = true;
                 }
@@ -562,6 +529,46 @@ impl UringUdp {
             Some(e) if e.kind() != io::ErrorKind::ConnectionRefused => Err(e),
             _ => Ok(received),
         }
+    }
+
+    /// The datagram the multishot receive put in provided buffer `bid` (`len` bytes with
+    /// its header, address and control data) handed to `f`, frame by frame where GRO
+    /// coalesced it; how many frames.
+    fn deliver_multishot(&mut self, bid: u16, len: usize, f: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
+        let mut received = 0;
+        let start = bid as usize * RX_BUF_SIZE;
+        let buf = &self.rx_bufs[start..start + len.min(RX_BUF_SIZE)];
+        if let Ok(out) = RecvMsgOut::parse(buf, &self.rx_msg) {
+            if out.is_payload_truncated() {
+                self.truncated += 1;
+            } else {
+                let mut ss: libc::sockaddr_storage =
+                    // SAFETY: plain old data, zero is valid.
+                    unsafe { std::mem::zeroed() };
+                let name = out.name_data();
+                let n = name.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+                // SAFETY: copying at most sizeof(sockaddr_storage) bytes into it.
+                unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), &mut ss as *mut _ as *mut u8, n) };
+                let segment = if self.offload.gro {
+                    let control = out.control_data();
+                    // SAFETY: plain old data, zero is valid.
+                    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                    m.msg_control = control.as_ptr() as *mut libc::c_void;
+                    m.msg_controllen = control.len() as _;
+                    gro_segment(&m)
+                } else {
+                    None
+                };
+                if let Some(from) = addr_of(&ss) {
+                    self.offload.gro_reads += segment.is_some() as u64;
+                    for frame in gro_segments(out.payload_data(), segment) {
+                        f(from, frame);
+                        received += 1;
+                    }
+                }
+            }
+        }
+        received
     }
 }
 
