@@ -69,30 +69,10 @@ impl Datagrams for UringUdp {
         // The GSO units first, all of them, so that the headers, iovecs and control messages
         // the kernel reads are in place (and stay put) before any send is pushed.
         let mut units: [(usize, usize, usize); 64] = [(0, 0, 0); 64];
-        let mut n_units = 0;
+        let n_units = gso_units(to, frames, self.offload.gso, self.offload.zero_copy_send, &mut units);
         self.gso_msgs.clear();
         self.gso_iovs.clear();
         self.gso_ctrl.clear();
-        let mut i = 0;
-        while i < frames.len() {
-            let (mut count, segment) = if self.offload.gso && n_units < units.len() {
-                gso_unit(i, frames.len(), &|k| (to, frames[k].len()))
-            } else {
-                (1, 0)
-            };
-            if self.offload.zero_copy_send {
-                // A zero-copy send pins the frames' pages as the skb's fragments, at most
-                // MAX_SKB_FRAGS of them: a unit spanning more fails with EMSGSIZE.
-                while count > 1 && pages_spanned(&frames[i..i + count]) > ZC_MAX_PAGES {
-                    count -= 1;
-                }
-            }
-            if count > 1 && n_units < units.len() {
-                units[n_units] = (i, count, segment);
-                n_units += 1;
-            }
-            i += count;
-        }
         self.gso_iovs.extend(
             units[..n_units]
                 .iter()
@@ -245,4 +225,37 @@ impl Datagrams for UringUdp {
     fn offload(&self) -> OffloadState {
         self.offload.clone()
     }
+}
+
+/// The runs of `frames` (all to `to`) that go as GSO units (with `gso`), as (first frame, count, segment
+/// size) into `units`, as many as it holds; how many. With zero-copy sends, a unit spans at
+/// most `ZC_MAX_PAGES` pages: the kernel pins them as the skb's fragments, at most
+/// MAX_SKB_FRAGS of them, and a unit spanning more fails with EMSGSIZE.
+fn gso_units(
+    to: SocketAddr,
+    frames: &[&[u8]],
+    gso: bool,
+    zero_copy: bool,
+    units: &mut [(usize, usize, usize)],
+) -> usize {
+    let mut n_units = 0;
+    let mut i = 0;
+    while i < frames.len() {
+        let (mut count, segment) = if gso && n_units < units.len() {
+            gso_unit(i, frames.len(), &|k| (to, frames[k].len()))
+        } else {
+            (1, 0)
+        };
+        if zero_copy {
+            while count > 1 && pages_spanned(&frames[i..i + count]) > ZC_MAX_PAGES {
+                count -= 1;
+            }
+        }
+        if count > 1 && n_units < units.len() {
+            units[n_units] = (i, count, segment);
+            n_units += 1;
+        }
+        i += count;
+    }
+    n_units
 }
