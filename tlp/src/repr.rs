@@ -808,12 +808,7 @@ impl<'a> TlpRepr<'a> {
         };
         Ok(match self.body {
             Body::MemRead { req, address: a, ph, length_dw, locked } => {
-                let kind = match (locked, a.is_64()) {
-                    (false, false) => Kind::MRd32,
-                    (false, true) => Kind::MRd64,
-                    (true, false) => Kind::MRdLk32,
-                    (true, true) => Kind::MRdLk64,
-                };
+                let kind = read_kind(locked, a.is_64());
                 if !(1..=1024).contains(&length_dw) {
                     return Err(Error::FieldOverflow { field: "length", value: length_dw as u64, max: 1024 });
                 }
@@ -845,12 +840,7 @@ impl<'a> TlpRepr<'a> {
                     Body::CfgWrite { data, .. } => payload(data)?,
                     _ => &[][..],
                 };
-                let kind = match (data.is_empty(), cfg.type1) {
-                    (true, false) => Kind::CfgRd0,
-                    (true, true) => Kind::CfgRd1,
-                    (false, false) => Kind::CfgWr0,
-                    (false, true) => Kind::CfgWr1,
-                };
+                let kind = cfg_kind(!data.is_empty(), cfg.type1);
                 check_register(cfg.register)?;
                 let dw1 = request(req)?;
                 check_io_cfg(kind, c, req, 0, if data.is_empty() { 1 } else { data.len() / 4 })?;
@@ -858,14 +848,7 @@ impl<'a> TlpRepr<'a> {
                 e(kind, 0b00100 | cfg.type1 as u32, 1, req.tag, dw1, (dw2, 0), data)
             }
             Body::Atomic { op, req, address: a, ph, data } => {
-                let kind = match (op, a.is_64()) {
-                    (AtomicOp::FetchAdd, false) => Kind::FetchAdd32,
-                    (AtomicOp::FetchAdd, true) => Kind::FetchAdd64,
-                    (AtomicOp::Swap, false) => Kind::Swap32,
-                    (AtomicOp::Swap, true) => Kind::Swap64,
-                    (AtomicOp::Cas, false) => Kind::CAS32,
-                    (AtomicOp::Cas, true) => Kind::CAS64,
-                };
+                let kind = atomic_kind(op, a.is_64());
                 let data = payload(data)?;
                 let dw1 = request(req)?;
                 let length_dw = (data.len() / 4) as u16;
@@ -873,26 +856,8 @@ impl<'a> TlpRepr<'a> {
                 e(kind, op.type_bits() as u32, length_dw, req.tag, dw1, address(a, ph), data)
             }
             Body::Completion { cpl, locked, data } => {
-                let kind = match (locked, data.is_some()) {
-                    (false, false) => Kind::Cpl,
-                    (false, true) => Kind::CplD,
-                    (true, false) => Kind::CplLk,
-                    (true, true) => Kind::CplDLk,
-                };
-                if !(1..=4096).contains(&cpl.byte_count) {
-                    return Err(Error::FieldOverflow {
-                        field: "byte_count",
-                        value: cpl.byte_count as u64,
-                        max: 4096,
-                    });
-                }
-                if cpl.lower_address > 0x7f {
-                    return Err(Error::FieldOverflow {
-                        field: "lower_address",
-                        value: cpl.lower_address as u64,
-                        max: 0x7f,
-                    });
-                }
+                let kind = completion_kind(locked, data.is_some());
+                completion_fields_fit(&cpl)?;
                 let data = match data {
                     Some(d) => payload(d)?,
                     None => &[][..],
@@ -1445,6 +1410,63 @@ impl fmt::Display for TlpRepr<'_> {
         }
         Ok(())
     }
+}
+
+/// A memory read's kind: locked or not, 32- or 64-bit address.
+fn read_kind(locked: bool, is_64: bool) -> Kind {
+    match (locked, is_64) {
+        (false, false) => Kind::MRd32,
+        (false, true) => Kind::MRd64,
+        (true, false) => Kind::MRdLk32,
+        (true, true) => Kind::MRdLk64,
+    }
+}
+
+/// A configuration request's kind: a write or a read, type 1 or type 0.
+fn cfg_kind(write: bool, type1: bool) -> Kind {
+    match (write, type1) {
+        (false, false) => Kind::CfgRd0,
+        (false, true) => Kind::CfgRd1,
+        (true, false) => Kind::CfgWr0,
+        (true, true) => Kind::CfgWr1,
+    }
+}
+
+/// An AtomicOp request's kind: its operation, 32- or 64-bit address.
+fn atomic_kind(op: AtomicOp, is_64: bool) -> Kind {
+    match (op, is_64) {
+        (AtomicOp::FetchAdd, false) => Kind::FetchAdd32,
+        (AtomicOp::FetchAdd, true) => Kind::FetchAdd64,
+        (AtomicOp::Swap, false) => Kind::Swap32,
+        (AtomicOp::Swap, true) => Kind::Swap64,
+        (AtomicOp::Cas, false) => Kind::CAS32,
+        (AtomicOp::Cas, true) => Kind::CAS64,
+    }
+}
+
+/// A completion's kind: for a locked read or not, with data or without.
+fn completion_kind(locked: bool, with_data: bool) -> Kind {
+    match (locked, with_data) {
+        (false, false) => Kind::Cpl,
+        (false, true) => Kind::CplD,
+        (true, false) => Kind::CplLk,
+        (true, true) => Kind::CplDLk,
+    }
+}
+
+/// A completion's Byte Count (1..=4096) and Lower Address (7 bits) fit their fields.
+fn completion_fields_fit(cpl: &Completion) -> Result<(), Error> {
+    if !(1..=4096).contains(&cpl.byte_count) {
+        return Err(Error::FieldOverflow { field: "byte_count", value: cpl.byte_count as u64, max: 4096 });
+    }
+    if cpl.lower_address > 0x7f {
+        return Err(Error::FieldOverflow {
+            field: "lower_address",
+            value: cpl.lower_address as u64,
+            max: 0x7f,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
