@@ -373,12 +373,7 @@ impl TlpJson {
             Kind::Swap32 | Kind::Swap64 => atomic(AtomicOp::Swap)?,
             Kind::CAS32 | Kind::CAS64 => atomic(AtomicOp::Cas)?,
             Kind::Cpl | Kind::CplD | Kind::CplLk | Kind::CplDLk => {
-                let status = match &self.status {
-                    None => CplStatus::Success,
-                    Some(s) => CplStatus::from_name(s).ok_or_else(|| {
-                        format!("`status`: {s:?} is not one of SC UR CRS CA rsvd3 rsvd5 rsvd6 rsvd7")
-                    })?,
-                };
+                let status = self.status()?;
                 Body::Completion {
                     cpl: Completion {
                         completer: bdf_of(&self.completer_id, "completer_id", kind)?,
@@ -399,24 +394,8 @@ impl TlpJson {
                 Body::Message { msg: self.message(kind)?, data: kind.has_data().then_some(&data[..]) }
             }
         };
-        let mut prefixes = Prefixes::EMPTY;
-        for (i, p) in self.prefixes.iter().flatten().enumerate() {
-            let raw = parse_u64(&p.raw, "prefixes[].raw")?;
-            let prefix = u32::try_from(raw)
-                .ok()
-                .and_then(Prefix::from_raw)
-                .ok_or_else(|| format!("`prefixes[{i}].raw` {} is not a prefix DW (Fmt 100b)", p.raw))?;
-            prefixes.push(prefix).map_err(|e| format!("`prefixes[{i}]`: {e}"))?;
-        }
-        let tc = self.tc.unwrap_or(0);
-        let attr = self.attr.unwrap_or(0);
-        if attr > 7 {
-            return Err(format!("`attr` {attr} does not fit 3 bits (bit0 NS, bit1 RO, bit2 IDO)"));
-        }
-        let at = self.at.unwrap_or(0);
-        if at > 3 {
-            return Err(format!("`at` {at} does not fit 2 bits"));
-        }
+        let prefixes = self.prefixes()?;
+        let (tc, attr, at) = self.header_fields()?;
         let repr = TlpRepr {
             prefixes,
             tc,
@@ -430,6 +409,50 @@ impl TlpJson {
         };
         let mut out = vec![0u8; repr.buffer_len()];
         repr.emit(&mut out).map_err(|e| e.to_string())?;
+        self.check_given(kind, &repr, &out)?;
+        Ok(out)
+    }
+
+    /// `prefixes`, each a prefix DW (Fmt 100b).
+    fn prefixes(&self) -> Result<Prefixes, String> {
+        let mut prefixes = Prefixes::EMPTY;
+        for (i, p) in self.prefixes.iter().flatten().enumerate() {
+            let raw = parse_u64(&p.raw, "prefixes[].raw")?;
+            let prefix = u32::try_from(raw)
+                .ok()
+                .and_then(Prefix::from_raw)
+                .ok_or_else(|| format!("`prefixes[{i}].raw` {} is not a prefix DW (Fmt 100b)", p.raw))?;
+            prefixes.push(prefix).map_err(|e| format!("`prefixes[{i}]`: {e}"))?;
+        }
+        Ok(prefixes)
+    }
+
+    /// `tc`, `attr` and `at` (0 when not given), `attr` and `at` within their bits.
+    fn header_fields(&self) -> Result<(u8, u8, u8), String> {
+        let tc = self.tc.unwrap_or(0);
+        let attr = self.attr.unwrap_or(0);
+        if attr > 7 {
+            return Err(format!("`attr` {attr} does not fit 3 bits (bit0 NS, bit1 RO, bit2 IDO)"));
+        }
+        let at = self.at.unwrap_or(0);
+        if at > 3 {
+            return Err(format!("`at` {at} does not fit 2 bits"));
+        }
+        Ok((tc, attr, at))
+    }
+
+    /// `status`, by name (SC when not given).
+    fn status(&self) -> Result<CplStatus, String> {
+        match &self.status {
+            None => Ok(CplStatus::Success),
+            Some(s) => CplStatus::from_name(s)
+                .ok_or_else(|| format!("`status`: {s:?} is not one of SC UR CRS CA rsvd3 rsvd5 rsvd6 rsvd7")),
+        }
+    }
+
+    /// The fields given that the TLP's own must match: `fmt`, `type`, `length`, `ecrc`
+    /// (against `out`, the TLP's bytes).
+    fn check_given(&self, kind: Kind, repr: &TlpRepr<'_>, out: &[u8]) -> Result<(), String> {
         for (key, given, actual) in [("fmt", self.fmt, repr.fmt()), ("type", self.ty, repr.ty())] {
             if let Some(g) = given
                 && g != actual
@@ -450,7 +473,7 @@ impl TlpJson {
                 return Err(format!("`ecrc` {e} does not match the computed digest {actual:#010x}"));
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn message(&self, kind: Kind) -> Result<Message, String> {
