@@ -127,21 +127,10 @@ pub(crate) fn decode(
         count.frames += 1;
         let h = f.header();
         roles.learn(d, h.ty);
-        if h.ty == FrameType::Challenge {
-            // Options (negotiated) at body offset 24: bit 1 ENCRYPT; both session IDs.
-            let b = f.body();
-            if b.get(24).is_some_and(|o| o & 2 != 0) {
-                encrypted.insert(h.session);
-                if let Some(id) = b.get(..4) {
-                    encrypted.insert(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
-                }
-            }
-        }
+        learn_encryption(&f, &mut encrypted);
         let dir = roles.direction(d);
         let replay = h.ty == FrameType::Data && seen.entry((dir, h.session)).or_default().replay(h.seq);
-        let fc = f.fc().map(|c| {
-            json!([c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1])
-        });
+        let fc = fc_json(&f);
         let capture = json!({
             "packet": d.number,
             "time_unix_seconds": d.time,
@@ -186,15 +175,7 @@ pub(crate) fn decode(
         }
         if enc {
             if !frames {
-                let mut v = capture.clone();
-                v["encrypted"] = json!(true);
-                let line = match format {
-                    Format::Json => v.to_string(),
-                    Format::Text => {
-                        format!("{:>6} {:.6} {dir} DATA seq {}: encrypted", d.number, d.time, h.seq)
-                    }
-                };
-                writeln!(out, "{line}").map_err(io)?;
+                writeln!(out, "{}", encrypted_line(format, &capture, d, dir, h.seq)).map_err(io)?;
             }
             return Ok(());
         }
@@ -241,6 +222,48 @@ pub(crate) fn decode(
         }
         Ok(())
     })?;
+    report_skipped(path, &skipped, &count);
+    Ok(count)
+}
+
+/// A CHALLENGE that negotiated encryption makes both its sessions' DATA frames opaque:
+/// the options at body offset 24 (bit 1 ENCRYPT), the client's session ID at 0.
+fn learn_encryption(f: &Frame<'_>, encrypted: &mut HashSet<u32>) {
+    let h = f.header();
+    if h.ty != FrameType::Challenge {
+        return;
+    }
+    let b = f.body();
+    if b.get(24).is_some_and(|o| o & 2 != 0) {
+        encrypted.insert(h.session);
+        if let Some(id) = b.get(..4) {
+            encrypted.insert(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
+        }
+    }
+}
+
+/// A frame's FC block as a JSON array (posted, non-posted, completion; header and data
+/// each), if it has one.
+fn fc_json(f: &Frame<'_>) -> Option<Value> {
+    f.fc().map(|c| {
+        json!([c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1])
+    })
+}
+
+/// The line of an encrypted DATA frame, whose TLPs cannot be read.
+fn encrypted_line(format: Format, capture: &Value, d: &Datagram, dir: &str, seq: u32) -> String {
+    match format {
+        Format::Json => {
+            let mut v = capture.clone();
+            v["encrypted"] = json!(true);
+            v.to_string()
+        }
+        Format::Text => format!("{:>6} {:.6} {dir} DATA seq {seq}: encrypted", d.number, d.time),
+    }
+}
+
+/// What the file held that is not dxpu's, and a file cut short, said on standard error.
+fn report_skipped(path: &Path, skipped: &ops::capture::Skipped, count: &DecodeCount) {
     if skipped.cut_short {
         eprintln!(
             "dxpu tlp decode: {}: the file ends inside a packet (its writer stopped?): read up to there",
@@ -256,7 +279,6 @@ pub(crate) fn decode(
             count.not_frames
         );
     }
-    Ok(count)
 }
 
 #[cfg(test)]
