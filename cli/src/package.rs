@@ -158,7 +158,29 @@ fn extra_sections(name: &str) -> String {
              (an unknown option, a value out of its range).\n",
         ),
     }
-    let files: &[(&str, &str)] = match name {
+    let files = files_of(name);
+    if !files.is_empty() {
+        out.push_str(".SH FILES\n");
+        for (path, what) in files {
+            out.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", roff_text(path), roff_text(what)));
+        }
+    }
+    let examples = examples_of(name);
+    if !examples.is_empty() {
+        out.push_str(".SH EXAMPLES\n");
+        for (cmd, what) in examples {
+            out.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", roff_text(cmd), roff_text(what)));
+        }
+    }
+    if matches!(name, "dxpu" | "dxpu-gpu" | "dxpu-host") {
+        out.push_str(".SH \"SEE ALSO\"\ngpu.toml(5), host.toml(5), dxpu-ctl(1)\n");
+    }
+    out
+}
+
+/// The FILES section's entries of page `name`: a path and what it is.
+fn files_of(name: &str) -> &'static [(&'static str, &'static str)] {
+    match name {
         "dxpu-gpu" => &[
             ("/etc/dxpu/gpu.toml", "the configuration, as packaged (gpu.toml(5))"),
             ("/etc/dxpu/keys/", "the hosts' pre-shared keys (key_file), mode 0600"),
@@ -186,14 +208,12 @@ fn extra_sections(name: &str) -> String {
             ("/run/dxpu/gpu.sock, /run/dxpu/host.sock", "their control sockets, as packaged"),
         ],
         _ => &[],
-    };
-    if !files.is_empty() {
-        out.push_str(".SH FILES\n");
-        for (path, what) in files {
-            out.push_str(&format!(".TP\n\\fI{}\\fR\n{}\n", roff_text(path), roff_text(what)));
-        }
     }
-    let examples: &[(&str, &str)] = match name {
+}
+
+/// The EXAMPLES section's entries of page `name`: a command and what it does.
+fn examples_of(name: &str) -> &'static [(&'static str, &'static str)] {
+    match name {
         "dxpu" => &[
             (
                 "dxpu loopback",
@@ -254,17 +274,7 @@ fn extra_sections(name: &str) -> String {
             ("dxpu pool drain box-a/gpu0", "no new claims on one device"),
         ],
         _ => &[],
-    };
-    if !examples.is_empty() {
-        out.push_str(".SH EXAMPLES\n");
-        for (cmd, what) in examples {
-            out.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", roff_text(cmd), roff_text(what)));
-        }
     }
-    if matches!(name, "dxpu" | "dxpu-gpu" | "dxpu-host") {
-        out.push_str(".SH \"SEE ALSO\"\ngpu.toml(5), host.toml(5), dxpu-ctl(1)\n");
-    }
-    out
 }
 
 #[derive(Clone, Copy)]
