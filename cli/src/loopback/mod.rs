@@ -204,9 +204,6 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     if !(1..=32).contains(&args.scale) {
         return Err(format!("--scale {}: must be 1..=32", args.scale));
     }
-    let driver = args.endpoints.driver.kind();
-    let poll = args.endpoints.poll_mode();
-    let imp = |seed| args.impair.impairment(seed);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;
     let placement = args.endpoints.placement("the host's driver", progress)?;
@@ -234,24 +231,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     // attachment warmed by one run not counted: sessions differ from one to the next (on
     // this machine some run whole copies at half the rate of others), and a figure over one
     // session says more about that session than about the bridges.
-    let attach = |progress: &mut dyn FnMut(&str)| -> Result<(LocalBox, SimGpuDriver<RemoteDevice>), String> {
-        let gpu = LocalBox::start_offload(
-            driver,
-            poll,
-            imp(11),
-            Frames::from_encrypt(args.encrypt),
-            link::driver::Offload::AUTO,
-            placement.map(|p| p.device),
-        )?;
-        progress("attaching gpu0 through the host endpoint");
-        let mut o = gpu.attach_options(driver, poll, imp(12));
-        o.tap = args.tap.clone();
-        // Distance adds to every round trip: keep the timeout above it.
-        o.completion_timeout += 4 * args.impair.held();
-        let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
-        let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
-        Ok((gpu, d))
-    };
+    let attach = |progress: &mut dyn FnMut(&str)| attach_box(args, placement, progress);
     on_host()?;
     let (gpu, mut d) = attach(progress)?;
     let driver_name = d.pci().driver_name().to_string();
@@ -339,6 +319,33 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         placement,
         captured,
     })
+}
+
+/// A box of its own on loopback and gpu0 attached through the host endpoint, for `run`'s
+/// bridged turns.
+fn attach_box(
+    args: &LoopbackArgs,
+    placement: Option<Placement>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(LocalBox, SimGpuDriver<RemoteDevice>), String> {
+    let (driver, poll) = (args.endpoints.driver.kind(), args.endpoints.poll_mode());
+    let imp = |seed| args.impair.impairment(seed);
+    let gpu = LocalBox::start_offload(
+        driver,
+        poll,
+        imp(11),
+        Frames::from_encrypt(args.encrypt),
+        link::driver::Offload::AUTO,
+        placement.map(|p| p.device),
+    )?;
+    progress("attaching gpu0 through the host endpoint");
+    let mut o = gpu.attach_options(driver, poll, imp(12));
+    o.tap = args.tap.clone();
+    // Distance adds to every round trip: keep the timeout above it.
+    o.completion_timeout += 4 * args.impair.held();
+    let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+    let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
+    Ok((gpu, d))
 }
 
 /// The directly attached simgpu the bridged runs are compared with.
