@@ -233,8 +233,7 @@ fn dma_section(
     let mb = args.copy_bytes as f64 / 1e6;
     let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 12], cells));
     line(&[format!("(b) DMA, {mb:.0} MB per copy"), "h→d MB/s".into(), "d→h MB/s".into(), "vs bare".into()]);
-    let mut dma = Vec::new();
-    let bytes = args.copy_bytes;
+    let (mut dma, bytes) = (Vec::new(), args.copy_bytes);
     let dma_row = |path: &str, driver: &str, h2d: f64, d2h: f64, authenticated: bool| {
         json!({"path": path, "driver": driver, "h2d_bytes_per_s": bytes_per_s(h2d), "d2h_bytes_per_s": bytes_per_s(d2h), "bytes": bytes,
                "authenticated": authenticated})
@@ -268,38 +267,20 @@ fn dma_section(
         }
         Err(e) => gso_refused = Some(e.to_string()),
     }
-    {
-        let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
-        let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
-            .map_err(|e| e.to_string())?;
-        // Once each way first, as `bench simgpu` does: the pages of host memory and VRAM are
-        // touched once, so the figure is the copy's, not the kernel zeroing fresh pages.
-        let buf = pinned(&mut d, args.copy_bytes)?;
-        let c = timed_copies(&mut d, &buf, args.copy_repeat)?;
-        let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
-        dma.push(dma_row("direct", "none", h2d, d2h, false));
-        line(&[
-            "directly attached simgpu (no network)".into(),
-            format!("{h2d:.0}"),
-            format!("{d2h:.0}"),
-            format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
-        ]);
-    }
+    let c = direct_copies(args)?;
+    let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
+    dma.push(dma_row("direct", "none", h2d, d2h, false));
+    line(&[
+        "directly attached simgpu (no network)".into(),
+        format!("{h2d:.0}"),
+        format!("{d2h:.0}"),
+        format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
+    ]);
     // With the link's tags (the default) and without them: what authentication costs in bulk.
     // Printed once the floor's samples are in.
     // io_uring also with zero-copy sends, to see whether they win here.
     let mut bridged = Vec::new();
-    let auto = link::driver::Offload::AUTO;
-    let zero_copy = link::driver::Offload { zero_copy_send: true, ..auto };
-    let mut variants = Vec::new();
-    for &driver in drivers {
-        variants.push((driver, Frames::Tagged, auto));
-        variants.push((driver, Frames::Unauthenticated, auto));
-        if driver == DriverKind::IoUring {
-            variants.push((driver, Frames::Tagged, zero_copy));
-        }
-    }
-    for (driver, frames, offload) in variants {
+    for (driver, frames, offload) in variants(drivers) {
         let poll = PollMode::Busy { spin };
         let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
         let mut d = open(&gpu, driver, poll)?;
@@ -325,35 +306,8 @@ fn dma_section(
             staged_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
         }
     }
-    let floor = Spread::of(floors.iter().copied());
-    let gso = (!floors.is_empty()).then_some(floor.median);
-    match (gso, &gso_refused) {
-        (Some(f), _) => line(&[
-            format!(
-                "bare sockets, UDP GSO + GRO, {LINK_MTU} B segs: median of {} ({:.0}–{:.0})",
-                floors.len(),
-                floor.min,
-                floor.max
-            ),
-            format!("{f:.0}"),
-            format!("{f:.0}"),
-            format!("{:.2}", f / bare),
-        ]),
-        (None, Some(e)) => say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor")),
-        (None, None) => {}
-    }
-    let copy = (!copy_floors.is_empty()).then(|| Spread::of(copy_floors.iter().copied()));
-    let staged = (!staged_floors.is_empty()).then(|| Spread::of(staged_floors.iter().copied()));
-    for (what, s) in [("from and into", copy), ("staged, from and into", staged)] {
-        if let Some(c) = s {
-            line(&[
-                format!("  the same, {what} {mb:.0} MB buffers ({:.0}–{:.0})", c.min, c.max),
-                format!("{:.0}", c.median),
-                format!("{:.0}", c.median),
-                format!("{:.2}", c.median / bare),
-            ]);
-        }
-    }
+    let (gso, copy, staged) =
+        floor_lines(say, &floors, gso_refused.as_deref(), &copy_floors, &staged_floors, mb, bare);
     let mut cpu = Vec::new();
     for (label, driver, authenticated, zero_copy, c, link) in bridged {
         let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
@@ -384,6 +338,84 @@ fn dma_section(
             }));
         cpu.push((label, c));
     }
+    cpu_table(say, &cpu);
+
+    Ok((dma, gso, floors, [copy.map(|c| c.median), staged.map(|c| c.median)]))
+}
+
+/// The floors' lines — bare sockets with UDP GSO and GRO (or why not), the same from and
+/// into buffers of the copy's size, and staged — each the median of its samples; the three
+/// figures.
+fn floor_lines(
+    say: &dyn Fn(String),
+    floors: &[f64],
+    gso_refused: Option<&str>,
+    copy_floors: &[f64],
+    staged_floors: &[f64],
+    mb: f64,
+    bare: f64,
+) -> (Option<f64>, Option<Spread>, Option<Spread>) {
+    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 12], cells));
+    let floor = Spread::of(floors.iter().copied());
+    let gso = (!floors.is_empty()).then_some(floor.median);
+    match (gso, gso_refused) {
+        (Some(f), _) => line(&[
+            format!(
+                "bare sockets, UDP GSO + GRO, {LINK_MTU} B segs: median of {} ({:.0}–{:.0})",
+                floors.len(),
+                floor.min,
+                floor.max
+            ),
+            format!("{f:.0}"),
+            format!("{f:.0}"),
+            format!("{:.2}", f / bare),
+        ]),
+        (None, Some(e)) => say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor")),
+        (None, None) => {}
+    }
+    let copy = (!copy_floors.is_empty()).then(|| Spread::of(copy_floors.iter().copied()));
+    let staged = (!staged_floors.is_empty()).then(|| Spread::of(staged_floors.iter().copied()));
+    for (what, s) in [("from and into", copy), ("staged, from and into", staged)] {
+        if let Some(c) = s {
+            line(&[
+                format!("  the same, {what} {mb:.0} MB buffers ({:.0}–{:.0})", c.min, c.max),
+                format!("{:.0}", c.median),
+                format!("{:.0}", c.median),
+                format!("{:.2}", c.median / bare),
+            ]);
+        }
+    }
+    (gso, copy, staged)
+}
+
+/// The directly attached simgpu's copies each way: its pages touched once first, as `bench
+/// simgpu` does, so the figure is the copy's, not the kernel zeroing fresh pages.
+fn direct_copies(args: &BridgeBench) -> Result<Copied, String> {
+    let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
+    let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
+        .map_err(|e| e.to_string())?;
+    let buf = pinned(&mut d, args.copy_bytes)?;
+    timed_copies(&mut d, &buf, args.copy_repeat)
+}
+
+/// The bridged rows' variants: each driver with the link's tags (the default) and without
+/// them (what authentication costs in bulk), io_uring also with zero-copy sends.
+fn variants(drivers: &[DriverKind]) -> Vec<(DriverKind, Frames, link::driver::Offload)> {
+    let auto = link::driver::Offload::AUTO;
+    let zero_copy = link::driver::Offload { zero_copy_send: true, ..auto };
+    let mut variants = Vec::new();
+    for &driver in drivers {
+        variants.push((driver, Frames::Tagged, auto));
+        variants.push((driver, Frames::Unauthenticated, auto));
+        if driver == DriverKind::IoUring {
+            variants.push((driver, Frames::Tagged, zero_copy));
+        }
+    }
+    variants
+}
+
+/// The CPU seconds each bridged row's copies took per GiB, host and box, each way.
+fn cpu_table(say: &dyn Fn(String), cpu: &[(String, Copied)]) {
     if !cpu.is_empty() {
         say(String::new());
         let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 10, 10], cells));
@@ -391,14 +423,12 @@ fn dma_section(
             &["    CPU seconds per GiB moved", "host h→d", "box h→d", "host d→h", "box d→h"]
                 .map(String::from),
         );
-        for (label, c) in &cpu {
+        for (label, c) in cpu {
             let figures =
                 [c.host_cpu[0], c.box_cpu[0], c.host_cpu[1], c.box_cpu[1]].map(|x| format!("{x:.3}"));
             line(&[[label.to_string()].as_slice(), &figures].concat());
         }
     }
-
-    Ok((dma, gso, floors, [copy.map(|c| c.median), staged.map(|c| c.median)]))
 }
 
 /// (c): the demo workload bridged against direct.
