@@ -428,58 +428,9 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             "p50 / floor".into()
         ])
     );
-    let floors = [(true, bare_pingpong(true, true, n, None)?), (false, bare_pingpong(false, true, n, None)?)];
-    for (busy, f) in &floors {
-        let mode = if *busy { "busy-poll" } else { "blocking" };
-        let poll = if *busy { "busy" } else { "blocking" };
-        rtt_rows.push(serde_json::json!({"path": "bare", "driver": "plain", "poll": poll,
-            "p50_us": us(f.p50), "p99_us": us(f.p99)}));
-        say!(
-            "{}",
-            row(&[
-                format!("bare UDP ping-pong, {mode} (floor)"),
-                format!("{:.1}", us(f.p50)),
-                format!("{:.1}", us(f.p99)),
-                "1.00".into()
-            ])
-        );
-        // For reference: what not connecting the client's socket costs.
-        let unconnected = bare_pingpong(*busy, false, n, None)?;
-        say!(
-            "{}",
-            row(&[
-                "  the same, client socket not connected".into(),
-                format!("{:.1}", us(unconnected.p50)),
-                format!("{:.1}", us(unconnected.p99)),
-                format!("{:.2}", us(unconnected.p50) / us(f.p50))
-            ])
-        );
-    }
-    for driver in [DriverKind::Portable, DriverKind::IoUring] {
-        if driver == DriverKind::IoUring && uring.is_err() {
-            continue;
-        }
-        for (busy, floor) in &floors {
-            let rtt = session_rtt(driver, *busy, n)?;
-            rtt_rows.push(serde_json::json!({"path": "session", "driver": driver_name(driver),
-                "poll": if *busy { "busy" } else { "blocking" }, "p50_us": us(rtt.p50), "p99_us": us(rtt.p99),
-                "per_floor": us(rtt.p50) / us(floor.p50)}));
-            let name = format!(
-                "session, {}, {}",
-                if driver == DriverKind::Portable { "portable" } else { "io_uring" },
-                if *busy { "busy-poll" } else { "blocking" }
-            );
-            say!(
-                "{}",
-                row(&[
-                    name,
-                    format!("{:.1}", us(rtt.p50)),
-                    format!("{:.1}", us(rtt.p99)),
-                    format!("{:.2}", us(rtt.p50) / us(floor.p50))
-                ])
-            );
-        }
-    }
+    let say_row = |cells: &[String]| say!("{}", row(cells));
+    let floors = floor_rows(&say_row, n, &mut rtt_rows)?;
+    session_rows(&say_row, n, uring.is_ok(), &floors, &mut rtt_rows)?;
     say!();
     let size = 256;
     let tlp_len = write_tlp(size).len();
@@ -535,54 +486,138 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
         );
     }
     say!();
-    let (mac64, mac1472, aead64, aead1472) = (mac_cost(64), mac_cost(1472), aead_cost(64), aead_cost(1472));
-    let (mac9000, aead9000) = (mac_cost(9000), aead_cost(9000));
-    let (crc1472, crc9000) = (crc_cost(1472), crc_cost(9000));
-    say!(
-        "frame CRC32C: {crc1472:.0} ns per 1472-byte frame ({:.2} GB/s), {crc9000:.0} ns per 9000-byte \
-         frame ({:.2} GB/s)",
-        1472.0 / crc1472,
-        9000.0 / crc9000
-    );
-    say!(
-        "frame MAC (AES-128-GMAC): {mac64:.0} ns per 64-byte frame, {mac1472:.0} ns per 1472-byte frame \
-         ({:.2} GB/s), {mac9000:.0} ns per 9000-byte frame ({:.2} GB/s)",
-        1472.0 / mac1472,
-        9000.0 / mac9000
-    );
-    say!(
-        "frame AEAD (AES-128-GCM, body encrypted): {aead64:.0} ns per 64-byte frame, {aead1472:.0} ns per \
-         1472-byte frame ({:.2} GB/s), {aead9000:.0} ns per 9000-byte frame ({:.2} GB/s)",
-        1472.0 / aead1472,
-        9000.0 / aead9000
-    );
-    for (encrypt, what) in [(false, "tagged"), (true, "encrypted")] {
-        let cpu = session_cpu(size, encrypt);
-        if let Some((rtt, tx, rx)) = cpu {
-            cpu_rows.push(serde_json::json!({"frames": what, "round_trip_ns": rtt, "send_frame_ns": tx,
-                "receive_frame_ns": rx}));
-        }
-        match cpu {
-            Some((rtt, tx, rx)) => say!(
-                "session CPU, in memory, frames {what}: {rtt:.0} ns per round trip (both sides); per \
-                 streamed frame {tx:.0} ns sending, {rx:.0} ns receiving"
-            ),
-            None => say!("session CPU, in memory, frames {what}: the sessions did not come up"),
-        }
-    }
+    let say_line = |line: String| say!("{line}");
+    let costs = frame_costs(&say_line);
+    cpu_rows.extend(session_cpu_lines(&say_line, size));
     if json {
         let report = serde_json::json!({
             "mtu_bytes": args.mtu,
             "round_trips": rtt_rows,
             "streaming": stream_rows,
-            "mac_ns": {"64": mac64, "1472": mac1472, "9000": mac9000},
-            "aead_ns": {"64": aead64, "1472": aead1472, "9000": aead9000},
-            "crc_ns": {"1472": crc1472, "9000": crc9000},
+            "mac_ns": costs["mac_ns"],
+            "aead_ns": costs["aead_ns"],
+            "crc_ns": costs["crc_ns"],
             "session_cpu": cpu_rows,
         });
         outln!("{report}");
     }
     Ok(())
+}
+
+/// (a) The floor: a bare UDP ping-pong busy-polling and blocking (and, for reference, with
+/// the client's socket not connected), a row each; the two floors.
+fn floor_rows(
+    say: &dyn Fn(&[String]),
+    n: usize,
+    rows: &mut Vec<serde_json::Value>,
+) -> std::io::Result<[(bool, Rtt); 2]> {
+    let floors = [(true, bare_pingpong(true, true, n, None)?), (false, bare_pingpong(false, true, n, None)?)];
+    for (busy, f) in &floors {
+        let mode = if *busy { "busy-poll" } else { "blocking" };
+        let poll = if *busy { "busy" } else { "blocking" };
+        rows.push(serde_json::json!({"path": "bare", "driver": "plain", "poll": poll,
+            "p50_us": us(f.p50), "p99_us": us(f.p99)}));
+        say(&[
+            format!("bare UDP ping-pong, {mode} (floor)"),
+            format!("{:.1}", us(f.p50)),
+            format!("{:.1}", us(f.p99)),
+            "1.00".into(),
+        ]);
+        // For reference: what not connecting the client's socket costs.
+        let unconnected = bare_pingpong(*busy, false, n, None)?;
+        say(&[
+            "  the same, client socket not connected".into(),
+            format!("{:.1}", us(unconnected.p50)),
+            format!("{:.1}", us(unconnected.p99)),
+            format!("{:.2}", us(unconnected.p50) / us(f.p50)),
+        ]);
+    }
+    Ok(floors)
+}
+
+/// (b) A one-TLP request/response through two sessions, for each driver (io_uring where the
+/// kernel has it) and mode, a row each against its floor.
+fn session_rows(
+    say: &dyn Fn(&[String]),
+    n: usize,
+    uring: bool,
+    floors: &[(bool, Rtt); 2],
+    rows: &mut Vec<serde_json::Value>,
+) -> std::io::Result<()> {
+    for driver in [DriverKind::Portable, DriverKind::IoUring] {
+        if driver == DriverKind::IoUring && !uring {
+            continue;
+        }
+        for (busy, floor) in floors {
+            let rtt = session_rtt(driver, *busy, n)?;
+            rows.push(serde_json::json!({"path": "session", "driver": driver_name(driver),
+                "poll": if *busy { "busy" } else { "blocking" }, "p50_us": us(rtt.p50), "p99_us": us(rtt.p99),
+                "per_floor": us(rtt.p50) / us(floor.p50)}));
+            let name = format!(
+                "session, {}, {}",
+                if driver == DriverKind::Portable { "portable" } else { "io_uring" },
+                if *busy { "busy-poll" } else { "blocking" }
+            );
+            say(&[
+                name,
+                format!("{:.1}", us(rtt.p50)),
+                format!("{:.1}", us(rtt.p99)),
+                format!("{:.2}", us(rtt.p50) / us(floor.p50)),
+            ]);
+        }
+    }
+    Ok(())
+}
+
+/// (d) The per-frame costs of the CRC, the MAC and encryption, said and returned as JSON.
+fn frame_costs(say: &dyn Fn(String)) -> serde_json::Value {
+    let (mac64, mac1472, aead64, aead1472) = (mac_cost(64), mac_cost(1472), aead_cost(64), aead_cost(1472));
+    let (mac9000, aead9000) = (mac_cost(9000), aead_cost(9000));
+    let (crc1472, crc9000) = (crc_cost(1472), crc_cost(9000));
+    say(format!(
+        "frame CRC32C: {crc1472:.0} ns per 1472-byte frame ({:.2} GB/s), {crc9000:.0} ns per 9000-byte \
+         frame ({:.2} GB/s)",
+        1472.0 / crc1472,
+        9000.0 / crc9000
+    ));
+    say(format!(
+        "frame MAC (AES-128-GMAC): {mac64:.0} ns per 64-byte frame, {mac1472:.0} ns per 1472-byte frame \
+         ({:.2} GB/s), {mac9000:.0} ns per 9000-byte frame ({:.2} GB/s)",
+        1472.0 / mac1472,
+        9000.0 / mac9000
+    ));
+    say(format!(
+        "frame AEAD (AES-128-GCM, body encrypted): {aead64:.0} ns per 64-byte frame, {aead1472:.0} ns per \
+         1472-byte frame ({:.2} GB/s), {aead9000:.0} ns per 9000-byte frame ({:.2} GB/s)",
+        1472.0 / aead1472,
+        9000.0 / aead9000
+    ));
+    serde_json::json!({
+        "mac_ns": {"64": mac64, "1472": mac1472, "9000": mac9000},
+        "aead_ns": {"64": aead64, "1472": aead1472, "9000": aead9000},
+        "crc_ns": {"1472": crc1472, "9000": crc9000},
+    })
+}
+
+/// (e) The sessions' own CPU time in memory, frames tagged and frames encrypted, said and
+/// returned as JSON rows.
+fn session_cpu_lines(say: &dyn Fn(String), size: usize) -> Vec<serde_json::Value> {
+    let mut rows = Vec::new();
+    for (encrypt, what) in [(false, "tagged"), (true, "encrypted")] {
+        let cpu = session_cpu(size, encrypt);
+        if let Some((rtt, tx, rx)) = cpu {
+            rows.push(serde_json::json!({"frames": what, "round_trip_ns": rtt, "send_frame_ns": tx,
+                "receive_frame_ns": rx}));
+        }
+        match cpu {
+            Some((rtt, tx, rx)) => say(format!(
+                "session CPU, in memory, frames {what}: {rtt:.0} ns per round trip (both sides); per \
+                 streamed frame {tx:.0} ns sending, {rx:.0} ns receiving"
+            )),
+            None => say(format!("session CPU, in memory, frames {what}: the sessions did not come up")),
+        }
+    }
+    rows
 }
 
 fn driver_name(driver: DriverKind) -> &'static str {
