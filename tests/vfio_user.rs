@@ -170,33 +170,7 @@ fn bad_messages_get_errors_and_the_session_goes_on() {
     assert_eq!(caps["capabilities"]["max_msg_fds"], 16);
     assert_eq!(caps["capabilities"]["max_data_xfer_size"], 1 << 20);
 
-    let info = c.ok(cmd::DEVICE_GET_INFO, &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();
-    assert_eq!(info, proto::device_info(proto::DEVICE_FLAGS_RESET | proto::DEVICE_FLAGS_PCI, 9, 5));
-    // Regions: config, BAR0 (64 KiB registers), BAR2 (VRAM); none mappable.
-    let ri = |c: &mut Client, i: u32| {
-        let mut p = 32u32.to_le_bytes().to_vec();
-        p.extend_from_slice(&[0; 4]);
-        p.extend_from_slice(&i.to_le_bytes());
-        p.extend_from_slice(&[0; 20]);
-        let r = c.ok(cmd::DEVICE_GET_REGION_INFO, &p, &[]).unwrap();
-        (u32::from_le_bytes(r[4..8].try_into().unwrap()), u64::from_le_bytes(r[16..24].try_into().unwrap()))
-    };
-    assert_eq!(ri(&mut c, region::CONFIG), (3, 4096));
-    assert_eq!(ri(&mut c, 0), (3, 64 << 10));
-    assert_eq!(ri(&mut c, 1), (0, 0));
-    assert_eq!(ri(&mut c, 2).1, 256 << 20);
-    assert_eq!(ri(&mut c, region::ROM), (0, 0));
-    let mut p = 32u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&[0; 4]);
-    p.extend_from_slice(&9u32.to_le_bytes());
-    p.extend_from_slice(&[0; 20]);
-    assert_eq!(err(&mut c, cmd::DEVICE_GET_REGION_INFO, &p, &[]), errno::EINVAL);
-    let mut p = 16u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&[0; 4]);
-    p.extend_from_slice(&irq::MSIX.to_le_bytes());
-    p.extend_from_slice(&[0; 4]);
-    let r = c.ok(cmd::DEVICE_GET_IRQ_INFO, &p, &[]).unwrap();
-    assert_eq!(u32::from_le_bytes(r[12..16].try_into().unwrap()), 8);
+    device_regions_and_irqs_are_described(&mut c);
 
     // Config reads at any alignment; the IDs.
     assert_eq!(c.region_read(region::CONFIG, 0, 4).unwrap(), [0x34, 0x12, 0xa0, 0xd9]);
@@ -219,27 +193,7 @@ fn bad_messages_get_errors_and_the_session_goes_on() {
     p.extend_from_slice(&region::CONFIG.to_le_bytes());
     p.extend_from_slice(&4u32.to_le_bytes());
     assert_eq!(err(&mut c, cmd::REGION_READ, &p, &[efd.as_fd()]), errno::EINVAL);
-    // DMA maps: a descriptor that cannot be mapped, misaligned, overlapping, two fds.
-    assert!(c.dma_map(Some(efd.as_fd()), IOVA, 4096, 3).is_err(), "an eventfd is not memory");
-    // A file shorter than the range: mapping it would raise SIGBUS on the device's DMA.
-    let (short, _ms) = memfd(4096);
-    assert_eq!(c.dma_map(Some(short.as_fd()), IOVA, 8192, 3), Err(errno::EINVAL));
-    assert_eq!(c.dma_map(None, IOVA + 1, 4096, 3), Err(errno::EINVAL));
-    assert_eq!(c.dma_map(None, IOVA, 0, 3), Err(errno::EINVAL));
-    c.dma_map(None, IOVA, 8192, 3).unwrap();
-    assert_eq!(c.dma_map(None, IOVA + 4096, 4096, 3), Err(errno::EEXIST));
-    let (f1, _m1) = memfd(4096);
-    let (f2, _m2) = memfd(4096);
-    let mut p = 32u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&3u32.to_le_bytes());
-    p.extend_from_slice(&0u64.to_le_bytes());
-    p.extend_from_slice(&(IOVA + (1 << 20)).to_le_bytes());
-    p.extend_from_slice(&4096u64.to_le_bytes());
-    assert_eq!(err(&mut c, cmd::DMA_MAP, &p, &[f1.as_fd(), f2.as_fd()]), errno::EINVAL);
-    // Unmapping what was never mapped: an error, and nothing else changes.
-    assert_eq!(c.dma_unmap(0x7000_0000, 4096), Err(errno::ENOENT));
-    c.dma_unmap(IOVA, 8192).unwrap();
-    assert_eq!(c.dma_unmap(IOVA, 8192), Err(errno::ENOENT));
+    bad_dma_maps_are_refused(&mut c, efd.as_fd());
     // SET_IRQS: wrong descriptor count, out of range, two data kinds.
     assert_eq!(
         c.set_irqs(irq::DATA_EVENTFD | irq::ACTION_TRIGGER, irq::MSIX, 0, 2, &[], &[efd.as_fd()]),
@@ -284,6 +238,64 @@ fn bad_messages_get_errors_and_the_session_goes_on() {
         VfioUserClient::connect(&served.path, GuestMemory { shared: false, iova: IOVA, len: 4096 }).unwrap();
     c2.version().unwrap();
     assert_eq!(c2.region_read(region::CONFIG, 0, 2).unwrap(), [0x34, 0x12]);
+}
+
+/// DEVICE_GET_INFO, the regions (config, BAR0 of 64 KiB registers, BAR2 of VRAM; none
+/// mappable, an index past them refused) and the MSI-X vectors, as the server describes them.
+fn device_regions_and_irqs_are_described(c: &mut Client) {
+    let info = c.ok(cmd::DEVICE_GET_INFO, &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();
+    assert_eq!(info, proto::device_info(proto::DEVICE_FLAGS_RESET | proto::DEVICE_FLAGS_PCI, 9, 5));
+    // Regions: config, BAR0 (64 KiB registers), BAR2 (VRAM); none mappable.
+    let ri = |c: &mut Client, i: u32| {
+        let mut p = 32u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&[0; 4]);
+        p.extend_from_slice(&i.to_le_bytes());
+        p.extend_from_slice(&[0; 20]);
+        let r = c.ok(cmd::DEVICE_GET_REGION_INFO, &p, &[]).unwrap();
+        (u32::from_le_bytes(r[4..8].try_into().unwrap()), u64::from_le_bytes(r[16..24].try_into().unwrap()))
+    };
+    assert_eq!(ri(c, region::CONFIG), (3, 4096));
+    assert_eq!(ri(c, 0), (3, 64 << 10));
+    assert_eq!(ri(c, 1), (0, 0));
+    assert_eq!(ri(c, 2).1, 256 << 20);
+    assert_eq!(ri(c, region::ROM), (0, 0));
+    let mut p = 32u32.to_le_bytes().to_vec();
+    p.extend_from_slice(&[0; 4]);
+    p.extend_from_slice(&9u32.to_le_bytes());
+    p.extend_from_slice(&[0; 20]);
+    assert_eq!(err(c, cmd::DEVICE_GET_REGION_INFO, &p, &[]), errno::EINVAL);
+    let mut p = 16u32.to_le_bytes().to_vec();
+    p.extend_from_slice(&[0; 4]);
+    p.extend_from_slice(&irq::MSIX.to_le_bytes());
+    p.extend_from_slice(&[0; 4]);
+    let r = c.ok(cmd::DEVICE_GET_IRQ_INFO, &p, &[]).unwrap();
+    assert_eq!(u32::from_le_bytes(r[12..16].try_into().unwrap()), 8);
+}
+
+/// DMA maps refused: a descriptor that is not memory, a file shorter than the range,
+/// misaligned, empty, overlapping, two descriptors; unmapping what was never mapped.
+fn bad_dma_maps_are_refused(c: &mut Client, efd: std::os::fd::BorrowedFd<'_>) {
+    // DMA maps: a descriptor that cannot be mapped, misaligned, overlapping, two fds.
+    assert!(c.dma_map(Some(efd), IOVA, 4096, 3).is_err(), "an eventfd is not memory");
+    // A file shorter than the range: mapping it would raise SIGBUS on the device's DMA.
+    let (short, _ms) = memfd(4096);
+    assert_eq!(c.dma_map(Some(short.as_fd()), IOVA, 8192, 3), Err(errno::EINVAL));
+    assert_eq!(c.dma_map(None, IOVA + 1, 4096, 3), Err(errno::EINVAL));
+    assert_eq!(c.dma_map(None, IOVA, 0, 3), Err(errno::EINVAL));
+    c.dma_map(None, IOVA, 8192, 3).unwrap();
+    assert_eq!(c.dma_map(None, IOVA + 4096, 4096, 3), Err(errno::EEXIST));
+    let (f1, _m1) = memfd(4096);
+    let (f2, _m2) = memfd(4096);
+    let mut p = 32u32.to_le_bytes().to_vec();
+    p.extend_from_slice(&3u32.to_le_bytes());
+    p.extend_from_slice(&0u64.to_le_bytes());
+    p.extend_from_slice(&(IOVA + (1 << 20)).to_le_bytes());
+    p.extend_from_slice(&4096u64.to_le_bytes());
+    assert_eq!(err(c, cmd::DMA_MAP, &p, &[f1.as_fd(), f2.as_fd()]), errno::EINVAL);
+    // Unmapping what was never mapped: an error, and nothing else changes.
+    assert_eq!(c.dma_unmap(0x7000_0000, 4096), Err(errno::ENOENT));
+    c.dma_unmap(IOVA, 8192).unwrap();
+    assert_eq!(c.dma_unmap(IOVA, 8192), Err(errno::ENOENT));
 }
 
 #[test]
