@@ -200,15 +200,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let c4 = claim(&mut client, &mut first).expect("claimed again");
     assert_eq!(c4.record.advertise, "127.0.0.1:9");
     // A box reports a device unhealthy: pool ls says so and nobody claims it.
-    let record = DeviceRecord { advertise: "127.0.0.1:9".into(), ..c4.record.clone() };
-    let h = BoxAgent::start(cfg.clone(), "box-h", vec![("gpu0".into(), record)]).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    while !h.registered() {
-        assert!(Instant::now() < end, "box-h registers");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut report = h.health_reporter();
-    report("gpu0", "does not answer config reads after its reset (Vendor ID 0xffff)");
+    let (h, end) = (unhealthy_box(&cfg, &c4.record), Instant::now() + Duration::from_secs(10));
     let state = |client: &mut pool::etcd::Client| {
         let ls = rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
         ls.into_iter().find(|e| e.box_name == "box-h").map(|e| e.state)
@@ -390,4 +382,19 @@ fn a_stock_etcd_keeps_quiet_agents_and_their_watches_and_a_restart_resumes_them(
     assert!(!fenced.load(Ordering::SeqCst), "the host fenced itself");
     drop(host);
     agent.stop();
+}
+
+/// A box "box-h" serving one device (a copy of `like`'s record at 127.0.0.1:9), registered,
+/// which then reports it unhealthy.
+fn unhealthy_box(cfg: &pool::PoolConfig, like: &DeviceRecord) -> BoxAgent {
+    let record = DeviceRecord { advertise: "127.0.0.1:9".into(), ..like.clone() };
+    let h = BoxAgent::start(cfg.clone(), "box-h", vec![("gpu0".into(), record)]).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !h.registered() {
+        assert!(Instant::now() < end, "box-h registers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut report = h.health_reporter();
+    report("gpu0", "does not answer config reads after its reset (Vendor ID 0xffff)");
+    h
 }
