@@ -267,15 +267,9 @@ impl Drop for Testbed {
 
 #[test]
 fn the_quickstart_runs_as_written_on_two_machines() {
-    for tool in ["ip", "nft", "tcpdump", "curl", "setsid", "timeout"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .map_or(true, |o| !o.status.success())
-        {
-            eprintln!("skipped: {tool} not found (.ci/run installs iproute2, nftables, tcpdump, curl)");
-            return;
-        }
+    if let Some(tool) = missing_tool() {
+        eprintln!("skipped: {tool} not found (.ci/run installs iproute2, nftables, tcpdump, curl)");
+        return;
     }
     let dxpu = PathBuf::from(env!("CARGO_BIN_EXE_dxpu"));
     let doc = std::fs::read_to_string(repo().join("docs/quickstart.md")).unwrap();
@@ -292,21 +286,7 @@ fn the_quickstart_runs_as_written_on_two_machines() {
     // Two machines on one segment, at the page's addresses, with jumbo frames as its [link]
     // asks; nothing leaves the namespaces.
     let veth = (format!("vqs{tag}a"), format!("vqs{tag}b"));
-    let setup = || -> Result<(), String> {
-        ip(&format!("netns add {}", b.ns))?;
-        ip(&format!("netns add {}", h.ns))?;
-        ip(&format!(
-            "link add {} netns {} mtu 9000 type veth peer name {} netns {} mtu 9000",
-            veth.0, b.ns, veth.1, h.ns
-        ))?;
-        for (m, dev, addr) in [(b, &veth.0, "10.0.0.7/24"), (h, &veth.1, "10.0.0.21/24")] {
-            ip(&format!("-n {} addr add {addr} dev {dev}", m.ns))?;
-            ip(&format!("-n {} link set {dev} up", m.ns))?;
-            ip(&format!("-n {} link set lo up", m.ns))?;
-        }
-        Ok(())
-    };
-    if let Err(e) = setup() {
+    if let Err(e) = two_machines(b, h, &veth) {
         eprintln!("skipped: cannot make two network namespaces ({e}); the test needs root and iproute2");
         return;
     }
@@ -385,10 +365,7 @@ fn the_quickstart_runs_as_written_on_two_machines() {
         said.contains("host->box KEEPALIVE") && said.contains("box->host KEEPALIVE"),
         "the capture decodes: {said}"
     );
-    let ctl = |m: &Machine, sock: &str, method: &str| -> serde_json::Value {
-        let out = run(m, &format!("dxpu ctl --json --socket {sock} {method}"), &dxpu);
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
-    };
+    let ctl = |m: &Machine, sock: &str, method: &str| ctl(m, &dxpu, sock, method);
     let gpu_sock = rewrite("/run/dxpu/gpu.sock", b, &all);
     let host_sock = rewrite("/run/dxpu/host.sock", h, &all);
     let devs = ctl(b, &gpu_sock, "devices");
@@ -399,39 +376,86 @@ fn the_quickstart_runs_as_written_on_two_machines() {
     );
     let devs = ctl(h, &host_sock, "devices");
     assert_eq!(devs[0]["state"], "attached", "{devs}");
-    // The firewall is in the path: with the host's address out of the set, the box hears
-    // nothing from it, and the host's session goes down.
-    run(b, "nft delete element inet dxpu hosts '{ 10.0.0.21 }'", &dxpu);
+    the_firewall_is_in_the_path(b, h, &dxpu, &host_sock);
+    reloads(h, &all, &dxpu);
+    drop(bed);
+}
+
+/// The first tool the test needs that this machine lacks.
+fn missing_tool() -> Option<&'static str> {
+    ["ip", "nft", "tcpdump", "curl", "setsid", "timeout"].into_iter().find(|tool| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+    })
+}
+
+/// Two machines on one segment, at the page's addresses, with jumbo frames as its [link]
+/// asks; nothing leaves the namespaces.
+fn two_machines(b: &Machine, h: &Machine, veth: &(String, String)) -> Result<(), String> {
+    ip(&format!("netns add {}", b.ns))?;
+    ip(&format!("netns add {}", h.ns))?;
+    ip(&format!(
+        "link add {} netns {} mtu 9000 type veth peer name {} netns {} mtu 9000",
+        veth.0, b.ns, veth.1, h.ns
+    ))?;
+    for (m, dev, addr) in [(b, &veth.0, "10.0.0.7/24"), (h, &veth.1, "10.0.0.21/24")] {
+        ip(&format!("-n {} addr add {addr} dev {dev}", m.ns))?;
+        ip(&format!("-n {} link set {dev} up", m.ns))?;
+        ip(&format!("-n {} link set lo up", m.ns))?;
+    }
+    Ok(())
+}
+
+/// `dxpu ctl --json` on machine `m` against control socket `sock`.
+fn ctl(m: &Machine, dxpu: &Path, sock: &str, method: &str) -> serde_json::Value {
+    let out = run(m, &format!("dxpu ctl --json --socket {sock} {method}"), dxpu);
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The firewall is in the path: with the host's address out of the set, the box hears
+/// nothing from it, and the host's session goes down; put back, it attaches again.
+fn the_firewall_is_in_the_path(b: &Machine, h: &Machine, dxpu: &Path, host_sock: &str) {
+    run(b, "nft delete element inet dxpu hosts '{ 10.0.0.21 }'", dxpu);
     let mut down = false;
     for _ in 0..100 {
-        if ctl(h, &host_sock, "devices")[0]["state"] != "attached" {
+        if ctl(h, dxpu, host_sock, "devices")[0]["state"] != "attached" {
             down = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(down, "the host kept its session through a firewall that drops it");
-    run(b, "nft add element inet dxpu hosts '{ 10.0.0.21 }'", &dxpu);
+    run(b, "nft add element inet dxpu hosts '{ 10.0.0.21 }'", dxpu);
     let mut up = false;
     for _ in 0..200 {
-        if ctl(h, &host_sock, "devices")[0]["state"] == "attached" {
+        if ctl(h, dxpu, host_sock, "devices")[0]["state"] == "attached" {
             up = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(up, "the host did not attach again once the firewall let it: {}", ctl(h, &host_sock, "devices"));
-    // The page's reload: the file checked, then applied.
+    assert!(
+        up,
+        "the host did not attach again once the firewall let it: {}",
+        ctl(h, dxpu, host_sock, "devices")
+    );
+}
+
+/// The page's reload: the file checked, then applied; a refused file fails the reload, as
+/// `systemctl reload` reports it.
+fn reloads(h: &Machine, all: &[&Machine], dxpu: &Path) {
     std::fs::write(
-        rewrite("/etc/dxpu/host.toml", h, &all),
-        std::fs::read_to_string(rewrite("/etc/dxpu/host.toml", h, &all))
+        rewrite("/etc/dxpu/host.toml", h, all),
+        std::fs::read_to_string(rewrite("/etc/dxpu/host.toml", h, all))
             .unwrap()
             .replace("poll = \"busy\"", "poll = \"blocking\""),
     )
     .unwrap();
-    run(h, "systemctl reload dxpu-host", &dxpu);
+    run(h, "systemctl reload dxpu-host", dxpu);
     // A refused file fails the reload, as `systemctl reload` reports it.
-    std::fs::write(rewrite("/etc/dxpu/host.toml", h, &all), "[link]\nmtu = 1\n").unwrap();
+    std::fs::write(rewrite("/etc/dxpu/host.toml", h, all), "[link]\nmtu = 1\n").unwrap();
     let refused = Command::new("ip")
         .args([
             "netns",
@@ -448,5 +472,4 @@ fn the_quickstart_runs_as_written_on_two_machines() {
         .output()
         .unwrap();
     assert!(!refused.status.success(), "a refused file reloads: {refused:?}");
-    drop(bed);
 }
