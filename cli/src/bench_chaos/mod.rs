@@ -288,290 +288,47 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
             "etcd not found (Debian package etcd-server, or set DXPU_ETCD): the soak runs a pool".into()
         );
     }
-    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("dxpu-chaos-{}-{}", args.seed, std::process::id())),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut rng = Rng(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut soak = Soak::start(&args)?;
     let progress = crate::out::Progress::new("chaos", args.minutes * 60.0);
-    let mut cluster = pool::cluster::EtcdCluster::start(3).map_err(|e| e.to_string())?;
-    let etcd = cluster.endpoints();
-    let mut boxes = Vec::new();
-    for name in ["box-a", "box-b"] {
-        let b = BoxProc {
-            name,
-            port: free_port(true)?,
-            metrics: free_port(false)?,
-            config: dir.join(format!("{name}.toml")),
-            child: None,
-            named_allow: true,
-            imp: Imp::default(),
-        };
-        b.write_config(&dir, &etcd)?;
-        boxes.push(b);
-    }
-    let spawn = |args: &[&str], config: &Path, log: &Path| -> Result<Child, String> {
-        let f = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
-        Command::new(&exe)
-            .args(args)
-            .arg("--config")
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(f))
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", exe.display()))
-    };
-    for b in &mut boxes {
-        b.child = Some(spawn(&["gpu"], &b.config, &dir.join(format!("{}.log", b.name)))?);
-    }
-    // Registered: four devices in the pool.
-    let cfg = pool::PoolConfig::new(etcd.clone());
-    let listed = || {
-        pool::block_on(async {
-            let mut c = pool::connect(&cfg).await?;
-            pool::admin::ls(&mut c, &cfg).await
-        })
-        .ok()
-        .and_then(Result::ok)
-        .map_or(0, |l| l.len())
-    };
-    let t = Instant::now();
-    while listed() < 4 {
-        for b in &mut boxes {
-            if let Some(c) = &mut b.child
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                let log = std::fs::read_to_string(dir.join(format!("{}.log", b.name))).unwrap_or_default();
-                return Err(format!("{} exited ({st}) at its start: {}", b.name, log.trim()));
-            }
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            return Err("the boxes did not register their devices within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-
-    let mut tally = Tally::default();
-    let mut runs: Vec<Run> = Vec::new();
-    let mut next_run = 0u64;
-    let mut box_b_back: Option<Instant> = None;
-    let mut etcd_back: Option<(usize, Instant)> = None;
-    let mut stallers: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(args.minutes * 60.0);
-    let mut next_fault = start + rng.ms(1000, 3000);
+    let mut next_fault = start + soak.rng.ms(1000, 3000);
     let mut next_probe = start;
     let mut next_rss = start;
     // About 120 samples of box-a's memory whatever the soak's length, one a second at least.
     let rss_every = Duration::from_secs_f64((args.minutes * 60.0 / 120.0).max(1.0));
-    let box_a_pid = boxes[0].child.as_ref().map_or(0, Child::id);
-    while Instant::now() < end || !runs.is_empty() {
+    let box_a_pid = soak.boxes[0].child.as_ref().map_or(0, Child::id);
+    while Instant::now() < end || !soak.runs.is_empty() {
         let now = Instant::now();
         progress.at(
             now.duration_since(start).as_secs_f64(),
-            &format!("{} runs, {} verified", tally.runs, tally.verified),
+            &format!("{} runs, {} verified", soak.tally.runs, soak.tally.verified),
         );
-        // Runs that ended, or ran past their limit.
-        let mut i = 0;
-        while i < runs.len() {
-            let r = &mut runs[i];
-            let done = r.child.try_wait().map_err(|e| e.to_string())?;
-            let status = match done {
-                Some(s) => Some(s),
-                None if r.started.elapsed() > RUN_LIMIT => {
-                    let _ = r.child.kill();
-                    let _ = r.child.wait();
-                    tally
-                        .unexplained
-                        .push(format!("run {}: no result within {RUN_LIMIT:?} ({:?})", r.id, r.imp));
-                    None
-                }
-                None => {
-                    i += 1;
-                    continue;
-                }
-            };
-            let r = runs.swap_remove(i);
-            tally.runs += 1;
-            let Some(status) = status else { continue };
-            let log = std::fs::read_to_string(&r.log).unwrap_or_default();
-            if status.success() && log.contains("workload verified") {
-                tally.verified += 1;
-            } else if r.killed {
-                *tally.failed.entry("killed by the soak (injected)".into()).or_default() += 1;
-            } else if let Some(why) = reason(&log) {
-                *tally.failed.entry(why).or_default() += 1;
-            } else {
-                tally
-                    .unexplained
-                    .push(format!("run {}: exited {status} without saying why ({:?})", r.id, r.imp));
-            }
+        soak.reap_runs()?;
+        if now < end {
+            soak.start_runs()?;
         }
-        // New runs while there is time.
-        while now < end && runs.len() < CONCURRENT_RUNS {
-            next_run += 1;
-            let imp = Imp::for_run(&mut rng);
-            if imp.loss >= 0.5 {
-                tally.fault("loss burst to 50 % on a host's link");
-            } else if imp.loss > 0.0 {
-                tally.fault("loss, delay and reordering on a host's link");
-            }
-            let host = if next_run.is_multiple_of(2) { ("host-a", KEY_A) } else { ("host-b", KEY_B) };
-            let config = dir.join(format!("run-{next_run}.toml"));
-            let t = format!(
-                "[link]\npoll = \"blocking\"\nidle_timeout_ms = 1000\n[pool]\netcd = {etcd:?}\nhost = \"{}\"\n\
-                 key = \"{}\"\nwant = 1\nlease_ttl_s = 5\n{}",
-                host.0,
-                host.1,
-                imp.toml()
-            );
-            std::fs::write(&config, t).map_err(|e| format!("{}: {e}", config.display()))?;
-            let log = dir.join(format!("run-{next_run}.log"));
-            let child = spawn(&["host", "--workload"], &config, &log)?;
-            runs.push(Run { id: next_run, child, log, started: Instant::now(), killed: false, imp });
-        }
-        // Things that come back.
-        if box_b_back.is_some_and(|t| now >= t) {
-            box_b_back = None;
-            let b = &mut boxes[1];
-            b.write_config(&dir, &etcd)?;
-            b.child = Some(spawn(&["gpu"], &b.config, &dir.join("box-b.log"))?);
-        }
-        if let Some((m, t)) = etcd_back
-            && now >= t
-        {
-            etcd_back = None;
-            cluster.restart(m).map_err(|e| e.to_string())?;
-        }
-        // The next fault.
+        soak.bring_back(now)?;
         if now >= next_fault && now < end {
-            next_fault = now + rng.ms(1000, 3000);
-            match rng.below(7) {
-                0 if box_b_back.is_none() => {
-                    if let Some(mut c) = boxes[1].child.take() {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    boxes[1].imp = if rng.chance(0.5) {
-                        Imp { loss: 0.1, delay_us: rng.below(300), jitter_us: rng.below(300) }
-                    } else {
-                        Imp::default()
-                    };
-                    box_b_back = Some(now + rng.ms(500, 3000));
-                    tally.fault("box-b killed (SIGKILL) and restarted");
-                }
-                1 if !runs.is_empty() => {
-                    let k = rng.below(runs.len() as u64) as usize;
-                    let _ = runs[k].child.kill();
-                    runs[k].killed = true;
-                    tally.fault("host killed mid-run (SIGKILL)");
-                }
-                2 if etcd_back.is_none() => {
-                    let m = rng.below(3) as usize;
-                    cluster.kill(m);
-                    etcd_back = Some((m, now + rng.ms(2000, 5000)));
-                    tally.fault("etcd member killed and restarted");
-                }
-                3 => {
-                    let k = rng.below(2) as usize;
-                    let b = &mut boxes[k];
-                    if let Some(c) = &b.child {
-                        b.named_allow = !b.named_allow;
-                        b.write_config(&dir, &etcd)?;
-                        let pid = rustix::process::Pid::from_child(c);
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::HUP);
-                        tally.fault("live reload (allow lists changed)");
-                    }
-                }
-                4 => {
-                    let sock = boxes[rng.below(2) as usize].socket(&dir);
-                    let hold = rng.ms(3000, 10_000);
-                    let partial = rng.chance(0.5);
-                    stallers.push(std::thread::spawn(move || {
-                        if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&sock) {
-                            if partial {
-                                let _ = s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"meth");
-                            }
-                            std::thread::sleep(hold);
-                        }
-                    }));
-                    tally.fault("control client that stalls");
-                }
-                5 => {
-                    let port = boxes[rng.below(2) as usize].metrics;
-                    let bytes = 3 + rng.below(8) as usize;
-                    stallers.push(std::thread::spawn(move || {
-                        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-                            for b in b"GET /metrics HTTP/1.1\r\n".iter().take(bytes) {
-                                if s.write_all(&[*b]).is_err() {
-                                    break;
-                                }
-                                std::thread::sleep(Duration::from_millis(1000));
-                            }
-                        }
-                    }));
-                    tally.fault("metrics client that trickles");
-                }
-                _ => {
-                    // Several idle metrics connections at once.
-                    let port = boxes[0].metrics;
-                    stallers.push(std::thread::spawn(move || {
-                        let held: Vec<_> = (0..8)
-                            .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok())
-                            .collect();
-                        std::thread::sleep(Duration::from_secs(4));
-                        drop(held);
-                    }));
-                    tally.fault("idle metrics connections");
-                }
-            }
+            next_fault = now + soak.rng.ms(1000, 3000);
+            soak.inject_fault(now)?;
         }
         // box-a answers throughout.
         if now >= next_probe {
             next_probe = now + Duration::from_secs(5);
-            tally.probes += 1;
-            let t = Instant::now();
-            let sock = boxes[0].socket(&dir);
-            if let Err(e) = ops::control::call(&sock, "status", Value::Null, PROBE_LIMIT) {
-                tally.probe_failures.push(format!("control at {:.0} s: {e}", start.elapsed().as_secs_f64()));
-            }
-            tally.probe_max = tally.probe_max.max(t.elapsed());
-            let t = Instant::now();
-            if let Err(e) = scrape(boxes[0].metrics) {
-                tally.probe_failures.push(format!("metrics at {:.0} s: {e}", start.elapsed().as_secs_f64()));
-            }
-            tally.probe_max = tally.probe_max.max(t.elapsed());
+            soak.probe(start);
         }
         if now >= next_rss {
             next_rss = now + rss_every;
             if let Some(kb) = rss_kb(box_a_pid) {
-                tally.rss.push((start.elapsed().as_secs_f64(), kb));
+                soak.tally.rss.push((start.elapsed().as_secs_f64(), kb));
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     progress.finish();
-    for s in stallers {
-        let _ = s.join();
-    }
-    for b in &mut boxes {
-        if let Some(c) = b.child.take() {
-            let pid = rustix::process::Pid::from_child(&c);
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let mut c = c;
-            let _ = c.wait();
-        }
-    }
-    if let Some((m, _)) = etcd_back {
-        let _ = cluster.restart(m);
-    }
+    soak.stop();
+    let Soak { dir, boxes, tally, .. } = soak;
     let logs: Vec<(&str, PathBuf)> = boxes.iter().map(|b| (b.name, b.ownership_log(&dir))).collect();
     let (owner_events, violations) = two_owners(&logs);
     let rss = RssTrend::of(&tally.rss, args.minutes * 60.0);
@@ -609,47 +366,60 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
     if args.json {
         outln!("{report}");
     } else {
-        outln!("dxpu bench chaos — seed {}, {:.1} min, in {}", args.seed, args.minutes, dir.display());
-        outln!(
-            "  workload runs: {} ({} verified, {} failed with a named reason, {} unexplained)",
-            tally.runs,
-            tally.verified,
-            failed,
-            tally.unexplained.len()
-        );
-        for (why, n) in &tally.failed {
-            outln!("    {n:>5}  {why}");
-        }
-        for u in &tally.unexplained {
-            outln!("    unexplained: {u}");
-        }
-        outln!("  faults injected:");
-        for (what, n) in &tally.faults {
-            outln!("    {n:>5}  {what}");
-        }
-        outln!(
-            "  ownership: {} events in the boxes' logs, {} two-owner violations",
-            owner_events,
-            violations.len()
-        );
-        for v in &violations {
-            outln!("    {v}");
-        }
-        outln!(
-            "  box-a: {} probes of its control socket and metrics, {} failed, slowest {:.0} ms; RSS {} KiB after the warm-up → {} KiB at the end ({})",
-            tally.probes,
-            tally.probe_failures.len(),
-            tally.probe_max.as_secs_f64() * 1e3,
-            rss.after_warmup,
-            rss.last,
-            if rss.flat { "flat" } else { "GROWING" }
-        );
-        for p in &tally.probe_failures {
-            outln!("    {p}");
-        }
-        outln!("  {}", if ok { "every run accounted for; no device had two owners" } else { "FAILED" });
+        print_text(&args, &dir, &tally, failed, (owner_events, &violations), &rss, ok);
     }
     Ok(ok)
+}
+
+/// The soak's report as text.
+fn print_text(
+    args: &ChaosBench,
+    dir: &Path,
+    tally: &Tally,
+    failed: u64,
+    (owner_events, violations): (u64, &[String]),
+    rss: &RssTrend,
+    ok: bool,
+) {
+    outln!("dxpu bench chaos — seed {}, {:.1} min, in {}", args.seed, args.minutes, dir.display());
+    outln!(
+        "  workload runs: {} ({} verified, {} failed with a named reason, {} unexplained)",
+        tally.runs,
+        tally.verified,
+        failed,
+        tally.unexplained.len()
+    );
+    for (why, n) in &tally.failed {
+        outln!("    {n:>5}  {why}");
+    }
+    for u in &tally.unexplained {
+        outln!("    unexplained: {u}");
+    }
+    outln!("  faults injected:");
+    for (what, n) in &tally.faults {
+        outln!("    {n:>5}  {what}");
+    }
+    outln!(
+        "  ownership: {} events in the boxes' logs, {} two-owner violations",
+        owner_events,
+        violations.len()
+    );
+    for v in violations {
+        outln!("    {v}");
+    }
+    outln!(
+        "  box-a: {} probes of its control socket and metrics, {} failed, slowest {:.0} ms; RSS {} KiB after the warm-up → {} KiB at the end ({})",
+        tally.probes,
+        tally.probe_failures.len(),
+        tally.probe_max.as_secs_f64() * 1e3,
+        rss.after_warmup,
+        rss.last,
+        if rss.flat { "flat" } else { "GROWING" }
+    );
+    for p in &tally.probe_failures {
+        outln!("    {p}");
+    }
+    outln!("  {}", if ok { "every run accounted for; no device had two owners" } else { "FAILED" });
 }
 
 /// One scrape of the metrics port within [`PROBE_LIMIT`].
@@ -732,3 +502,7 @@ mod tests {
         assert_eq!(RssTrend::of(&[], 30.0), RssTrend { after_warmup: 0, last: 0, flat: false });
     }
 }
+
+mod soak;
+
+use soak::Soak;
