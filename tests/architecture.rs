@@ -232,3 +232,67 @@ fn the_cli_crate_holds_the_files_the_architecture_lists_and_no_other() {
     assert!(extra.is_empty(), "in cli/ but not in docs/architecture.md's list: {extra:?}");
     assert!(gone.is_empty(), "listed in docs/architecture.md but not in cli/: {gone:?}");
 }
+
+/// The longest a function may be, in lines from its signature to its closing brace.
+const MAX_FUNCTION_LINES: usize = 120;
+
+/// Whether `line` opens a function with a body on the lines after it: `fn` after any
+/// visibility and qualifiers, not a declaration (`;`) or a one-line body.
+fn opens_function(line: &str) -> bool {
+    let mut rest = line.trim_start();
+    if let Some(r) = rest.strip_prefix("pub") {
+        rest = match r.strip_prefix('(') {
+            Some(r) => r.split_once(')').map_or("", |(_, r)| r),
+            None => r,
+        }
+        .trim_start();
+    }
+    for q in ["const ", "async ", "unsafe ", "extern \"C\" "] {
+        rest = rest.strip_prefix(q).unwrap_or(rest);
+    }
+    let end = line.trim_end();
+    rest.starts_with("fn ") && !end.ends_with(';') && !end.ends_with('}')
+}
+
+#[test]
+fn no_function_is_over_120_lines() {
+    let root = workspace();
+    let mut files = Vec::new();
+    for p in packages() {
+        rust_files(&p.dir, &mut files);
+    }
+    rust_files(&root.join("fuzz/fuzz_targets"), &mut files);
+    let mut long = BTreeSet::new();
+    for f in files {
+        let rel = f.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+        if rel.contains("/target/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !opens_function(line) {
+                continue;
+            }
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let close = format!("{indent}}}");
+            if let Some(n) = lines[i + 1..].iter().position(|l| *l == close).map(|k| k + 2)
+                && n > MAX_FUNCTION_LINES
+            {
+                long.insert(format!("{rel}:{}: {n} lines: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "over {MAX_FUNCTION_LINES} lines (docs/architecture.md): {long:#?}");
+}
+
+#[test]
+fn the_function_detector_sees_functions_and_not_declarations() {
+    assert!(opens_function("    pub(crate) fn run(args: &Args) -> Result<(), String> {"));
+    assert!(opens_function("pub async fn storm("));
+    assert!(opens_function("    pub(super) const fn get(self) -> u64 {"));
+    assert!(!opens_function("    fn send(&mut self, tlp: &TlpRepr<'_>);"));
+    assert!(!opens_function("    fn id(&self) -> Bdf { self.id }"));
+    assert!(!opens_function("    // fn not_code() {"));
+    assert!(!opens_function("    let f = |x| x;"));
+}
