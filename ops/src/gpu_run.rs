@@ -13,6 +13,7 @@ use crate::config::{self, GpuFile};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+pub use crate::stats::link_json;
 
 /// What `dxpu gpu` runs on besides the endpoint.
 pub struct GpuRuntime {
@@ -341,25 +342,6 @@ fn device_json(r: &ExportReport) -> Value {
             "dma_dropped": s.dma_dropped, "too_large": s.too_large, "resets": s.resets,
             "claims_revoked": s.claims_revoked, "stale_tokens": s.stale_tokens,
         },
-    })
-}
-
-/// A session's link counters as JSON (both endpoints' `sessions`).
-pub fn link_json(l: &link::Stats) -> Value {
-    json!({
-        "rtt_p50_le_us": l.rtt_quantile_us(0.5), "rtt_p99_le_us": l.rtt_quantile_us(0.99),
-        "rtt_samples": l.rtt_samples(),
-        "frames_sent": l.frames_sent, "frames_received": l.frames_received,
-        "bytes_sent": l.bytes_sent, "bytes_received": l.bytes_received,
-        "tlps_sent": l.tlps_sent, "tlps_received": l.tlps_received,
-        "data_frames_sent": l.data_frames_sent, "acks_sent": l.acks_sent,
-        "retransmits": l.retransmits, "replay_timeouts": l.replay_timeouts,
-        "naks_sent": l.naks_sent, "naks_received": l.naks_received,
-        "credit_stalls": l.credit_stalls,
-        "dropped_malformed": l.dropped_malformed, "dropped_bad_mac": l.dropped_bad_mac,
-        "dropped_replayed": l.dropped_replayed, "dropped_stale_epoch": l.dropped_stale_epoch,
-        "dropped_out_of_window": l.dropped_out_of_window, "duplicate_data": l.duplicate_data,
-        "key_updates": l.key_updates,
     })
 }
 

@@ -11,7 +11,8 @@
 //! - `control` — the JSON-RPC 2.0 control socket, a thread per client; `metrics` — the
 //!   Prometheus endpoint on hyper; `capture` — pcapng of the link; `notify` — sd_notify;
 //!   `reload` — configuration read off the loop with a deadline; `process` — logging and the
-//!   signal flags.
+//!   signal flags; `stats` — the endpoints' counters as JSON and a host's metrics, which the
+//!   three run times share (below them, so that none reaches into another for them).
 //!
 //! Nothing here is on a datapath: the loops poll the endpoints and hand control calls and
 //! scrapes to them between polls; no client, file or scrape can hold a session up.
@@ -27,3 +28,11 @@ pub mod notify;
 pub mod pool_run;
 pub mod process;
 pub mod reload;
+pub mod stats;
+
+/// What runs on each device a `--workload` host attached (not served over vfio-user): its
+/// label, the device, and the stop flag (raised by a signal); whether it verified. The
+/// device is the callee's to detach. (The static host's and the pool host's run times both
+/// take one.)
+pub type Workload<'a> =
+    &'a mut dyn FnMut(&str, bridge_host::RemoteDevice, &std::sync::atomic::AtomicBool) -> bool;

@@ -157,7 +157,7 @@ const METHODS: [&str; 5] = ["status", "devices", "sessions", "stats", "rpc_get_m
 pub fn run_host(
     hp: HostPool,
     stop: Arc<AtomicBool>,
-    mut workload: Option<crate::host_run::Workload<'_>>,
+    mut workload: Option<crate::Workload<'_>>,
     ops: crate::config::OpsSections,
 ) -> bool {
     let calls = crate::control::Calls::new();
@@ -336,7 +336,7 @@ fn answer(
                                 Use::Served(s) => Some(s.path().display().to_string()),
                                 Use::Local(_) => None,
                             },
-                            "counters": crate::host_run::host_stats_json(&h.stats()),
+                            "counters": crate::stats::host_stats_json(&h.stats()),
                         })
                     })
                     .collect(),
@@ -349,7 +349,7 @@ fn answer(
                     .map(|h| {
                         let mut v = json!({"device": h.claim.name(), "peer": peer(h)});
                         if let (Value::Object(m), Value::Object(l)) =
-                            (&mut v, crate::gpu_run::link_json(&h.stats().link))
+                            (&mut v, crate::stats::link_json(&h.stats().link))
                         {
                             m.extend(l);
                         }
@@ -361,7 +361,7 @@ fn answer(
         "stats" => {
             c.only_params(&[])?;
             let m: serde_json::Map<String, Value> =
-                held.iter().map(|h| (h.claim.name(), crate::host_run::host_stats_json(&h.stats()))).collect();
+                held.iter().map(|h| (h.claim.name(), crate::stats::host_stats_json(&h.stats()))).collect();
             Ok(json!({ "devices": m }))
         }
         "attach" | "detach" | "reload" => Err(RpcError::failed(format!(
@@ -369,17 +369,10 @@ fn answer(
             c.method
         ))),
         "metrics" => {
-            let mut x = crate::host_run::host_exposition();
+            let mut x = crate::stats::host_exposition();
             for h in held {
                 let state = if h.removed().is_some() { "removed" } else { "attached" };
-                crate::host_run::device_metrics(
-                    &mut x,
-                    &h.claim.name(),
-                    &peer(h),
-                    state,
-                    0,
-                    Some(&h.stats()),
-                );
+                crate::stats::device_metrics(&mut x, &h.claim.name(), &peer(h), state, 0, Some(&h.stats()));
             }
             Ok(Value::String(x.render()))
         }

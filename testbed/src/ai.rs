@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
+use crate::outcome::{Step, WorkloadError, WorkloadReport, check};
 use crate::suite::f32_bytes;
-use crate::workload::{Step, WorkloadError, WorkloadReport, check};
 use driver::{Command, DmaBuf, DriverError, PciFunction, SimGpuDriver, WaitMode};
 use simgpu_abi::op;
 

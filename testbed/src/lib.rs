@@ -22,6 +22,7 @@ pub mod ai;
 pub mod concurrent;
 pub mod direct;
 pub mod model;
+pub mod outcome;
 #[cfg(feature = "trace")]
 pub mod plan;
 #[cfg(feature = "trace")]

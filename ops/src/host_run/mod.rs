@@ -18,14 +18,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bridge_host::vfio_user::ServedDevice;
-use bridge_host::{AttachOptions, HostStats, LatencyHistogram, RemoteDevice, RemovalWatch};
+use bridge_host::{AttachOptions, RemoteDevice, RemovalWatch};
 use serde_json::{Value, json};
 
 use crate::config::{self, HostFile, ServedSocket};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
-use crate::gpu_run::link_json;
-use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
+use crate::metrics::{Exposition, MetricsServer, labels};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+use crate::stats::link_json;
 
 /// The wait before re-attaching a device whose attach failed or which was removed: from
 /// `RETRY_MIN`, doubling with jitter, to `RETRY_MAX` (a box down for a day is asked about
@@ -699,7 +699,7 @@ pub fn read_host_file(path: &std::path::Path, overrides: &[Option<String>; 3]) -
 }
 
 mod process;
-mod stats;
 
-pub use process::{HostStart, Workload, check, run, serve};
-pub use stats::{device_metrics, host_exposition, host_stats_json};
+pub use crate::Workload;
+pub use crate::stats::{device_metrics, host_exposition, host_stats_json};
+pub use process::{HostStart, check, run, serve};

@@ -129,11 +129,6 @@ pub struct HostStart {
     pub capture: Option<(PathBuf, u64)>,
 }
 
-/// What runs on each device a `--workload` host attached (not served over vfio-user): its
-/// label, the device, and the stop flag (raised by a signal); whether it verified. The
-/// device is the callee's to detach.
-pub type Workload<'a> = &'a mut dyn FnMut(&str, RemoteDevice, &AtomicBool) -> bool;
-
 /// `dxpu host --check`: the file read and validated as a start would (key files, sockets'
 /// directories, the pool section), nothing attached; what it would do.
 pub fn check(start: &HostStart) -> Result<String, String> {

@@ -1,6 +1,10 @@
-//! A host's metrics and its devices' counters as JSON (`dxpu ctl stats`).
+//! The endpoints' counters as JSON (`dxpu ctl stats`, `sessions`) and a host's metrics: what
+//! the static host, the pool host and the box all report, below each of their run times.
 
-use super::*;
+use bridge_host::{HostStats, LatencyHistogram};
+use serde_json::{Value, json};
+
+use crate::metrics::{Exposition, labels, link_metrics};
 
 /// A host endpoint's exposition, before its devices.
 pub fn host_exposition() -> Exposition {
@@ -98,5 +102,24 @@ pub fn host_stats_json(s: &HostStats) -> Value {
         "mmio_reads": s.mmio_reads.count(),
         "mmio_read_p50_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_ns": s.mmio_reads.quantile_ns(0.99),
         "link": link_json(&s.link),
+    })
+}
+
+/// A session's link counters as JSON (both endpoints' `sessions`).
+pub fn link_json(l: &link::Stats) -> Value {
+    json!({
+        "rtt_p50_le_us": l.rtt_quantile_us(0.5), "rtt_p99_le_us": l.rtt_quantile_us(0.99),
+        "rtt_samples": l.rtt_samples(),
+        "frames_sent": l.frames_sent, "frames_received": l.frames_received,
+        "bytes_sent": l.bytes_sent, "bytes_received": l.bytes_received,
+        "tlps_sent": l.tlps_sent, "tlps_received": l.tlps_received,
+        "data_frames_sent": l.data_frames_sent, "acks_sent": l.acks_sent,
+        "retransmits": l.retransmits, "replay_timeouts": l.replay_timeouts,
+        "naks_sent": l.naks_sent, "naks_received": l.naks_received,
+        "credit_stalls": l.credit_stalls,
+        "dropped_malformed": l.dropped_malformed, "dropped_bad_mac": l.dropped_bad_mac,
+        "dropped_replayed": l.dropped_replayed, "dropped_stale_epoch": l.dropped_stale_epoch,
+        "dropped_out_of_window": l.dropped_out_of_window, "duplicate_data": l.duplicate_data,
+        "key_updates": l.key_updates,
     })
 }
