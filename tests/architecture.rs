@@ -1,9 +1,9 @@
 //! The architecture's rules, checked: the dependencies between the workspace's crates, the
 //! places that may hold `unsafe`, the cli crate's files, as docs/architecture.md ("The rules
 //! CI checks") lists them, against `cargo metadata` and the crates' sources; and no source
-//! file over 800 lines, no function over 120. A dependency, an `unsafe`, a file or a length
-//! that the document does not allow fails this test — change the code, or the document with
-//! a reason.
+//! file over 800 lines, no function over 120, no circle of imports inside a crate. A
+//! dependency, an `unsafe`, a file, a length or a circle the document does not allow fails
+//! this test — change the code, or the document with a reason.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -297,4 +297,143 @@ fn the_function_detector_sees_functions_and_not_declarations() {
     assert!(!opens_function("    fn id(&self) -> Bdf { self.id }"));
     assert!(!opens_function("    // fn not_code() {"));
     assert!(!opens_function("    let f = |x| x;"));
+}
+
+/// The names `text` reaches through `prefix` (`crate::` or `super::`): each path of
+/// lowercase segments after it.
+fn paths_after<'a>(text: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices(prefix) {
+        // Not the tail of a longer word (`xcrate::`).
+        if text[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &text[at + prefix.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let segs: Vec<&str> = rest[..end].split("::").filter(|s| !s.is_empty()).collect();
+        if !segs.is_empty() {
+            out.push(segs);
+        }
+    }
+    out
+}
+
+/// A crate's modules (by path, "" for the root) and the modules each names, outside its
+/// `#[cfg(test)] mod tests`.
+fn module_imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut texts = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        if parts.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+            parts.pop();
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or("").to_string();
+        texts.insert(parts.join("::"), code);
+    }
+    let names: BTreeSet<String> = texts.keys().cloned().collect();
+    let mut edges = BTreeMap::new();
+    for (m, text) in &texts {
+        let mut to = BTreeSet::new();
+        for segs in paths_after(text, "crate::") {
+            // The longest module the path names, not this one, its parent or its child.
+            for k in (1..=segs.len()).rev() {
+                let cand = segs[..k].join("::");
+                if names.contains(&cand) {
+                    let related = cand == *m
+                        || cand.starts_with(&format!("{m}::"))
+                        || m.starts_with(&format!("{cand}::"));
+                    if !related {
+                        to.insert(cand);
+                    }
+                    break;
+                }
+            }
+        }
+        if let Some((parent, _)) = m.rsplit_once("::").or((!m.is_empty()).then_some(("", m.as_str()))) {
+            for segs in paths_after(text, "super::") {
+                let cand =
+                    if parent.is_empty() { segs[0].to_string() } else { format!("{parent}::{}", segs[0]) };
+                if names.contains(&cand) && cand != *m {
+                    to.insert(cand);
+                }
+            }
+        }
+        edges.insert(m.clone(), to);
+    }
+    edges
+}
+
+/// A circle of `edges`, if there is one: the modules on it.
+fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.to_string(), 1);
+        path.push(m.to_string());
+        for n in edges.get(m).into_iter().flatten() {
+            match state.get(n).copied().unwrap_or(0) {
+                1 => {
+                    let from = path.iter().position(|p| p == n).unwrap_or(0);
+                    return Some(path[from..].to_vec());
+                }
+                0 => {
+                    if let Some(c) = visit(n, edges, state, path) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(m.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for m in edges.keys() {
+        if state.get(m).copied().unwrap_or(0) == 0
+            && let Some(c) = visit(m, edges, &mut state, &mut Vec::new())
+        {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_circle_of_imports_inside_a_crate() {
+    let mut found = Vec::new();
+    for p in packages() {
+        if !p.dir.join("src").is_dir() {
+            continue;
+        }
+        if let Some(c) = circle(&module_imports(&p.dir.join("src"))) {
+            found.push(format!("{}: {}", p.name, c.join(" → ")));
+        }
+    }
+    assert!(found.is_empty(), "circles of imports (docs/architecture.md): {found:#?}");
+}
+
+#[test]
+fn the_circle_detector_finds_a_circle_and_only_one() {
+    let e = |pairs: &[(&str, &str)]| {
+        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            m.entry(a.to_string()).or_default().insert(b.to_string());
+            m.entry(b.to_string()).or_default();
+        }
+        m
+    };
+    assert_eq!(circle(&e(&[("a", "b"), ("b", "c")])), None);
+    assert_eq!(circle(&e(&[("a", "b"), ("b", "c"), ("c", "a")])).map(|c| c.len()), Some(3));
+    assert_eq!(paths_after("use crate::config::{self, HostFile};", "crate::"), vec![vec!["config"]]);
+    assert_eq!(paths_after("x = crate::stats::link_json(&l)", "crate::"), vec![vec!["stats", "link_json"]]);
 }
