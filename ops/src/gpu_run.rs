@@ -535,6 +535,7 @@ pub fn run(start: GpuStart) -> Result<(), String> {
     let agent = match &file.pool {
         Some(p) => Some(
             p.pool(&opts_exports)
+                .map_err(String::from)
                 .and_then(|gp| crate::pool_run::start_box(&mut ep, &gp))
                 .map_err(|e| format!("{}: {e}", start.config.display()))?,
         ),

@@ -172,6 +172,7 @@ pub fn run_host(
     let metrics = match ops
         .1
         .listen()
+        .map_err(String::from)
         .and_then(|a| a.map(|a| crate::metrics::MetricsServer::bind(a, calls.sender())).transpose())
     {
         Ok(m) => m,

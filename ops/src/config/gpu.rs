@@ -23,14 +23,17 @@ impl GpuFile {
     }
 
     /// The endpoint's options; `listen` overrides the file's.
-    pub fn options(&self, listen: Option<&str>) -> Result<GpuOptions, String> {
+    pub fn options(&self, listen: Option<&str>) -> Result<GpuOptions, ConfigError> {
         let listen = match (listen, &self.listen) {
             (Some(l), _) => socket_addr("--listen", l)?,
             (None, Some(l)) => socket_addr("listen", l)?,
             (None, None) => SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
         };
         if self.host.is_empty() {
-            return Err("host: at least one [[host]] with a name and a key is needed".into());
+            return Err(ConfigError::section(
+                "host",
+                "at least one [[host]] with a name and a key is needed",
+            ));
         }
         let mut hosts = Vec::new();
         for (i, h) in self.host.iter().enumerate() {
@@ -46,7 +49,7 @@ impl GpuFile {
             });
         }
         if self.device.is_empty() {
-            return Err("device: at least one [[device]] to export is needed".into());
+            return Err(ConfigError::section("device", "at least one [[device]] to export is needed"));
         }
         let mut exports = Vec::new();
         for (i, d) in self.device.iter().enumerate() {
@@ -92,8 +95,10 @@ impl GpuFile {
                     }
                     DeviceSpec::Vfio(addr.clone())
                 }
-                (Some(_), Some(_)) => return Err(format!("{at}: give sim or vfio, not both")),
-                (None, None) => return Err(format!("{at}: sim = {{ … }} or vfio = \"…\" is required")),
+                (Some(_), Some(_)) => return Err(ConfigError::section(&at, "give sim or vfio, not both")),
+                (None, None) => {
+                    return Err(ConfigError::section(&at, "sim = { … } or vfio = \"…\" is required"));
+                }
             };
             if d.allow.is_empty() {
                 return Err(bad(

@@ -4,7 +4,7 @@ use super::*;
 
 impl HostFile {
     /// `[pool]`, if the file has one.
-    pub fn pool(&self) -> Result<Option<HostPool>, String> {
+    pub fn pool(&self) -> Result<Option<HostPool>, ConfigError> {
         let Some(p) = &self.pool else { return Ok(None) };
         let config = pool_config(&p.etcd, p.lease_ttl_s, &p.prefix)?;
         if !pool::valid_name(&p.host) {
@@ -67,7 +67,7 @@ impl HostFile {
 
     /// One set of attach options per `[[attach]]`; `server` overrides every server address.
     #[cfg(test)]
-    pub fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, String> {
+    pub fn options(&self, server: Option<&str>) -> Result<Vec<AttachOptions>, ConfigError> {
         Ok(self.attachments(server)?.into_iter().map(|(o, _)| o).collect())
     }
 
@@ -78,11 +78,12 @@ impl HostFile {
     pub fn attachments(
         &self,
         server: Option<&str>,
-    ) -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, String> {
+    ) -> Result<Vec<(AttachOptions, Option<ServedSocket>)>, ConfigError> {
         if self.attach.is_empty() && self.pool.is_none() {
-            return Err(
-                "attach: at least one [[attach]] with server, device and key (or a [pool]) is needed".into(),
-            );
+            return Err(ConfigError::section(
+                "attach",
+                "at least one [[attach]] with server, device and key (or a [pool]) is needed",
+            ));
         }
         let imp = self.impairment.impairment()?;
         let mut out = Vec::new();
@@ -159,7 +160,7 @@ impl HostFile {
     /// Each device its own place in the host's view: those without `bdf` take the first
     /// free slots from 00:01.0 on (00:01.0, 00:02.0, …), past every one given; two given the
     /// same are refused.
-    fn place_in_view(&self, out: &mut [(AttachOptions, Option<ServedSocket>)]) -> Result<(), String> {
+    fn place_in_view(&self, out: &mut [(AttachOptions, Option<ServedSocket>)]) -> Result<(), ConfigError> {
         let given: Vec<tlp::Bdf> = self
             .attach
             .iter()
@@ -194,7 +195,7 @@ impl HostFile {
 impl AttachSection {
     /// The attachment's completion timeout, DMA arena and service interval, where the file
     /// gives them, checked (`at` names the section in errors).
-    fn limits(&self, at: &str, o: &mut AttachOptions) -> Result<(), String> {
+    fn limits(&self, at: &str, o: &mut AttachOptions) -> Result<(), ConfigError> {
         let a = self;
         if let Some(ms) = a.completion_timeout_ms {
             if !(1..=60_000).contains(&ms) {
@@ -232,7 +233,7 @@ impl AttachSection {
 
     /// The vfio-user socket the device is served on, if the section names one, with the
     /// socket's mode, owner and group checked (and refused without a socket).
-    fn served_socket(&self, at: &str) -> Result<Option<ServedSocket>, String> {
+    fn served_socket(&self, at: &str) -> Result<Option<ServedSocket>, ConfigError> {
         let a = self;
         Ok(match &a.vfio_user_socket {
             None => {

@@ -99,7 +99,7 @@ pub struct MetricsSection {
 
 impl MetricsSection {
     /// The address to listen on, if metrics are on.
-    pub fn listen(&self) -> Result<Option<SocketAddr>, String> {
+    pub fn listen(&self) -> Result<Option<SocketAddr>, ConfigError> {
         self.listen.as_deref().map(|l| socket_addr("metrics.listen", l)).transpose()
     }
 }
@@ -181,10 +181,10 @@ fn pool_config(
     etcd: &[String],
     ttl: Option<u64>,
     prefix: &Option<String>,
-) -> Result<pool::PoolConfig, String> {
+) -> Result<pool::PoolConfig, ConfigError> {
     let etcd: Vec<String> = etcd
         .iter()
-        .map(|e| pool::etcd_url(e).map_err(|why| format!("pool.etcd: {why}")))
+        .map(|e| pool::etcd_url(e).map_err(|why| ConfigError::section("pool.etcd", why.to_string())))
         .collect::<Result<_, _>>()?;
     let mut c = pool::PoolConfig::new(etcd);
     if let Some(t) = ttl {
@@ -194,13 +194,13 @@ fn pool_config(
     if let Some(p) = prefix {
         c.prefix = p.clone();
     }
-    c.validate().map_err(|e| format!("pool.{e}"))?;
+    c.validate().map_err(|e| ConfigError::Pool(e.to_string()))?;
     Ok(c)
 }
 
 impl GpuPoolSection {
     /// The box's pool settings, for the devices it exports.
-    pub fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, String> {
+    pub fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, ConfigError> {
         let config = pool_config(&self.etcd, self.lease_ttl_s, &self.prefix)?;
         if !pool::valid_name(&self.box_name) {
             return Err(bad(
@@ -264,7 +264,7 @@ pub struct ServedSocket {
 }
 
 /// A user or group named in a file: by number, or by name through the system's databases.
-fn id_of(key: &str, value: &str, group: bool) -> Result<u32, String> {
+fn id_of(key: &str, value: &str, group: bool) -> Result<u32, ConfigError> {
     if let Ok(n) = value.parse::<u32>() {
         return Ok(n);
     }
@@ -302,8 +302,59 @@ pub struct HostFile {
     pub(crate) metrics: MetricsSection,
 }
 
-fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> String {
-    format!("{key} = {value}: {problem}")
+fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> ConfigError {
+    ConfigError::Value { key: key.to_string(), value: value.to_string(), problem: problem.to_string() }
+}
+
+/// Why a configuration cannot be used: the file, the key or the section, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A key's value: the key's place in the file (`attach[0].server`), the value as given,
+    /// what is wrong with it.
+    #[error("{key} = {value}: {problem}")]
+    Value {
+        /// The key.
+        key: String,
+        /// Its value, as the file gives it.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A section or key missing, or two given that exclude each other.
+    #[error("{at}: {problem}")]
+    Section {
+        /// Where (`pool`, `attach[1]`).
+        at: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// `[pool]` as the pool itself checks it (its key and what is wrong).
+    #[error("pool.{0}")]
+    Pool(String),
+    /// The file itself: it cannot be read, is too long, is not UTF-8, is not this TOML.
+    #[error("{path}: {problem}")]
+    File {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    fn section(at: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Section { at: at.into(), problem: problem.into() }
+    }
+    fn file(path: &Path, problem: impl std::fmt::Display) -> ConfigError {
+        ConfigError::File { path: path.display().to_string(), problem: problem.to_string() }
+    }
+}
+
+/// For the run times' errors, which are text.
+impl From<ConfigError> for String {
+    fn from(e: ConfigError) -> String {
+        e.to_string()
+    }
 }
 
 /// Largest configuration file read (a file this long is not a configuration).
@@ -311,34 +362,34 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Reads at most `limit` bytes of `path` as text; longer, or not UTF-8, is an error naming
 /// the file. `/dev/zero` and the like end at the limit.
-pub fn read_bounded(path: &Path, limit: u64) -> Result<String, String> {
+pub fn read_bounded(path: &Path, limit: u64) -> Result<String, ConfigError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = std::fs::File::open(path).map_err(|e| ConfigError::file(path, e))?;
     let mut bytes = Vec::new();
-    f.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.take(limit + 1).read_to_end(&mut bytes).map_err(|e| ConfigError::file(path, e))?;
     if bytes.len() as u64 > limit {
-        return Err(format!("{}: longer than {limit} bytes: not a configuration file", path.display()));
+        return Err(ConfigError::file(path, format!("longer than {limit} bytes: not a configuration file")));
     }
-    String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text ({e})", path.display()))
+    String::from_utf8(bytes).map_err(|e| ConfigError::file(path, format!("not UTF-8 text ({e})")))
 }
 
 /// Reads and parses a TOML file; the error names the file, line and key.
-pub fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, String> {
+pub fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigError> {
     let text = read_bounded(path, MAX_CONFIG_BYTES)?;
-    toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))
+    toml::from_str(&text).map_err(|e| ConfigError::file(path, e.to_string().trim_end()))
 }
 
 /// A key from hex (at least 16 bytes), given inline or in a file.
-fn key(section: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result<PresharedKey, String> {
+fn key(section: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result<PresharedKey, ConfigError> {
     let (hex, key_name) = match (inline, file) {
         (Some(k), None) => (k.clone(), format!("{section}.key")),
         (None, Some(f)) => {
             let name = format!("{section}.key_file");
             warn_if_others_can_read(&name, f);
-            (read_bounded(f, 4096).map_err(|e| bad(&name, f.display(), &e))?, name)
+            (read_bounded(f, 4096).map_err(|e| bad(&name, f.display(), &e.to_string()))?, name)
         }
-        (Some(_), Some(_)) => return Err(format!("{section}: give key or key_file, not both")),
-        (None, None) => return Err(format!("{section}: key or key_file is required")),
+        (Some(_), Some(_)) => return Err(ConfigError::section(section, "give key or key_file, not both")),
+        (None, None) => return Err(ConfigError::section(section, "key or key_file is required")),
     };
     let hex = hex.trim();
     let bytes = parse_hex(hex).ok_or_else(|| bad(&key_name, "…", "not hexadecimal digits"))?;
@@ -374,7 +425,7 @@ pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
 }
 
 /// The UDP driver `key` names (`auto`, `io_uring`, `portable`).
-pub fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
+pub fn driver_kind(key: &str, v: &str) -> Result<DriverKind, ConfigError> {
     match v {
         "auto" => Ok(DriverKind::Auto),
         "io_uring" | "uring" => Ok(DriverKind::IoUring),
@@ -384,7 +435,7 @@ pub fn driver_kind(key: &str, v: &str) -> Result<DriverKind, String> {
 }
 
 /// The poll mode `key` names (`blocking`, `busy` with `spin`).
-pub fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, String> {
+pub fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, ConfigError> {
     match v {
         "blocking" => Ok(PollMode::Blocking),
         "busy" => Ok(PollMode::Busy { spin }),
@@ -406,7 +457,7 @@ fn within<T: PartialOrd + std::fmt::Display + Copy>(
     value: Option<T>,
     range: std::ops::RangeInclusive<T>,
     unit: &str,
-) -> Result<Option<T>, String> {
+) -> Result<Option<T>, ConfigError> {
     match value {
         Some(v) if !range.contains(&v) => {
             Err(bad(key, v, &format!("must be {}..={} {unit}", range.start(), range.end())))
@@ -417,7 +468,7 @@ fn within<T: PartialOrd + std::fmt::Display + Copy>(
 
 impl LinkSection {
     /// Every value in range, named as in the file, before the session's own checks.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ConfigError> {
         within(
             "link.replay_timeout_us",
             self.replay_timeout_us,
@@ -446,7 +497,7 @@ impl LinkSection {
     }
 
     /// The link's settings under `psk`, every value checked and named on error.
-    pub fn settings(&self, psk: PresharedKey) -> Result<LinkSettings, String> {
+    pub fn settings(&self, psk: PresharedKey) -> Result<LinkSettings, ConfigError> {
         self.check()?;
         let mut c = link::Config::new(psk);
         if let Some(v) = self.mtu {
@@ -504,7 +555,7 @@ impl LinkSection {
 
 impl ImpairmentSection {
     /// The impairment the section asks for (none by default).
-    pub fn impairment(&self) -> Result<Impairment, String> {
+    pub fn impairment(&self) -> Result<Impairment, ConfigError> {
         within("impairment.delay_us", self.delay_us, 0..=10_000_000, "µs")?;
         within("impairment.jitter_us", self.jitter_us, 0..=10_000_000, "µs")?;
         within("impairment.rate_mbps", self.rate_mbps, 0..=10_000_000, "Mbit/s")?;
@@ -535,7 +586,7 @@ fn physical_memory_mib() -> Option<usize> {
     Some(kib / 1024)
 }
 
-fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, String> {
+fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
     v.parse().map_err(|_| bad(key, format!("\"{v}\""), "not an address:port (e.g. \"0.0.0.0:7440\")"))
 }
 

@@ -4,7 +4,7 @@ use super::*;
 const KEY: &str = "00112233445566778899aabbccddeeff";
 
 fn gpu(text: &str) -> Result<GpuOptions, String> {
-    toml::from_str::<GpuFile>(text).map_err(|e| e.to_string())?.options(None)
+    Ok(toml::from_str::<GpuFile>(text).map_err(|e| e.to_string())?.options(None)?)
 }
 
 #[test]
@@ -48,11 +48,11 @@ fn gpu_pool(pool: &str) -> Result<GpuPool, String> {
     );
     let f = toml::from_str::<GpuFile>(&text).map_err(|e| e.to_string())?;
     let o = f.options(None)?;
-    f.pool.as_ref().ok_or("no [pool]")?.pool(&o.exports)
+    Ok(f.pool.as_ref().ok_or("no [pool]")?.pool(&o.exports)?)
 }
 
 fn host_pool(pool: &str) -> Result<Option<HostPool>, String> {
-    toml::from_str::<HostFile>(&format!("[pool]\n{pool}")).map_err(|e| e.to_string())?.pool()
+    Ok(toml::from_str::<HostFile>(&format!("[pool]\n{pool}")).map_err(|e| e.to_string())?.pool()?)
 }
 
 #[test]
@@ -185,6 +185,7 @@ fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
         ))
         .map_err(|e| e.to_string())?
         .attachments(None)
+        .map_err(String::from)
     };
     let port0 = toml::from_str::<HostFile>(&format!(
         "[[attach]]\nserver = \"127.0.0.1:0\"\ndevice = \"gpu0\"\nkey = \"{KEY}\""
@@ -192,6 +193,12 @@ fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
     .unwrap()
     .attachments(None)
     .unwrap_err();
+    // Typed: the key, the value as given, the problem.
+    assert!(
+        matches!(&port0, ConfigError::Value { key, value, .. } if key == "attach[0].server" && value == "\"127.0.0.1:0\""),
+        "{port0:?}"
+    );
+    let port0 = port0.to_string();
     assert!(port0.contains("attach[0].server = \"127.0.0.1:0\""), "{port0}");
     let twice = host(&format!("[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\""))
         .unwrap_err();
@@ -227,12 +234,14 @@ fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
 #[test]
 fn configuration_files_are_read_bounded_and_as_text() {
     let e = read_bounded(Path::new("/dev/zero"), MAX_CONFIG_BYTES).unwrap_err();
+    assert!(matches!(&e, ConfigError::File { path, .. } if path == "/dev/zero"), "{e:?}");
+    let e = e.to_string();
     assert!(e.contains("/dev/zero") && e.contains("longer than"), "{e}");
     let dir = std::env::temp_dir().join(format!("dxpu-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("latin1.toml");
     std::fs::write(&f, b"listen = \"\xe9\"").unwrap();
-    let e = read_bounded(&f, MAX_CONFIG_BYTES).unwrap_err();
+    let e = read_bounded(&f, MAX_CONFIG_BYTES).unwrap_err().to_string();
     assert!(e.contains("not UTF-8"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -269,7 +278,7 @@ fn host_files_give_attach_options() {
         "[[attach]]\nserver = \"x\"\ndevice = \"g\"\nkey = \"{KEY}\"\ncompletion_timeout_ms = 0"
     ))
     .unwrap();
-    assert!(f.options(None).unwrap_err().contains("attach[0].server"));
+    assert!(f.options(None).unwrap_err().to_string().contains("attach[0].server"));
 }
 
 /// Devices without `bdf` each get their own place in the host's view (on 9b5fbd6 every
@@ -288,6 +297,6 @@ fn each_attach_gets_its_own_bdf() {
     assert_eq!(bdfs, ["00:02.0", "00:01.0", "00:03.0", "00:04.0"]);
     let text = [attach("a", Some("00:07.0")), attach("b", Some("00:07.0"))].concat();
     let f: HostFile = toml::from_str(&text).unwrap();
-    let e = f.attachments(None).unwrap_err();
+    let e = f.attachments(None).unwrap_err().to_string();
     assert!(e.contains("attach[1].bdf") && e.contains("attach[0] is at that BDF already"), "{e}");
 }
