@@ -142,6 +142,33 @@ impl Calls {
     }
 }
 
+/// A server of the run time (the control socket, the metrics endpoint) that could not start:
+/// what it was doing, and the system's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct StartError {
+    /// What failed (`control socket /run/dxpu/gpu.sock`, `metrics.listen 127.0.0.1:9100`).
+    pub what: String,
+    /// The system's error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl StartError {
+    /// A `map_err` for an `io::Error` while doing `what`.
+    pub fn of(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+        let what = what.into();
+        move |source| StartError { what, source }
+    }
+}
+
+/// For the run times' errors, which are text.
+impl From<StartError> for String {
+    fn from(e: StartError) -> String {
+        e.to_string()
+    }
+}
+
 /// The control socket, serving until dropped.
 pub struct ControlServer {
     socket: bridge_host::socket_path::SocketPath,
@@ -153,21 +180,21 @@ impl ControlServer {
     /// Binds `path` (mode 0600; a stale socket there that nobody serves is replaced; a live
     /// one, or anything that is not a socket — a file, a symlink — is an error and is left
     /// alone) and starts accepting.
-    pub fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, String> {
+    pub fn bind(path: &Path, tx: mpsc::Sender<Call>) -> Result<ControlServer, StartError> {
         let at = path.display();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
-                .map_err(|e| format!("control socket {at}: creating {}: {e}", dir.display()))?;
+                .map_err(StartError::of(format!("control socket {at}: creating {}", dir.display())))?;
         }
         let (listener, socket) = bridge_host::socket_path::bind(path, bridge_host::SocketAccess::default())
-            .map_err(|e| format!("control socket: {e}"))?;
-        listener.set_nonblocking(true).map_err(|e| format!("control socket {at}: {e}"))?;
+            .map_err(StartError::of("control socket"))?;
+        listener.set_nonblocking(true).map_err(StartError::of(format!("control socket {at}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let accept = std::thread::Builder::new()
             .name("dxpu-control".into())
             .spawn(move || accept_loop(listener, tx, stop2))
-            .map_err(|e| format!("control socket {at}: starting its thread: {e}"))?;
+            .map_err(StartError::of(format!("control socket {at}: starting its thread")))?;
         log::info!("control socket on {at}");
         Ok(ControlServer { socket, stop, accept: Some(accept) })
     }
@@ -383,28 +410,34 @@ pub const MAX_ANSWER: usize = 16 << 20;
 /// deadline for the whole exchange, not per read, and an answer longer than
 /// [`MAX_ANSWER`] is refused: a server that trickles or streams without end costs the
 /// caller that long and that much, no more.
-pub fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, String> {
-    let at = path.display();
+pub fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Result<Value, CallError> {
+    let at = path.display().to_string();
+    let io = |doing: &'static str| {
+        let at = at.clone();
+        move |source| CallError::Io { socket: at, doing, source }
+    };
     let deadline = std::time::Instant::now() + timeout;
-    let mut s = UnixStream::connect(path).map_err(|e| format!("control socket {at}: {e}"))?;
-    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut s =
+        UnixStream::connect(path).map_err(|source| CallError::Connect { socket: at.clone(), source })?;
+    s.set_write_timeout(Some(timeout)).map_err(io("setting its timeout"))?;
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    writeln!(s, "{req}").map_err(|e| format!("control socket {at}: sending: {e}"))?;
+    writeln!(s, "{req}").map_err(io("sending"))?;
     let mut line = Vec::new();
     let mut buf = [0u8; 64 << 10];
+    let no_answer = || CallError::NoAnswer { socket: at.clone(), within: timeout };
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err(format!("control socket {at}: no complete answer within {timeout:?}"));
+            return Err(no_answer());
         }
-        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(left)).map_err(io("setting its timeout"))?;
         let n = match s.read(&mut buf) {
             Ok(n) => n,
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(format!("control socket {at}: no complete answer within {timeout:?}"));
+                return Err(no_answer());
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("control socket {at}: reading: {e}")),
+            Err(e) => return Err(io("reading")(e)),
         };
         if n == 0 {
             break;
@@ -417,13 +450,68 @@ pub fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Resu
             None => line.extend_from_slice(&buf[..n]),
         }
         if line.len() > MAX_ANSWER {
-            return Err(format!("control socket {at}: the answer is longer than {MAX_ANSWER} bytes"));
+            return Err(CallError::TooLong { socket: at, limit: MAX_ANSWER });
         }
     }
     if line.is_empty() {
-        return Err(format!("control socket {at}: closed without an answer"));
+        return Err(CallError::Closed { socket: at });
     }
-    serde_json::from_slice(&line).map_err(|e| format!("control socket {at}: the answer is not JSON: {e}"))
+    serde_json::from_slice(&line).map_err(|e| CallError::NotJson { socket: at, why: e.to_string() })
+}
+
+/// Why a control call got no answer to read.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The socket could not be reached.
+    #[error("control socket {socket}: {source}")]
+    Connect {
+        /// The socket's path.
+        socket: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket could not be written or read.
+    #[error("control socket {socket}: {doing}: {source}")]
+    Io {
+        /// The socket's path.
+        socket: String,
+        /// What the call was doing.
+        doing: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No whole answer within the call's time.
+    #[error("control socket {socket}: no complete answer within {within:?}")]
+    NoAnswer {
+        /// The socket's path.
+        socket: String,
+        /// The time the call allowed.
+        within: Duration,
+    },
+    /// An answer longer than any the endpoint sends.
+    #[error("control socket {socket}: the answer is longer than {limit} bytes")]
+    TooLong {
+        /// The socket's path.
+        socket: String,
+        /// The most read.
+        limit: usize,
+    },
+    /// The endpoint closed the connection without answering.
+    #[error("control socket {socket}: closed without an answer")]
+    Closed {
+        /// The socket's path.
+        socket: String,
+    },
+    /// The answer is not JSON.
+    #[error("control socket {socket}: the answer is not JSON: {why}")]
+    NotJson {
+        /// The socket's path.
+        socket: String,
+        /// The parser's complaint.
+        why: String,
+    },
 }
 
 /// Seconds since `started`, to the millisecond.
@@ -483,10 +571,10 @@ mod tests {
             let e = call(&path, "status", Value::Null, Duration::from_millis(800)).unwrap_err();
             let took = t.elapsed();
             if trickle {
-                assert!(e.contains("no complete answer within"), "{e}");
+                assert!(matches!(e, CallError::NoAnswer { .. }), "{e}");
                 assert!(took < Duration::from_millis(1500), "{took:?}");
             } else {
-                assert!(e.contains("longer than"), "{e}");
+                assert!(matches!(e, CallError::TooLong { limit: MAX_ANSWER, .. }), "{e}");
             }
             server.join().unwrap();
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use prometheus::proto::{self, MetricType};
 
-use crate::control::Call;
+use crate::control::{Call, StartError};
 
 /// Label pairs of one sample.
 pub type Labels = Vec<(String, String)>;
@@ -191,21 +191,21 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Listens on `addr`; each scrape sends a `metrics` call to the endpoint through `calls`.
-    pub fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, String> {
+    pub fn bind(addr: SocketAddr, calls: mpsc::Sender<Call>) -> Result<MetricsServer, StartError> {
         let listener =
-            std::net::TcpListener::bind(addr).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| format!("metrics.listen {addr}: {e}"))?;
-        listener.set_nonblocking(true).map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+            std::net::TcpListener::bind(addr).map_err(StartError::of(format!("metrics.listen {addr}")))?;
+        let addr = listener.local_addr().map_err(StartError::of(format!("metrics.listen {addr}")))?;
+        listener.set_nonblocking(true).map_err(StartError::of(format!("metrics.listen {addr}")))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("metrics: its runtime: {e}"))?;
+            .map_err(StartError::of("metrics: its runtime"))?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("dxpu-metrics".into())
             .spawn(move || rt.block_on(serve(listener, calls, stop2)))
-            .map_err(|e| format!("metrics: starting its thread: {e}"))?;
+            .map_err(StartError::of("metrics: starting its thread"))?;
         log::info!("metrics on http://{addr}/metrics");
         Ok(MetricsServer { stop, thread: Some(thread) })
     }

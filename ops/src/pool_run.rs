@@ -169,12 +169,9 @@ pub fn run_host(
             }
             c => c.map(Result::ok),
         };
-    let metrics = match ops
-        .1
-        .listen()
-        .map_err(String::from)
-        .and_then(|a| a.map(|a| crate::metrics::MetricsServer::bind(a, calls.sender())).transpose())
-    {
+    let metrics = match ops.1.listen().map_err(String::from).and_then(|a| {
+        a.map(|a| crate::metrics::MetricsServer::bind(a, calls.sender()).map_err(String::from)).transpose()
+    }) {
         Ok(m) => m,
         Err(e) => {
             log::error!("{e}");

@@ -5,6 +5,24 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+/// Why the process could not set itself up.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// A log level that is not one.
+    #[error("--log-level {0}: must be error, warn, info, debug, trace or off")]
+    LogLevel(String),
+    /// A signal's handler could not be installed.
+    #[error("signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// For the run times' errors, which are text.
+impl From<ProcessError> for String {
+    fn from(e: ProcessError) -> String {
+        e.to_string()
+    }
+}
+
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -15,14 +33,14 @@ pub enum LogFormat {
 }
 
 /// Starts logging at `level` unless `RUST_LOG` says otherwise.
-pub fn init_logging(level: &str) -> Result<(), String> {
+pub fn init_logging(level: &str) -> Result<(), ProcessError> {
     init_logging_as(level, LogFormat::Text)
 }
 
 /// [`init_logging`] in `format`.
-pub fn init_logging_as(level: &str, format: LogFormat) -> Result<(), String> {
+pub fn init_logging_as(level: &str, format: LogFormat) -> Result<(), ProcessError> {
     if !["error", "warn", "info", "debug", "trace", "off"].contains(&level) {
-        return Err(format!("--log-level {level}: must be error, warn, info, debug, trace or off"));
+        return Err(ProcessError::LogLevel(level.to_string()));
     }
     let env = env_logger::Env::default().default_filter_or(level);
     let mut b = env_logger::Builder::from_env(env);
@@ -90,23 +108,22 @@ impl<'kvs> log::kv::VisitSource<'kvs> for JsonFields<'_> {
 }
 
 /// A flag SIGHUP sets: the endpoint reads its configuration again.
-pub fn hup_flag() -> Result<Arc<AtomicBool>, String> {
+pub fn hup_flag() -> Result<Arc<AtomicBool>, ProcessError> {
     let hup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
-        .map_err(|e| format!("signal handler: {e}"))?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()).map_err(ProcessError::Signal)?;
     Ok(hup)
 }
 
 /// A flag that SIGINT and SIGTERM set; a second one while it is set ends the process at once
 /// (exit status 1), for a stop that takes too long.
-pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
+pub fn stop_flag() -> Result<Arc<AtomicBool>, ProcessError> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // The conditional shutdown is registered first, so that it sees the flag as the first
         // signal left it.
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
-            .map_err(|e| format!("signal handler: {e}"))?;
+            .map_err(ProcessError::Signal)?;
     }
     Ok(stop)
 }

@@ -11,6 +11,14 @@ use crate::control::{Call, RpcError};
 /// How long a reload may take to read and validate its files.
 pub const READ_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Why a reload could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The thread that reads the files could not be started.
+    #[error("reload: starting the reading thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 /// A reload in progress: its reading thread's answer, and the `ctl reload` calls waiting.
 pub struct PendingRead<T> {
     rx: mpsc::Receiver<Result<T, String>>,
@@ -34,14 +42,14 @@ impl<T: Send + 'static> PendingRead<T> {
         what: String,
         deadline: Duration,
         read: impl FnOnce() -> Result<T, String> + Send + 'static,
-    ) -> Result<PendingRead<T>, String> {
+    ) -> Result<PendingRead<T>, ReloadError> {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("dxpu-reload".into())
             .spawn(move || {
                 let _ = tx.send(read());
             })
-            .map_err(|e| format!("reload: starting the reading thread: {e}"))?;
+            .map_err(ReloadError::Thread)?;
         Ok(PendingRead { rx, started: Instant::now(), deadline, what, waiters: Vec::new() })
     }
 
