@@ -19,19 +19,46 @@ pub struct Netns {
     subnet: [u8; 3],
 }
 
+/// Why the pair could not be made.
+#[derive(Debug)]
+pub enum NetnsError {
+    /// `ip` could not be run (iproute2 missing).
+    NoIp(io::Error),
+    /// An `ip` command failed: its arguments and what it said.
+    Ip {
+        /// The command's arguments.
+        args: String,
+        /// Its standard error.
+        said: String,
+    },
+}
+
+impl std::fmt::Display for NetnsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NetnsError::NoIp(e) => write!(f, "ip: {e}"),
+            NetnsError::Ip { args, said } => write!(f, "ip {args}: {said}"),
+        }
+    }
+}
+
+impl std::error::Error for NetnsError {}
+
 impl Netns {
     /// Creates the pair (replacing namespaces of the same names left by an earlier run).
     /// `tag` keeps concurrent tests apart and must leave interface names within 15 bytes.
-    pub fn create(tag: &str, subnet: [u8; 3]) -> Result<Netns, String> {
+    pub fn create(tag: &str, subnet: [u8; 3]) -> Result<Netns, NetnsError> {
         let a = format!("dxpu-{tag}-a");
         let b = format!("dxpu-{tag}-b");
-        let ip = |args: &str| -> Result<(), String> {
-            let out =
-                Command::new("ip").args(args.split_whitespace()).output().map_err(|e| format!("ip: {e}"))?;
+        let ip = |args: &str| -> Result<(), NetnsError> {
+            let out = Command::new("ip").args(args.split_whitespace()).output().map_err(NetnsError::NoIp)?;
             if out.status.success() {
                 Ok(())
             } else {
-                Err(format!("ip {args}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+                Err(NetnsError::Ip {
+                    args: args.to_string(),
+                    said: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                })
             }
         };
         let _ = ip(&format!("netns del {a}"));
