@@ -533,11 +533,11 @@ impl ServedDevice {
 
     /// Stops serving (the client's connection closes, the socket is removed) and gives the
     /// device back.
-    pub fn stop(mut self) -> Result<RemoteDevice, String> {
+    pub fn stop(mut self) -> Result<RemoteDevice, ServerPanicked> {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.take().map(std::thread::JoinHandle::join) {
             Some(Ok(d)) => Ok(d),
-            _ => Err(format!("the vfio-user thread for {} panicked", self.path.display())),
+            _ => Err(ServerPanicked { socket: self.path.clone() }),
         }
     }
 }
@@ -549,4 +549,12 @@ impl Drop for ServedDevice {
             let _ = t.join();
         }
     }
+}
+
+/// A vfio-user server's thread that ended by panicking: the device it held is lost with it.
+#[derive(Debug, thiserror::Error)]
+#[error("the vfio-user thread for {} panicked", socket.display())]
+pub struct ServerPanicked {
+    /// The socket it served.
+    pub socket: std::path::PathBuf,
 }
