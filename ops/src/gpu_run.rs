@@ -536,7 +536,7 @@ pub fn run(start: GpuStart) -> Result<(), String> {
         Some(p) => Some(
             p.pool(&opts_exports)
                 .map_err(String::from)
-                .and_then(|gp| crate::pool_run::start_box(&mut ep, &gp))
+                .and_then(|gp| crate::pool_run::start_box(&mut ep, &gp).map_err(String::from))
                 .map_err(|e| format!("{}: {e}", start.config.display()))?,
         ),
         None => None,

@@ -16,8 +16,32 @@ use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
 use crate::config::{GpuPool, HostPool};
 
+/// Why a box could not join its pool.
+#[derive(Debug, thiserror::Error)]
+pub enum BoxStartError {
+    /// `pool.ownership_log` could not be opened or written.
+    #[error("pool.ownership_log = {}: {source}", path.display())]
+    OwnershipLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pool's agent could not start.
+    #[error("{0}")]
+    Agent(#[source] pool::PoolError),
+}
+
+/// For the run times' errors, which are text.
+impl From<BoxStartError> for String {
+    fn from(e: BoxStartError) -> String {
+        e.to_string()
+    }
+}
+
 /// Registers the endpoint's exports in the pool and makes it serve claims only.
-pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String> {
+pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, BoxStartError> {
     let mut devices = Vec::new();
     for name in ep.export_names() {
         let Some(id) = ep.export_identity(&name) else { continue };
@@ -43,7 +67,7 @@ pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String>
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| format!("pool.ownership_log = {}: {e}", path.display()))?;
+            .map_err(|source| BoxStartError::OwnershipLog { path: path.clone(), source })?;
         let unix_us = || {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -55,7 +79,7 @@ pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String>
         let start = serde_json::json!({"unix_us": unix_us(), "event": "started", "box": gp.box_name});
         writeln!(f, "{start}")
             .and_then(|_| f.flush())
-            .map_err(|e| format!("pool.ownership_log = {}: {e}", path.display()))?;
+            .map_err(|source| BoxStartError::OwnershipLog { path: path.clone(), source })?;
         ep.set_ownership_sink(Box::new(move |ev| {
             let line = serde_json::json!({
                 "unix_us": unix_us(),
@@ -69,7 +93,7 @@ pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, String>
             let _ = writeln!(f, "{line}").and_then(|_| f.flush());
         }));
     }
-    let agent = BoxAgent::start(gp.config.clone(), &gp.box_name, devices).map_err(|e| e.to_string())?;
+    let agent = BoxAgent::start(gp.config.clone(), &gp.box_name, devices).map_err(BoxStartError::Agent)?;
     ep.set_claims(agent.claim_check());
     ep.set_health_sink(Box::new(agent.health_reporter()));
     log::info!(
