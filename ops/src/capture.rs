@@ -59,21 +59,63 @@ pub struct Capture {
     path: PathBuf,
     queue: Option<mpsc::SyncSender<Packet>>,
     dropped: Arc<AtomicU64>,
-    writer: Option<JoinHandle<Result<CaptureStats, String>>>,
+    writer: Option<JoinHandle<Result<CaptureStats, CaptureError>>>,
+}
+
+/// Why a capture could not be made or finished.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The file is there already: never overwritten.
+    #[error("--capture {path}: exists; refusing to overwrite it (remove it, or name another file)")]
+    Exists {
+        /// The file.
+        path: String,
+    },
+    /// The file could not be created or begun.
+    #[error("--capture {path}: {why}")]
+    Create {
+        /// The file.
+        path: String,
+        /// What failed.
+        why: String,
+    },
+    /// The writer's thread could not start.
+    #[error("--capture: starting its thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// Writing the file while the endpoint runs.
+    #[error("capture {path}: {why}")]
+    Write {
+        /// The file.
+        path: String,
+        /// What failed.
+        why: String,
+    },
+    /// `finish` called twice.
+    #[error("capture already finished")]
+    Finished,
+    /// The writer's thread panicked.
+    #[error("the capture thread panicked")]
+    Panicked,
+}
+
+/// For the run times' errors, which are text.
+impl From<CaptureError> for String {
+    fn from(e: CaptureError) -> String {
+        e.to_string()
+    }
 }
 
 impl Capture {
     /// Creates `path` (replacing it) and starts its writer; `limit` bounds its size.
-    pub fn create(path: &Path, limit: u64) -> Result<Capture, String> {
+    pub fn create(path: &Path, limit: u64) -> Result<Capture, CaptureError> {
         let at = path.display().to_string();
         // A file that is there already is someone's: never truncated (docs/reliability.md).
         let f = File::options().write(true).create_new(true).open(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => {
-                format!("--capture {at}: exists; refusing to overwrite it (remove it, or name another file)")
-            }
-            _ => format!("--capture {at}: {e}"),
+            std::io::ErrorKind::AlreadyExists => CaptureError::Exists { path: at.clone() },
+            _ => CaptureError::Create { path: at.clone(), why: e.to_string() },
         })?;
-        let mut w = PcapNgWriter::new(BufWriter::new(f)).map_err(|e| format!("--capture {at}: {e}"))?;
+        let create = |e: pcap_file::PcapError| CaptureError::Create { path: at.clone(), why: e.to_string() };
+        let mut w = PcapNgWriter::new(BufWriter::new(f)).map_err(create)?;
         let idb = InterfaceDescriptionBlock {
             linktype: DataLink::ETHERNET,
             snaplen: 0,
@@ -85,14 +127,14 @@ impl Capture {
                 InterfaceDescriptionOption::IfTsResol(9),
             ],
         };
-        w.write_pcapng_block(idb).map_err(|e| format!("--capture {at}: {e}"))?;
+        w.write_pcapng_block(idb).map_err(create)?;
         let (tx, rx) = mpsc::sync_channel::<Packet>(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let d2 = dropped.clone();
         let writer = std::thread::Builder::new()
             .name("dxpu-capture".into())
             .spawn(move || write_loop(w, rx, limit, &d2, &at))
-            .map_err(|e| format!("--capture: starting its thread: {e}"))?;
+            .map_err(CaptureError::Thread)?;
         log::info!("capturing the link to {} (at most {limit} bytes)", path.display());
         Ok(Capture { path: path.to_path_buf(), queue: Some(tx), dropped, writer: Some(writer) })
     }
@@ -112,10 +154,10 @@ impl Capture {
 
     /// Writes what is queued and closes the file. The endpoints holding its tap must be
     /// gone first: the writer ends once every tap is.
-    pub fn finish(mut self) -> Result<CaptureStats, String> {
+    pub fn finish(mut self) -> Result<CaptureStats, CaptureError> {
         self.queue = None;
-        let w = self.writer.take().ok_or("capture already finished")?;
-        let s = w.join().map_err(|_| "the capture thread panicked".to_string())??;
+        let w = self.writer.take().ok_or(CaptureError::Finished)?;
+        let s = w.join().map_err(|_| CaptureError::Panicked)??;
         log::info!(
             "capture {}: {} packets, {} bytes, {} dropped",
             self.path.display(),
@@ -142,8 +184,9 @@ fn write_loop(
     limit: u64,
     dropped: &AtomicU64,
     at: &str,
-) -> Result<CaptureStats, String> {
+) -> Result<CaptureStats, CaptureError> {
     let mut s = CaptureStats::default();
+    let write = |why: String| CaptureError::Write { path: at.to_string(), why };
     let mut written: u64 = 0;
     let mut full_logged = false;
     loop {
@@ -174,7 +217,7 @@ fn write_loop(
                     data: Cow::Owned(frame),
                     options: vec![EnhancedPacketOption::Flags(flags)],
                 };
-                w.write_pcapng_block(epb).map_err(|e| format!("capture {at}: {e}"))?;
+                w.write_pcapng_block(epb).map_err(|e| write(e.to_string()))?;
                 written += cost;
                 s.packets += 1;
                 s.bytes += p.bytes.len() as u64;
@@ -182,12 +225,12 @@ fn write_loop(
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Quiet for a moment: what was written reaches the file (a capture read while
                 // the endpoint runs, or one killed).
-                w.get_mut().flush().map_err(|e| format!("capture {at}: {e}"))?;
+                w.get_mut().flush().map_err(|e| write(e.to_string()))?;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    w.get_mut().flush().map_err(|e| format!("capture {at}: {e}"))?;
+    w.get_mut().flush().map_err(|e| write(e.to_string()))?;
     s.dropped += dropped.load(Ordering::Relaxed);
     Ok(s)
 }
@@ -552,7 +595,11 @@ mod tests {
         );
         // A file that is there is refused, not truncated.
         let e = Capture::create(&path, 200).err().unwrap();
-        assert!(e.contains("exists; refusing to overwrite"), "{e}");
+        assert!(
+            matches!(&e, CaptureError::Exists { .. })
+                && e.to_string().contains("exists; refusing to overwrite"),
+            "{e}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), whole);
         // A limit of one packet's worth: the rest are dropped and counted.
         let path = dir.join("limited.pcapng");
