@@ -364,6 +364,40 @@ fn entries_published_while_a_fetch_ahead_is_out_get_a_read_of_their_own_beside_i
     assert_eq!(dev.command_fetches, 4);
 }
 
+/// The first of two ring reads in flight fails; the second lands after: the failure is
+/// reported, the entry at its start dropped, and what the second brought is not trusted
+/// either — the entries after the failed one are read again, once the second has landed (it
+/// would otherwise land over the new read).
+#[test]
+fn a_failed_fetch_beside_a_second_is_reported_and_the_entries_after_it_read_again() {
+    let (mut dev, mut up, reads) = raw_busy_then_published();
+    let first: Vec<SentRead> = raw_ring_reads(&reads, RAW_RING).into_iter().cloned().collect();
+    raw_write_reg(&mut dev, &mut up, reg::RING_TAIL, 5);
+    let second: Vec<SentRead> =
+        raw_ring_reads(&raw_reads(&mut dev, &mut up, 1), RAW_RING).into_iter().cloned().collect();
+    assert_eq!(second.len(), 1, "a second read beside the first");
+    raw_complete(&mut dev, &mut up, &first, None);
+    // The copy runs out; the processor reaches the failed slot while the second is out: no
+    // new read until it lands.
+    assert!(raw_ring_reads(&raw_reads(&mut dev, &mut up, 40), RAW_RING).is_empty());
+    let fences_3_4 = [(op::FENCE, [RAW_FENCE, 3, 0]), (op::FENCE, [RAW_FENCE, 4, 0])];
+    raw_complete_with(&mut dev, &mut up, &raw_parse(&second[0]), &raw_ring(&fences_3_4));
+    let again: Vec<SentRead> =
+        raw_ring_reads(&raw_reads(&mut dev, &mut up, 40), RAW_RING).into_iter().cloned().collect();
+    assert_eq!(
+        again.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        [(RAW_RING + 128, 192)],
+        "slots 2 to 4 again"
+    );
+    let fences_2_4 =
+        [(op::FENCE, [RAW_FENCE, 2, 0]), (op::FENCE, [RAW_FENCE, 3, 0]), (op::FENCE, [RAW_FENCE, 4, 0])];
+    raw_complete_with(&mut dev, &mut up, &raw_parse(&again[0]), &raw_ring(&fences_2_4));
+    assert!(raw_reads(&mut dev, &mut up, 5).is_empty());
+    assert_eq!(raw_fences(&up, RAW_FENCE), [2, 3, 4], "slot 1 dropped, each after it run once");
+    assert_eq!(raw_reg(&mut dev, reg::ERROR), err::DMA);
+    assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 5);
+}
+
 /// A fetch ahead that has not landed when the processor gets to it is waited for, and
 /// counted as the round trip the link makes the device wait — once.
 #[test]
