@@ -181,12 +181,9 @@ impl DeviceState {
             // is most of an answer's cost, and it comes after.
             let clock = self.link.clock;
             let answered = std::cell::Cell::new(0usize);
-            let mut first = true;
-            let spent = || {
-                let spent = !first
-                    && answer_until.is_some_and(|end| answered.get() >= ANSWER_CHUNK || clock.now() >= end);
-                first = false;
-                spent
+            let spent = |handed: usize| {
+                handed > 0
+                    && answer_until.is_some_and(|end| answered.get() >= ANSWER_CHUNK || clock.now() >= end)
             };
             dispatcher.drain_until(spent, |(), kept| match kept {
                 Kept::Request(t) => {

@@ -148,15 +148,17 @@ impl<L: Copy> Dispatcher<L> {
     /// Hands `f` what was kept, in arrival order, and forgets it (the storage stays for the
     /// next poll: a poll that keeps no more than one before allocates nothing).
     pub fn drain(&mut self, f: impl FnMut(L, Kept<'_>)) {
-        self.drain_until(|| false, f);
+        self.drain_until(|_| false, f);
     }
 
-    /// [`Dispatcher::drain`] until `stop` says so, asked before each item: what is left stays
-    /// kept, in order, for the next call — for a bridge that answers in slices between other
-    /// work of its thread's.
-    pub fn drain_until(&mut self, mut stop: impl FnMut() -> bool, mut f: impl FnMut(L, Kept<'_>)) {
-        while !self.kept.is_empty() && !stop() {
+    /// [`Dispatcher::drain`] until `stop` says so, asked before each item with how many were
+    /// handed over already: what is left stays kept, in order, for the next call — for a
+    /// bridge that answers in slices between other work of its thread's.
+    pub fn drain_until(&mut self, mut stop: impl FnMut(usize) -> bool, mut f: impl FnMut(L, Kept<'_>)) {
+        let mut handed = 0;
+        while !self.kept.is_empty() && !stop(handed) {
             let Some((label, item)) = self.kept.pop_front() else { break };
+            handed += 1;
             match item {
                 Item::Request(t, d, n) => f(label, Kept::Request(t.with_data(&d[..n]))),
                 Item::Control(c) => f(label, Kept::Control(c)),
@@ -273,12 +275,8 @@ mod tests {
 
     fn order(d: &mut Dispatcher<u32>, stop_after: usize) -> Vec<String> {
         let mut seen = Vec::new();
-        let mut asked = 0;
         d.drain_until(
-            || {
-                asked += 1;
-                asked > stop_after
-            },
+            |handed| handed >= stop_after,
             |_, k| {
                 seen.push(match k {
                     Kept::Request(t) => format!("{}", t.requester_tag().1.value()),
