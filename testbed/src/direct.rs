@@ -386,12 +386,20 @@ pub(crate) fn config_request<R: Requester>(r: &mut R, reg: u16, data: Option<[u8
 /// completion may make the device send more): each from where its bytes lie, the
 /// completions built over host memory and handed to the device.
 pub(crate) fn serve_reads<D: Device>(host: &mut HostPort, dev: &mut D) {
-    serve_reads_upto(host, dev, usize::MAX);
+    serve_reads_while(host, dev, |_| true);
 }
 
-/// [`serve_reads`], at most `max` of them (the oldest).
-pub(crate) fn serve_reads_upto<D: Device>(host: &mut HostPort, dev: &mut D, max: usize) {
-    for _ in 0..max {
+/// [`serve_reads`], oldest first, while `more` (asked with how many were served so far, before
+/// each) says to go on.
+pub(crate) fn serve_reads_while<D: Device>(
+    host: &mut HostPort,
+    dev: &mut D,
+    mut more: impl FnMut(usize) -> bool,
+) {
+    for served in 0.. {
+        if !more(served) {
+            return;
+        }
         let Some(t) = host.reads.pop_front() else { return };
         let Body::MemRead { address, length_dw, .. } = t.body else { continue };
         host.completed_since_run = true;

@@ -62,3 +62,54 @@ fn what_the_driver_polls_follows_every_write_of_the_devices() {
         d.pci().dma_write(&word, 0, &[i; 64]);
     }
 }
+
+/// Copies of megabytes each way while the driver reads the destination's first words, writes
+/// a buffer of its own and reads it back: the device's reads are served many to a taking of
+/// the host's lock and its writes a step to a taking, the driver's calls in between. What the
+/// driver wrote reads back at once, and once the fence is seen every byte copied out is there.
+#[test]
+fn long_copies_each_way_beside_a_driver_that_reads_and_writes_throughout() {
+    use driver::simgpu::{Command, WaitMode};
+    use simgpu_abi::op;
+    const BYTES: usize = 8 << 20;
+    let mut d = open();
+    let src = d.pinned(0, BYTES).unwrap();
+    let dst = d.pinned(1, BYTES).unwrap();
+    let own = d.pci().dma_alloc(4096).unwrap();
+    // Written by the device after the copy out, in ring order: the driver's sign it is done.
+    let done = d.pci().dma_alloc(64).unwrap();
+    let marker = BYTES as u64;
+    for round in 0..4u8 {
+        let data: Vec<u8> = (0..BYTES).map(|i| (i as u8).wrapping_mul(7).wrapping_add(round)).collect();
+        d.pci().dma_write(&src, 0, &data);
+        d.pci().dma_write(&dst, 0, &vec![0xa5; BYTES]);
+        d.enqueue(Command { opcode: op::COPY_H2V, args: [src.bus.get(), 0, BYTES as u64, 0, 0] }).unwrap();
+        d.enqueue(Command { opcode: op::COPY_V2H, args: [0, dst.bus.get(), BYTES as u64, 0, 0] }).unwrap();
+        let value = u64::from(u32::from_le_bytes([round + 1; 4]));
+        d.enqueue(Command { opcode: op::FILL, args: [marker, 64, value, 0, 0] }).unwrap();
+        d.enqueue(Command { opcode: op::COPY_V2H, args: [marker, done.bus.get(), 64, 0, 0] }).unwrap();
+        d.flush();
+        let mut polls = 0u64;
+        let (mut head, mut sign) = ([0u8; 64], [0u8; 64]);
+        let start = std::time::Instant::now();
+        loop {
+            d.pci().dma_read(&done, 0, &mut sign);
+            if sign == [round + 1; 64] {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "round {round}: not done");
+            polls += 1;
+            d.pci().dma_read(&dst, 0, &mut head);
+            assert!(head == [0xa5; 64] || head[..] == data[..64], "round {round}: torn head {head:?}");
+            let word = [(polls as u8) ^ round; 4096];
+            d.pci().dma_write(&own, 0, &word);
+            let mut back = [0u8; 4096];
+            d.pci().dma_read(&own, 0, &mut back);
+            assert_eq!(back, word, "round {round}, poll {polls}: the driver's own write");
+        }
+        d.sync(WaitMode::Poll).unwrap();
+        let mut out = vec![0u8; BYTES];
+        d.pci().dma_read(&dst, 0, &mut out);
+        assert!(out == data, "round {round}: the copy out differs after {polls} polls");
+    }
+}
