@@ -437,3 +437,113 @@ fn the_circle_detector_finds_a_circle_and_only_one() {
     assert_eq!(paths_after("use crate::config::{self, HostFile};", "crate::"), vec![vec!["config"]]);
     assert_eq!(paths_after("x = crate::stats::link_json(&l)", "crate::"), vec![vec!["stats", "link_json"]]);
 }
+
+/// The return type of the public function whose `pub fn` starts `text`, its spaces as one
+/// (`None`: it returns nothing, or is not a `pub fn`).
+fn public_return_type(text: &str) -> Option<String> {
+    let rest = text.strip_prefix("pub ")?.trim_start();
+    let rest = ["const ", "async ", "unsafe "].iter().fold(rest, |r, q| r.strip_prefix(q).unwrap_or(r));
+    let rest = rest.strip_prefix("fn ")?;
+    // The parameters' opening parenthesis: past the generics (whose bounds may hold `Fn(..)
+    // -> T`).
+    let (mut angle, mut open) = (0i32, None);
+    let b = rest.as_bytes();
+    for (i, &c) in b.iter().enumerate() {
+        match c {
+            b'<' => angle += 1,
+            b'>' if i > 0 && b[i - 1] != b'-' => angle -= 1,
+            b'(' if angle == 0 => {
+                open = Some(i);
+                break;
+            }
+            b'{' | b';' => return None,
+            _ => {}
+        }
+    }
+    let mut depth = 0;
+    let mut close = None;
+    for (i, &c) in b.iter().enumerate().skip(open?) {
+        match c {
+            b'(' => depth += 1,
+            b')' => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let after = &rest[close? + 1..];
+    let end = after.find(['{', ';']).unwrap_or(after.len());
+    let ret = after[..end].trim_start().strip_prefix("->")?;
+    let ret = ret.split_whitespace().collect::<Vec<_>>().join(" ");
+    Some(ret.split(" where ").next().unwrap_or(&ret).trim().to_string())
+}
+
+/// Whether a return type is a `Result` whose error is `String`.
+fn is_string_result(ret: &str) -> bool {
+    let Some(inner) = ret.strip_prefix("Result<").and_then(|r| r.strip_suffix('>')) else {
+        return false;
+    };
+    // The last argument at the top level.
+    let mut depth = 0;
+    let mut last = 0;
+    for (i, c) in inner.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => last = i + 1,
+            _ => {}
+        }
+    }
+    last > 0 && inner[last..].trim() == "String"
+}
+
+#[test]
+fn no_library_crate_returns_a_string_as_an_error_from_a_public_function() {
+    let root = workspace();
+    let mut found = BTreeSet::new();
+    for p in packages() {
+        let src = p.dir.join("src");
+        if p.name == "dxpu" || !src.join("lib.rs").is_file() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (at, _) in text.match_indices("pub ") {
+                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                if !text[line_start..at].trim().is_empty() {
+                    continue;
+                }
+                if let Some(ret) = public_return_type(&text[at..])
+                    && is_string_result(&ret)
+                {
+                    let line = text[..at].lines().count() + 1;
+                    found.insert(format!("{rel}:{line}: -> {ret}"));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "public functions of library crates returning Result<_, String>: {found:#?}");
+}
+
+#[test]
+fn the_return_type_reader_sees_string_errors_and_only_those() {
+    let r = |s| public_return_type(s).filter(|r| is_string_result(r));
+    assert_eq!(r("pub fn run(a: &A) -> Result<(), String> {").as_deref(), Some("Result<(), String>"));
+    assert_eq!(
+        r("pub fn spawn<T, F: Fn(u8) -> u8>(\n    make: impl FnOnce() -> Result<T, String>,\n) -> Result<(T, Vec<String>), String>\nwhere T: Send {")
+            .as_deref(),
+        Some("Result<(T, Vec<String>), String>")
+    );
+    assert_eq!(r("pub fn start(read: impl FnOnce() -> Result<T, String>) -> Result<P, ReloadError> {"), None);
+    assert_eq!(r("pub fn names(&self) -> Result<Vec<String>, Error> {"), None);
+    assert_eq!(r("pub fn name(&self) -> String {"), None);
+    assert_eq!(r("pub(crate) fn run() -> Result<(), String> {"), None);
+    assert_eq!(r("pub struct S;"), None);
+}

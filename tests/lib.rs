@@ -73,7 +73,7 @@ impl GpuBox {
             if let Some(ns) = ns {
                 netns::enter(&ns).map_err(|e| e.to_string())?;
             }
-            Ok((GpuEndpoint::new(opts).map_err(|e| e.to_string())?, ()))
+            Ok::<_, String>((GpuEndpoint::new(opts).map_err(|e| e.to_string())?, ()))
         })
         .expect("GPU-box endpoint starts");
         GpuBox { addr: endpoint.addr(), endpoint }

@@ -45,7 +45,7 @@ use export::{Deferred, Export, ToHost, device_completion, emit, release, restore
 pub use ops::{ExportReport, SessionReport};
 use pool::{AttachCtx, Claims, Journal, Owner};
 pub use pool::{CLAIM_CONFIRM_TIMEOUT, ClaimCheck, ClaimVerdict, HealthSink, OwnershipEvent, OwnershipSink};
-pub use thread::EndpointThread;
+pub use thread::{EndpointThread, SpawnError};
 
 /// The requester ID the box's own configuration requests use (its root port).
 pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);

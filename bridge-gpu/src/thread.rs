@@ -11,6 +11,23 @@ use std::thread::JoinHandle;
 
 use crate::{GpuEndpoint, GpuStats};
 
+/// Why an [`EndpointThread`] did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError<E> {
+    /// The caller's `make` failed (on the thread): its error.
+    #[error("{0}")]
+    Make(E),
+    /// The thread could not be started.
+    #[error("starting the GPU-box endpoint's thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The endpoint was made but has no address.
+    #[error("the endpoint's address: {0}")]
+    Address(#[source] std::io::Error),
+    /// The thread ended before it said how its start went (it panicked).
+    #[error("the GPU-box endpoint's thread ended at its start")]
+    Ended,
+}
+
 /// A GPU-box endpoint serving on its own thread until stopped, killed or dropped.
 pub struct EndpointThread {
     addr: SocketAddr,
@@ -24,10 +41,10 @@ impl EndpointThread {
     /// whatever must come first on that thread: entering a network namespace, pinning it to a
     /// CPU) and returns it with anything the caller wants back from the thread — then serves
     /// it. Returns once it listens, with its address; `make`'s error, if it fails.
-    pub fn spawn<T: Send + 'static>(
+    pub fn spawn<T: Send + 'static, E: Send + 'static>(
         name: &str,
-        make: impl FnOnce() -> Result<(GpuEndpoint, T), String> + Send + 'static,
-    ) -> Result<(EndpointThread, T), String> {
+        make: impl FnOnce() -> Result<(GpuEndpoint, T), E> + Send + 'static,
+    ) -> Result<(EndpointThread, T), SpawnError<E>> {
         let stop = Arc::new(AtomicBool::new(false));
         let kill = Arc::new(AtomicBool::new(false));
         let (s, k) = (stop.clone(), kill.clone());
@@ -38,7 +55,7 @@ impl EndpointThread {
                 let (mut ep, extra) = match make() {
                     Ok(m) => m,
                     Err(e) => {
-                        let _ = tx.send(Err(e));
+                        let _ = tx.send(Err(SpawnError::Make(e)));
                         return GpuStats::default();
                     }
                 };
@@ -47,7 +64,7 @@ impl EndpointThread {
                         let _ = tx.send(Ok((a, extra)));
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(format!("the endpoint's address: {e}")));
+                        let _ = tx.send(Err(SpawnError::Address(e)));
                         return ep.stats();
                     }
                 }
@@ -65,9 +82,8 @@ impl EndpointThread {
                 }
                 ep.stats()
             })
-            .map_err(|e| format!("starting the GPU-box endpoint's thread: {e}"))?;
-        let (addr, extra) =
-            rx.recv().map_err(|_| "the GPU-box endpoint's thread ended at its start".to_string())??;
+            .map_err(SpawnError::Thread)?;
+        let (addr, extra) = rx.recv().map_err(|_| SpawnError::Ended)??;
         Ok((EndpointThread { addr, stop, kill, thread: Some(thread) }, extra))
     }
 

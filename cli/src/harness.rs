@@ -191,8 +191,9 @@ impl LocalBox {
         let (endpoint, tid) = bridge_gpu::EndpointThread::spawn("dxpu-gpu", move || {
             affinity::pin_to(cpu).map_err(|e| format!("the GPU-box endpoint's thread: {e}"))?;
             let ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
-            Ok((ep, affinity::Thread::here()))
-        })?;
+            Ok::<_, String>((ep, affinity::Thread::here()))
+        })
+        .map_err(|e| e.to_string())?;
         Ok(LocalBox { addr: endpoint.addr(), key, link: link_cfg, offload, endpoint, tid })
     }
 

@@ -118,7 +118,7 @@ pub(crate) fn decode(
     let mut seen: HashMap<(&'static str, u32), SeenSeqs> = HashMap::new();
     let mut count = DecodeCount::default();
     let io = |e: io::Error| format!("writing: {e}");
-    let skipped = each_datagram(path, &mut |d| {
+    let skipped = each_datagram::<String>(path, &mut |d| {
         let d = &d;
         let Ok(f) = Frame::new_checked(&d.payload) else {
             count.not_frames += 1;

@@ -359,9 +359,69 @@ pub struct Skipped {
     pub cut_short: bool,
 }
 
+/// Why a capture file could not be read to its end ([`each_datagram`]); `E`: the error of
+/// the caller's function that takes each datagram.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError<E> {
+    /// The file could not be opened or read.
+    #[error("--pcap {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Shorter than a file header.
+    #[error("--pcap {path}: shorter than any capture file")]
+    Short {
+        /// The file.
+        path: String,
+    },
+    /// Neither pcapng nor pcap.
+    #[error("--pcap {path}: not a pcapng or pcap file ({why})")]
+    NotCapture {
+        /// The file.
+        path: String,
+        /// What the reader found.
+        why: pcap_file::PcapError,
+    },
+    /// A block or packet the reader cannot take (`at`: which, as "block after packet N" or
+    /// "packet N").
+    #[error("--pcap {path}: {at}: {why}")]
+    Malformed {
+        /// The file.
+        path: String,
+        /// Where in it.
+        at: String,
+        /// What the reader found.
+        why: pcap_file::PcapError,
+    },
+    /// A packet on an interface the file never described.
+    #[error("--pcap {path}: packet {packet} names interface {interface} the file never described")]
+    NoInterface {
+        /// The file.
+        path: String,
+        /// The packet's number (from 1).
+        packet: u64,
+        /// The interface it names.
+        interface: u32,
+    },
+    /// The caller's function stopped the reading with its error.
+    #[error("{0}")]
+    Stopped(E),
+}
+
+/// For callers whose errors are text (`dxpu pcap decode`).
+impl<E: std::fmt::Display> From<ReadError<E>> for String {
+    fn from(e: ReadError<E>) -> String {
+        e.to_string()
+    }
+}
+
 /// Every UDP datagram in the pcapng or pcap file at `path`, in memory (for small files:
 /// [`each_datagram`] reads a capture of any size in constant memory).
-pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
+pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), ReadError<std::convert::Infallible>> {
     let mut out = Vec::new();
     let skipped = each_datagram(path, &mut |d| {
         out.push(d);
@@ -373,16 +433,17 @@ pub fn read_datagrams(path: &Path) -> Result<(Vec<Datagram>, Skipped), String> {
 /// Hands `f` each UDP datagram of the pcapng or pcap file at `path` as it is read, one
 /// packet in memory at a time (a 1 GiB capture as well as a small one); stops at `f`'s first
 /// error. What is not a UDP datagram is counted.
-pub fn each_datagram(
+pub fn each_datagram<E>(
     path: &Path,
-    f: &mut dyn FnMut(Datagram) -> Result<(), String>,
-) -> Result<Skipped, String> {
-    let at = path.display();
-    let file = File::open(path).map_err(|e| format!("--pcap {at}: {e}"))?;
+    f: &mut dyn FnMut(Datagram) -> Result<(), E>,
+) -> Result<Skipped, ReadError<E>> {
+    let at = || path.display().to_string();
+    let io = |source| ReadError::Io { path: at(), source };
+    let file = File::open(path).map_err(io)?;
     let mut input = std::io::BufReader::with_capacity(1 << 20, file);
-    let magic = std::io::BufRead::fill_buf(&mut input).map_err(|e| format!("--pcap {at}: {e}"))?;
+    let magic = std::io::BufRead::fill_buf(&mut input).map_err(io)?;
     if magic.len() < 4 {
-        return Err(format!("--pcap {at}: shorter than any capture file"));
+        return Err(ReadError::Short { path: at() });
     }
     let pcapng = magic[..4] == [0x0a, 0x0d, 0x0d, 0x0a];
     let mut skipped = Skipped::default();
@@ -394,7 +455,7 @@ pub fn each_datagram(
                       orig: u32,
                       direction: Option<Direction>,
                       skipped: &mut Skipped|
-     -> Result<(), String> {
+     -> Result<(), ReadError<E>> {
         number += 1;
         if (data.len() as u64) < u64::from(orig) {
             skipped.truncated += 1;
@@ -408,7 +469,8 @@ pub fn each_datagram(
                 dst,
                 direction,
                 payload: payload.to_vec(),
-            }),
+            })
+            .map_err(ReadError::Stopped),
             None => {
                 skipped.not_udp += 1;
                 Ok(())
@@ -416,7 +478,7 @@ pub fn each_datagram(
         }
     };
     if pcapng {
-        let mut r = PcapNgReader::new(input).map_err(|e| format!("--pcap {at}: {e}"))?;
+        let mut r = PcapNgReader::new(input).map_err(|why| ReadError::NotCapture { path: at(), why })?;
         // Each interface's link type and timestamp resolution (10^-r s; default 6).
         let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
         let mut packets = 0u64;
@@ -427,7 +489,13 @@ pub fn each_datagram(
                     skipped.cut_short = true;
                     break;
                 }
-                Err(e) => return Err(format!("--pcap {at}: block after packet {packets}: {e}")),
+                Err(why) => {
+                    return Err(ReadError::Malformed {
+                        path: at(),
+                        at: format!("block after packet {packets}"),
+                        why,
+                    });
+                }
             };
             match block {
                 Block::SectionHeader(_) => interfaces.clear(),
@@ -441,10 +509,11 @@ pub fn each_datagram(
                 Block::EnhancedPacket(p) => {
                     packets += 1;
                     let Some(&(link, resol)) = interfaces.get(p.interface_id as usize) else {
-                        return Err(format!(
-                            "--pcap {at}: packet {packets} names interface {} the file never described",
-                            p.interface_id
-                        ));
+                        return Err(ReadError::NoInterface {
+                            path: at(),
+                            packet: packets,
+                            interface: p.interface_id,
+                        });
                     };
                     // The reader takes the stored count as nanoseconds; the interface says
                     // what it counts.
@@ -471,7 +540,7 @@ pub fn each_datagram(
         }
     } else {
         let mut r = pcap_file::pcap::PcapReader::new(input)
-            .map_err(|e| format!("--pcap {at}: not a pcapng or pcap file ({e})"))?;
+            .map_err(|why| ReadError::NotCapture { path: at(), why })?;
         let link = r.header().datalink;
         let mut packets = 0u64;
         while let Some(p) = r.next_packet() {
@@ -481,7 +550,13 @@ pub fn each_datagram(
                     skipped.cut_short = true;
                     break;
                 }
-                Err(e) => return Err(format!("--pcap {at}: packet {}: {e}", packets + 1)),
+                Err(why) => {
+                    return Err(ReadError::Malformed {
+                        path: at(),
+                        at: format!("packet {}", packets + 1),
+                        why,
+                    });
+                }
             };
             packets += 1;
             packet(link, p.timestamp, &p.data, p.orig_len, None, &mut skipped)?;
@@ -640,11 +715,21 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!((d[0].src.port(), d[0].dst.port(), d[0].payload.as_slice()), (7440, 40000, &b"dxpu"[..]));
         assert_eq!((d[0].time, d[0].direction), (1_700_000_000.0, None));
+        // A function that stops the reading: its own error, untouched.
+        match each_datagram(&path, &mut |_| Err("enough")) {
+            Err(ReadError::Stopped(e)) => assert_eq!(e, "enough"),
+            other => panic!("{other:?}"),
+        }
         // Not a capture at all.
         std::fs::write(&path, b"hello, world").unwrap();
-        assert!(read_datagrams(&path).unwrap_err().contains("not a pcapng or pcap file"));
+        let e = read_datagrams(&path).unwrap_err();
+        assert!(matches!(e, ReadError::NotCapture { .. }), "{e:?}");
+        assert!(e.to_string().contains("not a pcapng or pcap file"), "{e}");
         std::fs::write(&path, b"he").unwrap();
-        assert!(read_datagrams(&path).is_err());
+        assert!(matches!(read_datagrams(&path), Err(ReadError::Short { .. })));
+        // No file.
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(read_datagrams(&path), Err(ReadError::Io { .. })));
         let _ = std::fs::remove_dir_all(dir);
     }
 

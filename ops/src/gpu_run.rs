@@ -13,6 +13,7 @@ use crate::config::{self, GpuFile};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+use crate::run_error::RunError;
 pub use crate::stats::link_json;
 
 /// What `dxpu gpu` runs on besides the endpoint.
@@ -33,7 +34,7 @@ pub struct GpuRuntime {
 impl GpuRuntime {
     /// Reads the file as `dxpu gpu` starts (with the command line's overrides): the run time
     /// [`serve`] keeps, and the options to make the endpoint with.
-    pub fn start(start: &GpuStart) -> Result<(GpuRuntime, GpuOptions), String> {
+    pub fn start(start: &GpuStart) -> Result<(GpuRuntime, GpuOptions), RunError> {
         let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
         let (file, opts) = read_options(&start.config, &overrides)?;
         let rt = GpuRuntime {
@@ -62,7 +63,7 @@ pub fn serve(
     rt: &mut GpuRuntime,
     stop: &AtomicBool,
     hup: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), RunError> {
     let calls = Calls::new();
     let _control =
         rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
@@ -70,18 +71,18 @@ pub fn serve(
         Some(a) => Some(MetricsServer::bind(a, calls.sender())?),
         None => None,
     };
-    let listen = ep.local_addr().map_err(|e| e.to_string())?;
+    let listen = ep.local_addr().map_err(RunError::Serving)?;
     crate::notify::ready(&format!("listening on {listen}"));
     // Files are read off this loop, which carries every device's TLPs: a key file that
     // blocks costs the reload, not the sessions (docs/reliability.md).
-    let mut reload: Option<PendingRead<GpuConfig>> = None;
+    let mut reload: Option<PendingRead<GpuConfig, RunError>> = None;
     let mut reload_again = false;
-    let mut exports: Vec<(PendingRead<GpuConfig>, Call, String)> = Vec::new();
+    let mut exports: Vec<(PendingRead<GpuConfig, RunError>, Call, String)> = Vec::new();
     let mut watchdog = crate::notify::Watchdog::from_env();
     while !stop.load(Ordering::Relaxed) {
         watchdog.tick();
-        if !ep.poll().map_err(|e| e.to_string())? {
-            ep.wait().map_err(|e| e.to_string())?;
+        if !ep.poll().map_err(RunError::Serving)? {
+            ep.wait().map_err(RunError::Serving)?;
         }
         if hup.swap(false, Ordering::Relaxed) {
             if reload.is_some() {
@@ -148,16 +149,16 @@ pub fn serve(
     }
     crate::notify::notify("STOPPING=1");
     if let Some(r) = reload {
-        r.answer(&Err("reload: the endpoint is stopping".into()));
+        r.answer(&Err::<Value, _>(RunError::Stopping));
     }
     for (_, c, name) in exports {
         c.answer(Err(RpcError::failed(format!("export {name}: the endpoint is stopping"))));
     }
-    ep.shutdown().map_err(|e| e.to_string())
+    ep.shutdown().map_err(RunError::Serving)
 }
 
 /// Starts reading the file off the loop (for a reload: said to the service manager).
-fn start_read(rt: &GpuRuntime, reloading: bool) -> Option<PendingRead<GpuConfig>> {
+fn start_read(rt: &GpuRuntime, reloading: bool) -> Option<PendingRead<GpuConfig, RunError>> {
     if reloading {
         crate::notify::reloading();
     }
@@ -174,11 +175,12 @@ fn start_read(rt: &GpuRuntime, reloading: bool) -> Option<PendingRead<GpuConfig>
 }
 
 /// `dxpu ctl export NAME`: the `[[device]]` of that name in the file as just read.
-fn export(ep: &mut GpuEndpoint, rt: &GpuRuntime, opts: &GpuOptions, name: &str) -> Result<Value, String> {
+fn export(ep: &mut GpuEndpoint, rt: &GpuRuntime, opts: &GpuOptions, name: &str) -> Result<Value, RunError> {
     let Some(spec) = opts.exports.iter().find(|e| e.name == name) else {
-        return Err(format!("export {name}: no [[device]] of that name in {}", rt.path.display()));
+        let (name, path) = (name.to_string(), rt.path.display().to_string());
+        return Err(RunError::NoSuchExport { name, path });
     };
-    ep.add_export(spec).map_err(|e| e.to_string())?;
+    ep.add_export(spec)?;
     Ok(json!({"exported": name}))
 }
 
@@ -243,7 +245,7 @@ fn poll_name(o: &GpuOptions) -> &'static str {
 fn read_options(
     path: &std::path::Path,
     overrides: &[Option<String>; 3],
-) -> Result<(GpuFile, GpuOptions), String> {
+) -> Result<(GpuFile, GpuOptions), RunError> {
     let [listen, driver, poll] = overrides;
     let mut file: GpuFile = config::read(path)?;
     if let Some(d) = driver {
@@ -252,7 +254,9 @@ fn read_options(
     if let Some(p) = poll {
         file.link.poll = Some(p.clone());
     }
-    let opts = file.options(listen.as_deref()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let opts = file
+        .options(listen.as_deref())
+        .map_err(|source| RunError::InFile { path: path.display().to_string(), source })?;
     Ok((file, opts))
 }
 
@@ -264,51 +268,46 @@ fn apply(
     rt: &mut GpuRuntime,
     file: GpuFile,
     opts: GpuOptions,
-) -> Result<Value, String> {
+) -> Result<Value, RunError> {
+    let needs_restart = |what: String| RunError::NeedsRestart { path: rt.path.display().to_string(), what };
     let fixed = rt.file.restart_only_changes(&file);
     if !fixed.is_empty() {
-        return Err(format!("{}: {} changed: that needs a restart", rt.path.display(), fixed.join(", ")));
+        return Err(needs_restart(fixed.join(", ")));
     }
     for h in &rt.opts.hosts {
         match opts.hosts.iter().find(|n| n.name == h.name) {
-            None => {
-                return Err(format!("{}: host {} removed: that needs a restart", rt.path.display(), h.name));
-            }
+            None => return Err(needs_restart(format!("host {} removed", h.name))),
             Some(n) if n.key.key_id() != h.key.key_id() => {
-                return Err(format!(
-                    "{}: host {}'s key changed: that needs a restart",
-                    rt.path.display(),
-                    h.name
-                ));
+                return Err(needs_restart(format!("host {}'s key", h.name)));
             }
             Some(_) => {}
         }
     }
     let (mut added, mut removed, mut changed, mut unchanged) = (vec![], vec![], vec![], vec![]);
     for h in opts.hosts.iter().filter(|h| !rt.opts.hosts.iter().any(|o| o.name == h.name)) {
-        ep.add_host(h.clone()).map_err(|e| e.to_string())?;
+        ep.add_host(h.clone())?;
         log::info!("host {} added", h.name);
     }
     for old in &rt.opts.exports {
         match opts.exports.iter().find(|n| n.name == old.name) {
             None => {
-                ep.remove_export(&old.name).map_err(|e| e.to_string())?;
+                ep.remove_export(&old.name)?;
                 removed.push(old.name.clone());
             }
             Some(n) if n == old => unchanged.push(old.name.clone()),
             Some(n) if n.device == old.device => {
-                ep.set_allow(&n.name, &n.allow).map_err(|e| e.to_string())?;
+                ep.set_allow(&n.name, &n.allow)?;
                 changed.push(n.name.clone());
             }
             Some(n) => {
-                ep.remove_export(&old.name).map_err(|e| e.to_string())?;
-                ep.add_export(n).map_err(|e| e.to_string())?;
+                ep.remove_export(&old.name)?;
+                ep.add_export(n)?;
                 changed.push(n.name.clone());
             }
         }
     }
     for n in opts.exports.iter().filter(|n| !rt.opts.exports.iter().any(|o| o.name == n.name)) {
-        ep.add_export(n).map_err(|e| e.to_string())?;
+        ep.add_export(n)?;
         added.push(n.name.clone());
     }
     rt.file = file;
@@ -500,11 +499,12 @@ pub struct GpuStart {
 
 /// `dxpu gpu --check`: the file read and validated as a start would (key files, the pool
 /// section), nothing started; what it would serve.
-pub fn check(start: &GpuStart) -> Result<String, String> {
+pub fn check(start: &GpuStart) -> Result<String, RunError> {
     let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
     let (file, opts) = read_options(&start.config, &overrides)?;
     if let Some(p) = &file.pool {
-        p.pool(&opts.exports).map_err(|e| format!("{}: {e}", start.config.display()))?;
+        p.pool(&opts.exports)
+            .map_err(|source| RunError::InFile { path: start.config.display().to_string(), source })?;
     }
     Ok(format!(
         "listen {}, {} device(s), {} host(s){}",
@@ -517,7 +517,7 @@ pub fn check(start: &GpuStart) -> Result<String, String> {
 
 /// `dxpu gpu`: reads the file, starts the endpoint (and its pool agent), serves until
 /// SIGINT / SIGTERM, reloads on SIGHUP; the error says what was wrong.
-pub fn run(start: GpuStart) -> Result<(), String> {
+pub fn run(start: GpuStart) -> Result<(), RunError> {
     let (mut rt, mut opts) = GpuRuntime::start(&start)?;
     let file = rt.file.clone();
     let capture = match &start.capture {
@@ -529,16 +529,16 @@ pub fn run(start: GpuStart) -> Result<(), String> {
     let stop = crate::process::stop_flag()?;
     let opts_exports = opts.exports.clone();
     let hup = crate::process::hup_flag()?;
-    let mut ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
-    let addr = ep.local_addr().map_err(|e| e.to_string())?;
+    let mut ep = GpuEndpoint::new(opts)?;
+    let addr = ep.local_addr().map_err(RunError::Serving)?;
     log::info!("listening on {addr}");
     let agent = match &file.pool {
-        Some(p) => Some(
-            p.pool(&opts_exports)
-                .map_err(String::from)
-                .and_then(|gp| crate::pool_run::start_box(&mut ep, &gp).map_err(String::from))
-                .map_err(|e| format!("{}: {e}", start.config.display()))?,
-        ),
+        Some(p) => Some({
+            let path = || start.config.display().to_string();
+            let gp = p.pool(&opts_exports).map_err(|source| RunError::InFile { path: path(), source })?;
+            crate::pool_run::start_box(&mut ep, &gp)
+                .map_err(|source| RunError::Pool { path: path(), source })?
+        }),
         None => None,
     };
     let served = serve(&mut ep, &mut rt, &stop, &hup);

@@ -11,7 +11,7 @@
 //! - `control` — the JSON-RPC 2.0 control socket, a thread per client; `metrics` — the
 //!   Prometheus endpoint on hyper; `capture` — pcapng of the link; `notify` — sd_notify;
 //!   `reload` — configuration read off the loop with a deadline; `process` — logging and the
-//!   signal flags; `stats` — the endpoints' counters as JSON and a host's metrics, which the
+//!   signal flags; `run_error` — why a run time could not start or go on, typed; `stats` — the endpoints' counters as JSON and a host's metrics, which the
 //!   three run times share (below them, so that none reaches into another for them).
 //!
 //! Nothing here is on a datapath: the loops poll the endpoints and hand control calls and
@@ -28,6 +28,7 @@ pub mod notify;
 pub mod pool_run;
 pub mod process;
 pub mod reload;
+pub mod run_error;
 pub mod stats;
 
 /// What runs on each device a `--workload` host attached (not served over vfio-user): its

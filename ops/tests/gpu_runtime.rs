@@ -66,7 +66,7 @@ fn a_box_in_process_reloads_on_hang_up_and_by_control_and_refuses_what_needs_a_r
     let served = std::thread::spawn(move || {
         let (mut rt, opts) = GpuRuntime::start(&start)?;
         // Made on its thread: an endpoint is not Send.
-        let mut ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
+        let mut ep = GpuEndpoint::new(opts)?;
         serve(&mut ep, &mut rt, &s2, &h2)
     });
     until("the control socket", Duration::from_secs(10), || sock.exists());

@@ -131,7 +131,7 @@ fn attach_control_and_reload_in_process_one_device_unaffected_by_the_others() {
     std::fs::write(&path, host_file(port, Some(dead), &["gpu0"]) + "[control]\nsocket = \"/tmp/x.sock\"\n")
         .unwrap();
     let (file, all) = read_host_file(&path, &overrides).unwrap();
-    let e = rt.apply(file, all).unwrap_err();
+    let e = rt.apply(file, all).unwrap_err().to_string();
     assert!(e.contains("control") && e.contains("restart"), "{e}");
     assert_eq!(state(&mut rt, "gpu0"), "attached");
 

@@ -25,6 +25,7 @@ use crate::config::{self, HostFile, ServedSocket};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, MetricsServer, labels};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+use crate::run_error::RunError;
 use crate::stats::link_json;
 
 /// The wait before re-attaching a device whose attach failed or which was removed: from
@@ -57,10 +58,12 @@ enum Held {
 impl Held {
     /// Gives the device back to its box (a vfio-user server stops first: its VMM sees the
     /// socket close).
-    fn detach(self, label: &str) -> Result<(), String> {
+    fn detach(self, label: &str) -> Result<(), RunError> {
         match self {
             Held::Direct(d) => d.detach(),
-            Held::Served(s) => s.stop().map_err(|e| format!("{label}: {e}"))?.detach(),
+            Held::Served(s) => {
+                s.stop().map_err(|source| RunError::Served { label: label.to_string(), source })?.detach()
+            }
         }
         Ok(())
     }
@@ -377,12 +380,12 @@ impl HostRuntime {
     /// Detaches `label`: a vfio-user server stops (its VMM sees the socket close), the box
     /// takes the device back; an attempt in progress is abandoned (what it attaches is given
     /// back), a retry cancelled. It stays detached until `ctl attach` or a reload.
-    pub fn detach(&mut self, label: &str) -> Result<(), String> {
+    pub fn detach(&mut self, label: &str) -> Result<(), RunError> {
         let Some(life) = self.slots.get_mut(label) else {
-            return Err(format!("detach {label}: not configured (configured: {})", self.labels().join(", ")));
+            return Err(RunError::NotConfigured { label: label.to_string(), configured: self.labels() });
         };
         match std::mem::replace(&mut life.slot, Slot::Detached) {
-            Slot::Detached => return Err(format!("detach {label}: not attached")),
+            Slot::Detached => return Err(RunError::NotAttached { label: label.to_string() }),
             Slot::Up(a) => a.held.detach(label)?,
             Slot::Attaching { attempt, waiters, .. } => {
                 for w in waiters {
@@ -503,14 +506,13 @@ impl HostRuntime {
         &mut self,
         file: HostFile,
         all: Vec<(AttachOptions, Option<ServedSocket>)>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, RunError> {
         let fixed = self.file.restart_only_changes(&file);
         if !fixed.is_empty() {
-            return Err(format!(
-                "{}: {} changed: that needs a restart",
-                self.path.display(),
-                fixed.join(", ")
-            ));
+            return Err(RunError::NeedsRestart {
+                path: self.path.display().to_string(),
+                what: fixed.join(", "),
+            });
         }
         let new = entries(all);
         let (mut added, mut removed, mut changed, mut unchanged) = (vec![], vec![], vec![], vec![]);
@@ -682,7 +684,10 @@ pub type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
 
 /// Reads and validates the host's configuration file, with the command line's overrides:
 /// the file and its attachments. Runs off the main loop (`crate::reload::PendingRead`).
-pub fn read_host_file(path: &std::path::Path, overrides: &[Option<String>; 3]) -> Result<HostConfig, String> {
+pub fn read_host_file(
+    path: &std::path::Path,
+    overrides: &[Option<String>; 3],
+) -> Result<HostConfig, RunError> {
     let [server, driver, poll] = overrides;
     let mut file: HostFile = config::read(path)?;
     if let Some(d) = driver {
@@ -691,9 +696,11 @@ pub fn read_host_file(path: &std::path::Path, overrides: &[Option<String>; 3]) -
     if let Some(p) = poll {
         file.link.poll = Some(p.clone());
     }
-    let all = file.attachments(server.as_deref()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let in_file = || path.display().to_string();
+    let all =
+        file.attachments(server.as_deref()).map_err(|source| RunError::InFile { path: in_file(), source })?;
     if file.pool.is_some() {
-        return Err(format!("{}: give [[attach]] or [pool], not both", path.display()));
+        return Err(RunError::AttachAndPool { path: in_file() });
     }
     Ok((file, all))
 }

@@ -7,7 +7,7 @@ use super::*;
 /// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the
 /// loop), until a signal stops it. Tells the service manager it is ready once every device's
 /// first attach has ended, and which are up whenever that changes.
-pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
+pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), RunError> {
     let calls = Calls::new();
     let _control =
         rt.file.control.socket.as_deref().map(|p| ControlServer::bind(p, calls.sender())).transpose()?;
@@ -17,7 +17,7 @@ pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
     };
     let mut ready = false;
     let mut status = String::new();
-    let mut reload: Option<PendingRead<HostConfig>> = None;
+    let mut reload: Option<PendingRead<HostConfig, RunError>> = None;
     let mut reload_again = false;
     let mut watchdog = crate::notify::Watchdog::from_env();
     while !rt.stop.load(Ordering::Relaxed) {
@@ -92,14 +92,14 @@ pub fn serve(rt: &mut HostRuntime, hup: &AtomicBool) -> Result<(), String> {
     crate::notify::notify("STOPPING=1");
     rt.stop.store(true, Ordering::Relaxed);
     if let Some(r) = reload {
-        r.answer(&Err("reload: the endpoint is stopping".into()));
+        r.answer(&Err::<Value, _>(RunError::Stopping));
     }
     rt.detach_all();
     Ok(())
 }
 
 /// Starts reading the file again off the loop (said to the service manager).
-fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig>> {
+fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig, RunError>> {
     crate::notify::reloading();
     let (path, overrides) = (rt.path.clone(), rt.overrides.clone());
     match PendingRead::start(rt.path.display().to_string(), READ_DEADLINE, move || {
@@ -131,8 +131,8 @@ pub struct HostStart {
 
 /// `dxpu host --check`: the file read and validated as a start would (key files, sockets'
 /// directories, the pool section), nothing attached; what it would do.
-pub fn check(start: &HostStart) -> Result<String, String> {
-    let at = start.config.display().to_string();
+pub fn check(start: &HostStart) -> Result<String, RunError> {
+    let at = || start.config.display().to_string();
     let mut file: HostFile = config::read(&start.config)?;
     if let Some(d) = &start.driver {
         file.link.driver = Some(d.clone());
@@ -140,10 +140,11 @@ pub fn check(start: &HostStart) -> Result<String, String> {
     if let Some(p) = &start.poll {
         file.link.poll = Some(p.clone());
     }
-    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
+    let in_file = |source| RunError::InFile { path: at(), source };
+    let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     file.metrics.listen()?;
-    match file.pool().map_err(|e| format!("{at}: {e}"))? {
-        Some(_) if !all.is_empty() => Err(format!("{at}: give [[attach]] or [pool], not both")),
+    match file.pool().map_err(in_file)? {
+        Some(_) if !all.is_empty() => Err(RunError::AttachAndPool { path: at() }),
         Some(p) => Ok(format!("a pool host wanting {} device(s)", p.agent.want)),
         None => Ok(format!(
             "{} device(s), {} served over vfio-user",
@@ -158,8 +159,9 @@ pub fn check(start: &HostStart) -> Result<String, String> {
 /// from the pool (`pool_run`). With `workload`, runs it on every device once attached,
 /// detaches and returns instead. `Ok(false)`: a workload did not verify, or a device could
 /// not be had for it.
-pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, String> {
-    let at = start.config.display().to_string();
+pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, RunError> {
+    let at = || start.config.display().to_string();
+    let in_file = |source| RunError::InFile { path: at(), source };
     let mut file: HostFile = config::read(&start.config)?;
     if let Some(d) = &start.driver {
         file.link.driver = Some(d.clone());
@@ -167,15 +169,15 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Str
     if let Some(p) = &start.poll {
         file.link.poll = Some(p.clone());
     }
-    let all = file.attachments(start.server.as_deref()).map_err(|e| format!("{at}: {e}"))?;
-    let pool = file.pool().map_err(|e| format!("{at}: {e}"))?;
+    let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
+    let pool = file.pool().map_err(in_file)?;
     let stop = crate::process::stop_flag()?;
     if let Some(hp) = pool {
         if start.capture.is_some() {
-            return Err("--capture: for the devices of [[attach]]; a pool's are not captured".into());
+            return Err(RunError::CaptureInPool);
         }
         if !all.is_empty() {
-            return Err(format!("{at}: give [[attach]] or [pool], not both"));
+            return Err(RunError::AttachAndPool { path: at() });
         }
         let ops = (file.control.clone(), file.metrics.clone());
         let ok = crate::pool_run::run_host(hp, stop, workload, ops);
