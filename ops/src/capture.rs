@@ -477,92 +477,121 @@ pub fn each_datagram<E>(
             }
         }
     };
+    let path = at();
     if pcapng {
-        let mut r = PcapNgReader::new(input).map_err(|why| ReadError::NotCapture { path: at(), why })?;
-        // Each interface's link type and timestamp resolution (10^-r s; default 6).
-        let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
-        let mut packets = 0u64;
-        while let Some(block) = r.next_block() {
-            let block = match block {
-                Ok(b) => b,
-                Err(e) if is_cut(&e) => {
-                    skipped.cut_short = true;
-                    break;
-                }
-                Err(why) => {
-                    return Err(ReadError::Malformed {
-                        path: at(),
-                        at: format!("block after packet {packets}"),
-                        why,
-                    });
-                }
-            };
-            match block {
-                Block::SectionHeader(_) => interfaces.clear(),
-                Block::InterfaceDescription(idb) => {
-                    let resol = idb.options.iter().find_map(|o| match o {
-                        InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
-                        _ => None,
-                    });
-                    interfaces.push((idb.linktype, resol.unwrap_or(6)));
-                }
-                Block::EnhancedPacket(p) => {
-                    packets += 1;
-                    let Some(&(link, resol)) = interfaces.get(p.interface_id as usize) else {
-                        return Err(ReadError::NoInterface {
-                            path: at(),
-                            packet: packets,
-                            interface: p.interface_id,
-                        });
-                    };
-                    // The reader takes the stored count as nanoseconds; the interface says
-                    // what it counts.
-                    let time = match resol {
-                        r if r <= 9 => Duration::from_nanos(
-                            (p.timestamp.as_nanos() as u64).saturating_mul(10u64.pow(9 - r as u32)),
-                        ),
-                        _ => p.timestamp,
-                    };
-                    let dir = p.options.iter().find_map(|o| match o {
-                        EnhancedPacketOption::Flags(f) if f & 3 == INBOUND => Some(Direction::Received),
-                        EnhancedPacketOption::Flags(f) if f & 3 == OUTBOUND => Some(Direction::Sent),
-                        _ => None,
-                    });
-                    packet(link, time, &p.data, p.original_len, dir, &mut skipped)?;
-                }
-                Block::SimplePacket(p) => {
-                    packets += 1;
-                    let link = interfaces.first().map_or(DataLink::ETHERNET, |i| i.0);
-                    packet(link, Duration::ZERO, &p.data, p.original_len, None, &mut skipped)?;
-                }
-                _ => {}
-            }
-        }
+        pcapng_packets(input, &path, &mut skipped, &mut packet)?;
     } else {
-        let mut r = pcap_file::pcap::PcapReader::new(input)
-            .map_err(|why| ReadError::NotCapture { path: at(), why })?;
-        let link = r.header().datalink;
-        let mut packets = 0u64;
-        while let Some(p) = r.next_packet() {
-            let p = match p {
-                Ok(p) => p,
-                Err(e) if is_cut(&e) => {
-                    skipped.cut_short = true;
-                    break;
-                }
-                Err(why) => {
-                    return Err(ReadError::Malformed {
-                        path: at(),
-                        at: format!("packet {}", packets + 1),
-                        why,
-                    });
-                }
-            };
-            packets += 1;
-            packet(link, p.timestamp, &p.data, p.orig_len, None, &mut skipped)?;
-        }
+        pcap_packets(input, &path, &mut skipped, &mut packet)?;
     }
     Ok(skipped)
+}
+
+/// One packet as it comes to [`each_datagram`]: link type, timestamp, bytes, original length,
+/// direction, and the counts of what was skipped.
+type PacketSink<'a, E> = dyn FnMut(DataLink, Duration, &[u8], u32, Option<Direction>, &mut Skipped) -> Result<(), ReadError<E>>
+    + 'a;
+
+/// The packets of a pcapng file (`path` names it in errors), each handed to `packet`.
+fn pcapng_packets<E>(
+    input: impl std::io::Read,
+    path: &str,
+    skipped: &mut Skipped,
+    packet: &mut PacketSink<'_, E>,
+) -> Result<(), ReadError<E>> {
+    let mut r =
+        PcapNgReader::new(input).map_err(|why| ReadError::NotCapture { path: path.to_string(), why })?;
+    // Each interface's link type and timestamp resolution (10^-r s; default 6).
+    let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
+    let mut packets = 0u64;
+    while let Some(block) = r.next_block() {
+        let block = match block {
+            Ok(b) => b,
+            Err(e) if is_cut(&e) => {
+                skipped.cut_short = true;
+                break;
+            }
+            Err(why) => {
+                return Err(ReadError::Malformed {
+                    path: path.to_string(),
+                    at: format!("block after packet {packets}"),
+                    why,
+                });
+            }
+        };
+        match block {
+            Block::SectionHeader(_) => interfaces.clear(),
+            Block::InterfaceDescription(idb) => {
+                let resol = idb.options.iter().find_map(|o| match o {
+                    InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                    _ => None,
+                });
+                interfaces.push((idb.linktype, resol.unwrap_or(6)));
+            }
+            Block::EnhancedPacket(p) => {
+                packets += 1;
+                let Some(&(link, resol)) = interfaces.get(p.interface_id as usize) else {
+                    return Err(ReadError::NoInterface {
+                        path: path.to_string(),
+                        packet: packets,
+                        interface: p.interface_id,
+                    });
+                };
+                // The reader takes the stored count as nanoseconds; the interface says
+                // what it counts.
+                let time = match resol {
+                    r if r <= 9 => Duration::from_nanos(
+                        (p.timestamp.as_nanos() as u64).saturating_mul(10u64.pow(9 - r as u32)),
+                    ),
+                    _ => p.timestamp,
+                };
+                let dir = p.options.iter().find_map(|o| match o {
+                    EnhancedPacketOption::Flags(f) if f & 3 == INBOUND => Some(Direction::Received),
+                    EnhancedPacketOption::Flags(f) if f & 3 == OUTBOUND => Some(Direction::Sent),
+                    _ => None,
+                });
+                packet(link, time, &p.data, p.original_len, dir, skipped)?;
+            }
+            Block::SimplePacket(p) => {
+                packets += 1;
+                let link = interfaces.first().map_or(DataLink::ETHERNET, |i| i.0);
+                packet(link, Duration::ZERO, &p.data, p.original_len, None, skipped)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The packets of a classic pcap file (`path` names it in errors), each handed to `packet`.
+fn pcap_packets<E>(
+    input: impl std::io::Read,
+    path: &str,
+    skipped: &mut Skipped,
+    packet: &mut PacketSink<'_, E>,
+) -> Result<(), ReadError<E>> {
+    let mut r = pcap_file::pcap::PcapReader::new(input)
+        .map_err(|why| ReadError::NotCapture { path: path.to_string(), why })?;
+    let link = r.header().datalink;
+    let mut packets = 0u64;
+    while let Some(p) = r.next_packet() {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) if is_cut(&e) => {
+                skipped.cut_short = true;
+                break;
+            }
+            Err(why) => {
+                return Err(ReadError::Malformed {
+                    path: path.to_string(),
+                    at: format!("packet {}", packets + 1),
+                    why,
+                });
+            }
+        };
+        packets += 1;
+        packet(link, p.timestamp, &p.data, p.orig_len, None, skipped)?;
+    }
+    Ok(())
 }
 
 /// Whether a reader's error says the file ends inside a block.
