@@ -1,16 +1,16 @@
 //! The exports: each device the box serves, what backs it, its BARs as the box placed them,
 //! its owner, and its outbox (what the device sent that the owner's session could not take
-//! yet, and the device's reads awaiting completion); the device's upstream port as the
-//! owner's session ([`ToHost`]) or, while that session is busy, as the outbox
-//! ([`Deferred`]); opening a device, sizing and placing its BARs, and giving it back
+//! yet, and the device's reads awaiting completion); what the device sent, taken after each
+//! call into the owner's session ([`ToHost`]) or, while that session is busy, into the
+//! outbox ([`Deferred`]); opening a device, sizing and placing its BARs, and giving it back
 //! ([`release`]).
 
 use std::collections::{HashSet, VecDeque};
 
 use bridge::attach::BarInfo;
-use hw::{Device, SimGpu, TlpQueue, Upstream};
+use hw::{Device, SimGpu};
 use link::{SendError, Session};
-use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr, rules};
+use tlp::{Bdf, Body, ConfigTarget, CplStatus, Request, Tag, TlpRepr, rules};
 
 use crate::pool::{Journal, Owner};
 use crate::{BOX_ROOT, DeviceSpec, ExportIdentity, ExportSpec, ExportStats, GpuError};
@@ -51,7 +51,7 @@ pub(crate) struct Outbox {
 /// 35 allocations per 8 MiB moved; `tests/alloc.rs`). Let go when the device is given back.
 const OUTBOX_SPARE: usize = 1024;
 
-/// The device's upstream port, as the owner's session.
+/// Where what the device sent goes: the owner's session.
 pub(crate) struct ToHost<'a> {
     pub(crate) s: &'a mut Session,
     pub(crate) out: &'a mut Outbox,
@@ -59,7 +59,14 @@ pub(crate) struct ToHost<'a> {
     pub(crate) device: &'a str,
 }
 
-impl Upstream for ToHost<'_> {
+impl ToHost<'_> {
+    /// Takes everything `dev` sent, in order.
+    pub(crate) fn take_from(&mut self, dev: &mut dyn Device) {
+        while let Some(ref t) = dev.upstream() {
+            self.send(t);
+        }
+    }
+
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         self.out.note(tlp, self.stats);
         if !self.out.queue.is_empty() {
@@ -82,24 +89,28 @@ impl Upstream for ToHost<'_> {
     }
 }
 
-/// The device's upstream port while its session is busy (handling the datagram the TLP
-/// came in): what the device sends waits in the outbox, in order, for the next flush.
+/// Where what the device sent goes while its session is busy (handling the datagram the
+/// TLP came in): the outbox, in order, for the next flush.
 pub(crate) struct Deferred<'a> {
     pub(crate) out: &'a mut Outbox,
     pub(crate) stats: &'a mut ExportStats,
 }
 
-impl Upstream for Deferred<'_> {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.out.note(tlp, self.stats);
-        self.out.push(tlp);
+impl Deferred<'_> {
+    /// Takes everything `dev` sent, in order.
+    pub(crate) fn take_from(&mut self, dev: &mut dyn Device) {
+        while let Some(ref t) = dev.upstream() {
+            self.out.note(t, self.stats);
+            self.out.push(t);
+        }
     }
 }
 
 /// A completion from the owner for one of the device's reads.
 pub(crate) fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut Deferred<'_>) {
     up.out.note_completion(t, up.stats);
-    dev.completion(t, up);
+    dev.completion(t);
+    up.take_from(dev);
 }
 
 impl Outbox {
@@ -164,7 +175,6 @@ impl Outbox {
 
 /// Sends one config request to `dev` and returns the completion's data (all-ones if none).
 pub(crate) fn config_access(dev: &mut dyn Device, register: u16, write: Option<u32>) -> u32 {
-    let mut q = TlpQueue::default();
     let req = Request { requester: BOX_ROOT, tag: Tag::from_bits(0), first_be: 0xf, last_be: 0 };
     let cfg = ConfigTarget { type1: false, target: dev.id(), register };
     let data = write.unwrap_or(0).to_le_bytes();
@@ -172,16 +182,21 @@ pub(crate) fn config_access(dev: &mut dyn Device, register: u16, write: Option<u
         Some(_) => Body::CfgWrite { req, cfg, data: &data },
         None => Body::CfgRead { req, cfg },
     };
-    dev.request(&TlpRepr::new(body), &mut q);
-    for b in &q.0 {
-        if let Ok(TlpRepr { body: Body::Completion { cpl, data, .. }, .. }) =
-            TlpRepr::parse_bytes(b, &ParseConfig::default())
+    dev.request(&TlpRepr::new(body));
+    // Everything it sent is taken; anything but the completion (an MSI-X message a write
+    // released) is the box's own access's and dropped.
+    let mut value = None;
+    while let Some(t) = dev.upstream() {
+        if let Body::Completion { cpl, data, .. } = t.body
             && cpl.status == CplStatus::Success
+            && value.is_none()
         {
-            return data.and_then(|d| d.get(..4)).map_or(0, |d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+            value = Some(
+                data.and_then(|d| d.get(..4)).map_or(0, |d| u32::from_le_bytes([d[0], d[1], d[2], d[3]])),
+            );
         }
     }
-    u32::MAX
+    value.unwrap_or(u32::MAX)
 }
 
 /// Sizes the device's BARs and places the unplaced ones from `base` up, as firmware would.
@@ -300,7 +315,10 @@ pub(crate) fn open_device(spec: &ExportSpec, id: Bdf) -> Result<Box<dyn Device>,
 /// Gives the device back: function-level reset, in-flight DMA dropped and counted, BARs
 /// placed again (the reset cleared them).
 pub(crate) fn release(e: &mut Export, why: &str, journal: &mut Journal) {
-    let dropped = e.out.reads.len() + e.out.queue.len();
+    let mut dropped = e.out.reads.len() + e.out.queue.len();
+    while e.dev.upstream().is_some() {
+        dropped += 1;
+    }
     e.stats.dma_dropped += dropped as u64;
     e.out.clear();
     e.dev.reset();

@@ -379,7 +379,8 @@ impl GpuEndpoint {
                 device_completion(t, e.dev.as_mut(), &mut up);
             } else {
                 up.stats.host_requests += 1;
-                e.dev.request(t, &mut up);
+                e.dev.request(t);
+                up.take_from(e.dev.as_mut());
             }
         };
         let mut sink = |sid: u32, bytes: &[u8]| dispatcher.route(sid, bytes, &mut in_place);
@@ -474,8 +475,9 @@ impl GpuEndpoint {
                 if !e.out.queue.is_empty() {
                     break;
                 }
-                let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
-                if !e.dev.poll(&mut up) {
+                let did = e.dev.poll();
+                ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }.take_from(e.dev.as_mut());
+                if !did {
                     break;
                 }
                 worked = true;
@@ -611,8 +613,8 @@ fn handle_kept(
     let e = &mut exports[d];
     e.stats.host_requests += 1;
     let cfg_write = matches!(t.body, Body::CfgWrite { .. });
-    let mut up = ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name };
-    e.dev.request(&t, &mut up);
+    e.dev.request(&t);
+    ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }.take_from(e.dev.as_mut());
     if cfg_write {
         // A host-initiated function-level reset clears the BARs; the box owns their
         // placement, so it puts them back where the host expects them.

@@ -1,13 +1,13 @@
 //! The device interface a bridge drives, the same for a simulated and a real device: it
-//! receives host-originated TLPs (config, memory, IO) and answers non-posted ones through
-//! the upstream port; it originates its own requests (DMA reads and writes, MSI-X writes)
-//! through the same port and receives the completions to its reads; it resets. Errors
-//! become completion statuses, never panics.
+//! receives host-originated TLPs (config, memory, IO) and answers non-posted ones; it
+//! originates its own requests (DMA reads and writes, MSI-X writes) and receives the
+//! completions to its reads; it resets. What it sends are values the platform takes after
+//! each call ([`Device::upstream`]), as quinn's connection hands out its datagrams: no
+//! callback into the platform while the device runs. Errors become completion statuses,
+//! never panics.
 #![forbid(unsafe_code)]
 
 use tlp::{Bdf, TlpRepr};
-
-use crate::upstream::Upstream;
 
 /// The devices' clock: CLOCK_MONOTONIC in nanoseconds, the clock a host process on the same
 /// machine reads too, so that times a device writes compare with the host's.
@@ -23,12 +23,16 @@ pub trait Device {
     /// Max_Payload_Size in bytes as its Device Control register says now.
     fn max_payload(&self) -> u32;
     /// A host-originated request. Non-posted requests get exactly one completion upstream.
-    fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream);
+    fn request(&mut self, tlp: &TlpRepr<'_>);
     /// A completion for one of the device's own reads.
-    fn completion(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream);
+    fn completion(&mut self, tlp: &TlpRepr<'_>);
     /// Lets the device progress (command processing, DMA, interrupts). Returns whether it
     /// did anything.
-    fn poll(&mut self, up: &mut dyn Upstream) -> bool;
+    fn poll(&mut self) -> bool;
+    /// The next TLP the device sends towards the host, in the order it sent them, its
+    /// payload lent until the next call: the platform takes them all after each call above
+    /// (`crate::upstream`).
+    fn upstream(&mut self) -> Option<TlpRepr<'_>>;
     /// Function-level reset: back to the power-on state; in-flight DMA is dropped.
     fn reset(&mut self);
     /// How often, since it was made, the device waited — in a link's time, whatever the

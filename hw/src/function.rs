@@ -9,7 +9,7 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr, rules};
 
 use crate::config::{BarKind, ConfigSpace, ConfigWrite};
 use crate::msix::{MsixMessage, MsixTable};
-pub use crate::upstream::{TlpQueue, Upstream};
+pub use crate::upstream::Outbox;
 
 /// Where a memory request lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,14 +82,14 @@ impl Function {
 
     /// Answers a configuration request (CfgRd0/CfgWr0; Type 1 gets UR: an endpoint has no
     /// bus behind it). Returns what a write changed; MSI-X messages it released go upstream.
-    pub fn config_request(&mut self, req: &TlpRepr<'_>, up: &mut dyn Upstream) -> ConfigWrite {
+    pub fn config_request(&mut self, req: &TlpRepr<'_>, out: &mut Outbox) -> ConfigWrite {
         let mut effect = ConfigWrite::default();
         match req.body {
             Body::CfgRead { cfg, .. } if !cfg.type1 => {
                 let data = self.config.read_dword(cfg.register as usize).to_le_bytes();
                 let chunk =
                     rules::CompletionChunk { byte_count: 4, lower_address: 0, data_offset: 0, length_dw: 1 };
-                up.send(&rules::completion_with_data(req, self.id, &chunk, &data));
+                out.send(&rules::completion_with_data(req, self.id, &chunk, &data));
             }
             Body::CfgWrite { req: r, cfg, data } if !cfg.type1 => {
                 let base = cfg.register as usize;
@@ -101,7 +101,7 @@ impl Function {
                 }
                 if let Some((_, new)) = effect.msix_control {
                     for m in self.msix.set_control(new) {
-                        self.send_msix(m, up);
+                        self.send_msix(m, out);
                     }
                 }
                 if let Some((old, new)) = effect.command
@@ -111,16 +111,16 @@ impl Function {
                     // Bus mastering came on: held-back messages may go now.
                     let ctl = self.config.msix_control().unwrap_or(0);
                     for m in self.msix.set_control(ctl) {
-                        self.send_msix(m, up);
+                        self.send_msix(m, out);
                     }
                 }
                 if effect.function_level_reset {
                     self.reset();
                 }
-                up.send(&rules::completion_without_data(req, self.id, CplStatus::Success));
+                out.send(&rules::completion_without_data(req, self.id, CplStatus::Success));
             }
             Body::CfgRead { .. } | Body::CfgWrite { .. } => {
-                up.send(&rules::completion_without_data(req, self.id, CplStatus::UnsupportedRequest));
+                out.send(&rules::completion_without_data(req, self.id, CplStatus::UnsupportedRequest));
             }
             _ => {}
         }
@@ -164,29 +164,29 @@ impl Function {
     }
 
     /// Writes the MSI-X table (the PBA is read-only); released messages go upstream.
-    pub fn msix_write(&mut self, target: MemoryTarget, len: usize, value: u64, up: &mut dyn Upstream) {
+    pub fn msix_write(&mut self, target: MemoryTarget, len: usize, value: u64, out: &mut Outbox) {
         if let MemoryTarget::MsixTable(o) = target {
             for m in self.msix.write_table(o, len, value) {
-                self.send_msix(m, up);
+                self.send_msix(m, out);
             }
         }
     }
 
     /// The device raises a vector: an MSI-X write now, or a pending bit.
-    pub fn signal(&mut self, vector: u16, up: &mut dyn Upstream) {
+    pub fn signal(&mut self, vector: u16, out: &mut Outbox) {
         if let Some(m) = self.msix.signal(vector) {
-            self.send_msix(m, up);
+            self.send_msix(m, out);
         }
     }
 
-    fn send_msix(&mut self, m: MsixMessage, up: &mut dyn Upstream) {
+    fn send_msix(&mut self, m: MsixMessage, out: &mut Outbox) {
         if !self.bus_master() {
             // A function without Bus Master Enable issues no requests; keep it pending.
             self.held += 1;
             self.msix.set_pending(m.vector);
             return;
         }
-        m.send(self.id, up);
+        m.send(self.id, out);
     }
 
     /// Bus Master Enable: the function may issue DMA and MSI-X writes.

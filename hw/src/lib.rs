@@ -1,6 +1,6 @@
 //! The devices behind a GPU-box endpoint, as a bridge sees them: [`Device`] (host-originated
-//! TLPs in, completions, DMA requests and MSI-X writes out through the upstream port,
-//! completions to the device's own reads, reset), [`Function`] (config space, MSI-X and the
+//! TLPs in, completions, DMA requests and MSI-X writes out as values the bridge takes
+//! ([`Outbox`]), completions to the device's own reads, reset), [`Function`] (config space, MSI-X and the
 //! Command register's gates put together the way a bridge drives a function: config TLPs
 //! answered, memory requests decoded — UR while Memory Space Enable is clear —,
 //! device-originated writes only with Bus Master Enable), the simulated GPU ([`SimGpu`]:
@@ -38,6 +38,7 @@ pub mod vfio;
 
 pub use config::{Bar, BarKind, ConfigSpace, ConfigWrite, PcieCapability};
 pub use device::Device;
-pub use function::{Function, MemoryTarget, TlpQueue, Upstream};
+pub use function::{Function, MemoryTarget};
 pub use msix::{MsixEntry, MsixMessage, MsixTable};
 pub use simgpu_device::SimGpu;
+pub use upstream::{Memory, NoMemory, Outbox, take_all};

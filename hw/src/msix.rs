@@ -35,9 +35,9 @@ pub struct MsixMessage {
 
 impl MsixMessage {
     /// Sends this interrupt upstream as the MWr of one DW that MSI-X is, from `requester`.
-    pub fn send(&self, requester: tlp::Bdf, up: &mut dyn crate::upstream::Upstream) {
+    pub fn send(&self, requester: tlp::Bdf, out: &mut crate::upstream::Outbox) {
         let data = self.data.to_le_bytes();
-        up.send(&tlp::TlpRepr::new(tlp::Body::MemWrite {
+        out.send(&tlp::TlpRepr::new(tlp::Body::MemWrite {
             req: tlp::Request { requester, tag: tlp::Tag::default(), first_be: 0xf, last_be: 0 },
             address: tlp::Address::new(self.address),
             ph: 0,

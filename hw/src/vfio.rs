@@ -28,7 +28,7 @@ use tlp::{Bdf, Body, CplStatus, TlpRepr};
 
 use crate::device::Device;
 use crate::msix::MsixTable;
-use crate::upstream::Upstream;
+use crate::upstream::{NoMemory, Outbox};
 pub use pci::MsixEventfds;
 
 /// Raw access to a function's config space.
@@ -76,6 +76,9 @@ pub struct VfioDevice {
     /// The table the host programs; the device's own table is VFIO's business.
     msix: MsixTable,
     eventfds: Option<MsixEventfds>,
+    /// What it sent that the platform has not taken yet (its own memory is the device's:
+    /// every payload is carried).
+    out: Outbox,
 }
 
 struct VfioConfig<'a>(pci_driver::regions::PciSubregion<'a>);
@@ -155,6 +158,7 @@ impl VfioDevice {
             msix_table: None,
             msix: MsixTable::new(1),
             eventfds: None,
+            out: Outbox::default(),
         };
         if let Some(cap) = d.find_capability(0x11) {
             let raw = d.raw();
@@ -184,7 +188,7 @@ impl VfioDevice {
     }
 
     /// The host wrote MSI-X Message Control: follow it in the virtual table and in VFIO.
-    fn msix_control_written(&mut self, control: u16, up: &mut dyn Upstream) {
+    fn msix_control_written(&mut self, control: u16) {
         use pci_driver::device::PciDevice;
         let enable = control & 0x8000 != 0;
         if enable && self.eventfds.is_none() {
@@ -201,7 +205,7 @@ impl VfioDevice {
             self.eventfds = None;
         }
         for m in self.msix.set_control(control) {
-            m.send(self.id, up);
+            m.send(self.id, &mut self.out);
         }
     }
 
@@ -241,6 +245,43 @@ impl VfioDevice {
     }
 }
 
+impl VfioDevice {
+    /// Answers a memory read: the MSI-X table from the virtual one, a BAR from the device.
+    fn memory_read(&mut self, tlp: &TlpRepr<'_>, address: tlp::Address, length_dw: u16) {
+        let len = length_dw as usize * 4;
+        if let Some(off) = self.msix_offset(address.value()) {
+            let v = self.msix.read_table(off, len);
+            let chunk = rules::CompletionChunk {
+                byte_count: len as u16,
+                lower_address: (address.value() & 0x7f) as u8,
+                data_offset: 0,
+                length_dw,
+            };
+            if matches!(len, 4 | 8) {
+                self.out.send(&rules::completion_with_data(tlp, self.id, &chunk, &v.to_le_bytes()[..len]));
+            } else {
+                self.out.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest));
+            }
+            return;
+        }
+        let read = self.decode(address.value()).and_then(|(bar, off)| {
+            let region = self.bars.get(bar)?.as_ref()?.region();
+            let mut buf = vec![0u8; len];
+            region.read_bytes(off, &mut buf).ok().map(|_| buf)
+        });
+        match read {
+            Some(data) => {
+                let mps = TransferSize::from_bytes(self.max_payload()).unwrap_or(TransferSize::B128);
+                let out = &mut self.out;
+                rules::complete_read(tlp, self.id, &data, Rcb::B64, mps, |c| out.send(c));
+            }
+            None => {
+                self.out.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest))
+            }
+        }
+    }
+}
+
 impl Device for VfioDevice {
     fn id(&self) -> Bdf {
         self.id
@@ -264,7 +305,7 @@ impl Device for VfioDevice {
         128
     }
 
-    fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
+    fn request(&mut self, tlp: &TlpRepr<'_>) {
         let status_of = |e: io::Error| {
             let _ = e;
             CplStatus::CompleterAbort
@@ -278,9 +319,9 @@ impl Device for VfioDevice {
                         data_offset: 0,
                         length_dw: 1,
                     };
-                    up.send(&rules::completion_with_data(tlp, self.id, &chunk, &v.to_le_bytes()));
+                    self.out.send(&rules::completion_with_data(tlp, self.id, &chunk, &v.to_le_bytes()));
                 }
-                Err(e) => up.send(&rules::completion_without_data(tlp, self.id, status_of(e))),
+                Err(e) => self.out.send(&rules::completion_without_data(tlp, self.id, status_of(e))),
             },
             Body::CfgWrite { req, cfg, data } if !cfg.type1 => {
                 let raw = self.raw();
@@ -309,42 +350,11 @@ impl Device for VfioDevice {
                     && req.first_be & 0b1100 != 0
                 {
                     let control = self.raw().read(cap + 2, 2).unwrap_or(0) as u16;
-                    self.msix_control_written(control, up);
+                    self.msix_control_written(control);
                 }
-                up.send(&rules::completion_without_data(tlp, self.id, status));
+                self.out.send(&rules::completion_without_data(tlp, self.id, status));
             }
-            Body::MemRead { address, length_dw, .. } => {
-                let len = length_dw as usize * 4;
-                if let Some(off) = self.msix_offset(address.value()) {
-                    let v = self.msix.read_table(off, len);
-                    let chunk = rules::CompletionChunk {
-                        byte_count: len as u16,
-                        lower_address: (address.value() & 0x7f) as u8,
-                        data_offset: 0,
-                        length_dw,
-                    };
-                    if matches!(len, 4 | 8) {
-                        up.send(&rules::completion_with_data(tlp, self.id, &chunk, &v.to_le_bytes()[..len]));
-                    } else {
-                        up.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest));
-                    }
-                    return;
-                }
-                let read = self.decode(address.value()).and_then(|(bar, off)| {
-                    let region = self.bars.get(bar)?.as_ref()?.region();
-                    let mut buf = vec![0u8; len];
-                    region.read_bytes(off, &mut buf).ok().map(|_| buf)
-                });
-                match read {
-                    Some(data) => {
-                        let mps = TransferSize::from_bytes(self.max_payload()).unwrap_or(TransferSize::B128);
-                        rules::complete_read(tlp, self.id, &data, Rcb::B64, mps, |c| up.send(c));
-                    }
-                    None => {
-                        up.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest))
-                    }
-                }
-            }
+            Body::MemRead { address, length_dw, .. } => self.memory_read(tlp, address, length_dw),
             Body::MemWrite { address, data, .. } => {
                 if let Some(off) = self.msix_offset(address.value()) {
                     let v = match data.len() {
@@ -353,7 +363,7 @@ impl Device for VfioDevice {
                         _ => return,
                     };
                     for m in self.msix.write_table(off, data.len(), v) {
-                        m.send(self.id, up);
+                        m.send(self.id, &mut self.out);
                     }
                     return;
                 }
@@ -369,24 +379,32 @@ impl Device for VfioDevice {
             }
             _ => {
                 if tlp.fc_class() == tlp::FcClass::NonPosted {
-                    up.send(&rules::completion_without_data(tlp, self.id, CplStatus::UnsupportedRequest));
+                    self.out.send(&rules::completion_without_data(
+                        tlp,
+                        self.id,
+                        CplStatus::UnsupportedRequest,
+                    ));
                 }
             }
         }
     }
 
-    fn completion(&mut self, _tlp: &TlpRepr<'_>, _up: &mut dyn Upstream) {
+    fn completion(&mut self, _tlp: &TlpRepr<'_>) {
         // A VFIO device's DMA does not pass through software: no completions are ours.
     }
 
-    fn poll(&mut self, up: &mut dyn Upstream) -> bool {
+    fn poll(&mut self) -> bool {
         let fired = self.eventfds.as_ref().map(MsixEventfds::fired).unwrap_or_default();
         for v in &fired {
             if let Some(m) = self.msix.signal(*v) {
-                m.send(self.id, up);
+                m.send(self.id, &mut self.out);
             }
         }
         !fired.is_empty()
+    }
+
+    fn upstream(&mut self) -> Option<TlpRepr<'_>> {
+        self.out.take(&NoMemory)
     }
 
     fn reset(&mut self) {

@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
+use hw::Device;
 use hw::vfio::VfioDevice;
-use hw::{Device, TlpQueue};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
 #[test]
@@ -22,13 +22,13 @@ fn config_reads_and_reset_on_a_real_device() {
     let mut lines = Vec::new();
     let mut dev = VfioDevice::open(&path, Bdf::new(1, 0, 0), &mut |l| lines.push(l.to_owned())).unwrap();
     assert!(lines.iter().any(|l| l.contains("hardware proxy")), "the limits are stated: {lines:?}");
-    let mut up = TlpQueue::default();
     let read = TlpRepr::new(Body::CfgRead {
         req: Request { requester: Bdf::new(0, 0, 0), tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 },
         cfg: ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register: 0 },
     });
-    dev.request(&read, &mut up);
-    let c = TlpRepr::parse_bytes(&up.0[0], &ParseConfig::default()).unwrap();
+    dev.request(&read);
+    let sent = hw::take_all(&mut dev);
+    let c = TlpRepr::parse_bytes(&sent[0], &ParseConfig::default()).unwrap();
     let Body::Completion { cpl, data, .. } = c.body else { panic!("{c}") };
     assert_eq!(cpl.status, CplStatus::Success);
     let id = u32::from_le_bytes(data.unwrap().try_into().unwrap());

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use driver::{BusAddr, DmaArena, DmaBuf, PciFunction, WaitStep, wait_interrupt};
-use hw::{Device, Upstream};
+use hw::Device;
 use tlp::{CplStatus, ParseConfig, TlpRepr};
 
 use crate::direct::{self, HOST_MEMORY_BASE, HostPort};
@@ -148,7 +148,14 @@ impl Drop for ToHost<'_> {
     }
 }
 
-impl Upstream for ToHost<'_> {
+impl ToHost<'_> {
+    /// Takes everything `dev` sent, in order.
+    fn take_from<D: Device>(&mut self, dev: &mut D) {
+        while let Some(ref t) = dev.upstream() {
+            self.send(t);
+        }
+    }
+
     fn send(&mut self, tlp: &TlpRepr<'_>) {
         if let tlp::Body::MemRead { .. } = tlp.body {
             self.reads.push(tlp.with_data(&[]));
@@ -175,10 +182,12 @@ fn device_loop<D: Device>(mut dev: D, shared: Arc<Shared>) -> D {
             any = true;
             // Emitted by this process: never malformed (dropped if it were).
             if let Ok(t) = TlpRepr::parse_bytes(&b, &cfg) {
-                dev.request(&t, &mut ToHost::new(&shared, &mut reads));
+                dev.request(&t);
+                ToHost::new(&shared, &mut reads).take_from(&mut dev);
             }
         }
-        let did = dev.poll(&mut ToHost::new(&shared, &mut reads));
+        let did = dev.poll();
+        ToHost::new(&shared, &mut reads).take_from(&mut dev);
         if !reads.is_empty() || reads_left {
             let mut host = shared.host_for_device();
             for r in reads.drain(..) {

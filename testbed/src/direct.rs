@@ -17,7 +17,7 @@ use tlp::rules::{self, Rcb, TransferSize};
 use tlp::{Address, Bdf, Body, ConfigTarget, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
 use driver::{BusAddr, DmaArena, DmaBuf, Interrupts, MSI_BASE, PciFunction, WaitStep, wait_interrupt};
-use hw::{Device, Upstream};
+use hw::Device;
 
 /// The host's requester ID.
 pub const HOST_ID: Bdf = Bdf::new(0, 0, 0);
@@ -119,8 +119,19 @@ impl HostPort {
     }
 }
 
-impl Upstream for HostPort {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
+impl HostPort {
+    /// Takes everything `dev` sent, in order, as it lands. (Each TLP is used where the call
+    /// returned it, by reference: moved out first, its copy read the bytes the device had
+    /// just written there behind the previous payload's 4 KiB copy, and waited for that copy's
+    /// stores to drain — copies out ran at 4.9 GB/s instead of 6.1.)
+    pub(crate) fn take_from<D: Device + ?Sized>(&mut self, dev: &mut D) {
+        while let Some(ref t) = dev.upstream() {
+            self.send(t);
+        }
+    }
+
+    /// One TLP the device sent.
+    pub(crate) fn send(&mut self, tlp: &TlpRepr<'_>) {
         match tlp.body {
             Body::MemWrite { req, address, data, .. } => {
                 self.changes += 1;
@@ -161,17 +172,6 @@ pub(crate) fn emit(tlp: &TlpRepr<'_>) -> Vec<u8> {
     let n = tlp.emit(&mut b).unwrap_or(0);
     b.truncate(n);
     b
-}
-
-/// What the device sends while the host port cannot take it (its memory is lent to a
-/// completion the device is taking): emitted, to arrive after, in order.
-#[derive(Default)]
-struct Later(Vec<Vec<u8>>);
-
-impl Upstream for Later {
-    fn send(&mut self, tlp: &TlpRepr<'_>) {
-        self.0.push(emit(tlp));
-    }
 }
 
 /// A device on the host's own bus.
@@ -223,7 +223,8 @@ impl<D: Device> DirectAttach<D> {
 
     /// Sends one host request to the device and serves everything that follows.
     fn request(&mut self, tlp: &TlpRepr<'_>) {
-        self.dev.request(tlp, &mut self.host);
+        self.dev.request(tlp);
+        self.host.take_from(&mut self.dev);
         self.host.completed_since_run = false;
         self.serve_reads();
     }
@@ -239,7 +240,8 @@ impl<D: Device> DirectAttach<D> {
     pub fn run(&mut self) -> bool {
         let mut any = false;
         for _ in 0..1_000_000 {
-            let did = self.dev.poll(&mut self.host);
+            let did = self.dev.poll();
+            self.host.take_from(&mut self.dev);
             self.host.completed_since_run = false;
             self.serve_reads();
             if !did {
@@ -407,20 +409,16 @@ pub(crate) fn serve_reads_while<D: Device>(
         match host.in_memory(address.value(), length_dw as u64 * 4) {
             Some(off) => {
                 // Host memory is lent while the device takes the bytes; what it sends
-                // meanwhile waits, in order, and arrives after.
-                let mut later = Later::default();
+                // meanwhile waits in its outbox, in order, and arrives after.
                 let data = &host.mem[off..off + length_dw as usize * 4];
-                rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c, &mut later));
-                for b in later.0 {
-                    if let Ok(t) = TlpRepr::parse_bytes(&b, &ParseConfig::default()) {
-                        host.send(&t);
-                    }
-                }
+                rules::complete_read(&t, HOST_ID, data, Rcb::B64, mps, |c| dev.completion(c));
+                host.take_from(dev);
             }
             None => {
                 host.dma_read_refused += 1;
                 let cpl = rules::completion_without_data(&t, HOST_ID, CplStatus::UnsupportedRequest);
-                dev.completion(&cpl, host);
+                dev.completion(&cpl);
+                host.take_from(dev);
             }
         }
     }

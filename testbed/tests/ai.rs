@@ -188,28 +188,8 @@ struct Corrupting {
     inner: SimGpu,
     after: usize,
     seen: usize,
-}
-
-struct Flip<'a> {
-    up: &'a mut dyn hw::Upstream,
-    after: usize,
-    seen: &'a mut usize,
-}
-
-impl hw::Upstream for Flip<'_> {
-    fn send(&mut self, tlp: &tlp::TlpRepr<'_>) {
-        if let tlp::Body::MemWrite { data, .. } = tlp.body
-            && data.len() >= 256
-        {
-            *self.seen += 1;
-            if *self.seen > self.after {
-                let mut bad = data.to_vec();
-                bad[100] ^= 0x40;
-                return self.up.send(&tlp.with_data(&bad));
-            }
-        }
-        self.up.send(tlp)
-    }
+    /// The flipped payload lent with the TLP last taken.
+    bad: Vec<u8>,
 }
 
 impl hw::Device for Corrupting {
@@ -219,17 +199,29 @@ impl hw::Device for Corrupting {
     fn max_payload(&self) -> u32 {
         self.inner.max_payload()
     }
-    fn request(&mut self, t: &tlp::TlpRepr<'_>, up: &mut dyn hw::Upstream) {
-        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
-        self.inner.request(t, &mut f)
+    fn request(&mut self, t: &tlp::TlpRepr<'_>) {
+        self.inner.request(t)
     }
-    fn completion(&mut self, t: &tlp::TlpRepr<'_>, up: &mut dyn hw::Upstream) {
-        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
-        self.inner.completion(t, &mut f)
+    fn completion(&mut self, t: &tlp::TlpRepr<'_>) {
+        self.inner.completion(t)
     }
-    fn poll(&mut self, up: &mut dyn hw::Upstream) -> bool {
-        let mut f = Flip { up, after: self.after, seen: &mut self.seen };
-        self.inner.poll(&mut f)
+    fn poll(&mut self) -> bool {
+        self.inner.poll()
+    }
+    fn upstream(&mut self) -> Option<tlp::TlpRepr<'_>> {
+        let t = self.inner.upstream()?;
+        if let tlp::Body::MemWrite { data, .. } = t.body
+            && data.len() >= 256
+        {
+            self.seen += 1;
+            if self.seen > self.after {
+                self.bad.clear();
+                self.bad.extend_from_slice(data);
+                self.bad[100] ^= 0x40;
+                return Some(t.with_data(&self.bad));
+            }
+        }
+        Some(t)
     }
     fn reset(&mut self) {
         self.inner.reset()
@@ -239,8 +231,12 @@ impl hw::Device for Corrupting {
 #[test]
 fn a_corrupted_result_fails_every_workload_naming_where() {
     for name in Workload::NAMES {
-        let dev =
-            Corrupting { inner: SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()), after: 0, seen: 0 };
+        let dev = Corrupting {
+            inner: SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default()),
+            after: 0,
+            seen: 0,
+            bad: Vec::new(),
+        };
         let mut d = SimGpuDriver::open(DirectAttach::new(dev, 128 << 20)).unwrap();
         match Workload::named(name, 1).unwrap().run(&mut d, &mut |_| {}) {
             Err(e @ WorkloadError::Mismatch { .. }) => {

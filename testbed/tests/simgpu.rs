@@ -103,7 +103,6 @@ fn no_bus_master_no_dma() {
 
 #[test]
 fn reset_with_dma_in_flight_drops_it() {
-    use hw::TlpQueue;
     use hw::simgpu_device::{COMMAND_BYTES, MAX_READS_IN_FLIGHT};
     use tlp::{Address, Body, ConfigTarget, ParseConfig, Request, Tag, TlpRepr, rules};
 
@@ -120,7 +119,7 @@ fn reset_with_dma_in_flight_drops_it() {
             cfg: ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register: reg },
             data: &d,
         });
-        dev.request(&t, up);
+        request(dev, &t, up);
     };
     let reg_write = |dev: &mut SimGpu, up: &mut TlpQueue, off: u64, v: u64| {
         let d = v.to_le_bytes();
@@ -130,7 +129,7 @@ fn reset_with_dma_in_flight_drops_it() {
             ph: 0,
             data: &d,
         });
-        dev.request(&t, up);
+        request(dev, &t, up);
     };
     cfg_write(&mut dev, &mut up, 0x10, 0xfe00_0000);
     cfg_write(&mut dev, &mut up, 0x04, 0x6);
@@ -139,7 +138,7 @@ fn reset_with_dma_in_flight_drops_it() {
     reg_write(&mut dev, &mut up, reg::RING_TAIL, 1);
     up.0.clear();
     // The device fetches the command...
-    assert!(dev.poll(&mut up));
+    assert!(poll(&mut dev, &mut up));
     let fetch = up.0.pop().unwrap();
     let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
     assert_eq!(fetch.address(), Some(0x1_0000_0000));
@@ -150,15 +149,15 @@ fn reset_with_dma_in_flight_drops_it() {
     cmd[16..24].copy_from_slice(&0u64.to_le_bytes());
     cmd[24..32].copy_from_slice(&(1u64 << 20).to_le_bytes());
     let chunk = rules::CompletionChunk { byte_count: 64, lower_address: 0, data_offset: 0, length_dw: 16 };
-    dev.completion(&rules::completion_with_data(&fetch, host, &chunk, &cmd), &mut up);
-    assert!(dev.poll(&mut up)); // decode
-    assert!(dev.poll(&mut up)); // reads go out
+    completion(&mut dev, &rules::completion_with_data(&fetch, host, &chunk, &cmd), &mut up);
+    assert!(poll(&mut dev, &mut up)); // decode
+    assert!(poll(&mut dev, &mut up)); // reads go out
     let reads: Vec<Vec<u8>> = std::mem::take(&mut up.0);
     assert_eq!(reads.len(), MAX_READS_IN_FLIGHT, "reads in flight before the reset");
     // Function-level reset in the middle of the copy.
     dev.reset();
     assert_eq!(dev.function().config().command(), 0);
-    assert!(!dev.poll(&mut up), "idle after reset (and no Bus Master Enable)");
+    assert!(!poll(&mut dev, &mut up), "idle after reset (and no Bus Master Enable)");
     // Completions for the dropped reads arrive late: counted, not written anywhere.
     let r = TlpRepr::parse_bytes(&reads[0], &ParseConfig::default()).unwrap();
     let data = vec![0xeeu8; r.length_dw().unwrap() as usize * 4];
@@ -168,7 +167,7 @@ fn reset_with_dma_in_flight_drops_it() {
         data_offset: 0,
         length_dw: r.length_dw().unwrap(),
     };
-    dev.completion(&rules::completion_with_data(&r, host, &chunk, &data), &mut up);
+    completion(&mut dev, &rules::completion_with_data(&r, host, &chunk, &data), &mut up);
     assert_eq!(dev.stray_completions, 1);
     assert_eq!(dev.vram_resident(), 0, "nothing landed in VRAM");
     assert!(up.0.is_empty());
@@ -204,16 +203,16 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
         ph: 0,
         data: &next,
     });
-    let mut q = hw::TlpQueue::default();
+    let mut q = TlpQueue::default();
     let dev = d.pci().device();
-    dev.request(&set_tail, &mut q);
+    request(dev, &set_tail, &mut q);
     fn parse(b: &[u8]) -> TlpRepr<'_> {
         TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap()
     }
     // The command fetch, answered from `cmd`.
     let mut polls = 0;
     while q.0.is_empty() {
-        assert!(dev.poll(&mut q));
+        assert!(poll(dev, &mut q));
         polls += 1;
         assert!(polls < 10, "no command fetch");
     }
@@ -221,18 +220,18 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
     let fetch = parse(&fetch);
     let Body::MemRead { address, .. } = fetch.body else { panic!("not a read: {fetch:?}") };
     assert_eq!(address.value(), ring + tail * 64);
-    let mut cpls = hw::TlpQueue::default();
+    let mut cpls = TlpQueue::default();
     assert!(rules::complete_read(&fetch, Bdf::new(0, 0, 0), &cmd, Rcb::B64, TransferSize::B512, |c| {
-        hw::Upstream::send(&mut cpls, c)
+        cpls.0.push(emit(c))
     }));
     for c in &cpls.0 {
-        dev.completion(&parse(c), &mut q);
+        completion(dev, &parse(c), &mut q);
     }
     let mut written = 0;
     let mut steps = 0;
     while written < len {
         q.0.clear();
-        dev.poll(&mut q);
+        poll(dev, &mut q);
         let step: usize =
             q.0.iter()
                 .map(|b| match parse(b).body {
@@ -254,7 +253,7 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
             locked: false,
         });
         q.0.clear();
-        dev.request(&read, &mut q);
+        request(dev, &read, &mut q);
         assert!(matches!(q.0.first().map(|b| parse(b).body), Some(Body::Completion { .. })));
     }
     assert_eq!(written, len);
@@ -276,4 +275,31 @@ fn commands_published_together_are_fetched_together_lap_after_lap() {
     // One read per launch, and one more each time a launch's entries straddle the ring's end.
     let fetches = d.pci().device().command_fetches - fetches0;
     assert!((30..=32).contains(&fetches), "{fetches} reads fetched 90 commands");
+}
+
+/// What a device sent, taken after each call and emitted (the tests play the platform).
+#[derive(Default)]
+struct TlpQueue(Vec<Vec<u8>>);
+
+fn emit(t: &tlp::TlpRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; t.buffer_len()];
+    let n = t.emit(&mut b).unwrap();
+    b.truncate(n);
+    b
+}
+
+fn request(dev: &mut dyn hw::Device, t: &tlp::TlpRepr<'_>, q: &mut TlpQueue) {
+    dev.request(t);
+    q.0.extend(hw::take_all(dev));
+}
+
+fn completion(dev: &mut dyn hw::Device, t: &tlp::TlpRepr<'_>, q: &mut TlpQueue) {
+    dev.completion(t);
+    q.0.extend(hw::take_all(dev));
+}
+
+fn poll(dev: &mut dyn hw::Device, q: &mut TlpQueue) -> bool {
+    let did = dev.poll();
+    q.0.extend(hw::take_all(dev));
+    did
 }

@@ -11,6 +11,33 @@ use testbed::direct::DirectAttach;
 use testbed::suite::pattern;
 use tlp::Bdf;
 
+/// What a raw device sent, taken after each call and emitted: the tests play the platform.
+#[derive(Default)]
+struct Sent(Vec<Vec<u8>>);
+
+/// A device's calls with what it sends taken into a [`Sent`].
+trait Played {
+    fn request_to(&mut self, t: &tlp::TlpRepr<'_>, up: &mut Sent);
+    fn completion_to(&mut self, t: &tlp::TlpRepr<'_>, up: &mut Sent);
+    fn poll_to(&mut self, up: &mut Sent) -> bool;
+}
+
+impl<D: Device> Played for D {
+    fn request_to(&mut self, t: &tlp::TlpRepr<'_>, up: &mut Sent) {
+        self.request(t);
+        up.0.extend(hw::take_all(self));
+    }
+    fn completion_to(&mut self, t: &tlp::TlpRepr<'_>, up: &mut Sent) {
+        self.completion(t);
+        up.0.extend(hw::take_all(self));
+    }
+    fn poll_to(&mut self, up: &mut Sent) -> bool {
+        let did = self.poll();
+        up.0.extend(hw::take_all(self));
+        did
+    }
+}
+
 /// A directly attached simgpu with its driver, for the tests that need one beside the raw
 /// device.
 fn open() -> SimGpuDriver<DirectAttach<SimGpu>> {
@@ -20,22 +47,22 @@ fn open() -> SimGpuDriver<DirectAttach<SimGpu>> {
 
 /// A raw simgpu, bus master, its ring at `RAW_RING` holding `commands` (opcode and arguments
 /// a, b, c), published and fetched: the test plays the platform from there.
-fn raw_simgpu_running(commands: &[(u32, [u64; 3])]) -> (SimGpu, hw::TlpQueue) {
+fn raw_simgpu_running(commands: &[(u32, [u64; 3])]) -> (SimGpu, Sent) {
     use tlp::{ConfigTarget, ParseConfig, Request, Tag, TlpRepr};
     let mut dev = SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
-    let mut up = hw::TlpQueue::default();
+    let mut up = Sent::default();
     let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
     for (register, v) in [(0x10u16, RAW_BAR0 as u32), (0x04, 0x6)] {
         let d = v.to_le_bytes();
         let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
-        dev.request(&TlpRepr::new(tlp::Body::CfgWrite { req, cfg, data: &d }), &mut up);
+        dev.request_to(&TlpRepr::new(tlp::Body::CfgWrite { req, cfg, data: &d }), &mut up);
     }
     for (off, v) in [(reg::RING_BASE, RAW_RING), (reg::RING_SIZE, 8), (reg::RING_TAIL, commands.len() as u64)]
     {
         raw_write_reg(&mut dev, &mut up, off, v);
     }
     up.0.clear();
-    assert!(dev.poll(&mut up));
+    assert!(dev.poll_to(&mut up));
     let fetch = up.0.pop().unwrap();
     let fetch = TlpRepr::parse_bytes(&fetch, &ParseConfig::default()).unwrap();
     assert_eq!(fetch.address(), Some(RAW_RING));
@@ -58,22 +85,22 @@ fn raw_ring(commands: &[(u32, [u64; 3])]) -> Vec<u8> {
 }
 
 /// A posted write of register `off` of BAR0, as the host sends it.
-fn raw_write_reg(dev: &mut SimGpu, up: &mut hw::TlpQueue, off: u64, v: u64) {
+fn raw_write_reg(dev: &mut SimGpu, up: &mut Sent, off: u64, v: u64) {
     use tlp::{Address, Body, Request, Tag, TlpRepr};
     let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0xf };
     let d = v.to_le_bytes();
-    dev.request(
+    dev.request_to(
         &TlpRepr::new(Body::MemWrite { req, address: Address::new(RAW_BAR0 + off), ph: 0, data: &d }),
         up,
     );
 }
 
 /// Completes the read `read` with `data`, all of it.
-fn raw_complete_with(dev: &mut SimGpu, up: &mut hw::TlpQueue, read: &tlp::TlpRepr<'_>, data: &[u8]) {
+fn raw_complete_with(dev: &mut SimGpu, up: &mut Sent, read: &tlp::TlpRepr<'_>, data: &[u8]) {
     let n = data.len() as u16;
     let chunk =
         tlp::rules::CompletionChunk { byte_count: n, lower_address: 0, data_offset: 0, length_dw: n / 4 };
-    dev.completion(&tlp::rules::completion_with_data(read, RAW_HOST, &chunk, data), up);
+    dev.completion_to(&tlp::rules::completion_with_data(read, RAW_HOST, &chunk, data), up);
 }
 
 const RAW_HOST: Bdf = Bdf::new(0, 0, 0);
@@ -84,10 +111,10 @@ const RAW_RING: u64 = 0x1_0000_0000;
 type SentRead = (u64, u64, Vec<u8>);
 
 /// Polls the device `polls` times and takes the reads it sent (what else it sent stays).
-fn raw_reads(dev: &mut SimGpu, up: &mut hw::TlpQueue, polls: usize) -> Vec<SentRead> {
+fn raw_reads(dev: &mut SimGpu, up: &mut Sent, polls: usize) -> Vec<SentRead> {
     use tlp::{Body, ParseConfig, TlpRepr};
     for _ in 0..polls {
-        dev.poll(up);
+        dev.poll_to(up);
     }
     let (reads, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut up.0).into_iter().partition(|b| {
         TlpRepr::parse_bytes(b, &ParseConfig::default()).is_ok_and(|t| matches!(t.body, Body::MemRead { .. }))
@@ -104,14 +131,16 @@ fn raw_reads(dev: &mut SimGpu, up: &mut hw::TlpQueue, polls: usize) -> Vec<SentR
 }
 
 /// Completes `reads` with `fill` bytes, or with Unsupported Request where `fill` is `None`.
-fn raw_complete(dev: &mut SimGpu, up: &mut hw::TlpQueue, reads: &[SentRead], fill: Option<u8>) {
+fn raw_complete(dev: &mut SimGpu, up: &mut Sent, reads: &[SentRead], fill: Option<u8>) {
     use tlp::{CplStatus, ParseConfig, TlpRepr, rules};
     for (_, len, b) in reads {
         let r = TlpRepr::parse_bytes(b, &ParseConfig::default()).unwrap();
         match fill {
             Some(fill) => raw_complete_with(dev, up, &r, &vec![fill; *len as usize]),
-            None => dev
-                .completion(&rules::completion_without_data(&r, RAW_HOST, CplStatus::UnsupportedRequest), up),
+            None => dev.completion_to(
+                &rules::completion_without_data(&r, RAW_HOST, CplStatus::UnsupportedRequest),
+                up,
+            ),
         }
     }
 }
@@ -124,7 +153,7 @@ fn raw_read_from(reads: &[SentRead], base: u64) -> u64 {
 /// Register `off` of BAR0, read as the host would.
 fn raw_reg(dev: &mut SimGpu, off: u64) -> u64 {
     use tlp::{Address, Body, ParseConfig, Request, Tag, TlpRepr};
-    let mut q = hw::TlpQueue::default();
+    let mut q = Sent::default();
     let read = TlpRepr::new(Body::MemRead {
         req: Request { requester: RAW_HOST, tag: Tag::new(3).unwrap(), first_be: 0xf, last_be: 0xf },
         address: Address::new(RAW_BAR0 + off),
@@ -132,7 +161,7 @@ fn raw_reg(dev: &mut SimGpu, off: u64) -> u64 {
         length_dw: 2,
         locked: false,
     });
-    dev.request(&read, &mut q);
+    dev.request_to(&read, &mut q);
     let c = TlpRepr::parse_bytes(&q.0[0], &ParseConfig::default()).unwrap();
     let Body::Completion { data: Some(d), .. } = c.body else { panic!("{c:?}") };
     u64::from_le_bytes(d[..8].try_into().unwrap())
@@ -143,7 +172,7 @@ fn raw_busy(dev: &mut SimGpu) -> bool {
 }
 
 /// Whether the device wrote the fence word at `at`.
-fn raw_fence_written(up: &hw::TlpQueue, at: u64) -> bool {
+fn raw_fence_written(up: &Sent, at: u64) -> bool {
     use tlp::{Body, ParseConfig, TlpRepr};
     up.0.iter().any(|b| {
         TlpRepr::parse_bytes(b, &ParseConfig::default())
@@ -270,7 +299,7 @@ fn a_copy_past_vram_beside_a_landing_copy_is_refused_and_the_fence_still_waits()
 }
 
 /// The values the device wrote to the fence word at `at`, in order.
-fn raw_fences(up: &hw::TlpQueue, at: u64) -> Vec<u64> {
+fn raw_fences(up: &Sent, at: u64) -> Vec<u64> {
     use tlp::{Body, ParseConfig, TlpRepr};
     up.0.iter()
         .filter_map(|b| match TlpRepr::parse_bytes(b, &ParseConfig::default()).ok()?.body {
@@ -292,7 +321,7 @@ const RAW_OUT: u64 = 0x4_0000_0000;
 
 /// A raw simgpu executing a 1 MiB COPY_V2H (16 polls' worth) from ring slot 0, with
 /// FENCE 1 and FENCE 2 published into slots 1 and 2 while it runs; the reads it sent then.
-fn raw_busy_then_published() -> (SimGpu, hw::TlpQueue, Vec<SentRead>) {
+fn raw_busy_then_published() -> (SimGpu, Sent, Vec<SentRead>) {
     let (mut dev, mut up) = raw_simgpu_running(&[(op::COPY_V2H, [0, RAW_OUT, 1 << 20])]);
     assert!(raw_reads(&mut dev, &mut up, 2).is_empty(), "a copy out reads nothing");
     assert!(raw_busy(&mut dev));
@@ -447,7 +476,7 @@ fn a_fetch_ahead_stops_at_the_ring_end_and_the_wrap_is_read_from_the_start() {
         if raw_reg(&mut dev, reg::RING_HEAD) == 5 {
             break;
         }
-        dev.poll(&mut up);
+        dev.poll_to(&mut up);
     }
     assert!(raw_reads(&mut dev, &mut up, 1).is_empty());
     assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 5, "the copy in slot 5 runs");
@@ -650,4 +679,62 @@ mod channels {
         assert_eq!(d.read_reg(simgpu_abi::chreg::at(5, simgpu_abi::chreg::RING_SIZE)), 128);
         assert_eq!(d.read_reg(simgpu_abi::chreg::at(5, simgpu_abi::chreg::RING_HEAD)), 0);
     }
+}
+
+/// What the device sends from VRAM is read from there when the platform takes it, not when
+/// sent; VRAM written before the platform took it does not change what leaves. A platform
+/// that lets the device run on without taking (three polls: the copy out, then a FILL over
+/// the same VRAM) still gets the bytes VRAM held when the copy sent them.
+#[test]
+fn a_copy_out_not_yet_taken_leaves_with_the_bytes_it_was_sent_with() {
+    use tlp::{Body, ParseConfig, TlpRepr};
+    let fill = |v: u8| (op::FILL, [0, 4096, u64::from(u32::from_le_bytes([v; 4]))]);
+    let (mut dev, _) = raw_simgpu_running(&[fill(0x11), (op::COPY_V2H, [0, RAW_OUT, 4096]), fill(0x22)]);
+    for _ in 0..6 {
+        dev.poll();
+    }
+    let sent = hw::take_all(&mut dev);
+    let out: Vec<u8> = sent
+        .iter()
+        .filter_map(|b| match TlpRepr::parse_bytes(b, &ParseConfig::default()).ok()?.body {
+            Body::MemWrite { address, data, .. } if (RAW_OUT..RAW_OUT + 4096).contains(&address.value()) => {
+                Some(data.to_vec())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(out.len(), 4096, "the copy's writes: {} TLPs sent in all", sent.len());
+    assert!(out.iter().all(|&b| b == 0x11), "the FILL after the copy leaked into its payload");
+    // And VRAM holds the second FILL's bytes: the copy out did not hold the device back.
+    let mut again = Sent::default();
+    raw_cfg_write(&mut dev, 0x18, RAW_BAR2 as u32);
+    raw_cfg_write(&mut dev, 0x1c, (RAW_BAR2 >> 32) as u32);
+    let _ = hw::take_all(&mut dev);
+    dev.request_to(&raw_vram_read(0), &mut again);
+    let c = TlpRepr::parse_bytes(&again.0[0], &ParseConfig::default()).unwrap();
+    assert_eq!(c.data().unwrap(), [0x22; 8]);
+}
+
+const RAW_BAR2: u64 = 0x40_0000_0000;
+
+/// A configuration write of register `register`, as the host sends it (its completion left
+/// in the device's outbox).
+fn raw_cfg_write(dev: &mut SimGpu, register: u16, v: u32) {
+    use tlp::{ConfigTarget, Request, Tag, TlpRepr};
+    let req = Request { requester: RAW_HOST, tag: Tag::new(1).unwrap(), first_be: 0xf, last_be: 0 };
+    let cfg = ConfigTarget { type1: false, target: Bdf::new(1, 0, 0), register };
+    dev.request(&TlpRepr::new(tlp::Body::CfgWrite { req, cfg, data: &v.to_le_bytes() }));
+}
+
+/// A read of the 8 bytes of VRAM at `off` through BAR2.
+fn raw_vram_read(off: u64) -> tlp::TlpRepr<'static> {
+    use tlp::{Address, Body, Request, Tag, TlpRepr};
+    TlpRepr::new(Body::MemRead {
+        req: Request { requester: RAW_HOST, tag: Tag::new(4).unwrap(), first_be: 0xf, last_be: 0xf },
+        address: Address::new(RAW_BAR2 + off),
+        ph: 0,
+        length_dw: 2,
+        locked: false,
+    })
 }

@@ -10,7 +10,7 @@ impl SimGpu {
     }
 
     /// Runs the fetched command. Returns true when it is finished (else a copy continues).
-    pub(super) fn execute(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+    pub(super) fn execute(&mut self, ch: usize) -> bool {
         let opcode = u32::from_le_bytes(self.ch[ch].command[0..4].try_into().unwrap_or([0; 4]));
         let (a, b, c, d) = (self.arg(ch, 0), self.arg(ch, 1), self.arg(ch, 2), self.arg(ch, 3));
         if !matches!(opcode, op::SEM_RELEASE | op::SEM_ACQUIRE) {
@@ -42,9 +42,9 @@ impl SimGpu {
                 w[16..24].copy_from_slice(&now_ns().to_le_bytes());
                 let n = if c & sem::TIMESTAMPS != 0 { 24 } else { 8 };
                 if c & sem::VRAM != 0 {
-                    self.vram.write(a, &w[..n]);
+                    self.write_vram(a, &w[..n]);
                 } else {
-                    self.dma_write(a, DmaSource::Bytes(&w[..n]), n, up);
+                    self.dma_write(a, DmaSource::Bytes(&w[..n]), n);
                 }
                 true
             }
@@ -78,25 +78,25 @@ impl SimGpu {
                 }
             }
             op::FENCE if a.is_multiple_of(8) => {
-                self.dma_write(a, DmaSource::Bytes(&b.to_le_bytes()), 8, up);
+                self.dma_write(a, DmaSource::Bytes(&b.to_le_bytes()), 8);
                 self.regs.fence = b;
                 true
             }
             op::INTERRUPT if (a as usize) < self.function.msix().len() => {
                 self.regs.int_status |= 1;
-                self.function.signal(a as u16, up);
+                self.function.signal(a as u16, &mut self.out);
                 true
             }
             // A known opcode whose arguments failed its checks.
             known if known <= op::SEM_ACQUIRE => false,
             _ => {
-                self.raise_error(err::BAD_OPCODE, up);
+                self.raise_error(err::BAD_OPCODE);
                 return true;
             }
         };
         self.ch[ch].scratch.trim();
         if !ok {
-            self.raise_error(err::BAD_ARGUMENT, up);
+            self.raise_error(err::BAD_ARGUMENT);
         }
         true
     }
@@ -118,7 +118,7 @@ impl SimGpu {
                 for &off in order {
                     let n = (c - off).min(CHUNK) as usize;
                     self.vram.read(a + off, &mut buf[..n]);
-                    self.vram.write(b + off, &buf[..n]);
+                    self.write_vram(b + off, &buf[..n]);
                 }
                 true
             }
@@ -129,7 +129,7 @@ impl SimGpu {
                 while done < b {
                     // CHUNK is a multiple of 4, so the pattern stays in phase.
                     let n = (b - done).min(CHUNK) as usize;
-                    self.vram.write(a + done, &buf[..n]);
+                    self.write_vram(a + done, &buf[..n]);
                     done += n as u64;
                 }
                 true
@@ -139,6 +139,7 @@ impl SimGpu {
                 self.vram.read_f32s_into(a, d, x);
                 self.vram.read_f32s_into(b, d, y);
                 x.iter_mut().zip(&*y).for_each(|(p, q)| *p += q);
+                self.out.before_memory_write(c, d * 4, &self.vram);
                 self.vram.write_f32s(c, x);
                 true
             }
@@ -148,6 +149,7 @@ impl SimGpu {
                 self.vram.read_f32s_into(a, c, x);
                 self.vram.read_f32s_into(b, c, y);
                 y.iter_mut().zip(&*x).for_each(|(q, p)| *q += alpha * p);
+                self.out.before_memory_write(b, c * 4, &self.vram);
                 self.vram.write_f32s(b, y);
                 true
             }
@@ -155,6 +157,7 @@ impl SimGpu {
                 let x = &mut self.ch[ch].scratch.x;
                 self.vram.read_f32s_into(a, b, x);
                 let sum: f32 = x.iter().sum();
+                self.out.before_memory_write(c, 4, &self.vram);
                 self.vram.write_f32s(c, &[sum]);
                 true
             }
@@ -209,7 +212,7 @@ impl SimGpu {
     /// published while the device is busy are there when it gets to them, the read's round
     /// trip hidden under the work before them. Two ring reads in flight at most, never
     /// across the ring's end (the processor reads from the start when it gets there).
-    pub(super) fn fetch_ahead(&mut self, ch: usize, up: &mut dyn Upstream) {
+    pub(super) fn fetch_ahead(&mut self, ch: usize) {
         // A second read may go while one is in flight (not behind a failed one).
         let second = self.ch[ch].ring_read.is_some();
         if self.ch[ch].ring_read_next.is_some()
@@ -263,7 +266,7 @@ impl SimGpu {
             self.ch[ch].fetched_first = self.ch[ch].fetched_next;
         }
         let at = (from - self.ch[ch].fetched_first) * COMMAND_BYTES;
-        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at, slot: from }, up) {
+        if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at, slot: from }) {
             return;
         }
         self.ch[ch].fetched_end = from + n;
@@ -295,13 +298,13 @@ impl SimGpu {
     }
 
     /// One step of channel `ch`'s command processor; whether it did anything.
-    pub(super) fn poll_channel(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
-        self.fetch_ahead(ch, up);
+    pub(super) fn poll_channel(&mut self, ch: usize) -> bool {
+        self.fetch_ahead(ch);
         match self.ch[ch].cp.clone() {
-            Cp::Idle => self.start_fetch(ch, up),
-            Cp::Fetching => self.next_command(ch, up),
+            Cp::Idle => self.start_fetch(ch),
+            Cp::Fetching => self.next_command(ch),
             Cp::CopyIn { next_host, end_host, vram_at_next } => {
-                self.copy_in(ch, next_host, end_host, vram_at_next, up)
+                self.copy_in(ch, next_host, end_host, vram_at_next)
             }
             Cp::Matmul { c, m, n, k, next_row } => self.matmul_band(ch, c, (m, n, k), next_row),
             Cp::Timed { until_ns, finishes } => {
@@ -324,7 +327,7 @@ impl SimGpu {
             }
             Cp::CopyOut { next_vram, end_vram, host_at_next } => {
                 let n = (end_vram - next_vram).min(COPY_OUT_STEP) as usize;
-                self.dma_write(host_at_next, DmaSource::Vram(next_vram), n, up);
+                self.dma_write(host_at_next, DmaSource::Vram(next_vram), n);
                 let next_vram = next_vram + n as u64;
                 if next_vram >= end_vram {
                     self.finish_command(ch);
@@ -339,13 +342,13 @@ impl SimGpu {
 
     /// An idle channel with published entries: they are in the prefetch buffer, or one read
     /// of them goes (the processor waits for it in `Fetching`).
-    fn start_fetch(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+    fn start_fetch(&mut self, ch: usize) -> bool {
         if self.ch[ch].ring_head == self.ch[ch].ring_tail {
             return false;
         }
         let size = self.ch[ch].ring_size;
         if !(2..=4096).contains(&size) || !size.is_power_of_two() || self.ch[ch].ring_tail >= size {
-            self.raise_error(err::RING, up);
+            self.raise_error(err::RING);
             self.ch[ch].ring_head = self.ch[ch].ring_tail;
             self.forget_prefetched(ch);
             return true;
@@ -369,7 +372,7 @@ impl SimGpu {
             let to_4k = PAGE - addr % PAGE;
             let n = published.min(PREFETCH).min(mrrs / COMMAND_BYTES).min(to_4k / COMMAND_BYTES).max(1);
             self.ch[ch].fetched = [0; FETCHED_BYTES];
-            if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: 0, slot: head }, up) {
+            if !self.dma_read(addr, n * COMMAND_BYTES, ReadPurpose::Commands { ch, at: 0, slot: head }) {
                 return false;
             }
             (self.ch[ch].fetched_first, self.ch[ch].fetched_next, self.ch[ch].fetched_end) =
@@ -383,7 +386,7 @@ impl SimGpu {
     }
 
     /// The next command from the prefetch buffer, once its read has landed, executed.
-    fn next_command(&mut self, ch: usize, up: &mut dyn Upstream) -> bool {
+    fn next_command(&mut self, ch: usize) -> bool {
         if self.ch[ch].ring_read.is_some_and(|from| self.ch[ch].fetched_next >= from) {
             if !self.ch[ch].fetch_failed {
                 // The next command is in the ring read still in flight.
@@ -423,21 +426,14 @@ impl SimGpu {
         }
         self.ch[ch].command = command;
         self.ch[ch].fetched_next += 1;
-        if self.execute(ch, up) {
+        if self.execute(ch) {
             self.finish_command(ch);
         }
         true
     }
 
     /// A host→VRAM copy's next reads, as many as may be in flight.
-    fn copy_in(
-        &mut self,
-        ch: usize,
-        next_host: u64,
-        end_host: u64,
-        vram_at_next: u64,
-        up: &mut dyn Upstream,
-    ) -> bool {
+    fn copy_in(&mut self, ch: usize, next_host: u64, end_host: u64, vram_at_next: u64) -> bool {
         if self.ch[ch].failed {
             if self.ch[ch].copy_reads == 0 {
                 self.ch[ch].failed = false;
@@ -451,7 +447,7 @@ impl SimGpu {
         let mut issued = false;
         for (a, n) in rules::split(host, end_host - host, mrrs) {
             if self.in_flight >= MAX_READS_IN_FLIGHT
-                || !self.dma_read(a, n as u64, ReadPurpose::Copy { ch, vram }, up)
+                || !self.dma_read(a, n as u64, ReadPurpose::Copy { ch, vram })
             {
                 break;
             }
@@ -482,6 +478,7 @@ impl SimGpu {
         if end < m {
             self.ch[ch].cp = Cp::Matmul { c, m, n, k, next_row: end };
         } else {
+            self.out.before_memory_write(c, cm.len() as u64 * 4, &self.vram);
             self.vram.write_f32s(c, cm);
             self.ch[ch].scratch.trim();
             self.finish_command(ch);

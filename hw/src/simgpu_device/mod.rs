@@ -11,8 +11,9 @@ use tlp::{Address, Body, CplStatus, Request, Tag, TlpRepr};
 
 use crate::device::Device;
 pub use crate::device::now_ns;
-use crate::function::{Function, MemoryTarget, Upstream};
+use crate::function::{Function, MemoryTarget};
 use crate::simgpu::{SimGpuParams, config_space};
+use crate::upstream::Outbox;
 
 pub use simgpu_abi::{CHANNELS, COMMAND_BYTES, ERROR_VECTOR, chreg, err, op, reg, sem};
 
@@ -218,6 +219,8 @@ impl Channel {
 pub struct SimGpu {
     function: Function,
     vram: Vram,
+    /// What it sent that the platform has not taken yet ([`Device::upstream`]).
+    out: Outbox,
     regs: Regs,
     /// The command channels; channel 0's registers are also at the legacy offsets.
     ch: Vec<Channel>,
@@ -279,6 +282,7 @@ impl SimGpu {
         SimGpu {
             function: Function::new(id, cfg),
             vram: Vram::new(vram_size),
+            out: Outbox::default(),
             regs: Regs::default(),
             ch: (0..CHANNELS).map(|_| Channel::new()).collect(),
             outstanding: Box::new([None; TAGS]),
@@ -399,12 +403,34 @@ impl SimGpu {
         }
     }
 
-    fn raise_error(&mut self, code: u64, up: &mut dyn Upstream) {
+    fn raise_error(&mut self, code: u64) {
         if self.regs.error == 0 {
             self.regs.error = code;
         }
         self.regs.int_status |= 2;
-        self.function.signal(ERROR_VECTOR, up);
+        self.function.signal(ERROR_VECTOR, &mut self.out);
+    }
+
+    /// Writes `data` into VRAM at `at`: payloads still queued from there leave as they were
+    /// when sent ([`Outbox::before_memory_write`]).
+    fn write_vram(&mut self, at: u64, data: &[u8]) {
+        self.out.before_memory_write(at, data.len() as u64, &self.vram);
+        self.vram.write(at, data);
+    }
+
+    /// Answers the memory read `request` of VRAM from `off` on (in bounds): its completions'
+    /// payloads read from VRAM as the platform takes them.
+    fn complete_from_vram(&mut self, request: &TlpRepr<'_>, off: u64) {
+        let Body::MemRead { req, address, length_dw, .. } = request.body else { return };
+        let mps =
+            TransferSize::from_bytes(self.function.config().max_payload()).unwrap_or(TransferSize::B128);
+        let chunks =
+            rules::read_completions(address.value(), length_dw, req.first_be, req.last_be, Rcb::B64, mps);
+        for chunk in chunks {
+            let header = rules::completion_with_data(request, self.function.id(), &chunk, &[]);
+            let n = chunk.length_dw as usize * 4;
+            self.out.send_from_memory(&header, off + chunk.data_offset as u64, n, 0, n);
+        }
     }
 
     fn alloc_tag(&mut self) -> Option<u16> {
@@ -451,10 +477,10 @@ impl SimGpu {
         landing.all(|(s, e)| e <= start || s >= end)
     }
 
-    fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose, up: &mut dyn Upstream) -> bool {
+    fn dma_read(&mut self, addr: u64, len: u64, purpose: ReadPurpose) -> bool {
         let Some(tag) = self.alloc_tag() else { return false };
         let span = DwSpan::for_bytes(addr, len as u32);
-        up.send(&TlpRepr::new(Body::MemRead {
+        self.out.send(&TlpRepr::new(Body::MemRead {
             req: Request {
                 requester: self.function.id(),
                 tag: Tag::from_bits(tag),
@@ -480,10 +506,9 @@ impl SimGpu {
     }
 
     /// Writes `len` bytes from `src` to host memory at `addr`, in memory writes of at most
-    /// Max_Payload_Size that cross no 4 KiB boundary. A piece whose bytes lie whole DWs in
-    /// one place (the command's bytes, or one VRAM page) is sent from where it lies; only
-    /// another is assembled first.
-    fn dma_write(&mut self, addr: u64, src: DmaSource<'_>, len: usize, up: &mut dyn Upstream) {
+    /// Max_Payload_Size that cross no 4 KiB boundary. A piece from VRAM is read from there
+    /// when the platform takes it (its one copy); bytes of a command's are carried.
+    fn dma_write(&mut self, addr: u64, src: DmaSource<'_>, len: usize) {
         let mps =
             TransferSize::from_bytes(self.function.config().max_payload()).unwrap_or(TransferSize::B128);
         let mut done = 0usize;
@@ -494,34 +519,26 @@ impl SimGpu {
             let n = n as usize;
             let lead = (a - span.address) as usize;
             let dws = span.length_dw as usize * 4;
-            let direct = match src {
-                DmaSource::Bytes(d) => Some(&d[done..done + n]),
-                DmaSource::Vram(at) => self.vram.slice(at + done as u64, n),
+            let req = Request {
+                requester: self.function.id(),
+                tag: Tag::default(),
+                first_be: span.first_be,
+                last_be: span.last_be,
             };
-            // The payload is whole DWs; bytes outside the byte enables are zero.
-            let payload = match direct {
-                Some(bytes) if lead == 0 && dws == n => bytes,
-                _ => {
-                    padded[..dws].fill(0);
-                    let piece = &mut padded[lead..lead + n];
-                    match src {
-                        DmaSource::Bytes(d) => piece.copy_from_slice(&d[done..done + n]),
-                        DmaSource::Vram(at) => self.vram.read(at + done as u64, piece),
-                    }
-                    &padded[..dws]
+            let address = Address::new(span.address);
+            match src {
+                DmaSource::Vram(at) => {
+                    let header = TlpRepr::new(Body::MemWrite { req, address, ph: 0, data: &[] });
+                    self.out.send_from_memory(&header, at + done as u64, n, lead, dws);
                 }
-            };
-            up.send(&TlpRepr::new(Body::MemWrite {
-                req: Request {
-                    requester: self.function.id(),
-                    tag: Tag::default(),
-                    first_be: span.first_be,
-                    last_be: span.last_be,
-                },
-                address: Address::new(span.address),
-                ph: 0,
-                data: payload,
-            }));
+                DmaSource::Bytes(d) => {
+                    // The payload is whole DWs; bytes outside the byte enables are zero.
+                    padded[..dws].fill(0);
+                    padded[lead..lead + n].copy_from_slice(&d[done..done + n]);
+                    let data = &padded[..dws];
+                    self.out.send(&TlpRepr::new(Body::MemWrite { req, address, ph: 0, data }));
+                }
+            }
             done += n;
         }
     }
@@ -543,10 +560,10 @@ impl Device for SimGpu {
         self.function.config().max_payload()
     }
 
-    fn request(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
+    fn request(&mut self, tlp: &TlpRepr<'_>) {
         match tlp.body {
             Body::CfgRead { .. } | Body::CfgWrite { .. } => {
-                let e = self.function.config_request(tlp, up);
+                let e = self.function.config_request(tlp, &mut self.out);
                 if e.function_level_reset {
                     self.reset();
                 }
@@ -554,9 +571,8 @@ impl Device for SimGpu {
             Body::MemRead { address, length_dw, .. } => {
                 let target = self.function.memory_target(address.value());
                 let len = length_dw as u64 * 4;
-                // A register's value is completed from the stack, VRAM from a buffer.
+                // A register's value is completed from the stack, VRAM from where it lies.
                 let register: [u8; 8];
-                let vram: Vec<u8>;
                 let data: Result<&[u8], CplStatus> = match target {
                     Err(s) => Err(s),
                     Ok(t @ (MemoryTarget::MsixTable(_) | MemoryTarget::MsixPba(_))) => {
@@ -577,20 +593,19 @@ impl Device for SimGpu {
                         None => Err(CplStatus::CompleterAbort),
                     },
                     Ok(MemoryTarget::Bar(_, off)) if self.vram.in_bounds(off, len) => {
-                        let mut b = vec![0u8; len as usize];
-                        self.vram.read(off, &mut b);
-                        vram = b;
-                        Ok(&vram)
+                        self.complete_from_vram(tlp, off);
+                        return;
                     }
                     Ok(MemoryTarget::Bar(..)) => Err(CplStatus::UnsupportedRequest),
                 };
+                let id = self.function.id();
                 match data {
                     Ok(d) => {
                         let mps = TransferSize::from_bytes(self.function.config().max_payload())
                             .unwrap_or(TransferSize::B128);
-                        rules::complete_read(tlp, self.function.id(), d, Rcb::B64, mps, |c| up.send(c));
+                        rules::complete_read(tlp, id, d, Rcb::B64, mps, |c| self.out.send(c));
                     }
-                    Err(status) => up.send(&rules::completion_without_data(tlp, self.function.id(), status)),
+                    Err(status) => self.out.send(&rules::completion_without_data(tlp, id, status)),
                 }
             }
             Body::MemWrite { req, address, data, .. } => {
@@ -603,7 +618,7 @@ impl Device for SimGpu {
                             8 => u64::from_le_bytes(data.try_into().unwrap_or([0; 8])),
                             _ => return,
                         };
-                        self.function.msix_write(target, data.len(), v, up);
+                        self.function.msix_write(target, data.len(), v, &mut self.out);
                     }
                     MemoryTarget::Bar(0, off) => self.mmio_write(off, data),
                     MemoryTarget::Bar(_, off) => {
@@ -631,7 +646,7 @@ impl Device for SimGpu {
                             while i < n && enabled(i) {
                                 i += 1;
                             }
-                            self.vram.write(off + start as u64, &data[start..i]);
+                            self.write_vram(off + start as u64, &data[start..i]);
                         }
                     }
                 }
@@ -639,7 +654,7 @@ impl Device for SimGpu {
             // IO, AtomicOps and the rest: unsupported. Non-posted ones get UR.
             _ => {
                 if tlp.fc_class() == tlp::FcClass::NonPosted {
-                    up.send(&rules::completion_without_data(
+                    self.out.send(&rules::completion_without_data(
                         tlp,
                         self.function.id(),
                         CplStatus::UnsupportedRequest,
@@ -649,7 +664,7 @@ impl Device for SimGpu {
         }
     }
 
-    fn completion(&mut self, tlp: &TlpRepr<'_>, up: &mut dyn Upstream) {
+    fn completion(&mut self, tlp: &TlpRepr<'_>) {
         let Body::Completion { cpl, data, .. } = tlp.body else { return };
         let tag = cpl.tag.value();
         let Some(mut o) = self.outstanding.get(tag as usize).copied().flatten() else {
@@ -663,7 +678,7 @@ impl Device for SimGpu {
                 ReadPurpose::Commands { .. } => self.ch[ch].fetch_failed = true,
                 ReadPurpose::Copy { .. } => self.ch[ch].failed = true,
             }
-            self.raise_error(err::DMA, up);
+            self.raise_error(err::DMA);
             return;
         }
         let d = data.unwrap_or(&[]);
@@ -676,7 +691,7 @@ impl Device for SimGpu {
                 let end = (at + bytes.len()).min(self.ch[ch].fetched.len());
                 self.ch[ch].fetched[at..end].copy_from_slice(&bytes[..end - at]);
             }
-            ReadPurpose::Copy { .. } => self.vram.write(o.next, bytes),
+            ReadPurpose::Copy { .. } => self.write_vram(o.next, bytes),
         }
         o.next += n;
         o.remaining -= n;
@@ -696,7 +711,7 @@ impl Device for SimGpu {
         }
     }
 
-    fn poll(&mut self, up: &mut dyn Upstream) -> bool {
+    fn poll(&mut self) -> bool {
         if !self.function.bus_master() {
             return false;
         }
@@ -704,7 +719,7 @@ impl Device for SimGpu {
         for ch in 0..self.ch.len() {
             // Channel 0 is polled as before; the others only once programmed.
             if ch == 0 || self.ch[ch].ring_size != 0 {
-                did |= self.poll_channel(ch, up);
+                did |= self.poll_channel(ch);
             }
         }
         did
@@ -724,8 +739,16 @@ impl Device for SimGpu {
         Some(self.reads_waited_on)
     }
 
+    #[inline]
+    fn upstream(&mut self) -> Option<TlpRepr<'_>> {
+        self.out.take(&self.vram)
+    }
+
+    /// What it sent before the reset still leaves (a configuration write's completion, for
+    /// one): payloads from VRAM are copied out before VRAM goes.
     fn reset(&mut self) {
         self.function.reset();
+        self.out.before_memory_write(0, u64::MAX, &self.vram);
         self.vram.clear();
         self.regs = Regs::default();
         for c in &mut self.ch {

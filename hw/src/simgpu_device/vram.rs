@@ -96,3 +96,20 @@ impl Vram {
         self.resident
     }
 }
+
+/// What the device sends from VRAM is read from here as the platform takes it.
+impl crate::upstream::Memory for Vram {
+    fn slice(&self, at: u64, len: usize) -> Option<&[u8]> {
+        if !self.in_bounds(at, len as u64) {
+            return None;
+        }
+        Vram::slice(self, at, len)
+    }
+    fn read(&self, at: u64, out: &mut [u8]) {
+        if self.in_bounds(at, out.len() as u64) {
+            Vram::read(self, at, out);
+        } else {
+            out.fill(0);
+        }
+    }
+}
