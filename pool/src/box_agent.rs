@@ -533,14 +533,27 @@ impl Run {
             };
             self.table.apply(d, claim, kv.mod_revision());
         }
-        if let Some(h) = resp.header() {
-            if resp.events().is_empty() {
-                // A progress notification: every event through it was sent.
-                *resume = Some(resume.unwrap_or(0).max(h.revision() + 1));
+        if let Some((revision, progress)) = known_through(resp) {
+            if progress {
+                *resume = Some(resume.unwrap_or(0).max(revision + 1));
             }
-            self.table.advance(h.revision());
+            self.table.advance(revision);
         }
         None
+    }
+}
+
+/// The revision a watch answer says every claim is known through, and whether it is a
+/// progress notification: a progress notification's own (every event through it was sent),
+/// or the answer's last event's. Not an answer's header where it carries events: etcd stamps
+/// it with the store's revision as it sends, and events still to come on a watch catching up
+/// may be older — taken as known, a claim made meanwhile was refused as missing (as of that
+/// revision) until its event came (`tests/pool.rs`, under the whole suite's load).
+fn known_through(resp: &WatchResponse) -> Option<(i64, bool)> {
+    match (resp.events().last().and_then(|e| e.kv()), resp.header()) {
+        (Some(kv), _) => Some((kv.mod_revision(), false)),
+        (None, Some(h)) => Some((h.revision(), true)),
+        (None, None) => None,
     }
 }
 
@@ -557,6 +570,29 @@ enum Served {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_answer_is_known_through_its_last_event_and_a_progress_notification_through_its_header() {
+        use crate::etcd::{Event, KeyValue, ResponseHeader};
+        let header = |revision| Some(ResponseHeader { revision, ..ResponseHeader::default() });
+        let event = |mod_revision| Event {
+            kv: Some(KeyValue { mod_revision, ..KeyValue::default() }),
+            ..Event::default()
+        };
+        // Events of revision 3, sent when the store was at 5: a claim at 4 may still come.
+        let answer =
+            WatchResponse { header: header(5), events: vec![event(2), event(3)], ..WatchResponse::default() };
+        assert_eq!(known_through(&answer), Some((3, false)));
+        let progress = WatchResponse { header: header(5), ..WatchResponse::default() };
+        assert_eq!(known_through(&progress), Some((5, true)));
+        assert_eq!(known_through(&WatchResponse::default()), None);
+        // Through the table: a token between the event and the header is not refused.
+        let t = ClaimTable::default();
+        t.reset(HashMap::new(), 2);
+        t.apply("gpu0", None, 3);
+        t.advance(known_through(&answer).map_or(0, |k| k.0));
+        assert_eq!(t.verdict("gpu0", "host-a", 4, None), ClaimVerdict::Unknown);
+    }
 
     #[test]
     fn a_token_is_valid_unknown_or_refused_by_what_the_table_has_read() {
