@@ -504,19 +504,8 @@ fn pcapng_packets<E>(
     let mut interfaces: Vec<(DataLink, u8)> = Vec::new();
     let mut packets = 0u64;
     while let Some(block) = r.next_block() {
-        let block = match block {
-            Ok(b) => b,
-            Err(e) if is_cut(&e) => {
-                skipped.cut_short = true;
-                break;
-            }
-            Err(why) => {
-                return Err(ReadError::Malformed {
-                    path: path.to_string(),
-                    at: format!("block after packet {packets}"),
-                    why,
-                });
-            }
+        let Some(block) = taken(block, path, skipped, || format!("block after packet {packets}"))? else {
+            break;
         };
         match block {
             Block::SectionHeader(_) => interfaces.clear(),
@@ -574,24 +563,29 @@ fn pcap_packets<E>(
     let link = r.header().datalink;
     let mut packets = 0u64;
     while let Some(p) = r.next_packet() {
-        let p = match p {
-            Ok(p) => p,
-            Err(e) if is_cut(&e) => {
-                skipped.cut_short = true;
-                break;
-            }
-            Err(why) => {
-                return Err(ReadError::Malformed {
-                    path: path.to_string(),
-                    at: format!("packet {}", packets + 1),
-                    why,
-                });
-            }
-        };
+        let Some(p) = taken(p, path, skipped, || format!("packet {}", packets + 1))? else { break };
         packets += 1;
         packet(link, p.timestamp, &p.data, p.orig_len, None, skipped)?;
     }
     Ok(())
+}
+
+/// What the reader read: the block or packet; `None` where the file ends inside one (counted:
+/// what came before is read); an error naming where (`at`) otherwise.
+fn taken<T, E>(
+    read: Result<T, pcap_file::PcapError>,
+    path: &str,
+    skipped: &mut Skipped,
+    at: impl FnOnce() -> String,
+) -> Result<Option<T>, ReadError<E>> {
+    match read {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if is_cut(&e) => {
+            skipped.cut_short = true;
+            Ok(None)
+        }
+        Err(why) => Err(ReadError::Malformed { path: path.to_string(), at: at(), why }),
+    }
 }
 
 /// Whether a reader's error says the file ends inside a block.
