@@ -107,6 +107,40 @@ impl Idle {
     }
 }
 
+/// The halves of a pass both runners take the same way around what they drive (a session,
+/// an endpoint's sessions), kept with the spin budget they restart.
+impl Idle {
+    /// Receives what is ready from `sock` into `deliver`. The spin budget starts again only
+    /// if the TLPs `tlps` counts moved: anyone can send a datagram whose header says DATA,
+    /// and it would keep a busy-polling runner spinning.
+    fn receive<D: Datagrams, P>(
+        &mut self,
+        sock: &mut D,
+        peers: &mut P,
+        tlps: impl Fn(&P) -> u64,
+        mut deliver: impl FnMut(&mut P, SocketAddr, &[u8]),
+    ) -> io::Result<usize> {
+        let before = tlps(peers);
+        let received = sock.recv(&mut |from, bytes| deliver(peers, from, bytes))?;
+        if tlps(peers) != before {
+            self.active();
+        }
+        Ok(received)
+    }
+
+    /// Ends a transmit pass of `sent` datagrams: the driver's queue flushed if any, the spin
+    /// budget started again if TLPs (`data`) left.
+    fn transmitted<D: Datagrams>(&mut self, sock: &mut D, sent: usize, data: bool) -> io::Result<usize> {
+        if sent > 0 {
+            sock.flush()?;
+        }
+        if data {
+            self.active();
+        }
+        Ok(sent)
+    }
+}
+
 /// DATA frames handed to the driver together at most.
 const SEALED_BATCH: usize = 32;
 
@@ -247,22 +281,13 @@ impl<D: Datagrams> SessionRunner<D> {
     /// answers (or returns) first and runs them with [`SessionRunner::run_timers`] after.
     pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlace<'_>>) -> io::Result<usize> {
         let peer = self.peer;
-        let session = &mut self.session;
-        // TLPs delivered, not datagrams whose header says DATA: anyone can send one.
-        let before = session.stats().tlps_received;
-        let received = self.sock.recv(&mut |from, bytes| {
+        let tlps = |s: &Session| s.stats().tlps_received;
+        self.idle.receive(&mut self.sock, &mut self.session, tlps, |session, from, bytes| {
             if from == peer {
-                session.handle_datagram_with(
-                    now,
-                    bytes,
-                    sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(&[u8]) -> bool),
-                );
+                let sink = sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(&[u8]) -> bool);
+                session.handle_datagram_with(now, bytes, sink);
             }
-        })?;
-        if self.session.stats().tlps_received != before {
-            self.idle.active();
-        }
-        Ok(received)
+        })
     }
 
     /// Runs the session's timers (replay, acknowledgement, keepalive, idle) at `now`.
@@ -289,13 +314,7 @@ impl<D: Datagrams> SessionRunner<D> {
             &mut self.sealed,
             &mut data,
         )?;
-        if sent > 0 {
-            self.sock.flush()?;
-        }
-        if data {
-            self.idle.active();
-        }
-        Ok(sent)
+        self.idle.transmitted(&mut self.sock, sent, data)
     }
 
     /// How long until the session's next timer (replay, acknowledgement, keepalive).
@@ -385,22 +404,11 @@ impl<D: Datagrams> ServerRunner<D> {
     /// [`ServerRunner::receive_at`] without the timers (see
     /// [`SessionRunner::receive_frames_at`]); run them with [`ServerRunner::run_timers`].
     pub fn receive_frames_at(&mut self, now: Time, mut sink: Option<InPlaceFrom<'_>>) -> io::Result<usize> {
-        let endpoint = &mut self.endpoint;
-        // TLPs the sessions delivered, not datagrams whose header says DATA: anyone can
-        // send one, and it would make the endpoint spin its budget.
-        let before = endpoint.stats().tlps_received;
-        let received = self.sock.recv(&mut |from, bytes| {
-            endpoint.handle_datagram_with(
-                now,
-                from,
-                bytes,
-                sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(u32, &[u8]) -> bool),
-            );
-        })?;
-        if self.endpoint.stats().tlps_received != before {
-            self.idle.active();
-        }
-        Ok(received)
+        let tlps = |e: &Endpoint<SocketAddr>| e.stats().tlps_received;
+        self.idle.receive(&mut self.sock, &mut self.endpoint, tlps, |endpoint, from, bytes| {
+            let sink = sink.as_mut().map(|s| &mut **s as &mut dyn FnMut(u32, &[u8]) -> bool);
+            endpoint.handle_datagram_with(now, from, bytes, sink);
+        })
     }
 
     /// Runs every session's timers at `now`.
@@ -437,13 +445,7 @@ impl<D: Datagrams> ServerRunner<D> {
                 &mut data,
             )?;
         }
-        if sent > 0 {
-            self.sock.flush()?;
-        }
-        if data {
-            self.idle.active();
-        }
-        Ok(sent)
+        self.idle.transmitted(&mut self.sock, sent, data)
     }
 
     /// Waits for work the way the mode says.
