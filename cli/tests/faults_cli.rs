@@ -29,12 +29,12 @@ fn one_box_that_does_not_answer_costs_its_device_only() {
     let notify_path = dir.join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
     let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    gpu.serving("the box's control socket", &gs);
     let started = Instant::now();
     let mut host = Proc::start_with_env(&dir, "host", &hcfg, &[("NOTIFY_SOCKET", &notify_path)]);
-    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    host.serving("the host's control socket", &hs);
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });
@@ -112,11 +112,11 @@ fn a_reload_whose_key_file_blocks_does_not_freeze_the_box() {
     std::fs::write(&gcfg, &base).unwrap();
     let hcfg = dir.join("host.toml");
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
     let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    until("the box's control socket", Duration::from_secs(10), || gs.exists());
-    let host = Proc::start(&dir, "host", &hcfg);
-    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    gpu.serving("the box's control socket", &gs);
+    let mut host = Proc::start(&dir, "host", &hcfg);
+    host.serving("the host's control socket", &hs);
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });

@@ -24,11 +24,11 @@ fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
     let hcfg = dir.join("host.toml");
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu1"])).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
     let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    until("the box's control socket", Duration::from_secs(10), || gs.exists());
-    let host = Proc::start(&dir, "host", &hcfg);
-    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    gpu.serving("the box's control socket", &gs);
+    let mut host = Proc::start(&dir, "host", &hcfg);
+    host.serving("the host's control socket", &hs);
     // Both sockets are the owner's only.
     for s in [&gs, &hs] {
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s).unwrap().permissions());
@@ -143,9 +143,9 @@ fn a_client_that_never_reads_does_not_stall_the_box_and_metrics_match_its_counte
     let (port, gm) = (free_udp_port(), free_tcp_port());
     let gcfg = dir.join("gpu.toml");
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
     let gs = dir.join("gpu.sock");
-    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    gpu.serving("the box's control socket", &gs);
 
     // A client floods requests and never reads its answers: its thread blocks on writing,
     // nothing else does.
@@ -254,13 +254,17 @@ fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
     let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
     let gcfg = dir.join("gpu.toml");
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
-    until("the box's control socket", Duration::from_secs(10), || dir.join("gpu.sock").exists());
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
+    gpu.serving("the box's control socket", &dir.join("gpu.sock"));
     let hcfg = dir.join("host.toml");
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let host = Proc::start(&dir, "host", &hcfg);
+    let mut host = Proc::start(&dir, "host", &hcfg);
     let hs = dir.join("host.sock");
-    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    host.serving("the host's control socket", &hs);
+    // The control socket comes before the first attach ends: the device's series once it has.
+    until("gpu0 attached", Duration::from_secs(5), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
+    });
     let t = scrape(hm);
     promtool_check(&t);
     let stats = result(&hs, &["stats"]);
@@ -291,14 +295,14 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
     let gcfg = dir.join("gpu.toml");
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
-    let gpu = Proc::start(&dir, "gpu", &gcfg);
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
     let gs = dir.join("gpu.sock");
-    until("the box's control socket", Duration::from_secs(10), || gs.exists());
+    gpu.serving("the box's control socket", &gs);
     let hcfg = dir.join("host.toml");
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let host = Proc::start(&dir, "host", &hcfg);
+    let mut host = Proc::start(&dir, "host", &hcfg);
     let hs = dir.join("host.sock");
-    until("the host's control socket", Duration::from_secs(10), || hs.exists());
+    host.serving("the host's control socket", &hs);
     let session = |gs: &Path| by_name(&result(gs, &["sessions"]), "device", "gpu0")["session"].clone();
     let s0 = session(&gs);
 

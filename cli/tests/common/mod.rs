@@ -90,6 +90,18 @@ impl Proc {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+    /// Waits up to 10 s for the process to serve `socket` (its control socket); fails with
+    /// its log if it does not, or if it ended first (a port taken meanwhile, say).
+    pub fn serving(&mut self, what: &str, socket: &Path) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("{what}: the process ended first ({st}):\n{}", self.log());
+            }
+            assert!(Instant::now() < end, "{what}: not within 10 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     pub fn signal(&self, sig: rustix::process::Signal) {
         rustix::process::kill_process(rustix::process::Pid::from_child(&self.child), sig).unwrap();
     }
