@@ -169,12 +169,6 @@ impl Outbox {
     pub fn len(&self) -> usize {
         self.queue.len()
     }
-
-    /// Drops what waits (the device given back, its sends undelivered).
-    pub fn clear(&mut self) {
-        self.queue.clear();
-        self.in_memory = 0;
-    }
 }
 
 /// Everything `dev` has sent, taken and emitted as bytes, in order (tests, and a platform that
