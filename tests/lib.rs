@@ -26,10 +26,12 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Link settings for tests: a quick idle timeout and handshake so failures show fast.
+/// Link settings for tests: a quick idle timeout, ride-through and handshake so failures
+/// show fast (a test of an outage sets the ride-through it needs).
 pub fn test_link(key: PresharedKey) -> link::Config {
     let mut c = link::Config::new(key);
     c.idle_timeout = Duration::from_millis(500);
+    c.ride_through = Duration::from_secs(1);
     c.keepalive_interval = Duration::from_millis(50);
     c.handshake_timeout = Duration::from_secs(1);
     c

@@ -184,6 +184,9 @@ pub struct GpuStats {
     pub sessions_up: u64,
     /// Sessions their host closed (CLOSE), rather than leaving them to time out.
     pub sessions_closed_by_hosts: u64,
+    /// Times a session's link fell silent (nothing from its host for the idle timeout); it
+    /// rode through if its host was heard again within the ride-through time.
+    pub sessions_silent: u64,
     /// Requests from sessions that own no device (answered UR / dropped).
     pub unowned_requests: u64,
     /// Control messages that did not parse.
@@ -407,6 +410,16 @@ impl GpuEndpoint {
         let GpuEndpoint { runner, exports, sessions, stats, dispatcher, claims, journal, .. } = self;
         let answered = !dispatcher.is_empty();
         dispatcher.drain(|sid, kept| {
+            if let Kept::Control(Control::Attach { device, .. }) = &kept {
+                take_over_from_a_silent_session(
+                    sid,
+                    device,
+                    &mut runner.endpoint,
+                    exports,
+                    sessions,
+                    journal,
+                );
+            }
             if let Some(s) = runner.endpoint.session(sid) {
                 let mut ctx = AttachCtx { claims, journal };
                 handle_kept(sid, s, kept, exports, sessions, stats, &mut ctx);
@@ -436,6 +449,28 @@ impl GpuEndpoint {
                             id,
                             SessionInfo { host, device: None, since: std::time::SystemTime::now() },
                         );
+                    }
+                    Event::Silent { quiet } => {
+                        if let Some(info) = sessions.get(&id) {
+                            log::warn!(
+                                host = info.host.as_str(), session = format!("{id:#010x}").as_str();
+                                "host {} silent for {quiet:.1?} (session {id:#010x}): riding through up to {:?} \
+                                 before its device is released",
+                                info.host,
+                                s.ride_through()
+                            );
+                        }
+                        stats.sessions_silent += 1;
+                    }
+                    Event::Resumed { silent_for } => {
+                        if let Some(info) = sessions.get(&id) {
+                            log::info!(
+                                host = info.host.as_str(), session = format!("{id:#010x}").as_str();
+                                "host {} heard again after {silent_for:.1?} of silence (session {id:#010x}): \
+                                 nothing lost",
+                                info.host
+                            );
+                        }
                     }
                     Event::Down(reason) => {
                         if reason == DownReason::PeerClosed {
@@ -567,6 +602,40 @@ fn reason_text(r: DownReason) -> &'static str {
         DownReason::ProtocolViolation(_) => "protocol violation",
         DownReason::Refused => "handshake refused",
     }
+}
+
+/// A host that attaches `device` on session `sid` while it owns the device through another
+/// session of its own that has fallen silent gave that session up: it removed the device
+/// after its own ride-through time (the box's may be longer, or the box was the one
+/// stopped), or it restarted on a new port. The old session is closed and the device
+/// released (reset) so that the attach that follows finds it free — instead of refusing
+/// the host its own device until the old session's ride-through ends. A live old session
+/// (two processes holding one host's key) keeps the device: that attach is refused.
+fn take_over_from_a_silent_session(
+    sid: u32,
+    device: &str,
+    endpoint: &mut Endpoint<std::net::SocketAddr>,
+    exports: &mut [Export],
+    sessions: &mut SessionMap<SessionInfo>,
+    journal: &mut Journal,
+) {
+    let Some(host) = sessions.get(&sid).map(|i| i.host.clone()) else { return };
+    let Some(e) = exports.iter_mut().find(|e| e.name == device) else { return };
+    let Some(old) = e.owner.as_ref().filter(|o| o.sid != sid && o.host == host).map(|o| o.sid) else {
+        return;
+    };
+    let Some(s) = endpoint.session(old).filter(|s| s.is_silent()) else { return };
+    let quiet = s.last_heard();
+    s.close(quiet);
+    log::warn!(
+        device = device, host = host.as_str(), session = format!("{old:#010x}").as_str();
+        "{device}: {host} attaches it again on session {sid:#010x} while its session {old:#010x} is silent: \
+         that one is closed and the device released to the new one"
+    );
+    if let Some(info) = sessions.get_mut(&old) {
+        info.device = None;
+    }
+    release(e, "its host attached it again on a new session", journal);
 }
 
 fn reply(s: &mut Session, c: Control) {

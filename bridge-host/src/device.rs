@@ -20,7 +20,7 @@ use crate::attach::Link;
 use crate::config_view::{ConfigView, Routed};
 use crate::dma::DmaWindows;
 use crate::fence::Fence;
-use crate::requester::{Completed, MAX_READ, Outstanding, Requester, TimerCheck};
+use crate::requester::{Completed, LinkEvidence, MAX_READ, Outstanding, Requester, TimerCheck};
 use crate::stats::{HostStats, KindCounts};
 
 /// Bytes of a PCI Express function's config space.
@@ -137,7 +137,12 @@ impl DeviceState {
                 Err(SendError::QueueFull { .. }) => {
                     let timeout = self.requester.timeout;
                     let now = self.link.clock.now();
-                    if now >= *deadline.get_or_insert(now + timeout) {
+                    let (due, silence) = (*deadline.get_or_insert(now + timeout), self.requester.silence);
+                    // A queue that does not drain because the box is silent waits for it, as
+                    // the session does, up to the ride-through time.
+                    let waiting_out_silence = now.since(self.link.session.last_heard()) >= silence.quiet
+                        && now < due + silence.ride_through;
+                    if now >= due && !waiting_out_silence {
                         self.remove(format!("the link took no {} for {timeout:?}", t.kind().name()));
                         return false;
                     }
@@ -162,6 +167,11 @@ impl DeviceState {
     fn recovery_count(&self) -> u64 {
         let s = self.link.session.stats();
         s.retransmits + s.naks_sent + s.naks_received + s.duplicate_data + s.dropped_out_of_window
+    }
+
+    /// What the link shows now, for a completion timer.
+    fn link_evidence(&self) -> LinkEvidence {
+        LinkEvidence { recoveries: self.recovery_count(), heard: self.link.session.last_heard() }
     }
 
     /// Sends the non-posted request `t` with `tag` and waits for its completion, driving
@@ -194,10 +204,14 @@ impl DeviceState {
             if self.cancelled() {
                 return None;
             }
-            match timer.check(now, self.recovery_count()) {
+            match timer.check(now, self.link_evidence()) {
                 TimerCheck::Wait => {}
                 TimerCheck::Extended => {
                     self.stats.completion_timeouts_extended += 1;
+                    continue;
+                }
+                TimerCheck::Paused => {
+                    self.stats.completion_timeouts_paused += 1;
                     continue;
                 }
                 TimerCheck::Expired(waited) => {

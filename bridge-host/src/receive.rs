@@ -162,8 +162,23 @@ impl DeviceState {
             }
         };
         while let Some(e) = self.link.session.poll_event() {
-            if let Event::Down(r) = e {
-                self.remove(format!("link to {} down: {r}", self.id.server));
+            match e {
+                Event::Down(r) => self.remove(format!("link to {} down: {r}", self.id.server)),
+                Event::Silent { quiet } => {
+                    self.stats.link_silences += 1;
+                    log::warn!(
+                        device = self.id.name.as_str(), peer = self.id.server.to_string().as_str();
+                        "{} ({}): nothing from {} for {quiet:.1?}: riding through, the device is removed if \
+                         nothing is heard for {:?}",
+                        self.id.name, self.id.device_id, self.id.server, self.link.session.ride_through()
+                    );
+                }
+                Event::Resumed { silent_for } => log::info!(
+                    device = self.id.name.as_str(), peer = self.id.server.to_string().as_str();
+                    "{} ({}): {} heard again after {silent_for:.1?}: nothing lost",
+                    self.id.name, self.id.device_id, self.id.server
+                ),
+                Event::Up { .. } => {}
             }
         }
         while let Some(b) = self.held.front() {

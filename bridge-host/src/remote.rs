@@ -22,7 +22,7 @@ use crate::config_view::BarView;
 use crate::device::{Access, CONFIG_SPACE, DeviceState, Identity};
 use crate::dma::{ClientMemory, DmaWindows};
 use crate::error::HostError;
-use crate::requester::Requester;
+use crate::requester::{Requester, Silence};
 use crate::stats::{HostStats, KindCounts};
 
 /// A device in another box, attached and usable as a local PCI function.
@@ -71,6 +71,7 @@ impl RemoteDevice {
             requester: Requester::new(
                 opts.completion_timeout,
                 opts.completion_timeout + 4 * opts.link.idle_timeout,
+                Silence { quiet: 2 * opts.link.keepalive_interval, ride_through: opts.link.ride_through },
             ),
             interrupts: Interrupts::default(),
             interrupt_sink: None,

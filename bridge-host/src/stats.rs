@@ -32,6 +32,12 @@ pub struct HostStats {
     /// Completion timeouts that found the link had been recovering lost frames and were
     /// extended (see `AttachOptions::completion_timeout`).
     pub completion_timeouts_extended: u64,
+    /// Completion timeouts that passed while the box was silent and were paused until it was
+    /// heard again (the link riding an outage through).
+    pub completion_timeouts_paused: u64,
+    /// Times the link fell silent (nothing from the box for the idle timeout) and rode
+    /// through; a silence past the ride-through time removes the device.
+    pub link_silences: u64,
     /// Non-posted requests failed because the link went down or the device was removed.
     pub failed_requests: u64,
     /// Completions that matched no outstanding request.

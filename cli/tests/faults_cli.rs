@@ -299,3 +299,127 @@ fn a_box_restarted_right_after_a_kill_gets_its_port() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The host's end of an outage test: gpu0 at `port`, attached in this process with the
+/// default link settings (idle timeout 1 s, ride-through 10 s), workloads run one after the
+/// other until `stop`, each counted in `runs` once it verified. Ends with the device, or
+/// the first failure.
+fn workloads_until(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    runs: std::sync::Arc<std::sync::atomic::AtomicU32>,
+) -> std::thread::JoinHandle<Result<bridge_host::RemoteDevice, String>> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let key = link::PresharedKey::new(&hex::decode(KEY_A).unwrap()).unwrap();
+        let o = bridge_host::AttachOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), "gpu0", key);
+        let remote = bridge_host::RemoteDevice::attach(o).map_err(|e| e.to_string())?;
+        let mut d = driver::SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
+        while !stop.load(Ordering::Relaxed) {
+            let size = testbed::workload::WorkloadSize::scaled(1);
+            testbed::workload::run(&mut d, size, &mut |_| {})
+                .map_err(|e| format!("run {}: {e}", runs.load(Ordering::Relaxed)))?;
+            runs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(d.into_pci())
+    })
+}
+
+/// The box's process stopped (SIGSTOP) for 1, 3 and 5 s in the middle of workloads, then
+/// continued: the host's session says the link is silent and rides it through, its requests'
+/// completion timeouts wait for the box, the box drains what arrived while it was stopped
+/// before it judges anything, and every workload — before, across and after each stop —
+/// verifies; the device is never removed nor attached again. On 166c20c a stop of 1.0 s
+/// removed the device ("nothing authentic arrived from the peer within the idle timeout").
+#[test]
+fn a_box_stopped_for_one_three_and_five_seconds_is_ridden_through() {
+    use rustix::process::Signal;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sigstop");
+    let (port, gm) = (free_udp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
+    let gs = dir.join("gpu.sock");
+    gpu.serving("the box's control socket", &gs);
+    let (stop, runs) = (std::sync::Arc::new(AtomicBool::new(false)), std::sync::Arc::new(AtomicU32::new(0)));
+    let host = workloads_until(port, stop.clone(), runs.clone());
+    let wait_runs = |n: u32| {
+        let end = Instant::now() + Duration::from_secs(60);
+        while runs.load(Ordering::Relaxed) < n && !host.is_finished() {
+            assert!(Instant::now() < end, "no workload finished in 60 s:\n{}", gpu.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for pause in [1, 3, 5] {
+        wait_runs(runs.load(Ordering::Relaxed) + 1);
+        // Inside a workload, not between two.
+        std::thread::sleep(Duration::from_millis(30));
+        gpu.signal(Signal::STOP);
+        std::thread::sleep(Duration::from_secs(pause));
+        gpu.signal(Signal::CONT);
+        eprintln!("box stopped for {pause} s; {} workloads verified so far", runs.load(Ordering::Relaxed));
+    }
+    wait_runs(runs.load(Ordering::Relaxed) + 2);
+    stop.store(true, Ordering::Relaxed);
+    let remote = host.join().unwrap().unwrap_or_else(|e| panic!("a workload failed: {e}\n{}", gpu.log()));
+    assert!(remote.removed().is_none(), "{:?}", remote.removed());
+    let s = remote.stats();
+    eprintln!(
+        "{} workloads; host: {} silences, {} completion timeouts paused",
+        runs.load(Ordering::Relaxed),
+        s.link_silences,
+        s.completion_timeouts_paused
+    );
+    assert!(s.link_silences >= 2, "the 3 and 5 s stops were not seen as silences: {s:?}");
+    assert_eq!(s.completion_timeouts, 0, "{s:?}");
+    let dev = by_name(&result(&gs, &["devices"]), "name", "gpu0").clone();
+    assert_eq!(dev["counters"]["attaches"], 1, "the device was attached again: {dev}");
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    assert!(!log.contains("host host-a gone"), "the box let the host go:\n{log}");
+    assert_eq!(log.matches("released").count(), 1, "released before the stop:\n{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The box stopped past the host's ride-through time (2 s here): the host says once that the
+/// link is silent, then removes the device once, saying why; when the box continues, the
+/// host attaches it again.
+#[test]
+fn a_box_stopped_past_the_ride_through_is_removed_once_saying_why() {
+    use rustix::process::Signal;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempdir("sigstop-long");
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let gcfg = dir.join("gpu.toml");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
+    let hcfg = dir.join("host.toml");
+    let h = host_toml(&dir, port, hm, &["gpu0"]);
+    std::fs::write(&hcfg, format!("{h}[link]\nidle_timeout_ms = 1000\nride_through_ms = 2000\n")).unwrap();
+    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
+    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
+    gpu.serving("the box's control socket", &gs);
+    let mut host = Proc::start(&dir, "host", &hcfg);
+    host.serving("the host's control socket", &hs);
+    until("gpu0 attached", Duration::from_secs(5), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
+    });
+    gpu.signal(Signal::STOP);
+    std::thread::sleep(Duration::from_secs(4));
+    let log = host.log();
+    gpu.signal(Signal::CONT);
+    let silent = log.lines().filter(|l| l.contains("riding through")).count();
+    let removed: Vec<&str> = log.lines().filter(|l| l.contains("surprise removal")).collect();
+    assert_eq!(silent, 1, "said silent {silent} times:\n{log}");
+    assert_eq!(removed.len(), 1, "removed {} times:\n{log}", removed.len());
+    assert!(removed[0].contains("ride-through"), "{}", removed[0]);
+    until("gpu0 attached again", Duration::from_secs(15), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
+    });
+    let (code, log) = host.stop();
+    assert_eq!(code, 0, "{log}");
+    let (code, log) = gpu.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}

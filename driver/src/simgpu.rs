@@ -69,10 +69,12 @@ pub struct Patience {
 }
 
 impl Default for Patience {
-    /// 5 s stalled, 120 s in all: a lossy link's recovery (50 % loss each way moves a
-    /// 16 MiB copy in seconds) fits, a hung device on a live link is told within minutes.
+    /// 15 s stalled, 120 s in all: a lossy link's recovery (50 % loss each way moves a
+    /// 16 MiB copy in seconds) fits, and so does an outage the link rides through (10 s by
+    /// default, `link::Config::ride_through`: the link, not the driver, decides when a silent
+    /// box is gone); a hung device on a live link is told within minutes.
     fn default() -> Patience {
-        Patience { stall: Duration::from_secs(5), ceiling: Duration::from_secs(120) }
+        Patience { stall: Duration::from_secs(15), ceiling: Duration::from_secs(120) }
     }
 }
 

@@ -61,8 +61,14 @@ pub struct Config {
     pub ack_delay: Duration,
     /// Send a KEEPALIVE when nothing was sent for this long.
     pub keepalive_interval: Duration,
-    /// Declare the link down when nothing authentic arrived for this long.
+    /// The link counts as *silent* when nothing authentic arrived for this long: the session
+    /// says so ([`crate::Event::Silent`]) and keeps its state, keeps probing and resumes with
+    /// nothing lost if the peer is heard again within [`Config::ride_through`].
     pub idle_timeout: Duration,
+    /// The session is declared down when nothing authentic arrived for this long (at least
+    /// `idle_timeout`): the outage a session rides through — a link flap, a switch reboot,
+    /// a peer descheduled for seconds. Equal to `idle_timeout`, a silent link is down at once.
+    pub ride_through: Duration,
     /// Resend the handshake frame this often.
     pub handshake_retry: Duration,
     /// Give up the handshake after this long.
@@ -78,6 +84,11 @@ pub struct Config {
     /// session: docs/wire-protocol.md, *Key update*). 16..=2^23.
     pub key_update_frames: u64,
 }
+
+/// [`Config::ride_through`]'s default: 10 s of silence before a session is declared down
+/// (docs/reliability.md argues it: a switch reboot or a routing change takes seconds, and a
+/// dead box's devices are removed this much later than they would be at once).
+pub const DEFAULT_RIDE_THROUGH: Duration = Duration::from_secs(10);
 
 /// The most TLPs a send queue of one class holds ([`Config::max_queued`]).
 pub const MAX_QUEUED: usize = 65536;
@@ -101,6 +112,7 @@ impl Config {
             ack_delay: Duration::from_micros(50),
             keepalive_interval: Duration::from_millis(100),
             idle_timeout: Duration::from_secs(1),
+            ride_through: DEFAULT_RIDE_THROUGH,
             handshake_retry: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(5),
             authenticate_frames: true,
@@ -190,6 +202,13 @@ impl Config {
                 "keepalive_interval",
                 format!("{:?}", self.keepalive_interval),
                 "must be non-zero and below idle_timeout",
+            );
+        }
+        if self.ride_through < self.idle_timeout {
+            return bad(
+                "ride_through",
+                format!("{:?} (idle_timeout {:?})", self.ride_through, self.idle_timeout),
+                "must be at least idle_timeout (the link is silent first, then down)",
             );
         }
         if !(16..=1 << 23).contains(&self.key_update_frames) {

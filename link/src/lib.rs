@@ -27,8 +27,8 @@ pub mod wire;
 
 pub use auth::{PresharedKey, Rng};
 pub use config::{
-    Config, CreditGrant, DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT, MAX_IN_FLIGHT, MAX_QUEUED,
-    MAX_WINDOW_BYTES,
+    Config, CreditGrant, DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT, DEFAULT_RIDE_THROUGH, MAX_IN_FLIGHT,
+    MAX_QUEUED, MAX_WINDOW_BYTES,
 };
 pub use endpoint::{Endpoint, EndpointStats, HandshakeFailure};
 pub use error::{ConfigError, FrameError, SendError};

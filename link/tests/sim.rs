@@ -1,8 +1,9 @@
 //! The link's invariants under a deterministic simulated network (virtual time, seeded
 //! impairments): every posted TLP delivered exactly once and in order; every non-posted
 //! request answered exactly once; no read passes an earlier write; credits never negative
-//! nor beyond the grant; memory within bounds; a silent peer declared down within the
-//! timeout; a restarted peer detected; the wrong key never gets a session.
+//! nor beyond the grant; memory within bounds; a silent peer said silent at the idle timeout
+//! and declared down past the ride-through time, an outage shorter than that ridden through
+//! with nothing lost; a restarted peer detected; the wrong key never gets a session.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -78,20 +79,28 @@ fn posted_writes_pass_stalled_reads() {
 }
 
 #[test]
-fn silent_peer_is_declared_down_within_the_timeout() {
+fn silent_peer_is_said_silent_at_the_idle_timeout_and_down_past_the_ride_through() {
     let mut p = Pair::new(5, clean(), config(key()), config(key()), plan(100000, 4, 5));
     p.run_until(Duration::from_millis(20), |_| false);
     assert!(p.client.is_up());
     let cut = p.now;
     p.net.partition = Some((cut, None));
     assert!(p.run_until(Duration::from_secs(1), |p| p.client_down().is_some() && p.server_down().is_some()));
+    let (idle, ride) = (config(key()).idle_timeout, config(key()).ride_through);
+    for (side, events) in [("client", &p.client_events), ("server", &p.server_events)] {
+        let silent: Vec<_> = events.iter().filter(|(_, e)| matches!(e, Event::Silent { .. })).collect();
+        assert_eq!(silent.len(), 1, "{side}: said silent once: {events:?}");
+        let at = silent[0].0 - cut;
+        assert!(at <= idle + Duration::from_millis(1), "{side}: silent after {at:?}");
+        assert!(!events.iter().any(|(_, e)| matches!(e, Event::Resumed { .. })), "{side}");
+    }
     let (t, r) = p.client_down().unwrap();
     assert_eq!(r, DownReason::Timeout);
-    let idle = config(key()).idle_timeout;
-    assert!(t - cut <= idle + Duration::from_millis(1), "declared down after {:?}", t - cut);
+    assert!(t - cut >= ride - Duration::from_millis(20), "down after only {:?}", t - cut);
+    assert!(t - cut <= ride + Duration::from_millis(1), "declared down after {:?}", t - cut);
     let (ts, rs) = p.server_down().unwrap();
     assert_eq!(rs, DownReason::Timeout);
-    assert!(ts - cut <= idle + Duration::from_millis(1));
+    assert!(ts - cut <= ride + Duration::from_millis(1));
 }
 
 #[test]
@@ -106,6 +115,43 @@ fn partition_that_heals_loses_nothing() {
     assert_workload_ok(&p);
     assert!(p.client_down().is_none() && p.server_down().is_none());
     assert!(p.client.stats().replay_timeouts > 0);
+}
+
+#[test]
+fn an_outage_within_the_ride_through_is_said_silent_then_resumed_and_loses_nothing() {
+    // Past the idle timeout (100 ms), within the ride-through time (400 ms), either side
+    // sending into it all along: posted writes queued, reads outstanding.
+    for (seed, outage) in [(11, 150), (12, 300), (13, 390)] {
+        let mut p = Pair::new(seed, clean(), config(key()), config(key()), plan(4000, 3, seed));
+        p.run_until(Duration::from_millis(5), |_| false);
+        let cut = p.now;
+        p.net.partition = Some((cut, Some(cut + Duration::from_millis(outage))));
+        assert!(
+            p.run_until(Duration::from_secs(10), |p| p.capp.done()
+                && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == 4000),
+            "outage {outage} ms: the workload did not finish"
+        );
+        assert_workload_ok(&p);
+        assert!(p.client_down().is_none() && p.server_down().is_none(), "outage {outage} ms");
+        for (side, events) in [("client", &p.client_events), ("server", &p.server_events)] {
+            let said = |f: fn(&Event) -> bool| events.iter().filter(|(_, e)| f(e)).count();
+            assert_eq!(said(|e| matches!(e, Event::Silent { .. })), 1, "{side}, {outage} ms: {events:?}");
+            assert_eq!(said(|e| matches!(e, Event::Resumed { .. })), 1, "{side}, {outage} ms: {events:?}");
+        }
+        let resumed = p.client_events.iter().find_map(|(t, e)| match e {
+            Event::Resumed { silent_for } => Some((*t, *silent_for)),
+            _ => None,
+        });
+        let (at, silent_for) = resumed.unwrap();
+        // Heard again within the replay back-off's ceiling (20 ms here) of the heal.
+        let healed = cut + Duration::from_millis(outage);
+        assert!(
+            at >= healed && at - healed <= Duration::from_millis(25),
+            "outage {outage} ms: resumed at {:?}",
+            at - cut
+        );
+        assert!(silent_for >= Duration::from_millis(outage) - Duration::from_millis(15), "{silent_for:?}");
+    }
 }
 
 #[test]

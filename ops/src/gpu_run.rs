@@ -366,6 +366,7 @@ fn stats_json(ep: &mut GpuEndpoint) -> Value {
     json!({
         "sessions_up": s.sessions_up,
         "sessions_closed_by_hosts": s.sessions_closed_by_hosts,
+        "sessions_silent": s.sessions_silent,
         "unowned_requests": s.unowned_requests,
         "bad_control": s.bad_control,
         "malformed_tlps": s.malformed_tlps,
@@ -466,6 +467,12 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     let s = ep.stats();
     let h = ep.endpoint_stats();
     x.counter("sessions_up", "Sessions that came up", vec![], s.sessions_up);
+    x.counter(
+        "sessions_silent",
+        "Times a host's link fell silent for the idle timeout (ridden through if heard again)",
+        vec![],
+        s.sessions_silent,
+    );
     x.counter("unowned_requests", "Requests from sessions owning no device", vec![], s.unowned_requests);
     x.counter("malformed_tlps", "TLPs from hosts that did not parse", vec![], s.malformed_tlps);
     for (why, n) in [

@@ -10,6 +10,7 @@ impl Session {
         self.state = State::Up;
         self.timers[Timer::Handshake as usize] = None;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
+        self.live = Liveness::new(now);
         self.set_timer(Timer::Keepalive, now + self.cfg.keepalive_interval);
         self.events.push_back(Event::Up { peer_epoch: self.id.peer_epoch });
     }

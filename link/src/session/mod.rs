@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::time::Duration;
 
 use tlp::{TlpPacket, TlpRepr};
 use zerocopy::{FromBytes, IntoBytes};
@@ -49,7 +50,7 @@ mod parts;
 mod receive;
 mod send;
 
-use parts::{Arrival, Crypto, Due, Identity, Placement, RxQueue, TxQueue};
+use parts::{Arrival, Crypto, Due, Identity, Liveness, Placement, RxQueue, TxQueue};
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
 /// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
@@ -70,7 +71,7 @@ pub enum Role {
 /// Why a session went down.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum DownReason {
-    /// Nothing authentic arrived within the idle timeout.
+    /// Nothing authentic arrived within the ride-through time.
     Timeout,
     /// The handshake did not complete in time.
     HandshakeTimeout,
@@ -94,7 +95,7 @@ impl std::fmt::Display for DownReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DownReason::Timeout => {
-                f.write_str("nothing authentic arrived from the peer within the idle timeout")
+                f.write_str("nothing authentic arrived from the peer within the ride-through time")
             }
             DownReason::HandshakeTimeout => f.write_str("the handshake did not complete in time"),
             DownReason::AuthFailed => f.write_str("authentication failed: the peer does not hold this key"),
@@ -115,6 +116,19 @@ pub enum Event {
     Up {
         /// The peer's epoch (changes when the peer restarts).
         peer_epoch: u32,
+    },
+    /// Nothing authentic arrived for the idle timeout: the link is silent. The session keeps
+    /// its state and keeps probing; it resumes ([`Event::Resumed`]) if the peer is heard
+    /// within the ride-through time, and goes down otherwise. Requests waiting on the peer
+    /// are not the device's fault meanwhile.
+    Silent {
+        /// How long nothing authentic has arrived.
+        quiet: Duration,
+    },
+    /// The peer was heard again after [`Event::Silent`]: nothing was lost.
+    Resumed {
+        /// How long the link was silent in all.
+        silent_for: Duration,
     },
     /// The session is down for good; outstanding requests must be completed with errors.
     Down(DownReason),
@@ -346,6 +360,8 @@ pub struct Session {
     rx_credits: RxCredits,
     timers: [Option<Time>; TIMERS],
     last_tx: Time,
+    /// When the peer was last heard, and whether the link counts as silent.
+    live: Liveness,
     events: VecDeque<Event>,
     stats: Stats,
     pool: Vec<Vec<u8>>,
@@ -376,6 +392,7 @@ impl Session {
             rx_credits,
             timers: [None; TIMERS],
             last_tx: now,
+            live: Liveness::new(now),
             events: VecDeque::new(),
             stats: Stats::default(),
             pool: Vec::new(),
@@ -495,6 +512,18 @@ impl Session {
     pub fn peer_id(&self) -> u32 {
         self.id.peer_id
     }
+    /// When the last authentic frame from the peer arrived (the session's start before any).
+    pub fn last_heard(&self) -> Time {
+        self.live.heard
+    }
+    /// Nothing authentic has arrived for the idle timeout (see [`Event::Silent`]).
+    pub fn is_silent(&self) -> bool {
+        self.live.silent
+    }
+    /// The longest silence the session rides through before it goes down.
+    pub fn ride_through(&self) -> Duration {
+        self.cfg.ride_through
+    }
     /// Nothing is queued or waiting for acknowledgement.
     pub fn is_idle(&self) -> bool {
         self.replay.is_empty() && self.txq.len() == 0
@@ -530,12 +559,22 @@ impl Session {
         if self.timer_passed(Timer::Idle, now) {
             self.timers[Timer::Idle as usize] = None;
             let reason = match self.state {
-                State::Up => DownReason::Timeout,
-                _ if self.id.saw_bad_proof => DownReason::AuthFailed,
-                _ => DownReason::HandshakeTimeout,
+                // Silent: the state stays, the probes go on (keepalives, replays at their
+                // backed-off pace), and the link is down only past the ride-through time.
+                State::Up if !self.live.silent && self.cfg.ride_through > self.cfg.idle_timeout => {
+                    self.live.silent = true;
+                    self.events.push_back(Event::Silent { quiet: now.since(self.live.heard) });
+                    self.set_timer(Timer::Idle, self.live.heard + self.cfg.ride_through);
+                    None
+                }
+                State::Up => Some(DownReason::Timeout),
+                _ if self.id.saw_bad_proof => Some(DownReason::AuthFailed),
+                _ => Some(DownReason::HandshakeTimeout),
             };
-            self.go_down(reason);
-            return;
+            if let Some(reason) = reason {
+                self.go_down(reason);
+                return;
+            }
         }
         if self.timer_passed(Timer::Handshake, now) {
             if matches!(self.state, State::ClientInit | State::ClientResponse) {

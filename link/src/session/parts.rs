@@ -9,6 +9,7 @@ use crate::handshake::COOKIE_LEN;
 use crate::keys::{RxKeys, TxKeys};
 use crate::reorder::ReorderBuffer;
 use crate::seq::SeqNum;
+use crate::time::Time;
 
 use super::{BODY_AT, Chunk};
 use crate::credits::TxCredits;
@@ -47,6 +48,26 @@ impl Identity {
             transcript: Vec::new(),
             saw_bad_proof: false,
         }
+    }
+}
+
+/// Whether the peer is heard: when it last was, and whether the link counts as silent
+/// (nothing authentic for the idle timeout; down only past the ride-through time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Liveness {
+    pub(super) heard: Time,
+    pub(super) silent: bool,
+}
+
+impl Liveness {
+    pub(super) fn new(now: Time) -> Liveness {
+        Liveness { heard: now, silent: false }
+    }
+
+    /// An authentic frame arrived at `now`: how long the link had been silent, if it was.
+    pub(super) fn heard(&mut self, now: Time) -> Option<std::time::Duration> {
+        let was = std::mem::replace(self, Liveness::new(now));
+        was.silent.then(|| now.since(was.heard))
     }
 }
 

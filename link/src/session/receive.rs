@@ -119,6 +119,9 @@ impl Session {
         self.stats.frames_received += 1;
         self.stats.bytes_received += frame.bytes().len() as u64;
         self.set_timer(Timer::Idle, now + self.cfg.idle_timeout);
+        if let Some(silent_for) = self.live.heard(now) {
+            self.events.push_back(Event::Resumed { silent_for });
+        }
         if let Some(fc) = frame.fc() {
             self.tx_credits.update(fc);
         }

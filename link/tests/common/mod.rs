@@ -124,6 +124,7 @@ pub fn config(key: PresharedKey) -> Config {
     c.max_replay_timeout = Duration::from_millis(20);
     c.keepalive_interval = Duration::from_millis(10);
     c.idle_timeout = Duration::from_millis(100);
+    c.ride_through = Duration::from_millis(400);
     c.handshake_retry = Duration::from_millis(5);
     c.handshake_timeout = Duration::from_millis(200);
     c

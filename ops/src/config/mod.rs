@@ -28,6 +28,9 @@ pub struct LinkSection {
     ack_delay_us: Option<u64>,
     keepalive_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
+    /// Silence a session rides through before it is declared down (at least the idle
+    /// timeout; `link::DEFAULT_RIDE_THROUGH` by default, or the idle timeout if longer).
+    ride_through_ms: Option<u64>,
     handshake_timeout_ms: Option<u64>,
     authenticate_frames: Option<bool>,
     encrypt_frames: Option<bool>,
@@ -482,6 +485,17 @@ impl LinkSection {
         let keepalive = within("link.keepalive_ms", self.keepalive_ms, 1..=60_000, "ms")?.unwrap_or(100);
         let idle = within("link.idle_timeout_ms", self.idle_timeout_ms, 2..=3_600_000, "ms")?.unwrap_or(1000);
         within("link.handshake_timeout_ms", self.handshake_timeout_ms, 100..=600_000, "ms")?;
+        if let Some(ride) = within("link.ride_through_ms", self.ride_through_ms, 2..=3_600_000, "ms")?
+            && ride < idle
+        {
+            return Err(bad(
+                "link.ride_through_ms",
+                ride,
+                &format!(
+                    "must be at least link.idle_timeout_ms ({idle}): the link is silent first, then down"
+                ),
+            ));
+        }
         if keepalive >= idle {
             let (key, value) = match self.idle_timeout_ms {
                 Some(v) => ("link.idle_timeout_ms", v),
@@ -524,6 +538,10 @@ impl LinkSection {
         }
         if let Some(v) = self.idle_timeout_ms {
             c.idle_timeout = Duration::from_millis(v);
+            c.ride_through = c.ride_through.max(c.idle_timeout);
+        }
+        if let Some(v) = self.ride_through_ms {
+            c.ride_through = Duration::from_millis(v);
         }
         if let Some(v) = self.handshake_timeout_ms {
             c.handshake_timeout = Duration::from_millis(v);

@@ -42,6 +42,27 @@ fn a_complete_gpu_file_is_understood() {
     assert_eq!(o.link.window, 128);
 }
 
+#[test]
+fn the_ride_through_is_ten_seconds_the_idle_timeout_if_longer_or_what_the_file_says() {
+    let with = |link: &str| {
+        gpu(&format!(
+            "[link]\n{link}\n[[host]]\nname = \"a\"\nkey = \"{KEY}\"\n[[device]]\nname = \"g\"\nsim = {{}}\nallow = [\"a\"]"
+        ))
+        .unwrap()
+        .link
+    };
+    let secs = Duration::from_secs;
+    let c = with("");
+    assert_eq!((c.idle_timeout, c.ride_through), (secs(1), link::DEFAULT_RIDE_THROUGH));
+    assert_eq!(link::DEFAULT_RIDE_THROUGH, secs(10));
+    let c = with("idle_timeout_ms = 30000");
+    assert_eq!((c.idle_timeout, c.ride_through), (secs(30), secs(30)));
+    let c = with("ride_through_ms = 3000");
+    assert_eq!((c.idle_timeout, c.ride_through), (secs(1), secs(3)));
+    let c = with("idle_timeout_ms = 2000\nride_through_ms = 2000");
+    assert_eq!((c.idle_timeout, c.ride_through), (secs(2), secs(2)));
+}
+
 fn gpu_pool(pool: &str) -> Result<GpuPool, String> {
     let text = format!(
         "[[host]]\nname = \"a\"\nkey = \"{KEY}\"\n[[device]]\nname = \"gpu0\"\nsim = {{}}\nallow = [\"a\"]\n[pool]\n{pool}"
@@ -153,6 +174,8 @@ fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
         (gpu_with("", &plus, dev), "host[0].key", "hexadecimal"),
         (gpu_with("", &zeros, dev), "host[0].key", "all zeros"),
         (gpu_with("[link]\nidle_timeout_ms = 50", KEY, dev), "link.idle_timeout_ms = 50", "keepalive_ms"),
+        (gpu_with("[link]\nride_through_ms = 500", KEY, dev), "link.ride_through_ms = 500", "idle_timeout_ms (1000)"),
+        (gpu_with("[link]\nride_through_ms = 1", KEY, dev), "link.ride_through_ms", "2..="),
         (gpu_with("[link]\nhandshake_timeout_ms = 50", KEY, dev), "link.handshake_timeout_ms = 50", "100..="),
         (
             gpu_with("[link]\nreplay_timeout_us = 9200000000000000000", KEY, dev),
