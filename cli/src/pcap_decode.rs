@@ -130,7 +130,6 @@ pub(crate) fn decode(
         learn_encryption(&f, &mut encrypted);
         let dir = roles.direction(d);
         let replay = h.ty == FrameType::Data && seen.entry((dir, h.session)).or_default().replay(h.seq);
-        let fc = fc_json(&f);
         let capture = json!({
             "packet": d.number,
             "time_unix_seconds": d.time,
@@ -147,28 +146,7 @@ pub(crate) fn decode(
         });
         let enc = h.ty == FrameType::Data && encrypted.contains(&h.session);
         if frames {
-            let line = match format {
-                Format::Json => {
-                    let mut v = capture.clone();
-                    v["fc"] = fc.clone().unwrap_or(Value::Null);
-                    v["body_len"] = json!(f.body().len());
-                    if enc {
-                        v["encrypted"] = json!(true);
-                    }
-                    v.to_string()
-                }
-                Format::Text => format!(
-                    "{:>6} {:.6} {dir} {} seq {} ack {}{}{}",
-                    d.number,
-                    d.time,
-                    frame_name(h.ty),
-                    h.seq,
-                    h.ack,
-                    if h.nak { " NAK" } else { "" },
-                    fc.as_ref().map(|c| format!(" fc {c}")).unwrap_or_default()
-                ),
-            };
-            writeln!(out, "{line}").map_err(io)?;
+            writeln!(out, "{}", frame_line(format, &capture, &f, d, dir, enc)).map_err(io)?;
         }
         if h.ty != FrameType::Data {
             return Ok(());
@@ -244,6 +222,48 @@ fn learn_encryption(f: &Frame<'_>, encrypted: &mut HashSet<u32>) {
 
 /// A frame's FC block as a JSON array (posted, non-posted, completion; header and data
 /// each), if it has one.
+/// One frame's line with `--frames`: its header's fields (`capture`), its credit block, its
+/// body's length and, in an ACK or KEEPALIVE, the frames the receiver holds beyond its gap.
+fn frame_line(format: Format, capture: &Value, f: &Frame<'_>, d: &Datagram, dir: &str, enc: bool) -> String {
+    let h = f.header();
+    let fc = fc_json(f);
+    let sack: Vec<(u32, u32)> = match h.ty {
+        FrameType::Ack | FrameType::Keepalive => {
+            link::wire::SackRanges::new_checked(f.body()).map(|r| r.iter().collect()).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    match format {
+        Format::Json => {
+            let mut v = capture.clone();
+            v["fc"] = fc.unwrap_or(Value::Null);
+            v["body_len"] = json!(f.body().len());
+            if !sack.is_empty() {
+                v["sack"] =
+                    json!(sack.iter().map(|(a, b)| json!({"start": a, "end": b})).collect::<Vec<_>>());
+            }
+            if enc {
+                v["encrypted"] = json!(true);
+            }
+            v.to_string()
+        }
+        Format::Text => {
+            let ranges: Vec<String> = sack.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+            format!(
+                "{:>6} {:.6} {dir} {} seq {} ack {}{}{}{}",
+                d.number,
+                d.time,
+                frame_name(h.ty),
+                h.seq,
+                h.ack,
+                if h.nak { " NAK" } else { "" },
+                if ranges.is_empty() { String::new() } else { format!(" SACK {}", ranges.join(",")) },
+                fc.as_ref().map(|c| format!(" fc {c}")).unwrap_or_default()
+            )
+        }
+    }
+}
+
 fn fc_json(f: &Frame<'_>) -> Option<Value> {
     f.fc().map(|c| {
         json!([c.posted.0, c.posted.1, c.non_posted.0, c.non_posted.1, c.completion.0, c.completion.1])

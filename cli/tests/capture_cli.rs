@@ -264,8 +264,9 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A lossy link's capture: the DATA frames sent again and the NAKs, as `dxpu tlp decode`
-/// counts them, are what the dissector marks (a field and expert info each).
+/// A lossy link's capture: the DATA frames sent again, the NAKs and the selective
+/// acknowledgements, as `dxpu tlp decode` counts them, are what the dissector marks (a field
+/// and expert info each; the ranges held).
 #[test]
 fn the_dissector_marks_the_retransmissions_and_naks_of_a_lossy_capture() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -282,7 +283,18 @@ fn the_dissector_marks_the_retransmissions_and_naks_of_a_lossy_capture() {
     let replays = frames.iter().filter(|v| v["replay"] == true).count();
     let naks = frames.iter().filter(|v| v["nak"] == true).count();
     assert!(replays > 0 && naks > 0, "{replays} replays, {naks} NAKs at 2 % loss");
+    let sacks = frames.iter().filter(|v| v.get("sack").is_some()).count();
+    assert!(sacks > 0, "no selective acknowledgement at 2 % loss");
+    for v in frames.iter().filter_map(|v| v.get("sack")) {
+        for r in v.as_array().unwrap() {
+            assert!(r["start"].as_u64() < r["end"].as_u64(), "{v}");
+        }
+    }
     let Some(retransmitted) = tshark_json(&file, "dxpu.retransmission") else { return };
+    assert_eq!(
+        tshark_json(&file, "dxpu.sack.start and (dxpu.type == 6 or dxpu.type == 7)").unwrap().len(),
+        sacks
+    );
     assert_eq!(retransmitted.len(), replays);
     assert_eq!(tshark_json(&file, "dxpu.nak == 1").unwrap().len(), naks);
     assert_eq!(tshark_json(&file, "dxpu.retransmission.expert").unwrap().len(), replays);

@@ -30,6 +30,8 @@ f.epoch = ProtoField.uint32("dxpu.epoch", "Sender's epoch", base.HEX)
 f.pn = ProtoField.uint64("dxpu.pn", "Packet number")
 f.seq = ProtoField.uint32("dxpu.seq", "Sequence number")
 f.ack = ProtoField.uint32("dxpu.ack", "ACK (next sequence number expected)")
+f.sack_start = ProtoField.uint32("dxpu.sack.start", "Held from (sequence number)")
+f.sack_end = ProtoField.uint32("dxpu.sack.end", "Held up to (exclusive)")
 f.flags = ProtoField.uint16("dxpu.flags", "Flags", base.HEX)
 f.nak = ProtoField.bool("dxpu.nak", "NAK", 16, nil, 0x0001)
 f.fc_present = ProtoField.bool("dxpu.fc_present", "Credit block", 16, nil, 0x0002)
@@ -305,6 +307,17 @@ local function dissect(tvb, pinfo, root)
     if bit.band(flags, 1) == 1 then
         info = info .. string.format(" NAK %d", tvb(24, 4):uint())
         tree:add_proto_expert_info(e_nak)
+    end
+    if (ty == 6 or ty == 7) and body_len > 0 and body_len % 8 == 0 then
+        -- ACK, KEEPALIVE: selective acknowledgement, ranges [start, end) held beyond the gap.
+        local st = tree:add(dxpu, tvb(at, body_len), "Selective acknowledgement")
+        local parts = {}
+        for p = at, at + body_len - 8, 8 do
+            st:add(f.sack_start, tvb(p, 4))
+            st:add(f.sack_end, tvb(p + 4, 4))
+            parts[#parts + 1] = string.format("%d..%d", tvb(p, 4):uint(), tvb(p + 4, 4):uint())
+        end
+        info = info .. " SACK " .. table.concat(parts, ",")
     end
     if ty == 2 and body_len >= 25 then
         -- CHALLENGE: options (negotiated) at body offset 24, bit 1 ENCRYPT.

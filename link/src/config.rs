@@ -53,7 +53,9 @@ pub struct Config {
     pub credits: CreditGrant,
     /// Most TLPs queued per flow-control class before `send_tlp` refuses.
     pub max_queued: usize,
-    /// First replay timeout; doubles on each expiry without progress.
+    /// The least replay timeout (and the first, before a round trip was measured): the
+    /// timeout follows the measured round trips (RFC 6298) above it, and doubles on each
+    /// expiry without progress.
     pub replay_timeout: Duration,
     /// Ceiling of the replay timeout back-off.
     pub max_replay_timeout: Duration,
@@ -80,6 +82,9 @@ pub struct Config {
     /// fabrics others can read. The session encrypts if either side asks; encryption
     /// implies authentication.
     pub encrypt_frames: bool,
+    /// Ask for selective acknowledgements: the receiver says which frames beyond a gap it
+    /// holds, and the sender resends only what is missing (used where both sides ask).
+    pub selective_ack: bool,
     /// Frames sent under one key before the sender updates it (the key update keeps the
     /// session: docs/wire-protocol.md, *Key update*). 16..=2^23.
     pub key_update_frames: u64,
@@ -117,6 +122,7 @@ impl Config {
             handshake_timeout: Duration::from_secs(5),
             authenticate_frames: true,
             encrypt_frames: false,
+            selective_ack: true,
             key_update_frames: crate::keys::DEFAULT_KEY_UPDATE_FRAMES,
         };
         c.size_for_path(DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT);

@@ -46,6 +46,12 @@ pub enum FrameError {
         /// Where, counted from the end of the body.
         offset_from_end: usize,
     },
+    /// A selective acknowledgement's body is not whole ranges, or has too many.
+    #[error("selective acknowledgement of {len} bytes: not whole 8-byte ranges, or more than 16")]
+    BadSack {
+        /// Body length.
+        len: usize,
+    },
     /// The frame does not fit the buffer or the MTU.
     #[error("frame of {len} bytes exceeds {max}")]
     TooLarge {

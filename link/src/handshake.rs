@@ -57,26 +57,41 @@ pub(crate) struct InitBody {
     pub(crate) cookie: [u8; COOKIE_LEN],
 }
 
-/// The handshake's option bits: what the session does to its frames. The session does what
-/// either side asks (the server answers with the union); encryption implies authentication.
+/// The handshake's option bits: what the session does to its frames. The protections are
+/// what either side asks (the server answers with the union; encryption implies
+/// authentication); a feature both sides must understand is used only where both ask.
 pub(crate) mod options {
     /// Frames carry a MAC tag.
     pub(crate) const AUTHENTICATE: u8 = 1;
     /// DATA frame bodies are encrypted.
     pub(crate) const ENCRYPT: u8 = 2;
+    /// ACK and KEEPALIVE frames carry selective acknowledgements (`crate::wire::SackRanges`):
+    /// only if both sides ask, so that a peer that does not know them never gets one.
+    pub(crate) const SELECTIVE_ACK: u8 = 4;
     /// Every bit this version knows.
-    pub(crate) const KNOWN: u8 = AUTHENTICATE | ENCRYPT;
+    pub(crate) const KNOWN: u8 = AUTHENTICATE | ENCRYPT | SELECTIVE_ACK;
+    /// The bits the server may add to what the client asked (the protections).
+    pub(crate) const MAY_ADD: u8 = AUTHENTICATE | ENCRYPT;
 
     /// The options `cfg` asks for.
     pub(crate) fn of(cfg: &crate::Config) -> u8 {
         (if cfg.authenticate_frames { AUTHENTICATE } else { 0 })
             | (if cfg.encrypt_frames { ENCRYPT } else { 0 })
+            | (if cfg.selective_ack { SELECTIVE_ACK } else { 0 })
     }
 
     /// The session's options when one side asks `a` and the other `b`.
     pub(crate) fn negotiated(a: u8, b: u8) -> u8 {
-        let o = (a | b) & KNOWN;
+        let o = (a | b) & MAY_ADD | (a & b & SELECTIVE_ACK);
         if o & ENCRYPT != 0 { o | AUTHENTICATE } else { o }
+    }
+
+    /// Whether a server's answer `granted` is one the client that asked `asked` may take: it
+    /// keeps every protection asked and adds no feature that was not asked.
+    pub(crate) fn acceptable(asked: u8, granted: u8) -> bool {
+        granted & !KNOWN == 0
+            && granted & asked & MAY_ADD == asked & MAY_ADD
+            && granted & !MAY_ADD & !asked == 0
     }
 }
 
@@ -348,5 +363,21 @@ mod tests {
         for b in 0..=255u8 {
             assert_eq!(Refusal::from_byte(b).byte(), b);
         }
+    }
+
+    #[test]
+    fn selective_acks_are_used_only_where_both_ask_and_protections_where_either_does() {
+        use options::*;
+        let (a, e, s) = (AUTHENTICATE, ENCRYPT, SELECTIVE_ACK);
+        assert_eq!(negotiated(a | s, a | s), a | s);
+        assert_eq!(negotiated(a | s, a), a, "one side without: none");
+        // An older server knows only the two protections: its union drops the bit.
+        assert_eq!(negotiated(a | s, a) & !s, a);
+        assert_eq!(negotiated(e, s), a | e, "encryption implies tags; SACK needs both");
+        // What a client may take: every protection it asked, SACK only if asked, no unknown bit.
+        assert!(acceptable(a | s, a | s) && acceptable(a | s, a) && acceptable(a, a | e));
+        assert!(!acceptable(a, a | s), "granted SACK it did not ask");
+        assert!(!acceptable(a | e, a), "dropped the encryption it asked");
+        assert!(!acceptable(a, a | 8), "an unknown bit");
     }
 }

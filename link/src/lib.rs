@@ -19,6 +19,7 @@ mod keys;
 mod reorder;
 mod replay_buffer;
 mod replay_window;
+mod rtt;
 mod seq;
 mod session;
 mod session_ids;

@@ -5,6 +5,8 @@
 
 use std::collections::VecDeque;
 
+use crate::seq::SeqNum;
+
 /// What [`ReorderBuffer::pop_next`] found after a frame was delivered.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -53,9 +55,28 @@ impl ReorderBuffer {
         }
     }
 
+    /// Whether no frame is held (after [`ReorderBuffer::pop_next`] said `Gap` or `Empty`).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
     /// Frames held.
     pub(crate) fn held(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// The runs of held frames, as ranges of sequence numbers `[start, end)`, ascending, when
+    /// `next` is the next expected frame: what a selective acknowledgement says.
+    pub(crate) fn ranges(&self, next: SeqNum) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let start = at + self.slots.iter().skip(at).position(Option::is_some)?;
+            let len = self.slots.iter().skip(start).take_while(|s| s.is_some()).count();
+            at = start + len;
+            // Slot 0 is the frame right after `next`.
+            let seq = |i: usize| next.0.wrapping_add(1 + i as u32);
+            Some((seq(start), seq(start + len)))
+        })
     }
 }
 
@@ -82,6 +103,22 @@ mod tests {
         assert_eq!(r.pop_next(), Next::Held(b"14".to_vec()));
         assert_eq!(r.pop_next(), Next::Empty);
         assert_eq!(r.held(), 0);
+    }
+
+    #[test]
+    fn the_held_frames_come_out_as_ranges_of_sequence_numbers() {
+        let mut r = ReorderBuffer::default();
+        let mut pool = Vec::new();
+        assert_eq!(r.ranges(SeqNum(10)).count(), 0);
+        // Expecting 10: 11, 12, 14, 17, 18 held.
+        for ahead in [1, 2, 4, 7, 8] {
+            assert!(r.hold(ahead, b"x", &mut pool));
+        }
+        let got: Vec<_> = r.ranges(SeqNum(10)).collect();
+        assert_eq!(got, [(11, 13), (14, 15), (17, 19)]);
+        // Across the wrap of the sequence space.
+        let got: Vec<_> = r.ranges(SeqNum(u32::MAX - 1)).collect();
+        assert_eq!(got, [(u32::MAX, 1), (2, 3), (5, 7)]);
     }
 
     #[test]

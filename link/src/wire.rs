@@ -454,6 +454,47 @@ impl<'a> Iterator for TlpRecords<'a> {
     }
 }
 
+/// Most ranges a selective acknowledgement carries (128 bytes of body).
+pub const MAX_SACK_RANGES: usize = 16;
+
+/// A selective acknowledgement (after SCTP's gap-ack blocks and QUIC's ACK ranges): the
+/// body of an ACK or KEEPALIVE frame in a session that negotiated them — the DATA frames
+/// the receiver holds beyond the gap at the header's ACK, as ranges of sequence numbers
+/// `[start, end)`, each two big-endian u32, ascending, at most [`MAX_SACK_RANGES`]. An
+/// empty body: nothing held beyond the gap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SackRanges<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> SackRanges<'a> {
+    /// Checks a body: whole ranges, not too many. (Whether they make sense against the
+    /// sender's own sequence numbers is the sender's to judge.)
+    pub fn new_checked(body: &'a [u8]) -> Result<SackRanges<'a>, FrameError> {
+        if !body.len().is_multiple_of(8) || body.len() > 8 * MAX_SACK_RANGES {
+            return Err(FrameError::BadSack { len: body.len() });
+        }
+        Ok(SackRanges { bytes: body })
+    }
+
+    /// The ranges, as `(start, end)` sequence numbers.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + 'a {
+        self.bytes.chunks_exact(8).map(|r| (be32(r, 0), be32(r, 4)))
+    }
+
+    /// Writes `ranges` (at most [`MAX_SACK_RANGES`]: the rest are left out) into `buf`;
+    /// returns the body's length.
+    pub fn emit(ranges: impl IntoIterator<Item = (u32, u32)>, buf: &mut [u8]) -> usize {
+        let mut n = 0;
+        for ((start, end), out) in ranges.into_iter().zip(buf.chunks_exact_mut(8)).take(MAX_SACK_RANGES) {
+            out[..4].copy_from_slice(&start.to_be_bytes());
+            out[4..].copy_from_slice(&end.to_be_bytes());
+            n += 8;
+        }
+        n
+    }
+}
+
 /// CRC-32C (Castagnoli, the iSCSI polynomial) of `bytes`, as a frame's trailer carries it.
 /// `crc-fast` folds with carry-less multiplies (VPCLMULQDQ where there is one): 43 ns per
 /// 1400 bytes on this machine against 95 ns for the `crc32c` crate's three-way `crc32`
@@ -564,6 +605,23 @@ mod tests {
             assert_eq!(&buf[r], &want[..n]);
             let mut short = vec![0u8; BODY_AT + body.len() + TRAILER_LEN - 1];
             assert!(seal_in_place(&mut short, &h, fc, body.len(), |_| [0; TAG_LEN]).is_err());
+        }
+    }
+
+    #[test]
+    fn selective_acks_round_trip_and_bad_bodies_are_refused() {
+        let mut buf = [0u8; 8 * MAX_SACK_RANGES + 8];
+        let ranges = [(5, 7), (9, 10), (u32::MAX, 2)];
+        let n = SackRanges::emit(ranges, &mut buf);
+        assert_eq!(n, 24);
+        assert_eq!(&buf[..8], &[0, 0, 0, 5, 0, 0, 0, 7]);
+        let got: Vec<_> = SackRanges::new_checked(&buf[..n]).unwrap().iter().collect();
+        assert_eq!(got, ranges);
+        // At most 16 are written, whatever is offered.
+        assert_eq!(SackRanges::emit((0..40).map(|i| (2 * i, 2 * i + 1)), &mut buf), 128);
+        assert_eq!(SackRanges::new_checked(&buf[..0]).unwrap().iter().count(), 0);
+        for bad in [7, 12, 136] {
+            assert_eq!(SackRanges::new_checked(&buf[..bad]), Err(FrameError::BadSack { len: bad }));
         }
     }
 

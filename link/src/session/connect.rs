@@ -62,10 +62,8 @@ impl Session {
         let (peer_id, mtu, window) = (c.server_id.get(), c.mtu.get() as usize, c.window.get() as u32);
         // The server may only add to what this side asked of the frames (its proof covers
         // both), never take from it.
-        let asked = options::of(&self.cfg);
         if peer_id == 0
-            || c.options & asked != asked
-            || c.options & !options::KNOWN != 0
+            || !options::acceptable(options::of(&self.cfg), c.options)
             || mtu > self.mtu
             || window > self.window
             || window == 0
@@ -125,6 +123,7 @@ impl Session {
         self.crypto.rx = Some(RxKeys::new(rx));
         self.crypto.authenticate = negotiated & options::AUTHENTICATE != 0;
         self.crypto.encrypt = negotiated & options::ENCRYPT != 0;
+        self.crypto.selective_ack = negotiated & options::SELECTIVE_ACK != 0;
     }
 
     pub(super) fn handshake_frame(&mut self, buf: &mut [u8]) -> Option<usize> {

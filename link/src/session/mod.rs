@@ -38,11 +38,12 @@ use crate::keys::{RxKeys, TxKeys, Which};
 use crate::reorder::Next;
 use crate::replay_buffer::{ReplayBuffer, Sent};
 use crate::replay_window::ReplayWindow;
+use crate::rtt::RttEstimator;
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
-    BODY_AT, FC_LEN, FcLimits, Frame, FrameRepr, FrameType, HEADER_LEN, Header, TAG_LEN, TRAILER_LEN,
-    TlpRecords, seal_in_place,
+    BODY_AT, FC_LEN, FcLimits, Frame, FrameRepr, FrameType, HEADER_LEN, Header, MAX_SACK_RANGES, SackRanges,
+    TAG_LEN, TRAILER_LEN, TlpRecords, seal_in_place,
 };
 
 mod connect;
@@ -145,6 +146,11 @@ pub struct Stats {
     pub data_frames_sent: u64,
     /// DATA frames sent again from the replay buffer.
     pub retransmits: u64,
+    /// DATA frames the peer said it held beyond a gap (selective acknowledgements).
+    pub frames_sacked: u64,
+    /// DATA frames declared lost because frames sent after them were acknowledged
+    /// selectively, and replayed without waiting for the timer.
+    pub lost_by_sack: u64,
     /// Replay timer expiries.
     pub replay_timeouts: u64,
     /// NAKs sent.
@@ -349,6 +355,8 @@ pub struct Session {
     /// The DATA frame being timed for a round-trip sample, and when it was first sent;
     /// dropped if it is replayed (Karn: an ACK after a replay times neither send).
     rtt_probe: Option<(SeqNum, Time)>,
+    /// The round trips measured, smoothed: what the replay timeout follows.
+    rtt: RttEstimator,
     /// TLPs waiting for credits and the window, in PCIe order.
     txq: TxQueue,
     /// The peer's credits: its limits, what this side consumed, its first grant.
@@ -381,6 +389,7 @@ impl Session {
             id,
             crypto: Crypto::new(),
             rtt_probe: None,
+            rtt: RttEstimator::default(),
             due: Due::default(),
             next_pn: 0,
             rx_pns: ReplayWindow::default(),
@@ -586,7 +595,8 @@ impl Session {
         }
         if self.timer_passed(Timer::Replay, now) {
             self.timers[Timer::Replay as usize] = None;
-            if self.replay.timed_out() {
+            let timeout = self.replay_timeout();
+            if self.replay.timed_out(now, timeout, self.crypto.selective_ack) {
                 self.stats.replay_timeouts += 1;
             }
         }
@@ -607,6 +617,14 @@ impl Session {
 impl Session {
     fn set_timer(&mut self, t: Timer, at: Time) {
         self.timers[t as usize] = Some(at);
+    }
+
+    /// The replay timeout now: from the round trips measured (or the configured first one
+    /// before any), doubled per expiry without progress, at most the configured ceiling.
+    fn replay_timeout(&self) -> Duration {
+        let base =
+            self.rtt.replay_timeout(self.cfg.replay_timeout, self.cfg.ack_delay, self.cfg.max_replay_timeout);
+        self.replay.timeout(base, self.cfg.max_replay_timeout)
     }
 
     fn timer_passed(&self, t: Timer, now: Time) -> bool {

@@ -84,6 +84,9 @@ pub(super) struct Due {
     pub(super) nak: bool,
     /// An acknowledgement (delayed up to the configured ACK delay).
     pub(super) ack: bool,
+    /// A selective acknowledgement: frames beyond a gap arrived since the last one (a DATA
+    /// frame's cumulative ACK does not carry it; an ACK frame goes at once).
+    pub(super) sack: bool,
     /// A KEEPALIVE, nothing having been sent for the interval.
     pub(super) keepalive: bool,
 }
@@ -216,13 +219,22 @@ pub(super) struct Crypto {
     pub(super) authenticate: bool,
     /// DATA bodies are encrypted.
     pub(super) encrypt: bool,
+    /// ACK and KEEPALIVE frames carry selective acknowledgements (both sides asked).
+    pub(super) selective_ack: bool,
     /// Where an encrypted frame is decrypted (the receive buffer is not ours to change).
     pub(super) scratch: Vec<u8>,
 }
 
 impl Crypto {
     pub(super) fn new() -> Crypto {
-        Crypto { tx: None, rx: None, authenticate: true, encrypt: false, scratch: Vec::new() }
+        Crypto {
+            tx: None,
+            rx: None,
+            authenticate: true,
+            encrypt: false,
+            selective_ack: false,
+            scratch: Vec::new(),
+        }
     }
 }
 

@@ -83,7 +83,7 @@ impl Session {
         let which = rx.which(h.key_phase, h.pn);
         let key = rx.key(which);
         let mut decrypted = None;
-        if self.crypto.encrypt && !frame.body().is_empty() {
+        if self.crypto.encrypt && h.ty == FrameType::Data && !frame.body().is_empty() {
             let mut scratch = std::mem::take(&mut self.crypto.scratch);
             scratch.clear();
             let bytes = frame.bytes();
@@ -126,6 +126,12 @@ impl Session {
             self.tx_credits.update(fc);
         }
         self.on_ack(now, SeqNum(h.ack), h.nak);
+        if self.crypto.selective_ack
+            && matches!(h.ty, FrameType::Ack | FrameType::Keepalive)
+            && !frame.body().is_empty()
+        {
+            self.on_sack(now, frame.body());
+        }
         match h.ty {
             FrameType::Data => match decrypted {
                 Some((scratch, len)) => {
@@ -148,7 +154,9 @@ impl Session {
             && seq < ack
         {
             self.rtt_probe = None;
-            self.stats.rtt_us_log2[Stats::rtt_bucket(now.since(sent).as_micros() as u64)] += 1;
+            let rtt = now.since(sent);
+            self.rtt.sample(rtt);
+            self.stats.rtt_us_log2[Stats::rtt_bucket(rtt.as_micros() as u64)] += 1;
         }
         if self.replay.acknowledge(ack).freed > 0 {
             self.timers[Timer::Replay as usize] = None;
@@ -157,6 +165,24 @@ impl Session {
         if nak {
             self.stats.naks_received += 1;
             self.replay.nak(ack);
+        }
+    }
+
+    /// A selective acknowledgement: the frames the peer holds beyond its gap are not replayed,
+    /// and those they overtook are replayed at once. A body that is not one (the peer is
+    /// broken: the frame was authentic) is counted and ignored.
+    pub(super) fn on_sack(&mut self, now: Time, body: &[u8]) {
+        let Ok(ranges) = SackRanges::new_checked(body) else {
+            self.stats.dropped_unexpected += 1;
+            return;
+        };
+        let got = self.replay.sack(ranges.iter().map(|(a, b)| (SeqNum(a), SeqNum(b))));
+        self.stats.frames_sacked += got.newly as u64;
+        self.stats.lost_by_sack += got.lost as u64;
+        if got.newly > 0 {
+            // Progress: the replay timer starts again, from the round trip (no back-off).
+            self.timers[Timer::Replay as usize] = None;
+            self.arm_replay(now);
         }
     }
 
@@ -175,11 +201,13 @@ impl Session {
                 return;
             }
             Arrival::Ahead(ahead) => {
-                // A gap: hold this frame and NAK the first missing one, once per gap.
+                // A gap: hold this frame and NAK the first missing one, once per gap; say
+                // which frames are held beyond it.
                 if !self.rxq.out_of_order.hold(ahead, body, &mut self.pool) {
                     self.stats.duplicate_data += 1;
                 }
                 self.nak_gap();
+                self.due.sack |= self.crypto.selective_ack;
                 return;
             }
             Arrival::Next => {}
@@ -197,6 +225,9 @@ impl Session {
                 Next::Gap => break self.nak_gap(),
                 Next::Empty => break,
             }
+        }
+        if self.crypto.selective_ack && !self.rxq.out_of_order.is_empty() {
+            self.due.sack = true;
         }
     }
 

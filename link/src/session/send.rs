@@ -169,6 +169,7 @@ impl Session {
         if let Some(i) = self.replay.next_due() {
             self.stats.retransmits += 1;
             self.rtt_probe = None;
+            self.replay.sent_again(i, now, self.next_seq);
             let f = self.data_frame(i);
             self.arm_replay(now);
             return self.data_transmit(f?, buf);
@@ -176,7 +177,7 @@ impl Session {
         if (self.replay.len() as u32) < self.window
             && let Some(from) = self.next_chunk()
         {
-            let f = self.new_data_frame(from);
+            let f = self.new_data_frame(from, now);
             if self.rtt_probe.is_none() {
                 self.rtt_probe = f.map(|f| (f.seq, now));
             }
@@ -197,7 +198,7 @@ impl Session {
             urgent || self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now)
         };
         let ack_ready = self.due.ack && (self.cfg.ack_delay.is_zero() || self.timer_passed(Timer::Ack, now));
-        if self.due.nak || ack_ready || fc_due {
+        if self.due.nak || self.due.sack || ack_ready || fc_due {
             self.stats.acks_sent += 1;
             return written(self.control_frame(FrameType::Ack, buf));
         }
@@ -265,8 +266,17 @@ impl Session {
     pub(super) fn control_frame(&mut self, ty: FrameType, buf: &mut [u8]) -> Option<usize> {
         let fc = self.fc_for(true);
         let h = self.header(ty, SeqNum(0));
+        // An ACK or KEEPALIVE says which frames beyond the gap are held, where both ask.
+        let mut sack = [0u8; 8 * MAX_SACK_RANGES];
+        let sack_len = match ty {
+            FrameType::Ack | FrameType::Keepalive if self.crypto.selective_ack => {
+                self.due.sack = false;
+                SackRanges::emit(self.rxq.out_of_order.ranges(self.rxq.rx_next), &mut sack)
+            }
+            _ => 0,
+        };
         let mac = self.mac();
-        let n = FrameRepr { header: h, fc, body: &[] }.emit(buf, mac).ok()?;
+        let n = FrameRepr { header: h, fc, body: &sack[..sack_len] }.emit(buf, mac).ok()?;
         self.after_ack_sent(h.nak);
         Some(n)
     }
@@ -305,7 +315,7 @@ impl Session {
 
     /// Takes the chunk `next_chunk` chose into the replay buffer as a new DATA frame and
     /// seals it.
-    pub(super) fn new_data_frame(&mut self, from: Option<usize>) -> Option<SealedFrame> {
+    pub(super) fn new_data_frame(&mut self, from: Option<usize>, now: Time) -> Option<SealedFrame> {
         let chunk = self.txq.take(from, &mut self.tx_credits)?;
         self.stats.tlps_sent += chunk.tlps.iter().sum::<u32>() as u64;
         self.stats.data_frames_sent += 1;
@@ -316,13 +326,13 @@ impl Session {
         }
 
         let len = chunk.end - BODY_AT;
-        let index = self.replay.push(Sent { seq, buf: chunk.buf, len });
+        let index = self.replay.push(Sent::new(seq, chunk.buf, len, now));
         self.data_frame(index)
     }
 
     pub(super) fn arm_replay(&mut self, now: Time) {
         if !self.replay.is_empty() && self.timers[Timer::Replay as usize].is_none() {
-            let timeout = self.replay.timeout(self.cfg.replay_timeout, self.cfg.max_replay_timeout);
+            let timeout = self.replay_timeout();
             self.set_timer(Timer::Replay, now + timeout);
         }
     }

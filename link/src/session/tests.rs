@@ -321,7 +321,7 @@ fn a_challenge_weaker_than_what_the_client_asked_is_refused() {
     let mut cfg = test_config();
     cfg.encrypt_frames = true;
     for (options, taken) in
-        [(options::AUTHENTICATE, false), (0, false), (options::KNOWN | 4, false), (options::KNOWN, true)]
+        [(options::AUTHENTICATE, false), (0, false), (options::KNOWN | 8, false), (options::KNOWN, true)]
     {
         let (mut c, init) = client_after_init(cfg.clone());
         let mut ch = ChallengeBody {

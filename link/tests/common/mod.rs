@@ -54,6 +54,8 @@ pub struct Net {
     /// While `Some((from, until))`, everything sent is lost (`until = None`: forever).
     pub partition: Option<(Time, Option<Time>)>,
     pub sent: u64,
+    /// DATA frames the network lost (not a partition), by destination.
+    pub lost_data_to: [u64; 2],
     pub captured: Vec<(usize, Vec<u8>)>,
     pub capture: bool,
 }
@@ -67,6 +69,7 @@ impl Net {
             order: 0,
             partition: None,
             sent: 0,
+            lost_data_to: [0; 2],
             captured: Vec::new(),
             capture: false,
         }
@@ -79,7 +82,13 @@ impl Net {
         if self.capture {
             self.captured.push((dst, bytes.to_vec()));
         }
-        if self.partitioned(now) || self.rng.chance(self.imp.loss) {
+        if self.partitioned(now) {
+            return;
+        }
+        if self.rng.chance(self.imp.loss) {
+            if bytes.get(3) == Some(&5) {
+                self.lost_data_to[dst] += 1;
+            }
             return;
         }
         let copies = if self.rng.chance(self.imp.duplicate) { 2 } else { 1 };

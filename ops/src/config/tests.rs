@@ -174,7 +174,11 @@ fn what_used_to_be_accepted_is_refused_naming_key_and_value() {
         (gpu_with("", &plus, dev), "host[0].key", "hexadecimal"),
         (gpu_with("", &zeros, dev), "host[0].key", "all zeros"),
         (gpu_with("[link]\nidle_timeout_ms = 50", KEY, dev), "link.idle_timeout_ms = 50", "keepalive_ms"),
-        (gpu_with("[link]\nride_through_ms = 500", KEY, dev), "link.ride_through_ms = 500", "idle_timeout_ms (1000)"),
+        (
+            gpu_with("[link]\nride_through_ms = 500", KEY, dev),
+            "link.ride_through_ms = 500",
+            "idle_timeout_ms (1000)",
+        ),
         (gpu_with("[link]\nride_through_ms = 1", KEY, dev), "link.ride_through_ms", "2..="),
         (gpu_with("[link]\nhandshake_timeout_ms = 50", KEY, dev), "link.handshake_timeout_ms = 50", "100..="),
         (
