@@ -196,7 +196,11 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let mut moved = taken.devices[0].1.clone();
     moved.advertise = "127.0.0.1:9".into();
     let key = pool::Keys::new(&cfg.prefix).device("box-a", "gpu0");
-    rt.block_on(client.put(key, serde_json::to_vec(&moved).unwrap(), None)).unwrap();
+    // Under the box's own lease, as its box writes it (a record under no live box's lease is
+    // never claimed).
+    let lease = rt.block_on(client.get(key.clone(), None)).unwrap().kvs()[0].lease;
+    let under = Some(pool::etcd::PutOptions::new().with_lease(lease));
+    rt.block_on(client.put(key, serde_json::to_vec(&moved).unwrap(), under)).unwrap();
     let c4 = claim(&mut client, &mut first).expect("claimed again");
     assert_eq!(c4.record.advertise, "127.0.0.1:9");
     // A box reports a device unhealthy: pool ls says so and nobody claims it.
@@ -397,4 +401,91 @@ fn unhealthy_box(cfg: &pool::PoolConfig, like: &DeviceRecord) -> BoxAgent {
     let mut report = h.health_reporter();
     report("gpu0", "does not answer config reads after its reset (Vendor ID 0xffff)");
     h
+}
+
+/// A second box agent started with the name a running box holds registers nothing — the
+/// first keeps its devices in `pool ls` — and takes the name once the first has stopped. A
+/// device record no live box holds (a forged one, here) shows `no-box` and is never
+/// claimed; an unreadable drain shows `bad-drain`. On 166c20c the second box overwrote the
+/// first's records under its own lease, and when it died the live first box had no device in
+/// `pool ls` for 30 s, with nothing logged.
+#[test]
+fn a_second_box_with_a_name_in_use_registers_nothing() {
+    let _serial = dxpu_tests::serial();
+    let Some(cluster) = cluster() else { return };
+    let cfg = cluster.config();
+    let record = |advertise: &str| DeviceRecord {
+        advertise: advertise.into(),
+        vendor_id: simgpu_abi::VENDOR_ID,
+        device_id: simgpu_abi::DEVICE_ID,
+        class: 0x03_02_00,
+        vram_bytes: 1 << 30,
+        health: "ok".into(),
+        allow: vec!["*".into()],
+        since: 0,
+    };
+    let wait = |what: &str, ok: &dyn Fn() -> bool| {
+        let end = Instant::now() + Duration::from_secs(15);
+        while !ok() {
+            assert!(Instant::now() < end, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first =
+        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), record("127.0.0.1:1001"))]).unwrap();
+    wait("the first box registers", &|| first.registered());
+    let second =
+        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), record("127.0.0.1:1002"))]).unwrap();
+    let rt = rt();
+    let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    let ls = |client: &mut pool::etcd::Client| rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
+    let device_of = |client: &mut pool::etcd::Client| {
+        let got = rt.block_on(client.get(format!("{}/devices/box-n/gpu0", cfg.prefix), None)).unwrap();
+        got.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()).unwrap_or_default()
+    };
+    // Several of the second's attempts: it never registers, the first's record stays.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!second.registered(), "the second box registered over the first");
+    assert!(device_of(&mut client).contains("127.0.0.1:1001"), "{}", device_of(&mut client));
+    let e = ls(&mut client);
+    let n: Vec<_> = e.iter().filter(|e| e.box_name == "box-n").collect();
+    assert_eq!(n.len(), 1, "{e:?}");
+    assert_eq!(n[0].state, "free", "{e:?}");
+    // The first stops (its lease revoked): the second takes the name.
+    first.stop();
+    wait("the second box registers once the name is free", &|| second.registered());
+    assert!(device_of(&mut client).contains("127.0.0.1:1002"));
+    // A forged device record of a box no agent runs, and an unreadable drain of box-n's.
+    rt.block_on(client.put(
+        format!("{}/devices/box-f/gpu0", cfg.prefix),
+        serde_json::to_vec(&record("127.0.0.1:9")).unwrap(),
+        None,
+    ))
+    .unwrap();
+    rt.block_on(client.put(format!("{}/drain/box-n/gpu0", cfg.prefix), b"not json".to_vec(), None)).unwrap();
+    let e = ls(&mut client);
+    let state = |b: &str| e.iter().find(|x| x.box_name == b).map(|x| x.state.clone()).unwrap_or_default();
+    assert_eq!(state("box-f"), "no-box", "{e:?}");
+    assert_eq!(state("box-n"), "bad-drain", "{e:?}");
+    // A host claims neither.
+    let lease = rt.block_on(client.lease_grant(30)).unwrap().id();
+    let got = rt
+        .block_on(pool::claim_one(
+            &mut client,
+            &cfg,
+            ClaimRequest {
+                host: "host-a",
+                lease,
+                filter: &Filter::default(),
+                avoid: &HashSet::new(),
+                records: &pool::RecordCache::default(),
+            },
+            &mut |_| 0,
+            None,
+        ))
+        .unwrap();
+    assert!(got.is_none(), "claimed {got:?}");
+    assert!(rt.block_on(pool::admin::undrain(&mut client, &cfg, "box-n", "gpu0")).unwrap());
+    assert_eq!(ls(&mut client).iter().find(|x| x.box_name == "box-n").unwrap().state, "free");
+    second.stop();
 }

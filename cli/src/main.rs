@@ -16,6 +16,7 @@ mod bench_vfio_user;
 mod ctl;
 mod daemon;
 mod harness;
+mod interrupt;
 mod loopback;
 mod model;
 mod package;
@@ -109,9 +110,21 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Loopback(args) => loopback::run_loopback(args),
-        Command::Model(args) => model::run_model(args),
-        Command::Replay(args) => replay_cmd::run_replay(args),
+        Command::Loopback(args) => {
+            // Serving a VM (`--vfio-user`) stops on its own signals.
+            if args.vfio_user.is_none() {
+                interrupt::install();
+            }
+            loopback::run_loopback(args)
+        }
+        Command::Model(args) => {
+            interrupt::install();
+            model::run_model(args)
+        }
+        Command::Replay(args) => {
+            interrupt::install();
+            replay_cmd::run_replay(args)
+        }
         Command::Gpu(args) => daemon::run_gpu(args),
         Command::Host(args) => daemon::run_host(args),
         Command::Pool(args) => pool_cmd::run(args),
@@ -124,42 +137,52 @@ fn main() -> ExitCode {
             sim_cmd::run(cmd);
             ExitCode::SUCCESS
         }
-        Command::Bench(BenchCommand::Simgpu(args)) => match bench::run_simgpu(args) {
+        Command::Bench(cmd) => {
+            interrupt::install();
+            run_bench(cmd)
+        }
+    }
+}
+
+/// A benchmark, its error said with its name.
+fn run_bench(cmd: BenchCommand) -> ExitCode {
+    match cmd {
+        BenchCommand::Simgpu(args) => match bench::run_simgpu(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench simgpu: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::VfioUser(args)) => match bench_vfio_user::run_vfio_user(args) {
+        BenchCommand::VfioUser(args) => match bench_vfio_user::run_vfio_user(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench vfio-user: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::Bridge(args)) => match bench_bridge::run_bridge(args) {
+        BenchCommand::Bridge(args) => match bench_bridge::run_bridge(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench bridge: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::Model(args)) => match bench_model::run_model_bench(args) {
+        BenchCommand::Model(args) => match bench_model::run_model_bench(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench model: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::Pool(args)) => match bench_pool::run_pool_bench(args) {
+        BenchCommand::Pool(args) => match bench_pool::run_pool_bench(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench pool: {e}");
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::Chaos(args)) => match bench_chaos::run_chaos(args) {
+        BenchCommand::Chaos(args) => match bench_chaos::run_chaos(args) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -167,7 +190,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Bench(BenchCommand::Link(args)) => match bench::run_link(args) {
+        BenchCommand::Link(args) => match bench::run_link(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dxpu bench link: {e}");

@@ -32,6 +32,10 @@ pub(crate) struct ModelArgs {
     /// With `--trace`: the GPU (rank) whose activities to take, where the file holds several.
     #[arg(long, requires = "trace")]
     rank: Option<u32>,
+    /// With `--trace`: the most bytes the file, and the JSON it inflates to, may have (a gzip
+    /// file may not inflate past 100 times its size either).
+    #[arg(long, requires = "trace", default_value_t = testbed::trace::ReadLimits::default().max_bytes)]
+    max_trace_bytes: u64,
     /// Read the profile and the direct time from this file, as `dxpu loopback --json` writes
     /// it, instead of counting them.
     #[arg(long, value_name = "FILE")]
@@ -405,7 +409,8 @@ impl TraceReport {
 }
 
 fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, String> {
-    let trace = testbed::trace::read(path, args.rank).map_err(|e| format!("--trace {e}"))?;
+    let limits = testbed::trace::ReadLimits { max_bytes: args.max_trace_bytes };
+    let trace = testbed::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
     let plan = testbed::plan::Plan::of(&trace);
     let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
     let link = base_link(args, measured.as_ref());

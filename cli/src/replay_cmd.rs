@@ -31,6 +31,10 @@ pub(crate) struct ReplayArgs {
     /// The GPU (rank) whose activities to take, where the file holds several.
     #[arg(long)]
     rank: Option<u32>,
+    /// The most bytes the file, and the JSON it inflates to, may have (a gzip file may not
+    /// inflate past 100 times its size either).
+    #[arg(long, default_value_t = testbed::trace::ReadLimits::default().max_bytes)]
+    max_trace_bytes: u64,
     /// Replays each way, direct and bridged in turns, after one warm-up each (1..=100).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
@@ -141,7 +145,8 @@ struct Report {
 }
 
 fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
-    let trace = testbed::trace::read(&args.trace, args.rank).map_err(|e| e.to_string())?;
+    let limits = testbed::trace::ReadLimits { max_bytes: args.max_trace_bytes };
+    let trace = testbed::trace::read_with(&args.trace, args.rank, limits).map_err(|e| e.to_string())?;
     let plan = Plan::of(&trace);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here()?;

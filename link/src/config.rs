@@ -82,6 +82,9 @@ pub struct Config {
     /// fabrics others can read. The session encrypts if either side asks; encryption
     /// implies authentication.
     pub encrypt_frames: bool,
+    /// Resend a frame after a few measured round trips (a tail-loss probe) instead of the
+    /// replay timeout where at most two frames are unacknowledged (request and response).
+    pub tail_loss_probe: bool,
     /// Ask for selective acknowledgements: the receiver says which frames beyond a gap it
     /// holds, and the sender resends only what is missing (used where both sides ask).
     pub selective_ack: bool,
@@ -123,6 +126,7 @@ impl Config {
             authenticate_frames: true,
             encrypt_frames: false,
             selective_ack: true,
+            tail_loss_probe: true,
             key_update_frames: crate::keys::DEFAULT_KEY_UPDATE_FRAMES,
         };
         c.size_for_path(DEFAULT_PATH_BANDWIDTH, DEFAULT_PATH_RTT);

@@ -1,48 +1,44 @@
-//! The round-trip estimate the replay timer follows (RFC 6298 §2, as QUIC's RFC 9002 §5
-//! keeps it): a smoothed round trip and its variation from the samples the session takes
-//! (one DATA frame timed at a time, never one that was replayed: Karn's rule).
+//! The least round trip the session has measured, and the tail-loss probe timeout it gives
+//! (after RFC 8985's tail loss probe): where at most [`PROBE_FRAMES`] DATA frames are
+//! unacknowledged — request and response, a register read — a lost frame is resent after a
+//! few round trips rather than the replay timeout, which must stay long enough for a full
+//! window of bulk data to be acknowledged.
+//!
+//! The least round trip, not a smoothed one: a sample is taken when the acknowledgement
+//! covering the timed frame arrives, and when the acknowledgement that frame caused was
+//! lost, a later one covers it — a sample that counts loss recovery as round trip, which
+//! would stretch a smoothed estimate exactly when loss is heavy. The minimum is not moved by
+//! such samples.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
-/// A smoothed round trip and its mean deviation.
+/// The most DATA frames unacknowledged for the probe timeout to apply.
+pub(crate) const PROBE_FRAMES: usize = 2;
+
+/// The least probe timeout: a few of a peer's scheduling delays (50–80 µs per wake-up on a
+/// 2-core VM), so that a peer merely slow to run is rarely probed.
+pub(crate) const MIN_PROBE_TIMEOUT: Duration = Duration::from_micros(200);
+
+/// The least round trip measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct RttEstimator {
-    smoothed: Option<Duration>,
-    variation: Duration,
+pub(crate) struct MinRtt {
+    least: Option<Duration>,
 }
 
-impl RttEstimator {
-    /// A round trip measured: the first sets the estimate, later ones move it by 1/8 (the
-    /// variation by 1/4).
+impl MinRtt {
+    /// A round trip measured.
     pub(crate) fn sample(&mut self, rtt: Duration) {
-        match self.smoothed {
-            None => {
-                self.smoothed = Some(rtt);
-                self.variation = rtt / 2;
-            }
-            Some(s) => {
-                let dev = s.abs_diff(rtt);
-                self.variation = (self.variation * 3 + dev) / 4;
-                self.smoothed = Some((s * 7 + rtt) / 8);
-            }
-        }
+        self.least = Some(self.least.map_or(rtt, |l| l.min(rtt)));
     }
 
-    /// The smoothed round trip, once there is a sample.
-    #[cfg(test)]
-    pub(crate) fn smoothed(&self) -> Option<Duration> {
-        self.smoothed
-    }
-
-    /// The replay timeout the estimate gives: the smoothed round trip, four variations and
-    /// the peer's acknowledgement delay, within `floor` and `ceiling` (the floor before the
-    /// first sample). The floor is the configured replay timeout: below a few of a peer's
-    /// scheduling delays, a peer that is merely slow to run would be replayed to.
-    pub(crate) fn replay_timeout(&self, floor: Duration, ack_delay: Duration, ceiling: Duration) -> Duration {
-        match self.smoothed {
-            None => floor,
-            Some(s) => (s + 4 * self.variation + ack_delay).clamp(floor, ceiling.max(floor)),
+    /// The tail-loss probe timeout: four least round trips and the peer's acknowledgement
+    /// delay, at least [`MIN_PROBE_TIMEOUT`], at most `replay_timeout`; `replay_timeout`
+    /// before the first sample.
+    pub(crate) fn probe_timeout(&self, ack_delay: Duration, replay_timeout: Duration) -> Duration {
+        match self.least {
+            None => replay_timeout,
+            Some(l) => (4 * l + ack_delay).max(MIN_PROBE_TIMEOUT).min(replay_timeout),
         }
     }
 }
@@ -54,28 +50,19 @@ mod tests {
     const US: Duration = Duration::from_micros(1);
 
     #[test]
-    fn the_timeout_follows_the_samples_within_its_floor_and_ceiling() {
-        let (floor, delay, ceiling) = (250 * US, 50 * US, 200_000 * US);
-        let mut r = RttEstimator::default();
-        assert_eq!(r.replay_timeout(floor, delay, ceiling), floor, "no sample yet");
+    fn the_probe_follows_the_least_round_trip_within_its_bounds() {
+        let (delay, replay) = (50 * US, 2000 * US);
+        let mut r = MinRtt::default();
+        assert_eq!(r.probe_timeout(delay, replay), replay, "no sample yet");
         r.sample(100 * US);
-        // 100 + 4 × 50 + 50.
-        assert_eq!(r.replay_timeout(floor, delay, ceiling), 350 * US);
-        for _ in 0..50 {
-            r.sample(100 * US);
-        }
-        assert_eq!(r.smoothed(), Some(100 * US));
-        assert_eq!(r.replay_timeout(floor, delay, ceiling), floor, "steady: the floor");
-        // One slow round trip raises it at once (the variation), and it decays after.
+        assert_eq!(r.probe_timeout(delay, replay), 450 * US);
+        // A sample stretched by a lost acknowledgement does not move it.
         r.sample(5000 * US);
-        let after_spike = r.replay_timeout(floor, delay, ceiling);
-        assert!(after_spike > 5000 * US, "{after_spike:?}");
-        for _ in 0..40 {
-            r.sample(100 * US);
-        }
-        assert!(r.replay_timeout(floor, delay, ceiling) < after_spike / 4);
-        // A long path: capped at the ceiling.
-        r.sample(Duration::from_secs(5));
-        assert_eq!(r.replay_timeout(floor, delay, ceiling), ceiling);
+        assert_eq!(r.probe_timeout(delay, replay), 450 * US);
+        r.sample(10 * US);
+        assert_eq!(r.probe_timeout(delay, replay), MIN_PROBE_TIMEOUT, "the floor");
+        let mut far = MinRtt::default();
+        far.sample(Duration::from_millis(30));
+        assert_eq!(far.probe_timeout(delay, replay), replay, "never past the replay timeout");
     }
 }

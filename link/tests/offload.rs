@@ -189,6 +189,7 @@ fn workload(driver: DriverKind, forge: bool, n: usize) -> Outcome {
     cfg.max_queued = 256;
     // Replays answer NAKs here, not timers: a frame replayed is one the receiver missed.
     cfg.replay_timeout = Duration::from_millis(400);
+    cfg.tail_loss_probe = false;
     cfg.max_replay_timeout = Duration::from_secs(1);
     cfg.idle_timeout = Duration::from_secs(5);
     let stop = Arc::new(AtomicBool::new(false));

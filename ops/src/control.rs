@@ -30,8 +30,17 @@ pub const FAILED: i64 = -32000;
 
 /// Clients served at once; one more is answered with an error and closed.
 const MAX_CLIENTS: usize = 16;
-/// A request line longer than this is refused (and the client closed).
-const MAX_LINE: usize = 1 << 20;
+/// A request line longer than this is refused (and the client closed): a control request is
+/// a method and a few parameters (a reload's, an attach's), far below it.
+pub const MAX_LINE: usize = 64 << 10;
+/// Requests in one batch; a longer batch is refused whole. With [`MAX_LINE`] and
+/// [`MAX_CLIENTS`] it bounds what the clients hold at once: 16 lines of 64 KiB, parsed, and
+/// 16 batches of answers — a few MiB, where a batch of a megabyte's requests each asking
+/// for `stats` held hundreds.
+pub const MAX_BATCH: usize = 32;
+/// The answers to one line, in bytes; past it, the rest of a batch is answered with an
+/// error instead.
+const MAX_LINE_ANSWER: usize = 4 << 20;
 /// How long a client's thread waits for the endpoint's answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a write to a client may block before the client is dropped.
@@ -358,8 +367,34 @@ fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Option<Value> {
         Value::Array(batch) if batch.is_empty() => {
             Some(response(Value::Null, Err(RpcError::new(INVALID_REQUEST, "an empty batch"))))
         }
+        Value::Array(batch) if batch.len() > MAX_BATCH => Some(response(
+            Value::Null,
+            Err(RpcError::new(
+                INVALID_REQUEST,
+                format!(
+                    "a batch of {} requests: at most {MAX_BATCH} (send the rest in another)",
+                    batch.len()
+                ),
+            )),
+        )),
         Value::Array(batch) => {
-            let answers: Vec<Value> = batch.iter().filter_map(|r| handle_request(r, calls)).collect();
+            let mut answers = Vec::new();
+            let mut bytes = 0;
+            for r in &batch {
+                let a = match bytes > MAX_LINE_ANSWER {
+                    false => handle_request(r, calls),
+                    true => Some(response(
+                        r.get("id").cloned().unwrap_or(Value::Null),
+                        Err(RpcError::failed(format!(
+                            "not run: this batch's answers passed {MAX_LINE_ANSWER} bytes; ask again in a batch of its own"
+                        ))),
+                    )),
+                };
+                if let Some(a) = a {
+                    bytes += a.to_string().len();
+                    answers.push(a);
+                }
+            }
             (!answers.is_empty()).then_some(Value::Array(answers))
         }
         req => handle_request(&req, calls),
@@ -634,6 +669,34 @@ mod tests {
         t.join().unwrap();
     }
 
+    /// A batch past [`MAX_BATCH`] is refused whole, and a batch whose answers pass
+    /// [`MAX_LINE_ANSWER`] is answered with errors for the rest: what 15 clients' batches of a
+    /// megabyte of `stats` requests held at once on 166c20c (1.62 GB) is bounded.
+    #[test]
+    fn a_batch_past_its_bounds_is_refused_or_cut_short() {
+        let (tx, rx) = mpsc::channel::<Call>();
+        let t = std::thread::spawn(move || {
+            while let Ok(c) = rx.recv() {
+                // An answer of 1 MiB, as a box's `stats` of many devices might be.
+                c.answer(Ok(json!("s".repeat(1 << 20))));
+            }
+        });
+        let req = |i: usize| format!(r#"{{"jsonrpc":"2.0","method":"stats","id":{i}}}"#);
+        let batch = |n: usize| format!("[{}]", (0..n).map(req).collect::<Vec<_>>().join(","));
+        let e = handle_line(batch(MAX_BATCH + 1).as_bytes(), &tx);
+        assert_eq!(err_code(&e), Some(INVALID_REQUEST));
+        assert!(e.unwrap()["error"]["message"].as_str().unwrap().contains("at most 32"));
+        let b = handle_line(batch(MAX_BATCH).as_bytes(), &tx).unwrap();
+        let answers = b.as_array().unwrap();
+        assert_eq!(answers.len(), MAX_BATCH, "every request answered");
+        let run = answers.iter().filter(|a| a.get("result").is_some()).count();
+        assert_eq!(run, 4, "four MiB of answers, then errors");
+        assert_eq!(answers[MAX_BATCH - 1]["id"], json!(MAX_BATCH - 1));
+        assert!(answers[MAX_BATCH - 1]["error"]["message"].as_str().unwrap().contains("not run"));
+        drop(tx);
+        t.join().unwrap();
+    }
+
     fn socket_path(what: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("dxpu-control-{what}-{}.sock", std::process::id()))
     }
@@ -653,7 +716,7 @@ mod tests {
         let server = ControlServer::bind(&path, tx).unwrap();
         let s = UnixStream::connect(&path).unwrap();
         // 64 MiB with no newline, without a pause: the server must stop reading after about
-        // 1 MiB and answer, not take it all in (which it did while it read to a newline).
+        // 64 KiB and answer, not take it all in (which it did while it read to a newline).
         let mut w = s.try_clone().unwrap();
         let writer = std::thread::spawn(move || {
             let chunk = vec![b'x'; 1 << 20];

@@ -171,19 +171,24 @@ fn family(f: &Family) -> proto::MetricFamily {
     out
 }
 
-/// How long a client may take to send its request's head; then its connection is closed.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take to send its request's head; then its connection is closed. A
+/// scraper sends its head at once; a second is ample on any network that can scrape.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a connection may stay open in all.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
-/// Connections served at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 64;
+/// Connections open at once: far above what a fleet of scrapers opens (one each, a few
+/// Prometheus replicas); when full, the oldest connection still without a request head is
+/// closed to make room, so idle or trickling clients cannot fill the table.
+pub const MAX_CONNECTIONS: usize = 512;
 /// How long a scrape waits for the endpoint's loop to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The metrics server: hyper's HTTP/1 on a small tokio runtime of its own, each connection
 /// a task, so that scrapes are served concurrently and no slow, idle or hostile client holds
-/// up another (a request head must arrive within 5 s, a connection lives at most 30 s, at
-/// most 64 at once). Each scrape asks the endpoint's loop for the exposition through a call.
+/// up another: a request head must arrive within 1 s, a connection lives at most 30 s, at
+/// most [`MAX_CONNECTIONS`] at once, and a new connection finding the table full closes the
+/// oldest one that has not sent its head. Each scrape asks the endpoint's loop for the
+/// exposition through a call.
 pub struct MetricsServer {
     stop: Arc<tokio::sync::Notify>,
     thread: Option<JoinHandle<()>>,
@@ -220,20 +225,44 @@ impl Drop for MetricsServer {
     }
 }
 
+/// The connections open: when each came, whether its request head has arrived, and how to
+/// close it.
+#[derive(Default)]
+struct Connections {
+    open: std::collections::VecDeque<Open>,
+    next_id: u64,
+}
+
+struct Open {
+    id: u64,
+    /// Set once its request head was parsed (it is being answered).
+    asked: Arc<std::sync::atomic::AtomicBool>,
+    abort: tokio::task::AbortHandle,
+}
+
+impl Connections {
+    /// Closes the oldest connection that has not sent its request head; whether there was one.
+    fn evict_idle(&mut self) -> bool {
+        let idle = self.open.iter().position(|o| !o.asked.load(std::sync::atomic::Ordering::Relaxed));
+        match idle.and_then(|i| self.open.remove(i)) {
+            Some(o) => {
+                o.abort.abort();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 async fn serve(listener: std::net::TcpListener, calls: mpsc::Sender<Call>, stop: Arc<tokio::sync::Notify>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return log::error!("metrics: {e}"),
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    // Connections leave the table as they end; aborted ones were removed when aborted.
+    let table = Arc::new(std::sync::Mutex::new(Connections::default()));
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = stop.notified() => return,
-        };
         let stream = tokio::select! {
             a = listener.accept() => match a {
                 Ok((s, _)) => s,
@@ -245,10 +274,38 @@ async fn serve(listener: std::net::TcpListener, calls: mpsc::Sender<Call>, stop:
             },
             _ = stop.notified() => return,
         };
+        // A slot: a free one, or one an idle connection gives up; else wait for one (every
+        // connection in the table is being answered, and ends within its lifetime).
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let evicted = table.lock().unwrap_or_else(|p| p.into_inner()).evict_idle();
+                if evicted {
+                    tokio::task::yield_now().await;
+                }
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                    _ = stop.notified() => return,
+                }
+            }
+        };
         let calls = calls.clone();
-        tokio::spawn(async move {
+        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let id = {
+            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            t.next_id += 1;
+            t.next_id
+        };
+        let (asked2, table2) = (asked.clone(), table.clone());
+        let task = tokio::spawn(async move {
             let _permit = permit;
-            let service = hyper::service::service_fn(move |req| answer(req, calls.clone()));
+            let service = hyper::service::service_fn(move |req| {
+                asked2.store(true, std::sync::atomic::Ordering::Relaxed);
+                answer(req, calls.clone())
+            });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEAD_TIMEOUT)
@@ -257,6 +314,15 @@ async fn serve(listener: std::net::TcpListener, calls: mpsc::Sender<Call>, stop:
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             // A connection kept open past its lifetime is closed, whatever it does.
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            table2.lock().unwrap_or_else(|p| p.into_inner()).open.retain(|o| o.id != id);
+        });
+        // An aborted task drops its permit and its stream: the slot is free again. The task
+        // cannot end before it is in the table: the runtime has one thread, and this loop does
+        // not yield between the spawn and here.
+        table.lock().unwrap_or_else(|p| p.into_inner()).open.push_back(Open {
+            id,
+            asked,
+            abort: task.abort_handle(),
         });
     }
 }

@@ -23,8 +23,11 @@ pub struct Entry {
     /// PCI Device ID.
     #[serde(serialize_with = "pci_id")]
     pub device_id: u16,
-    /// `free`, `claimed`, `draining`, `unhealthy`, or `bad-claim` (its claim key holds
-    /// something that is not a claim: nobody can claim it until `dxpu pool revoke`).
+    /// `free`, `claimed`, `draining`, `unhealthy`; `no-box` (no live box holds its record:
+    /// one a box left, or one someone else wrote; never claimed); or a key that holds
+    /// something dxpu did not write there — `bad-claim` (nobody can claim it until `dxpu pool
+    /// revoke`), `bad-drain` (until `dxpu pool undrain`), `bad-device` (until its box
+    /// registers again).
     pub state: String,
     /// The claiming host, if any.
     pub host: Option<String>,
@@ -40,16 +43,28 @@ fn pci_id<S: serde::Serializer>(id: &u16, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{id:#06x}"))
 }
 
+/// What else the pool says of a device: a key of its that holds something else, or no box.
+#[derive(Clone, Copy, Default)]
+struct Marks {
+    bad_claim: bool,
+    bad_drain: bool,
+    orphan: bool,
+}
+
 /// A device's state from its record, claim and drain.
 fn state(
     r: &DeviceRecord,
     claim: Option<&(ClaimRecord, u64)>,
     drain: Option<&DrainRecord>,
-    bad_claim: bool,
+    marks: Marks,
 ) -> (&'static str, u64) {
-    if bad_claim {
+    if marks.bad_claim {
         // Nobody can claim it while its claim key holds something else.
         ("bad-claim", r.since)
+    } else if marks.bad_drain {
+        ("bad-drain", r.since)
+    } else if marks.orphan {
+        ("no-box", r.since)
     } else if r.health != "ok" {
         ("unhealthy", r.since)
     } else if let Some(d) = drain {
@@ -69,7 +84,12 @@ pub async fn ls(client: &mut Client, cfg: &PoolConfig) -> Result<Vec<Entry>, Poo
         .iter()
         .map(|(k, r)| {
             let claim = s.claims.get(k);
-            let (state, since) = state(r, claim, s.drains.get(k), s.bad_claims.contains_key(k));
+            let marks = Marks {
+                bad_claim: s.bad_claims.contains_key(k),
+                bad_drain: s.bad_drains.contains_key(k),
+                orphan: s.orphans.contains(k),
+            };
+            let (state, since) = state(r, claim, s.drains.get(k), marks);
             Entry {
                 box_name: k.0.clone(),
                 device: k.1.clone(),
@@ -82,6 +102,17 @@ pub async fn ls(client: &mut Client, cfg: &PoolConfig) -> Result<Vec<Entry>, Poo
             }
         })
         .collect();
+    // A device key that holds something else is listed as such, not left out.
+    out.extend(s.bad_devices.keys().map(|(b, d)| Entry {
+        box_name: b.clone(),
+        device: d.clone(),
+        vendor_id: 0,
+        device_id: 0,
+        state: "bad-device".into(),
+        host: None,
+        since: 0,
+        token: None,
+    }));
     out.sort_by(|a, b| (&a.box_name, &a.device).cmp(&(&b.box_name, &b.device)));
     Ok(out)
 }

@@ -7,11 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::etcd::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse};
+use crate::etcd::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    WatchResponse,
+};
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
 use tokio::sync::mpsc;
 
-use crate::{ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error};
+use crate::{BoxRecord, ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error};
 
 /// The claims on one box's devices, as far as the box has read etcd.
 #[derive(Debug, Default)]
@@ -200,10 +203,20 @@ impl BoxAgent {
         let registered = Arc::new(AtomicBool::new(false));
         let (registrations, stream_resumes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let rt = crate::runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
+        let pid = std::process::id();
+        let owner = BoxRecord {
+            instance: format!("{:016x}", (crate::unix_now_nanos() as u64) ^ (u64::from(pid) << 40)),
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map_or_else(|_| "?".into(), |h| h.trim().to_string()),
+            pid,
+            advertise: devices.first().map_or_else(String::new, |(_, r)| r.advertise.clone()),
+            since: crate::unix_now(),
+        };
         let run = Run {
             cfg,
             keys: Keys::new("/"),
             box_name: box_name.to_string(),
+            owner,
             devices,
             table: table.clone(),
             stop: stop.clone(),
@@ -288,6 +301,8 @@ struct Run {
     cfg: PoolConfig,
     keys: Keys,
     box_name: String,
+    /// What the box's name record says of this run.
+    owner: BoxRecord,
     devices: Vec<(String, DeviceRecord)>,
     table: Arc<ClaimTable>,
     stop: Arc<tokio::sync::Notify>,
@@ -316,9 +331,13 @@ impl Run {
                         failures = 0;
                         waits.reset();
                     }
-                    // The first failure at once, then one in ten.
+                    // The first failure at once, then one in ten; a name held by another box
+                    // as an error: this box serves nobody through the pool until it is free.
                     if failures.is_multiple_of(10) {
-                        log::warn!("pool: {e}; retrying");
+                        match e {
+                            PoolError::NameHeld { .. } => log::error!("pool: {e}; trying again"),
+                            _ => log::warn!("pool: {e}; retrying"),
+                        }
                     }
                     failures += 1;
                     tokio::select! {
@@ -344,21 +363,11 @@ impl Run {
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
         let lease = client.lease_grant(ttl).await.map_err(|e| etcd_error(&cfg, "granting a lease", e))?.id();
-        let puts: Vec<TxnOp> = self
-            .devices
-            .iter()
-            .map(|(d, r)| {
-                TxnOp::put(
-                    self.keys.device(&self.box_name, d),
-                    encode(r),
-                    Some(PutOptions::new().with_lease(lease)),
-                )
-            })
-            .collect();
-        client
-            .txn(Txn::new().and_then(puts))
-            .await
-            .map_err(|e| etcd_error(&cfg, "registering the devices", e))?;
+        if let Err(e) = self.register(&mut client, lease).await {
+            // Nothing of ours lives under it.
+            let _ = client.lease_revoke(lease).await;
+            return Err(e);
+        }
         log::info!(
             "pool: box {} registered {} device(s) with lease {lease:x} ({ttl} s)",
             self.box_name,
@@ -393,6 +402,68 @@ impl Run {
                     }
                 }
             }
+        }
+    }
+
+    /// Takes the box's name and registers the devices under `lease`, in one transaction: only
+    /// if no box holds the name, or this box itself does (its record left under an older
+    /// lease that has not ended yet). A name another box holds is refused — its records stay
+    /// its own — naming who holds it and since when.
+    async fn register(&mut self, client: &mut crate::etcd::Client, lease: i64) -> Result<(), PoolError> {
+        let cfg = &self.cfg;
+        let owner_key = self.keys.box_owner(&self.box_name);
+        let with_lease = || Some(PutOptions::new().with_lease(lease));
+        let puts: Vec<TxnOp> =
+            std::iter::once(TxnOp::put(owner_key.clone(), encode(&self.owner), with_lease()))
+                .chain(
+                    self.devices.iter().map(|(d, r)| {
+                        TxnOp::put(self.keys.device(&self.box_name, d), encode(r), with_lease())
+                    }),
+                )
+                .collect();
+        let free = Compare::create_revision(owner_key.clone(), CompareOp::Equal, 0);
+        let resp = client
+            .txn(
+                Txn::new().when([free]).and_then(puts.clone()).or_else([TxnOp::get(owner_key.clone(), None)]),
+            )
+            .await
+            .map_err(|e| etcd_error(cfg, "registering the devices", e))?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        let held = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        let Some(kv) = held else {
+            // Gone between the compare and the read: the next attempt takes it.
+            return Err(PoolError::NotFound(format!("{owner_key}: changed while registering")));
+        };
+        match decode::<BoxRecord>(&kv) {
+            Ok(r) if r.instance == self.owner.instance => {
+                // Ours, under a lease we gave up for lost: taken back under this one.
+                let same = Compare::mod_revision(owner_key.clone(), CompareOp::Equal, kv.mod_revision());
+                let resp = client
+                    .txn(Txn::new().when([same]).and_then(puts))
+                    .await
+                    .map_err(|e| etcd_error(cfg, "registering the devices", e))?;
+                match resp.succeeded() {
+                    true => Ok(()),
+                    false => Err(PoolError::NotFound(format!("{owner_key}: changed while registering"))),
+                }
+            }
+            Ok(r) => Err(PoolError::NameHeld {
+                box_name: self.box_name.clone(),
+                by: r.to_string(),
+                lease: kv.lease,
+            }),
+            Err(e) => Err(PoolError::NameHeld {
+                box_name: self.box_name.clone(),
+                by: format!(
+                    "a record dxpu cannot read ({e}; delete {owner_key} if no box runs with this name)"
+                ),
+                lease: kv.lease,
+            }),
         }
     }
 

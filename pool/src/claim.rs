@@ -77,6 +77,26 @@ pub struct Snapshot {
     /// `(box, device)` → why its claim key holds something that is not a claim: no host
     /// can claim the device while it is there (`dxpu pool revoke` clears it).
     pub bad_claims: HashMap<(String, String), String>,
+    /// `(box, device)` → why its drain key holds something that is not a drain: no host
+    /// claims the device while it is there (`dxpu pool undrain` clears it).
+    pub bad_drains: HashMap<(String, String), String>,
+    /// `(box, device)` → why its device key holds something that is not a device record
+    /// (its box writes it again when it registers).
+    pub bad_devices: HashMap<(String, String), String>,
+    /// Devices whose records no live box holds: no `{prefix}/boxes/{box}` record, or one
+    /// under another lease (a forged record, or one a box left): not claimed.
+    pub orphans: HashSet<(String, String)>,
+}
+
+/// What clears a bad record under each prefix.
+pub(crate) const FIX_CLAIM: &str = "`dxpu pool revoke BOX/DEVICE` clears a bad claim";
+pub(crate) const FIX_DRAIN: &str = "`dxpu pool undrain BOX/DEVICE` clears a bad drain";
+pub(crate) const FIX_DEVICE: &str =
+    "its box writes the device's record again when it registers (restart that box's dxpu gpu)";
+
+/// Each box's lease, from the `{prefix}/boxes/` keys listed.
+fn box_leases(keys: &Keys, r: &crate::etcd::RangeResponse) -> HashMap<String, i64> {
+    r.kvs().iter().filter_map(|kv| keys.box_of(kv.key()).map(|b| (b.to_string(), kv.lease))).collect()
 }
 
 fn pair(b: &str, d: &str) -> (String, String) {
@@ -94,7 +114,12 @@ pub async fn snapshot(
 ) -> Result<Snapshot, PoolError> {
     let keys = Keys::new(&cfg.prefix);
     let get = |k: String| TxnOp::get(k, Some(GetOptions::new().with_prefix()));
-    let txn = Txn::new().and_then([get(keys.devices()), get(keys.claims()), get(keys.drains())]);
+    let txn = Txn::new().and_then([
+        get(keys.devices()),
+        get(keys.claims()),
+        get(keys.drains()),
+        TxnOp::get(keys.boxes(), Some(GetOptions::new().with_prefix().with_keys_only())),
+    ]);
     let resp = client.txn(txn).await.map_err(|e| etcd_error(cfg, "reading the pool", e))?;
     if let Some(t) = trips {
         t.add();
@@ -104,16 +129,23 @@ pub async fn snapshot(
         TxnOpResponse::Get(g) => Some(g),
         _ => None,
     });
-    let (Some(devices), Some(claims), Some(drains)) = (ranges.next(), ranges.next(), ranges.next()) else {
+    let (Some(devices), Some(claims), Some(drains), Some(boxes)) =
+        (ranges.next(), ranges.next(), ranges.next(), ranges.next())
+    else {
         return Err(PoolError::BadRecord { key: cfg.prefix.clone(), why: "short transaction answer".into() });
     };
     let mut s = Snapshot { revision, ..Snapshot::default() };
+    let leases = box_leases(&keys, &boxes);
     for kv in devices.kvs() {
         let Some((b, d)) = keys.split(&keys.devices(), kv.key()) else { continue };
+        if leases.get(b) != Some(&kv.lease) {
+            s.orphans.insert(pair(b, d));
+        }
         match decode::<DeviceRecord>(kv) {
             Ok(r) => s.devices.push((pair(b, d), r)),
             Err(e) => {
-                crate::warn_bad_record(kv, &e);
+                crate::warn_bad_record(kv, &e, FIX_DEVICE);
+                s.bad_devices.insert(pair(b, d), e.to_string());
             }
         }
     }
@@ -124,7 +156,7 @@ pub async fn snapshot(
                 s.claims.insert(pair(b, d), (r, kv.create_revision() as u64));
             }
             Err(e) => {
-                crate::warn_bad_record(kv, &e);
+                crate::warn_bad_record(kv, &e, FIX_CLAIM);
                 s.bad_claims.insert(pair(b, d), e.to_string());
             }
         }
@@ -136,7 +168,8 @@ pub async fn snapshot(
                 s.drains.insert(pair(b, d), r);
             }
             Err(e) => {
-                crate::warn_bad_record(kv, &e);
+                crate::warn_bad_record(kv, &e, FIX_DRAIN);
+                s.bad_drains.insert(pair(b, d), e.to_string());
             }
         }
     }
@@ -240,7 +273,12 @@ async fn free_devices(
         Scope::Pool => (keys.devices(), keys.claims(), keys.drains()),
         Scope::Box(b) => (keys.box_devices(b), keys.box_claims(b), keys.box_drains(b)),
     };
-    let txn = Txn::new().and_then([list(devices_at.clone()), list(claims_at), list(drains_at)]);
+    let owners_at = match scope {
+        Scope::Pool => keys.boxes(),
+        Scope::Box(b) => keys.box_owner(b),
+    };
+    let txn =
+        Txn::new().and_then([list(devices_at.clone()), list(claims_at), list(drains_at), list(owners_at)]);
     let resp = client.txn(txn).await.map_err(|e| etcd_error(cfg, "listing the pool", e))?;
     if let Some(t) = trips {
         t.add();
@@ -249,10 +287,22 @@ async fn free_devices(
         TxnOpResponse::Get(g) => Some(g),
         _ => None,
     });
-    let (Some(devices), Some(claims), Some(drains)) = (ranges.next(), ranges.next(), ranges.next()) else {
+    let (Some(devices), Some(claims), Some(drains), Some(boxes)) =
+        (ranges.next(), ranges.next(), ranges.next(), ranges.next())
+    else {
         return Err(PoolError::BadRecord { key: cfg.prefix.clone(), why: "short transaction answer".into() });
     };
+    let leases = box_leases(&keys, &boxes);
     let mut taken: HashSet<(String, String)> = HashSet::new();
+    // A device whose record no live box holds (no box record, or one under another lease) is
+    // not claimed: a record a dead box left, or one written by someone else.
+    for kv in devices.kvs() {
+        if let Some((b, d)) = keys.split(&keys.devices(), kv.key())
+            && leases.get(b) != Some(&kv.lease)
+        {
+            taken.insert(pair(b, d));
+        }
+    }
     for (under, r) in [(keys.claims(), &claims), (keys.drains(), &drains)] {
         for kv in r.kvs() {
             if let Some((b, d)) = keys.split(&under, kv.key()) {
@@ -303,7 +353,7 @@ async fn free_devices(
                     cache.records.insert(kv.key().to_vec(), (kv.mod_revision(), r));
                 }
                 Err(e) => {
-                    crate::warn_bad_record(kv, &e);
+                    crate::warn_bad_record(kv, &e, FIX_DEVICE);
                 }
             }
         }

@@ -27,6 +27,17 @@ impl Keys {
         format!("{}/devices/{box_name}/{device}", self.prefix)
     }
 
+    /// `{prefix}/boxes/`.
+    pub fn boxes(&self) -> String {
+        format!("{}/boxes/", self.prefix)
+    }
+
+    /// `{prefix}/boxes/{box}`: the box that holds the name, under the lease its devices'
+    /// records live by.
+    pub fn box_owner(&self, box_name: &str) -> String {
+        format!("{}/boxes/{box_name}", self.prefix)
+    }
+
     /// `{prefix}/claims/`.
     pub fn claims(&self) -> String {
         format!("{}/claims/", self.prefix)
@@ -55,6 +66,12 @@ impl Keys {
     /// `{prefix}/drain/{box}/{device}`.
     pub fn drain(&self, box_name: &str, device: &str) -> String {
         format!("{}/drain/{box_name}/{device}", self.prefix)
+    }
+
+    /// The box a key under `{prefix}/boxes/` names.
+    pub fn box_of<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
+        let b = std::str::from_utf8(key).ok()?.strip_prefix(&self.boxes())?;
+        (!b.is_empty() && !b.contains('/')).then_some(b)
     }
 
     /// The `(box, device)` a key under `under` (one of the prefixes above) names.

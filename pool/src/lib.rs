@@ -156,6 +156,20 @@ pub enum PoolError {
     /// A pool setting is wrong.
     #[error(transparent)]
     Setting(#[from] ConfigError),
+    /// Another box holds this box's name: this one does not register its devices (the
+    /// other's records stay theirs) until the other's lease ends.
+    #[error(
+        "box name {box_name:?} is held by another dxpu gpu: {by} (lease {lease:x}); this box does not \
+         register its devices while it does — give it another [pool] box, or stop the other"
+    )]
+    NameHeld {
+        /// The name.
+        box_name: String,
+        /// Who holds it, as its record says.
+        by: String,
+        /// The holder's lease.
+        lease: i64,
+    },
 }
 
 /// A device as its box registers it.
@@ -177,6 +191,34 @@ pub struct DeviceRecord {
     pub allow: Vec<String>,
     /// Registered since (Unix seconds).
     pub since: u64,
+}
+
+/// The box that holds a box name (`{prefix}/boxes/{box}`), under the lease its devices'
+/// records live by: a second box started with the same name finds it and does not register.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxRecord {
+    /// This run of the box (a random number): its own record, left under an older lease,
+    /// is taken back; another's is not.
+    pub instance: String,
+    /// The machine it runs on.
+    pub host: String,
+    /// Its process.
+    pub pid: u32,
+    /// Where hosts reach it.
+    pub advertise: String,
+    /// Holding the name since (Unix seconds).
+    pub since: u64,
+}
+
+impl std::fmt::Display for BoxRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ago = unix_now().saturating_sub(self.since);
+        write!(
+            f,
+            "pid {} on {} advertising {}, since {} (Unix seconds; {ago} s ago)",
+            self.pid, self.host, self.advertise, self.since
+        )
+    }
 }
 
 /// A host's claim on a device.
@@ -231,7 +273,7 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(kv: &etcd::KeyValue) -> Resul
 
 /// Logs a record that is not dxpu's, once per key and revision: listings run several times
 /// a second, and one bad key must not flood the log (it is said again when it changes).
-pub(crate) fn warn_bad_record(kv: &etcd::KeyValue, e: &PoolError) -> bool {
+pub(crate) fn warn_bad_record(kv: &etcd::KeyValue, e: &PoolError, fix: &str) -> bool {
     use std::collections::HashSet;
     use std::sync::{Mutex, OnceLock};
     /// Keys and revisions already said.
@@ -243,7 +285,7 @@ pub(crate) fn warn_bad_record(kv: &etcd::KeyValue, e: &PoolError) -> bool {
     }
     let new = said.insert((kv.key().to_vec(), kv.mod_revision()));
     if new {
-        log::warn!("{e} (revision {}; `dxpu pool revoke` clears a bad claim)", kv.mod_revision());
+        log::warn!("{e} (revision {}; {fix})", kv.mod_revision());
     }
     new
 }
@@ -318,10 +360,10 @@ mod tests {
         let kv =
             |rev| etcd::KeyValue { key: b"/t/claims/b/d".to_vec(), mod_revision: rev, ..Default::default() };
         let e = PoolError::BadRecord { key: "/t/claims/b/d".into(), why: "not a dxpu record".into() };
-        assert!(warn_bad_record(&kv(7), &e));
+        assert!(warn_bad_record(&kv(7), &e, "fix"));
         for _ in 0..10 {
-            assert!(!warn_bad_record(&kv(7), &e));
+            assert!(!warn_bad_record(&kv(7), &e, "fix"));
         }
-        assert!(warn_bad_record(&kv(8), &e), "changed: said again");
+        assert!(warn_bad_record(&kv(8), &e, "fix"), "changed: said again");
     }
 }

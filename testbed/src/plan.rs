@@ -7,7 +7,9 @@
 //! - **host**: a call follows its thread's previous call by the CPU time the job spent
 //!   between them (Python, the framework); a call after its thread sat idle (longer than
 //!   [`IDLE_THREAD_NS`], or its first) also follows the latest call each other thread had
-//!   returned from, as a backward pass follows the forward thread that started it;
+//!   returned from — of the [`WOKEN_BY`] threads that returned last, so that a trace of many
+//!   threads gives a plan linear in its calls — as a backward pass follows the forward
+//!   thread that started it;
 //! - **submit**: an activity starts after the call that issued it, by the launch latency the
 //!   trace shows;
 //! - **stream**: an activity starts after the one before it on its stream;
@@ -39,6 +41,9 @@ use crate::trace::{ActivityKind, CallKind, CopyKind, Trace};
 /// A thread idle longer than this before a call (ns) is taken to have been waiting for the
 /// other threads.
 pub const IDLE_THREAD_NS: i64 = 100_000;
+
+/// The most other threads a call after an idle spell follows (those that returned last).
+pub const WOKEN_BY: usize = 4;
 
 /// A cross-stream wait is inferred only where it explains an activity's start this much
 /// (ns) better than its submission and its stream do (traces have microsecond resolution).
@@ -252,21 +257,26 @@ impl Plan {
         (plan, by_corr)
     }
 
-    /// Each call after its thread's previous one, and after an idle thread, after the other
-    /// threads' latest returns.
+    /// Each call after its thread's previous one, and after an idle thread, after the latest
+    /// returns of the [`WOKEN_BY`] other threads that returned last.
     fn host_edges(&mut self) {
         let mut last_on: Vec<Option<usize>> = vec![None; self.threads];
-        // Calls by end, to find each other thread's latest return before a call.
+        // Calls by end, to find the other threads' latest returns before a call.
         let mut by_end: Vec<usize> = (0..self.calls.len()).collect();
         by_end.sort_by_key(|&i| (call_end(&self.calls[i]), i));
         let mut ended = 0usize;
-        let mut latest_return: Vec<Option<usize>> = vec![None; self.threads];
+        // The latest return of the threads that returned last, latest first: one per thread,
+        // at most WOKEN_BY + 1 (a call's own thread among them).
+        let mut recent: Vec<usize> = Vec::with_capacity(WOKEN_BY + 2);
         for i in 0..self.calls.len() {
             let start = self.calls[i].trace_start_ns;
             while ended < by_end.len() && call_end(&self.calls[by_end[ended]]) <= start {
                 let j = by_end[ended];
                 if j < i {
-                    latest_return[self.calls[j].thread] = Some(j);
+                    let thread = self.calls[j].thread;
+                    recent.retain(|&k| self.calls[k].thread != thread);
+                    recent.insert(0, j);
+                    recent.truncate(WOKEN_BY + 1);
                 }
                 ended += 1;
             }
@@ -277,12 +287,8 @@ impl Plan {
                 after.push((p, gap));
             }
             if own_gap.is_none_or(|g| g > IDLE_THREAD_NS) {
-                for (u, r) in latest_return.iter().enumerate() {
-                    if let Some(j) = *r
-                        && u != t
-                    {
-                        after.push((j, start - call_end(&self.calls[j])));
-                    }
+                for &j in recent.iter().filter(|&&j| self.calls[j].thread != t).take(WOKEN_BY) {
+                    after.push((j, start - call_end(&self.calls[j])));
                 }
             }
             self.calls[i].after = after;

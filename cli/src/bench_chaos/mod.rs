@@ -299,6 +299,15 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
     let rss_every = Duration::from_secs_f64((args.minutes * 60.0 / 120.0).max(1.0));
     let box_a_pid = soak.boxes[0].child.as_ref().map_or(0, Child::id);
     while Instant::now() < end || !soak.runs.is_empty() {
+        if crate::interrupt::requested() {
+            // Within the second a signal allows: the runs killed, the boxes stopped.
+            for r in &mut soak.runs {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+            }
+            soak.stop();
+            return Err("interrupted: the soak's processes stopped, nothing judged".into());
+        }
         let now = Instant::now();
         progress.at(
             now.duration_since(start).as_secs_f64(),

@@ -83,7 +83,7 @@ pub(crate) struct LoopbackArgs {
     /// Instead of running the workload, serve the remote simgpu to a VMM over vfio-user on
     /// DIR/gpu0.sock (QEMU: -device vfio-user-pci) until SIGINT or SIGTERM.
     #[arg(long, value_name = "DIR")]
-    vfio_user: Option<std::path::PathBuf>,
+    pub(crate) vfio_user: Option<std::path::PathBuf>,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, default_value = "warn")]
     log_level: String,

@@ -38,7 +38,7 @@ use crate::keys::{RxKeys, TxKeys, Which};
 use crate::reorder::Next;
 use crate::replay_buffer::{ReplayBuffer, Sent};
 use crate::replay_window::ReplayWindow;
-use crate::rtt::RttEstimator;
+use crate::rtt::{MinRtt, PROBE_FRAMES};
 use crate::seq::SeqNum;
 use crate::time::Time;
 use crate::wire::{
@@ -355,8 +355,10 @@ pub struct Session {
     /// The DATA frame being timed for a round-trip sample, and when it was first sent;
     /// dropped if it is replayed (Karn: an ACK after a replay times neither send).
     rtt_probe: Option<(SeqNum, Time)>,
-    /// The round trips measured, smoothed: what the replay timeout follows.
-    rtt: RttEstimator,
+    /// The least round trip measured: what the tail-loss probe timeout follows.
+    rtt: MinRtt,
+    /// The timeout the replay timer was last armed with.
+    replay_armed_for: Duration,
     /// TLPs waiting for credits and the window, in PCIe order.
     txq: TxQueue,
     /// The peer's credits: its limits, what this side consumed, its first grant.
@@ -389,7 +391,8 @@ impl Session {
             id,
             crypto: Crypto::new(),
             rtt_probe: None,
-            rtt: RttEstimator::default(),
+            rtt: MinRtt::default(),
+            replay_armed_for: Duration::ZERO,
             due: Due::default(),
             next_pn: 0,
             rx_pns: ReplayWindow::default(),
@@ -595,10 +598,13 @@ impl Session {
         }
         if self.timer_passed(Timer::Replay, now) {
             self.timers[Timer::Replay as usize] = None;
-            let timeout = self.replay_timeout();
-            if self.replay.timed_out(now, timeout, self.crypto.selective_ack) {
+            // Frames sent before the timer was armed are as old as its timeout.
+            if self.replay.timed_out(now, self.replay_armed_for, self.crypto.selective_ack) {
                 self.stats.replay_timeouts += 1;
             }
+            // Armed again (backed off) while anything is held: the frames just scheduled go at
+            // the next transmit, and those too young to be judged now are judged then.
+            self.arm_replay(now);
         }
         // An expired ACK timer stays set: `transmit` sends the ACK and clears it.
         if self.timer_passed(Timer::Keepalive, now) {
@@ -619,12 +625,22 @@ impl Session {
         self.timers[t as usize] = Some(at);
     }
 
-    /// The replay timeout now: from the round trips measured (or the configured first one
-    /// before any), doubled per expiry without progress, at most the configured ceiling.
+    /// The replay timeout now: the configured one — or the tail-loss probe timeout from the
+    /// least round trip measured, where a timer's expiry resends little: with selective
+    /// acknowledgements (what held frames overtook, and one probe), or with at most
+    /// [`PROBE_FRAMES`] frames unacknowledged — doubled per expiry without progress, at most
+    /// the configured ceiling.
     fn replay_timeout(&self) -> Duration {
-        let base =
-            self.rtt.replay_timeout(self.cfg.replay_timeout, self.cfg.ack_delay, self.cfg.max_replay_timeout);
-        self.replay.timeout(base, self.cfg.max_replay_timeout)
+        let cheap = self.crypto.selective_ack || self.replay.len() <= PROBE_FRAMES;
+        match self.cfg.tail_loss_probe && cheap {
+            // Backed off 8 times at most: an expiry resends a frame or few, and where loss is
+            // heavy (half the datagrams) probes fail several times running.
+            true => {
+                let base = self.rtt.probe_timeout(self.cfg.ack_delay, self.cfg.replay_timeout);
+                self.replay.timeout(base, self.cfg.max_replay_timeout.min(8 * base))
+            }
+            false => self.replay.timeout(self.cfg.replay_timeout, self.cfg.max_replay_timeout),
+        }
     }
 
     fn timer_passed(&self, t: Timer, now: Time) -> bool {

@@ -333,6 +333,7 @@ impl Session {
     pub(super) fn arm_replay(&mut self, now: Time) {
         if !self.replay.is_empty() && self.timers[Timer::Replay as usize].is_none() {
             let timeout = self.replay_timeout();
+            self.replay_armed_for = timeout;
             self.set_timer(Timer::Replay, now + timeout);
         }
     }

@@ -10,13 +10,47 @@
 //!
 //! Nothing in a file panics this reader: what is not JSON, truncated, or lacks a field that
 //! replay needs is an error naming the event (its index in `traceEvents`) and the field.
+//!
+//! Nor does a file exhaust memory or hang it ([`ReadLimits`]): only regular files are read
+//! (a FIFO would block, `/dev/zero` never ends); the file and the JSON it inflates to are
+//! capped, and a gzip stream may not inflate past [`MAX_GZIP_RATIO`] times its size; the
+//! JSON streams through [`scan`], one event at a time, so memory is bounded by what is kept
+//! (the calls and activities, some 100 bytes each) and the largest event; times and
+//! durations that no profiler run can have (an event days away from the others) are refused
+//! naming the event.
+
+mod scan;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use scan::{Piece, ScanError, scan};
+
+/// Bounds on what a trace file may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// The most bytes of the file as stored, and of the JSON it inflates to.
+    pub max_bytes: u64,
+}
+
+impl Default for ReadLimits {
+    /// 16 GiB: a day of a busy job's events, far beyond the traces people share (1–500 MB).
+    fn default() -> ReadLimits {
+        ReadLimits { max_bytes: 16 << 30 }
+    }
+}
+
+/// A gzip trace may inflate to at most this many times its size (and at least 256 MiB):
+/// Kineto's JSON compresses 10–20 times; a stream that inflates further is a gzip bomb.
+pub const MAX_GZIP_RATIO: u64 = 100;
+
+/// No profiler trace spans more than this (ns): events farther apart, or a duration longer,
+/// are a broken clock or a broken file.
+pub const MAX_SPAN_NS: u128 = 24 * 3600 * 1_000_000_000;
 
 /// Why a trace cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +92,41 @@ pub enum TraceError {
         path: String,
         /// The devices seen.
         devices: Vec<u32>,
+    },
+    /// Not a regular file: a FIFO would block until a writer comes, a device may never end.
+    #[error("{path}: {what}, not a regular file: give the trace's file (a FIFO or device is not read)")]
+    NotAFile {
+        /// The path.
+        path: String,
+        /// What it is.
+        what: &'static str,
+    },
+    /// The file, or the JSON it inflates to, is past its limit.
+    #[error("{path}: {why}")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Which limit, and what to do.
+        why: String,
+    },
+    /// An event's time lies so far from the others (or its duration is so long) that no
+    /// profiler run took it.
+    #[error(
+        "{path}: traceEvents[{index}] ({name}): {field} {value_s:.0} s {what}: not a time a profiler run takes (more than a day); the file is broken"
+    )]
+    Implausible {
+        /// The file.
+        path: String,
+        /// The event's index in `traceEvents`.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// `ts` or `dur`.
+        field: &'static str,
+        /// How far, or how long, in seconds.
+        value_s: f64,
+        /// From what.
+        what: &'static str,
     },
     /// Nothing to replay: no GPU activity (of the device asked for).
     #[error("{path}: no kernels, copies or memsets{}", .device.map(|d| format!(" on GPU {d}")).unwrap_or_default())]
@@ -134,6 +203,8 @@ pub struct RuntimeCall {
     pub dur_ns: u64,
     /// What ties it to the GPU activity it caused.
     pub correlation: Option<u64>,
+    /// Its index in the file's `traceEvents`, for messages that name it.
+    pub event: usize,
 }
 
 /// Where a copy's bytes come from and go.
@@ -209,6 +280,8 @@ pub struct GpuActivity {
     pub dur_ns: u64,
     /// The runtime call that caused it.
     pub correlation: u64,
+    /// Its index in the file's `traceEvents`, for messages that name it.
+    pub event: usize,
 }
 
 /// A trace, reduced to what replay needs.
@@ -276,16 +349,6 @@ impl Trace {
 }
 
 #[derive(Deserialize)]
-struct File<'a> {
-    #[serde(rename = "traceEvents", borrow)]
-    trace_events: Option<Vec<&'a RawValue>>,
-    #[serde(rename = "deviceProperties", default)]
-    device_properties: Vec<DeviceProperties>,
-    #[serde(rename = "distributedInfo", default)]
-    distributed_info: Option<DistributedInfo>,
-}
-
-#[derive(Deserialize)]
 struct DeviceProperties {
     id: Option<u32>,
     name: Option<String>,
@@ -310,28 +373,151 @@ struct Event<'a> {
 }
 
 /// Reads the trace at `path` (gzip if it starts so), keeping the GPU `rank` asks for (the
-/// only one, if `None`).
+/// only one, if `None`), within the default [`ReadLimits`].
 pub fn read(path: &Path, rank: Option<u32>) -> Result<Trace, TraceError> {
+    read_with(path, rank, ReadLimits::default())
+}
+
+/// [`read`] within `limits`.
+pub fn read_with(path: &Path, rank: Option<u32>, limits: ReadLimits) -> Result<Trace, TraceError> {
     let at = path.display().to_string();
     let io = |error| TraceError::Io { path: at.clone(), error };
-    let raw = std::fs::read(path).map_err(io)?;
-    let text = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 8);
-        flate2::read::MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(io)?;
-        out
+    // Looked at before it is opened: opening a FIFO blocks until a writer comes.
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(TraceError::NotAFile { path: at, what: file_kind(&meta) });
+    }
+    let too_large = |why: String| TraceError::TooLarge { path: at.clone(), why };
+    if meta.len() > limits.max_bytes {
+        return Err(too_large(format!(
+            "{} bytes, past the limit of {} bytes (--max-trace-bytes)",
+            meta.len(),
+            limits.max_bytes
+        )));
+    }
+    let mut file = BufReader::with_capacity(1 << 16, std::fs::File::open(path).map_err(io)?);
+    let gzip = file.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    let (cap, why) = if gzip {
+        let ratio_cap = (meta.len().saturating_mul(MAX_GZIP_RATIO)).max(256 << 20);
+        match ratio_cap < limits.max_bytes {
+            true => (
+                ratio_cap,
+                format!(
+                    "its gzip stream inflates past {MAX_GZIP_RATIO} times the file's {} bytes (a gzip bomb?): \
+                 a real trace compresses 10–20 times; gunzip it and give the JSON if it is one",
+                    meta.len()
+                ),
+            ),
+            false => (
+                limits.max_bytes,
+                format!("it inflates past the limit of {} bytes (--max-trace-bytes)", limits.max_bytes),
+            ),
+        }
     } else {
-        raw
+        (limits.max_bytes, format!("it grew past the limit of {} bytes while read", limits.max_bytes))
     };
-    parse(&text, &at, rank)
+    let result = if gzip {
+        let inflated = Capped { inner: flate2::bufread::MultiGzDecoder::new(file), left: cap };
+        parse_from(BufReader::with_capacity(1 << 16, inflated), &at, rank)
+    } else {
+        parse_from(Capped { inner: file, left: cap }, &at, rank)
+    };
+    result.map_err(|e| match e {
+        TraceError::Io { error, .. } if error.get_ref().is_some_and(|e| e.is::<PastCap>()) => too_large(why),
+        e => e,
+    })
+}
+
+/// What a path that is not a regular file is.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    match () {
+        _ if t.is_dir() => "a directory",
+        _ if t.is_fifo() => "a FIFO",
+        _ if t.is_char_device() => "a character device",
+        _ if t.is_block_device() => "a block device",
+        _ if t.is_socket() => "a socket",
+        _ => "not a file",
+    }
+}
+
+/// The marker error of a [`Capped`] reader past its cap.
+#[derive(Debug)]
+struct PastCap;
+
+impl std::fmt::Display for PastCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("past the size limit")
+    }
+}
+
+impl std::error::Error for PastCap {}
+
+/// A reader that fails once more than `left` bytes were asked of it.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| std::io::Error::other(PastCap))?;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Capped<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        let left = self.left;
+        let b = self.inner.fill_buf()?;
+        if b.len() as u64 > left {
+            return Err(std::io::Error::other(PastCap));
+        }
+        Ok(b)
+    }
+    fn consume(&mut self, n: usize) {
+        self.left = self.left.saturating_sub(n as u64);
+        self.inner.consume(n);
+    }
 }
 
 /// Parses trace JSON (`what` names it in errors).
 pub fn parse(text: &[u8], what: &str, rank: Option<u32>) -> Result<Trace, TraceError> {
+    parse_from(text, what, rank)
+}
+
+/// Parses trace JSON as it streams from `r`: one event at a time.
+fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, TraceError> {
     let not = |why: String| TraceError::NotATrace { path: what.to_string(), why };
-    let file: File<'_> = serde_json::from_slice(text).map_err(|e| not(e.to_string()))?;
-    let events = file.trace_events.ok_or_else(|| not("no traceEvents".into()))?;
-    let mut t = Trace { rank: file.distributed_info.and_then(|d| d.rank), ..Trace::default() };
-    let Events { activities, calls, origin, skipped } = read_events(&events, what)?;
+    let mut events = Events::default();
+    let mut device_properties: Vec<DeviceProperties> = Vec::new();
+    let mut distributed: Option<DistributedInfo> = None;
+    let mut failed = None;
+    let scanned = scan(r, "traceEvents", |piece| {
+        let done = match piece {
+            Piece::Element(bytes) => read_event(&mut events, bytes, what),
+            Piece::Member("deviceProperties", v) => serde_json::from_slice(v)
+                .map(|d| device_properties = d)
+                .map_err(|e| not(format!("deviceProperties: {e}"))),
+            Piece::Member("distributedInfo", v) => serde_json::from_slice(v)
+                .map(|d| distributed = d)
+                .map_err(|e| not(format!("distributedInfo: {e}"))),
+            Piece::Member(..) => Ok(()),
+        };
+        done.map_err(|e| failed = Some(e)).is_ok()
+    });
+    match scanned {
+        Ok(true) => {}
+        Ok(false) => return Err(not("no traceEvents".into())),
+        Err(ScanError::Stopped) => return Err(failed.unwrap_or_else(|| not("stopped".into()))),
+        Err(ScanError::Io(error)) => return Err(TraceError::Io { path: what.to_string(), error }),
+        Err(e) => return Err(not(e.to_string())),
+    }
+    events.check_span(what)?;
+    let mut t = Trace { rank: distributed.and_then(|d| d.rank), ..Trace::default() };
+    let Events { activities, calls, origin, skipped, .. } = events;
     t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
     let device = match (rank, devices.len()) {
@@ -378,11 +564,10 @@ pub fn parse(text: &[u8], what: &str, rank: Option<u32>) -> Result<Trace, TraceE
             .collect();
         t.calls.retain(|c| threads.contains(&c.thread));
     }
-    t.gpu = file
-        .device_properties
+    t.gpu = device_properties
         .iter()
         .find(|p| p.id == Some(device))
-        .or(file.device_properties.first())
+        .or(device_properties.first())
         .and_then(|p| p.name.clone());
     t.activities.sort_by_key(|a| (a.start_ns, a.stream));
     t.calls.sort_by_key(|c| (c.start_ns, c.thread));
@@ -405,99 +590,149 @@ struct Events {
     origin: Option<u128>,
     /// Events of other kinds, counted.
     skipped: u64,
+    /// The index the next event has in `traceEvents`.
+    index: usize,
 }
 
-/// Reads every event of `events` (of the file `what`), or says which one is wrong and why.
-fn read_events(events: &[&RawValue], what: &str) -> Result<Events, TraceError> {
-    let mut out = Events::default();
-    // Times as read (ns since the epoch), made relative once every event is in.
-    for (index, raw) in events.iter().enumerate() {
-        let bad = |name: &str, field: &'static str, why: String| TraceError::BadEvent {
+impl Events {
+    /// Refuses a trace whose kept events span more than [`MAX_SPAN_NS`], naming the event
+    /// farthest from the median time (the outlier: an event at time 0 among this year's).
+    fn check_span(&self, what: &str) -> Result<(), TraceError> {
+        let mut times: Vec<(u128, usize, &str)> = self
+            .calls
+            .iter()
+            .map(|(ts, c)| (*ts, c.event, c.name.as_str()))
+            .chain(self.activities.iter().map(|(_, ts, a)| (*ts, a.event, "")))
+            .collect();
+        if times.len() < 2 {
+            return Ok(());
+        }
+        times.sort_unstable_by_key(|t| t.0);
+        let (first, last) = (times[0], times[times.len() - 1]);
+        if last.0 - first.0 <= MAX_SPAN_NS {
+            return Ok(());
+        }
+        let median = times[times.len() / 2].0;
+        let (t, what_from) = match median - first.0 > last.0 - median {
+            true => (first, "before the trace's median time"),
+            false => (last, "after the trace's median time"),
+        };
+        Err(TraceError::Implausible {
+            path: what.to_string(),
+            index: t.1,
+            name: if t.2.is_empty() { "a GPU activity".into() } else { t.2.chars().take(80).collect() },
+            field: "ts",
+            value_s: t.0.abs_diff(median) as f64 / 1e9,
+            what: what_from,
+        })
+    }
+}
+
+/// Reads the next event of `traceEvents` (of the file `what`), from its bytes, into `out`;
+/// or says what is wrong with it.
+fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError> {
+    let index = out.index;
+    out.index += 1;
+    let bad = |name: &str, field: &'static str, why: String| TraceError::BadEvent {
+        path: what.to_string(),
+        index,
+        name: name.chars().take(80).collect(),
+        field,
+        why,
+    };
+    let e: Event<'_> = serde_json::from_slice(raw).map_err(|e| bad("?", "(event)", e.to_string()))?;
+    let cat = e.cat.unwrap_or("");
+    let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
+    let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime");
+    if e.ph != Some("X") || !(gpu || runtime) {
+        out.skipped += 1;
+        return Ok(());
+    }
+    let name = e.name.as_deref().unwrap_or("");
+    let ts = micros_ns(e.ts).map_err(|why| bad(name, "ts", why))?;
+    let dur = micros_ns(e.dur).map_err(|why| bad(name, "dur", why))?;
+    if dur > MAX_SPAN_NS {
+        return Err(TraceError::Implausible {
             path: what.to_string(),
             index,
             name: name.chars().take(80).collect(),
-            field,
-            why,
-        };
-        let e: Event<'_> = serde_json::from_str(raw.get()).map_err(|e| bad("?", "(event)", e.to_string()))?;
-        let cat = e.cat.unwrap_or("");
-        let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
-        let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime");
-        if e.ph != Some("X") || !(gpu || runtime) {
-            out.skipped += 1;
-            continue;
+            field: "dur",
+            value_s: dur as f64 / 1e9,
+            what: "long",
+        });
+    }
+    out.origin = Some(out.origin.map_or(ts, |o| o.min(ts)));
+    let args = e.args.unwrap_or_default();
+    let arg_u64 = |k: &'static str| -> Result<Option<u64>, TraceError> {
+        match args.get(k) {
+            None => Ok(None),
+            Some(v) => serde_json::from_str::<u64>(v.get())
+                .map(Some)
+                .map_err(|_| bad(name, k, format!("{} is not a whole number", v.get()))),
         }
-        let name = e.name.as_deref().unwrap_or("");
-        let ts = micros_ns(e.ts).map_err(|why| bad(name, "ts", why))?;
-        let dur = micros_ns(e.dur).map_err(|why| bad(name, "dur", why))?;
-        out.origin = Some(out.origin.map_or(ts, |o| o.min(ts)));
-        let args = e.args.unwrap_or_default();
-        let arg_u64 = |k: &'static str| -> Result<Option<u64>, TraceError> {
-            match args.get(k) {
-                None => Ok(None),
-                Some(v) => serde_json::from_str::<u64>(v.get())
-                    .map(Some)
-                    .map_err(|_| bad(name, k, format!("{} is not a whole number", v.get()))),
-            }
+    };
+    if runtime {
+        let thread = match e.tid {
+            Some(v) => serde_json::from_str::<i64>(v.get())
+                .map(|t| t as u64)
+                .or_else(|_| serde_json::from_str::<String>(v.get()).map(|s| hash_name(&s)))
+                .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
+            None => 0,
         };
-        if runtime {
-            let thread = match e.tid {
-                Some(v) => serde_json::from_str::<i64>(v.get())
-                    .map(|t| t as u64)
-                    .or_else(|_| serde_json::from_str::<String>(v.get()).map(|s| hash_name(&s)))
-                    .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
-                None => 0,
-            };
-            out.calls.push((
-                ts,
-                RuntimeCall {
-                    kind: CallKind::of(name),
-                    name: name.to_string(),
-                    thread,
-                    start_ns: 0,
-                    dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
-                    correlation: arg_u64("correlation")?,
-                },
-            ));
-            continue;
-        }
-        let correlation =
-            arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
-        let stream = arg_u64("stream")?.ok_or_else(|| bad(name, "args.stream", "missing".into()))?;
-        let device = arg_u64("device")?.unwrap_or(0);
-        let kind = match cat {
-            "kernel" => ActivityKind::Kernel,
-            "gpu_memcpy" => ActivityKind::Memcpy {
-                kind: CopyKind::of(name),
-                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-            },
-            _ => ActivityKind::Memset {
-                bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-            },
-        };
-        let (Ok(stream), Ok(device)) = (u32::try_from(stream), u32::try_from(device)) else {
-            return Err(bad(name, "args.stream", format!("stream {stream} or device {device} out of range")));
-        };
-        out.activities.push((
-            device,
+        out.calls.push((
             ts,
-            GpuActivity {
-                kind,
-                stream,
+            RuntimeCall {
+                kind: CallKind::of(name),
+                name: name.to_string(),
+                thread,
                 start_ns: 0,
                 dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
-                correlation,
+                correlation: arg_u64("correlation")?,
+                event: index,
             },
         ));
+        return Ok(());
     }
-    Ok(out)
+    let correlation =
+        arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
+    let stream = arg_u64("stream")?.ok_or_else(|| bad(name, "args.stream", "missing".into()))?;
+    let device = arg_u64("device")?.unwrap_or(0);
+    let kind = match cat {
+        "kernel" => ActivityKind::Kernel,
+        "gpu_memcpy" => ActivityKind::Memcpy {
+            kind: CopyKind::of(name),
+            bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
+        },
+        _ => ActivityKind::Memset {
+            bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
+        },
+    };
+    let (Ok(stream), Ok(device)) = (u32::try_from(stream), u32::try_from(device)) else {
+        return Err(bad(name, "args.stream", format!("stream {stream} or device {device} out of range")));
+    };
+    out.activities.push((
+        device,
+        ts,
+        GpuActivity {
+            kind,
+            stream,
+            start_ns: 0,
+            dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
+            correlation,
+            event: index,
+        },
+    ));
+    Ok(())
 }
 
 /// A Kineto time in microseconds (`1707417525512145`, or `…145.125` with nanoseconds),
 /// as nanoseconds, read from its digits.
 fn micros_ns(v: Option<&RawValue>) -> Result<u128, String> {
     let Some(v) = v else { return Err("missing".into()) };
-    let s = v.get().trim_matches('"');
+    if v.get().starts_with('"') {
+        return Err(format!("{} is a string, not a time in microseconds", v.get()));
+    }
+    let s = v.get();
     let (int, frac) = s.split_once('.').unwrap_or((s, ""));
     let bad = || format!("{s} is not a time in microseconds");
     if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit())
