@@ -203,19 +203,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     rt.block_on(client.put(key, serde_json::to_vec(&moved).unwrap(), under)).unwrap();
     let c4 = claim(&mut client, &mut first).expect("claimed again");
     assert_eq!(c4.record.advertise, "127.0.0.1:9");
-    // A box reports a device unhealthy: pool ls says so and nobody claims it.
-    let (h, end) = (unhealthy_box(&cfg, &c4.record), Instant::now() + Duration::from_secs(10));
-    let state = |client: &mut pool::etcd::Client| {
-        let ls = rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
-        ls.into_iter().find(|e| e.box_name == "box-h").map(|e| e.state)
-    };
-    while state(&mut client).as_deref() != Some("unhealthy") {
-        assert!(Instant::now() < end, "the unhealthy device is listed so");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(claim(&mut client, &mut first), None, "an unhealthy device is not claimed");
-    h.stop();
-    assert_eq!(state(&mut client), None, "a box that stops leaves the pool at once");
+    unhealthy_is_listed_and_not_claimed(&cfg, &rt, &mut client, &c4.record, &mut |c| claim(c, &mut first));
     // Something that is not a claim at a device's claim key keeps everyone from claiming it:
     // pool ls says so (on 9b5fbd6 it listed the device free), and revoke says what it cleared
     // (it said "was not claimed").
@@ -386,6 +374,29 @@ fn a_stock_etcd_keeps_quiet_agents_and_their_watches_and_a_restart_resumes_them(
     assert!(!fenced.load(Ordering::SeqCst), "the host fenced itself");
     drop(host);
     agent.stop();
+}
+
+/// A box reports a device unhealthy: `pool ls` says so and nobody claims it; once the box
+/// stops, its device leaves the pool at once.
+fn unhealthy_is_listed_and_not_claimed(
+    cfg: &pool::PoolConfig,
+    rt: &tokio::runtime::Runtime,
+    client: &mut pool::etcd::Client,
+    like: &DeviceRecord,
+    claim: &mut dyn FnMut(&mut pool::etcd::Client) -> Option<Claim>,
+) {
+    let (h, end) = (unhealthy_box(cfg, like), Instant::now() + Duration::from_secs(10));
+    let state = |client: &mut pool::etcd::Client| {
+        let ls = rt.block_on(pool::admin::ls(client, cfg)).unwrap();
+        ls.into_iter().find(|e| e.box_name == "box-h").map(|e| e.state)
+    };
+    while state(client).as_deref() != Some("unhealthy") {
+        assert!(Instant::now() < end, "the unhealthy device is listed so");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(claim(client), None, "an unhealthy device is not claimed");
+    h.stop();
+    assert_eq!(state(client), None, "a box that stops leaves the pool at once");
 }
 
 /// A box "box-h" serving one device (a copy of `like`'s record at 127.0.0.1:9), registered,

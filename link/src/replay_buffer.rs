@@ -180,9 +180,14 @@ impl ReplayBuffer {
         Acked { freed }
     }
 
-    /// The peer is missing `seq` (a NAK): it is replayed, if held and not already due.
+    /// The peer is missing `seq` (a NAK): it is replayed, if held, not already due, and not
+    /// replayed since it was first sent — a receiver NAKs a gap once, so a NAK arriving after
+    /// the frame was resent (on a selective acknowledgement's evidence, or the timer's) is the
+    /// same gap, not a new loss.
     pub(crate) fn nak(&mut self, seq: SeqNum) {
-        if let Some(i) = self.index_of(seq) {
+        if let Some(i) = self.index_of(seq)
+            && self.unacked[i].sent_before == seq.next()
+        {
             self.schedule(i);
         }
     }
@@ -452,8 +457,10 @@ mod tests {
         assert_eq!(got, Sacked { newly: 1, lost: 1 });
         assert_eq!((r.next_due(), r.next_due()), (Some(1), None));
         r.sent_again(1, Time::ZERO, SeqNum(20));
-        // A held frame is never replayed, by NAK or timer; ranges beyond what is held, before
-        // it, or backwards change nothing.
+        // A held frame is never replayed, by NAK or timer; nor by a NAK once it was resent; ranges
+        // beyond what is held, before it, or backwards change nothing.
+        r.nak(SeqNum(10));
+        assert_eq!(r.next_due(), None, "10 was resent already");
         r.nak(SeqNum(12));
         assert_eq!(r.next_due(), None);
         let junk = [(SeqNum(40), SeqNum(50)), (SeqNum(2), SeqNum(5)), (SeqNum(18), SeqNum(16))];

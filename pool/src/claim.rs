@@ -258,6 +258,35 @@ enum Scope<'a> {
 /// A device free to claim: where, the record's revision, the record.
 type Candidate = ((String, String), i64, DeviceRecord);
 
+/// The devices listed that may not be claimed: claimed, draining (whatever their claim or
+/// drain key holds), or whose record no live box holds (no box record, or one under another
+/// lease: a record a dead box left, or one written by someone else).
+fn not_free(
+    keys: &Keys,
+    devices: &crate::etcd::RangeResponse,
+    claims: &crate::etcd::RangeResponse,
+    drains: &crate::etcd::RangeResponse,
+    boxes: &crate::etcd::RangeResponse,
+) -> HashSet<(String, String)> {
+    let leases = box_leases(keys, boxes);
+    let mut taken: HashSet<(String, String)> = HashSet::new();
+    for kv in devices.kvs() {
+        if let Some((b, d)) = keys.split(&keys.devices(), kv.key())
+            && leases.get(b) != Some(&kv.lease)
+        {
+            taken.insert(pair(b, d));
+        }
+    }
+    for (under, r) in [(keys.claims(), claims), (keys.drains(), drains)] {
+        for kv in r.kvs() {
+            if let Some((b, d)) = keys.split(&under, kv.key()) {
+                taken.insert(pair(b, d));
+            }
+        }
+    }
+    taken
+}
+
 /// The free devices `req` admits in `scope`, from one listing of keys and revisions (one
 /// round trip) and, where records are new or changed, one read of them (a second).
 async fn free_devices(
@@ -292,24 +321,7 @@ async fn free_devices(
     else {
         return Err(PoolError::BadRecord { key: cfg.prefix.clone(), why: "short transaction answer".into() });
     };
-    let leases = box_leases(&keys, &boxes);
-    let mut taken: HashSet<(String, String)> = HashSet::new();
-    // A device whose record no live box holds (no box record, or one under another lease) is
-    // not claimed: a record a dead box left, or one written by someone else.
-    for kv in devices.kvs() {
-        if let Some((b, d)) = keys.split(&keys.devices(), kv.key())
-            && leases.get(b) != Some(&kv.lease)
-        {
-            taken.insert(pair(b, d));
-        }
-    }
-    for (under, r) in [(keys.claims(), &claims), (keys.drains(), &drains)] {
-        for kv in r.kvs() {
-            if let Some((b, d)) = keys.split(&under, kv.key()) {
-                taken.insert(pair(b, d));
-            }
-        }
-    }
+    let taken = not_free(&keys, &devices, &claims, &drains, &boxes);
     let listed: Vec<(Vec<u8>, i64)> =
         devices.kvs().iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())).collect();
     let stale: Vec<Vec<u8>> = {

@@ -164,7 +164,8 @@ pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, Poo
     })
 }
 
-/// The storm's boxes: one lease each, their devices put in one transaction per box.
+/// The storm's boxes: one lease each, their name's record and their devices put in one
+/// transaction per box, as a box registers.
 async fn register_boxes(
     client: &mut Client,
     cfg: &PoolConfig,
@@ -173,8 +174,18 @@ async fn register_boxes(
 ) -> Result<(), PoolError> {
     for b in 0..p.boxes {
         let lease = client.lease_grant(60).await.map_err(|e| etcd_error(cfg, "granting", e))?.id();
-        let puts: Vec<TxnOp> = (0..p.devices_per_box)
-            .map(|d| {
+        let name = format!("box-{b}");
+        let owner = crate::BoxRecord {
+            instance: format!("storm-{b}"),
+            host: "storm".into(),
+            pid: std::process::id(),
+            advertise: format!("10.0.{}.{}:7440", b / 250, b % 250 + 1),
+            since: crate::unix_now(),
+        };
+        let owner =
+            TxnOp::put(keys.box_owner(&name), encode(&owner), Some(PutOptions::new().with_lease(lease)));
+        let puts: Vec<TxnOp> = std::iter::once(owner)
+            .chain((0..p.devices_per_box).map(|d| {
                 let r = DeviceRecord {
                     advertise: format!("10.0.{}.{}:7440", b / 250, b % 250 + 1),
                     vendor_id: 0x1234,
@@ -187,11 +198,11 @@ async fn register_boxes(
                     since: crate::unix_now(),
                 };
                 TxnOp::put(
-                    keys.device(&format!("box-{b}"), &format!("gpu{d}")),
+                    keys.device(&name, &format!("gpu{d}")),
                     encode(&r),
                     Some(PutOptions::new().with_lease(lease)),
                 )
-            })
+            }))
             .collect();
         client.txn(Txn::new().and_then(puts)).await.map_err(|e| etcd_error(cfg, "registering", e))?;
     }

@@ -3,8 +3,8 @@
 //! restarted), and hosts claiming devices and running the verified workload through them,
 //! one `dxpu host --workload` process a run, two at a time — while faults are injected at
 //! random from a seed: loss bursts to 50 % with reordering and delay on the hosts' links,
-//! box and host kills, etcd member kills and restarts, live reloads, control and metrics
-//! clients that stall. It checks what must hold whatever happens (docs/reliability.md):
+//! box and host kills, outages (box-b stopped for 1–5 s, within the hosts' ride-through),
+//! etcd member kills and restarts, live reloads, control and metrics clients that stall. It checks what must hold whatever happens (docs/reliability.md):
 //!
 //! - every workload run verifies or fails with a named reason (the error the host logged);
 //!   a run that exits without saying why, or hangs, is a defect;

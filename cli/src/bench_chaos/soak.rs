@@ -13,6 +13,8 @@ pub(super) struct Soak {
     pub(super) runs: Vec<Run>,
     pub(super) next_run: u64,
     pub(super) box_b_back: Option<Instant>,
+    /// While box-b is stopped (SIGSTOP, an outage the hosts ride through): when it continues.
+    pub(super) box_b_stopped_until: Option<Instant>,
     pub(super) etcd_back: Option<(usize, Instant)>,
     pub(super) stallers: Vec<std::thread::JoinHandle<()>>,
     pub(super) tally: Tally,
@@ -39,6 +41,7 @@ impl Soak {
             runs: Vec::new(),
             next_run: 0,
             box_b_back: None,
+            box_b_stopped_until: None,
             etcd_back: None,
             stallers: Vec::new(),
             tally: Tally::default(),
@@ -199,6 +202,10 @@ impl Soak {
             let child = self.spawn(&["gpu"], &self.boxes[1].config, &self.dir.join("box-b.log"))?;
             self.boxes[1].child = Some(child);
         }
+        if self.box_b_stopped_until.is_some_and(|t| now >= t) {
+            self.box_b_stopped_until = None;
+            self.signal_box_b(rustix::process::Signal::CONT);
+        }
         if let Some((m, t)) = self.etcd_back
             && now >= t
         {
@@ -208,10 +215,23 @@ impl Soak {
         Ok(())
     }
 
+    fn signal_box_b(&self, sig: rustix::process::Signal) {
+        if let Some(c) = &self.boxes[1].child {
+            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(c), sig);
+        }
+    }
+
     /// One fault, picked at random.
     pub(super) fn inject_fault(&mut self, now: Instant) -> Result<(), String> {
-        match self.rng.below(7) {
-            0 if self.box_b_back.is_none() => {
+        match self.rng.below(8) {
+            6 if self.box_b_back.is_none() && self.box_b_stopped_until.is_none() => {
+                // An outage within the hosts' ride-through time (10 s): box-b stopped, as a
+                // switch reboot or a descheduled box looks from the hosts.
+                self.signal_box_b(rustix::process::Signal::STOP);
+                self.box_b_stopped_until = Some(now + self.rng.ms(1000, 5000));
+                self.tally.fault("box-b stopped (SIGSTOP) for 1-5 s, then continued");
+            }
+            0 if self.box_b_back.is_none() && self.box_b_stopped_until.is_none() => {
                 if let Some(mut c) = self.boxes[1].child.take() {
                     let _ = c.kill();
                     let _ = c.wait();
@@ -310,6 +330,9 @@ impl Soak {
 
     /// The stalling clients joined, the boxes stopped (SIGTERM), a killed etcd member back.
     pub(super) fn stop(&mut self) {
+        if self.box_b_stopped_until.take().is_some() {
+            self.signal_box_b(rustix::process::Signal::CONT);
+        }
         for s in self.stallers.drain(..) {
             let _ = s.join();
         }
