@@ -103,6 +103,11 @@ impl ReplayBuffer {
         self.unacked.is_empty()
     }
 
+    /// Freed buffers kept for the next frames.
+    pub(crate) fn spare(&self) -> usize {
+        self.spare.len()
+    }
+
     /// Body bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.unacked.iter().map(|s| s.len).sum()

@@ -583,3 +583,23 @@ fn at_thirty_percent_loss_every_seed_finishes_with_or_without_selective_acks() {
         }
     }
 }
+
+/// A silent session gives back the buffers it keeps for a busy peer (a dead host's session
+/// lingers on the box for the ride-through time): after bulk writes, a partition, and the
+/// idle timeout, both sides hold no spare buffer — and still resume with nothing lost.
+#[test]
+fn a_silent_session_gives_back_its_spare_buffers() {
+    let mut p = Pair::new(21, clean(), config(key()), config(key()), plan(3000, 50, 21));
+    p.write_size = 1024;
+    p.run_until(Duration::from_millis(3), |_| false);
+    let cut = p.now;
+    p.net.partition = Some((cut, Some(cut + Duration::from_millis(250))));
+    assert!(p.run_until(Duration::from_millis(150), |p| p.client.is_silent()));
+    assert_eq!(p.client.memory().spare_buffers, 0, "{:?}", p.client.memory());
+    let server = p.server_session().unwrap();
+    assert!(server.is_silent());
+    assert_eq!(server.memory().spare_buffers, 0, "{:?}", server.memory());
+    assert!(p.run_until(Duration::from_secs(5), |p| p.capp.done()
+        && (p.sapp.writes_seen + p.sapp.reads_seen) as usize == 3000));
+    assert_workload_ok(&p);
+}

@@ -247,6 +247,9 @@ pub struct Memory {
     pub out_of_order_frames: usize,
     /// TLPs delivered but not yet read by the application.
     pub delivered_tlps: usize,
+    /// Frame and receive buffers kept for reuse (each up to the MTU): what a busy session
+    /// keeps so that it allocates nothing per frame, given back when it is idle or silent.
+    pub spare_buffers: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -493,6 +496,7 @@ impl Session {
             unacked_bytes: self.replay.bytes(),
             out_of_order_frames: self.rxq.out_of_order.held(),
             delivered_tlps: self.rxq.delivered.len(),
+            spare_buffers: self.replay.spare() + self.pool.len(),
         }
     }
     /// Credits the peer granted that this side has not used, per class × (header, data).
@@ -576,6 +580,11 @@ impl Session {
                 State::Up if !self.live.silent && self.cfg.ride_through > self.cfg.idle_timeout => {
                     self.live.silent = true;
                     self.events.push_back(Event::Silent { quiet: now.since(self.live.heard) });
+                    // What the session keeps for a busy peer goes back to the allocator: a
+                    // dead peer's session lingers for the ride-through time, and holds only
+                    // what it must resend (the replay buffer) and what was delivered.
+                    self.replay.trim_spare(0);
+                    self.pool = Vec::new();
                     self.set_timer(Timer::Idle, self.live.heard + self.cfg.ride_through);
                     None
                 }
