@@ -5,8 +5,9 @@
 use bridge::attach::Control;
 use link::Session;
 
-use crate::pool::{AttachCtx, ClaimVerdict, Owner, PendingAttach};
-use crate::{Export, SessionInfo, reply};
+use crate::claims::{AttachCtx, ClaimVerdict, Owner, PendingAttach};
+use crate::export::Export;
+use crate::session::{SessionInfo, reply};
 
 /// An ATTACH: refused at once where the device is not this host's to take; in a pool,
 /// accepted only once the pool confirms the claim (at once, or from the poll loop).

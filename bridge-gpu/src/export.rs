@@ -12,8 +12,13 @@ use hw::{Device, SimGpu};
 use link::{SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, Request, Tag, TlpRepr, rules};
 
-use crate::pool::{Journal, Owner};
-use crate::{BOX_ROOT, DeviceSpec, ExportIdentity, ExportSpec, ExportStats, GpuError};
+use crate::claims::{Journal, Owner};
+use crate::error::GpuError;
+use crate::spec::{DeviceSpec, ExportSpec};
+use crate::stats::{ExportIdentity, ExportStats};
+
+/// The requester ID the box's own configuration requests use (its root port).
+pub const BOX_ROOT: Bdf = Bdf::new(0, 0, 0);
 
 pub(crate) struct Export {
     pub(crate) name: String,

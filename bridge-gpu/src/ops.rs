@@ -7,8 +7,12 @@ use std::time::SystemTime;
 
 use tlp::Bdf;
 
-use crate::pool::Owner;
-use crate::{Export, ExportIdentity, ExportSpec, ExportStats, GpuEndpoint, GpuError, HostKey, release};
+use crate::claims::Owner;
+use crate::endpoint::GpuEndpoint;
+use crate::error::GpuError;
+use crate::export::{Export, release};
+use crate::spec::{DeviceSpec, ExportSpec, HostKey, check_allow};
+use crate::stats::{ExportIdentity, ExportStats};
 
 /// One exported device, as the operator sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,7 +114,7 @@ impl GpuEndpoint {
             return Err(GpuError::Config(format!("export {}: a device of that name is exported", spec.name)));
         }
         let hosts = &self.keys;
-        crate::check_allow(&format!("export {}", spec.name), spec, hosts)?;
+        check_allow(&format!("export {}", spec.name), spec, hosts)?;
         let slot = (1..=u8::MAX).find(|s| !self.exports.iter().any(|e| e.slot == *s)).ok_or_else(|| {
             GpuError::Config(format!("export {}: the box's bus has no free device number", spec.name))
         })?;
@@ -150,12 +154,9 @@ impl GpuEndpoint {
         let Some(d) = self.exports.iter().position(|e| e.name == name) else {
             return Err(GpuError::Config(format!("allow of {name}: no such export")));
         };
-        let spec = ExportSpec {
-            name: name.into(),
-            device: crate::DeviceSpec::Vfio(String::new()),
-            allow: allow.into(),
-        };
-        crate::check_allow(&format!("export {name}"), &spec, &self.keys)?;
+        let spec =
+            ExportSpec { name: name.into(), device: DeviceSpec::Vfio(String::new()), allow: allow.into() };
+        check_allow(&format!("export {name}"), &spec, &self.keys)?;
         let e = &mut self.exports[d];
         e.allow = allow.to_vec();
         e.identity.allow = allow.to_vec();

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use crate::{GpuEndpoint, GpuStats};
+use crate::endpoint::GpuEndpoint;
+use crate::stats::GpuStats;
 
 /// Why an [`EndpointThread`] did not start.
 #[derive(Debug, thiserror::Error)]
