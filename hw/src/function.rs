@@ -7,9 +7,9 @@
 
 use tlp::{Bdf, Body, CplStatus, TlpRepr, rules};
 
-use crate::config::{BarKind, ConfigSpace, ConfigWrite};
 use crate::msix::{MsixMessage, MsixTable};
 pub use crate::upstream::Outbox;
+use pci::config::{BarKind, ConfigSpace, ConfigWrite};
 
 /// Where a memory request lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +105,8 @@ impl Function {
                     }
                 }
                 if let Some((old, new)) = effect.command
-                    && old & crate::config::command::BUS_MASTER == 0
-                    && new & crate::config::command::BUS_MASTER != 0
+                    && old & pci::config::command::BUS_MASTER == 0
+                    && new & pci::config::command::BUS_MASTER != 0
                 {
                     // Bus mastering came on: held-back messages may go now.
                     let ctl = self.config.msix_control().unwrap_or(0);

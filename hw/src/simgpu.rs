@@ -2,7 +2,7 @@
 //! device model behind these registers is built on this config space.
 #![forbid(unsafe_code)]
 
-use crate::config::{Bar, BarKind, ConfigSpace, PcieCapability};
+use pci::config::{Bar, BarKind, ConfigSpace, PcieCapability};
 
 pub use simgpu_abi::{BAR0_SIZE, DEVICE_ID, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, VENDOR_ID};
 

@@ -220,13 +220,6 @@ impl Rng {
         Rng { key: hmac::Key::new(hmac::HMAC_SHA256, &seed), counter: 0, buf: [0; 32], used: 32 }
     }
 
-    /// A generator seeded with the kernel's random bytes ([`crate::driver::os_random`]),
-    /// or `None` if it has none to give.
-    pub fn from_os() -> Option<Rng> {
-        let mut seed = [0u8; 32];
-        crate::driver::os_random(&mut seed).ok()?;
-        Some(Rng::new(seed))
-    }
     /// A generator seeded with a small integer (tests, simulations).
     pub fn from_u64(seed: u64) -> Rng {
         let mut k = [0u8; 32];

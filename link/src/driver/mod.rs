@@ -287,11 +287,20 @@ pub fn os_random(out: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A generator seeded from the OS ([`crate::Rng::from_os`]), for session IDs, nonces and
+/// A generator seeded with the kernel's random bytes ([`os_random`]), or `None` if it has
+/// none to give. (Here, not in the sans-IO `auth`: the state machine takes its generator
+/// as an argument and never asks the OS.)
+pub fn rng_from_os() -> Option<crate::Rng> {
+    let mut seed = [0u8; 32];
+    os_random(&mut seed).ok()?;
+    Some(crate::Rng::new(seed))
+}
+
+/// A generator seeded from the OS ([`rng_from_os`]), for session IDs, nonces and
 /// epochs. If the OS has none to give, the clock and process ID seed it (and it says so
 /// through `log`).
 pub fn os_rng(log: &mut dyn FnMut(&str)) -> crate::Rng {
-    match crate::Rng::from_os() {
+    match rng_from_os() {
         Some(r) => r,
         None => {
             log("the operating system gave no random bytes; seeding from the clock and process ID");
@@ -323,7 +332,7 @@ mod tests {
                 assert!(a[n - 32..].iter().any(|&x| x != 0), "the tail of {n} bytes stayed zero");
             }
         }
-        assert!(crate::Rng::from_os().is_some());
+        assert!(rng_from_os().is_some());
     }
 
     /// Receives until `want` datagrams came or a second passed.

@@ -3,7 +3,20 @@
 //! once the peer has proven its own.
 #![forbid(unsafe_code)]
 
-use super::*;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::auth::FrameKey;
+use crate::handshake::{
+    CLIENT_PROOF, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody, SERVER_PROOF,
+    options, transcript,
+};
+use crate::keys::{RxKeys, TxKeys};
+use crate::seq::SeqNum;
+use crate::time::Time;
+use crate::wire::{FC_LEN, Frame, FrameRepr, FrameType, HEADER_LEN, TAG_LEN, TRAILER_LEN};
+
+use super::parts::Liveness;
+use super::{DownReason, Event, Session, State, Timer};
 
 impl Session {
     pub(super) fn become_up(&mut self, now: Time) {

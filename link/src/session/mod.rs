@@ -20,38 +20,26 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::time::Duration;
 
 use tlp::{TlpPacket, TlpRepr};
-use zerocopy::{FromBytes, IntoBytes};
 
-use crate::auth::{FrameKey, Rng};
+use crate::auth::Rng;
 use crate::config::Config;
 use crate::credits::{self, RxCredits, TxCredits};
-use crate::error::SendError;
-use crate::handshake::{
-    CLIENT_PROOF, ChallengeBody, CookieBody, InitBody, Refusal, RefuseBody, ResponseBody, SERVER_PROOF,
-    options, transcript,
-};
-use crate::keys::{RxKeys, TxKeys, Which};
-use crate::reorder::Next;
-use crate::replay_buffer::{ReplayBuffer, Sent};
+use crate::replay_buffer::ReplayBuffer;
 use crate::replay_window::ReplayWindow;
 use crate::rtt::{MinRtt, PROBE_FRAMES};
 use crate::seq::SeqNum;
 use crate::time::Time;
-use crate::wire::{
-    BODY_AT, FC_LEN, FcLimits, Frame, FrameRepr, FrameType, HEADER_LEN, Header, MAX_SACK_RANGES, SackRanges,
-    TAG_LEN, TRAILER_LEN, TlpRecords, seal_in_place,
-};
+use crate::wire::BODY_AT;
 
 mod connect;
 mod parts;
 mod receive;
 mod send;
 
-use parts::{Arrival, Crypto, Due, Identity, Liveness, Placement, RxQueue, TxQueue};
+use parts::{Crypto, Due, Identity, Liveness, RxQueue, TxQueue};
 
 /// Takes a TLP where it lies in a receive buffer (returns `true`) or leaves it for
 /// [`Session::recv_tlp`] (returns `false`); see [`Session::handle_datagram_with`].
@@ -277,24 +265,6 @@ const TIMERS: usize = 5;
 fn tlp_cost(bytes: &[u8]) -> Result<(usize, u32, u32), tlp::Error> {
     let p = TlpPacket::new_checked(bytes)?;
     Ok((credits::index(p.kind().fc_class()), 1, p.payload().len().div_ceil(16) as u32))
-}
-
-/// TLPs that leave together in one DATA frame, written where that frame is sent from:
-/// `buf` has room for the frame's header and FC block (`BODY_AT` bytes), then the TLP
-/// records; sealing the frame puts the header before them and the trailer after, so a TLP
-/// is copied once, into this buffer, on its way to the socket (and kept here for replay).
-struct Chunk {
-    /// Send order of the first TLP.
-    order: u64,
-    /// A whole frame's room (the MTU), zeroed once when first allocated and reused after:
-    /// a TLP is written over what was there, with no clearing first.
-    buf: Vec<u8>,
-    /// Where the records end (`BODY_AT` when empty).
-    end: usize,
-    /// TLPs per class: its header credits (a held-back chunk holds one class).
-    tlps: [u32; 3],
-    /// Data credits of its TLPs.
-    data: u32,
 }
 
 /// A DATA frame sealed in place in the session's replay buffer, ready to send: its bytes

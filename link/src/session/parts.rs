@@ -11,8 +11,26 @@ use crate::reorder::ReorderBuffer;
 use crate::seq::SeqNum;
 use crate::time::Time;
 
-use super::{BODY_AT, Chunk};
 use crate::credits::TxCredits;
+use crate::wire::BODY_AT;
+
+/// TLPs that leave together in one DATA frame, written where that frame is sent from:
+/// `buf` has room for the frame's header and FC block (`BODY_AT` bytes), then the TLP
+/// records; sealing the frame puts the header before them and the trailer after, so a TLP
+/// is copied once, into this buffer, on its way to the socket (and kept here for replay).
+pub(super) struct Chunk {
+    /// Send order of the first TLP.
+    pub(super) order: u64,
+    /// A whole frame's room (the MTU), zeroed once when first allocated and reused after:
+    /// a TLP is written over what was there, with no clearing first.
+    pub(super) buf: Vec<u8>,
+    /// Where the records end (`BODY_AT` when empty).
+    pub(super) end: usize,
+    /// TLPs per class: its header credits (a held-back chunk holds one class).
+    pub(super) tlps: [u32; 3],
+    /// Data credits of its TLPs.
+    pub(super) data: u32,
+}
 
 /// Who the two ends are, as the handshake established it.
 pub(super) struct Identity {

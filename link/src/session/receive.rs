@@ -3,7 +3,14 @@
 //! their TLPs delivered, in place or through the queue, charged against this side's grants.
 #![forbid(unsafe_code)]
 
-use super::*;
+use crate::keys::Which;
+use crate::reorder::Next;
+use crate::seq::SeqNum;
+use crate::time::Time;
+use crate::wire::{Frame, FrameType, SackRanges, TlpRecords};
+
+use super::parts::Arrival;
+use super::{DownReason, Event, InPlace, Role, Session, State, Stats, Timer, tlp_cost};
 
 impl Session {
     /// The next TLP the peer sent, in order. Reading it returns its credits to the peer.

@@ -3,7 +3,23 @@
 //! in place in the replay buffer), and the frame header, tag and encryption of each.
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::ops::Range;
+
+use tlp::TlpRepr;
+
+use crate::credits;
+use crate::error::SendError;
+use crate::keys::TxKeys;
+use crate::replay_buffer::Sent;
+use crate::seq::SeqNum;
+use crate::time::Time;
+use crate::wire::{
+    BODY_AT, FC_LEN, FcLimits, FrameRepr, FrameType, HEADER_LEN, Header, MAX_SACK_RANGES, SackRanges,
+    TAG_LEN, TRAILER_LEN, seal_in_place,
+};
+
+use super::parts::{Chunk, Due, Placement};
+use super::{SealedFrame, Session, Source, State, Timer, Transmit, tlp_cost};
 
 impl Session {
     /// Queues one TLP. It goes out, in PCIe order, as soon as credits and the window allow.

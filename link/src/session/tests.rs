@@ -1,7 +1,11 @@
 //! The session against itself: two sessions joined in memory.
 use super::*;
-use crate::handshake::COOKIE_LEN;
+use crate::handshake::{
+    COOKIE_LEN, ChallengeBody, CookieBody, InitBody, RefuseBody, SERVER_PROOF, options, transcript,
+};
+use crate::wire::{Frame, FrameRepr, FrameType, Header, TAG_LEN, TlpRecords};
 use tlp::{Address, Bdf, Body, Request, Tag};
+use zerocopy::{FromBytes, IntoBytes};
 
 fn test_config() -> Config {
     Config::new(crate::PresharedKey::new(b"dxpu unit test key, 32 bytes....").unwrap())

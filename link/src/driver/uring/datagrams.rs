@@ -2,7 +2,21 @@
 //! receive modes, waits, and what the driver tells of its offloads.
 #![allow(unsafe_code)]
 
-use super::*;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use io_uring::opcode;
+use io_uring::types::{SubmitArgs, Timespec};
+
+use super::{
+    BORROWED_GSO_TAG, BORROWED_TAG, BORROWED_ZC_TAG, SOCKET, UringUdp, ZC_MAX_PAGES, ZC_REPORT_USAGE,
+    pages_spanned,
+};
+use crate::driver::Datagrams;
+use crate::driver::offload::{OffloadState, gso_unit};
+use crate::driver::portable::{ControlBuf, set_segment_cmsg, sockaddr_of};
 
 impl Datagrams for UringUdp {
     fn send_with(

@@ -27,17 +27,12 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::Duration;
 
-use io_uring::types::{BufRingEntry, RecvMsgOut, SubmitArgs, Timespec};
+use io_uring::types::{BufRingEntry, RecvMsgOut, Timespec};
 use io_uring::{IoUring, cqueue, opcode, types};
 
-use super::Datagrams;
-use super::offload::{Offload, OffloadState, gro_segments, gso_unit};
-use super::portable::{
-    ControlBuf, addr_of, enlarge_buffers, gro_segment, gso_refused, probe_offload, set_segment_cmsg,
-    sockaddr_of,
-};
+use super::offload::{Offload, OffloadState, gro_segments};
+use super::portable::{ControlBuf, addr_of, enlarge_buffers, gro_segment, gso_refused, probe_offload};
 
 /// Provided receive buffers (a power of two).
 const RX_BUFFERS: u16 = 64;

@@ -1,4 +1,6 @@
 use super::*;
+use crate::driver::Datagrams;
+use std::time::Duration;
 
 /// The port is free the moment the driver is dropped, receives in flight or not: a
 /// restarted endpoint binds it again at once. (The ring's own teardown is deferred by the
