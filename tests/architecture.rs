@@ -14,6 +14,10 @@ type Rule = BTreeMap<String, BTreeSet<String>>;
 
 /// The lists in the document's `text` block: crate → allowed dependencies, crate → files
 /// that may hold `unsafe` ("*" for all), crate → its source files (the cli crate's).
+#[path = "module_graph.rs"]
+mod module_graph;
+use module_graph::{circle, module_imports, module_sources, paths_after, use_paths};
+
 fn documented(list: usize) -> Rule {
     let doc = std::fs::read_to_string(workspace().join("docs/architecture.md")).unwrap();
     let start = doc.find("allowed dependencies (crate:").expect("the rules' block in docs/architecture.md");
@@ -299,115 +303,6 @@ fn the_function_detector_sees_functions_and_not_declarations() {
     assert!(!opens_function("    let f = |x| x;"));
 }
 
-/// The names `text` reaches through `prefix` (`crate::` or `super::`): each path of
-/// lowercase segments after it.
-fn paths_after<'a>(text: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
-    let mut out = Vec::new();
-    for (at, _) in text.match_indices(prefix) {
-        // Not the tail of a longer word (`xcrate::`).
-        if text[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        let rest = &text[at + prefix.len()..];
-        let end = rest
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == ':'))
-            .unwrap_or(rest.len());
-        let segs: Vec<&str> = rest[..end].split("::").filter(|s| !s.is_empty()).collect();
-        if !segs.is_empty() {
-            out.push(segs);
-        }
-    }
-    out
-}
-
-/// A crate's modules (by path, "" for the root) and the modules each names, outside its
-/// `#[cfg(test)] mod tests`.
-fn module_imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    let mut texts = BTreeMap::new();
-    for f in files {
-        let rel = f.strip_prefix(src).unwrap().with_extension("");
-        let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-        if parts.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
-            parts.pop();
-        }
-        let text = std::fs::read_to_string(&f).unwrap();
-        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or("").to_string();
-        texts.insert(parts.join("::"), code);
-    }
-    let names: BTreeSet<String> = texts.keys().cloned().collect();
-    let mut edges = BTreeMap::new();
-    for (m, text) in &texts {
-        let mut to = BTreeSet::new();
-        for segs in paths_after(text, "crate::") {
-            // The longest module the path names, not this one, its parent or its child.
-            for k in (1..=segs.len()).rev() {
-                let cand = segs[..k].join("::");
-                if names.contains(&cand) {
-                    let related = cand == *m
-                        || cand.starts_with(&format!("{m}::"))
-                        || m.starts_with(&format!("{cand}::"));
-                    if !related {
-                        to.insert(cand);
-                    }
-                    break;
-                }
-            }
-        }
-        if let Some((parent, _)) = m.rsplit_once("::").or((!m.is_empty()).then_some(("", m.as_str()))) {
-            for segs in paths_after(text, "super::") {
-                let cand =
-                    if parent.is_empty() { segs[0].to_string() } else { format!("{parent}::{}", segs[0]) };
-                if names.contains(&cand) && cand != *m {
-                    to.insert(cand);
-                }
-            }
-        }
-        edges.insert(m.clone(), to);
-    }
-    edges
-}
-
-/// A circle of `edges`, if there is one: the modules on it.
-fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
-    fn visit(
-        m: &str,
-        edges: &BTreeMap<String, BTreeSet<String>>,
-        state: &mut BTreeMap<String, u8>,
-        path: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
-        state.insert(m.to_string(), 1);
-        path.push(m.to_string());
-        for n in edges.get(m).into_iter().flatten() {
-            match state.get(n).copied().unwrap_or(0) {
-                1 => {
-                    let from = path.iter().position(|p| p == n).unwrap_or(0);
-                    return Some(path[from..].to_vec());
-                }
-                0 => {
-                    if let Some(c) = visit(n, edges, state, path) {
-                        return Some(c);
-                    }
-                }
-                _ => {}
-            }
-        }
-        path.pop();
-        state.insert(m.to_string(), 2);
-        None
-    }
-    let mut state = BTreeMap::new();
-    for m in edges.keys() {
-        if state.get(m).copied().unwrap_or(0) == 0
-            && let Some(c) = visit(m, edges, &mut state, &mut Vec::new())
-        {
-            return Some(c);
-        }
-    }
-    None
-}
-
 #[test]
 fn no_circle_of_imports_inside_a_crate() {
     let mut found = Vec::new();
@@ -434,8 +329,100 @@ fn the_circle_detector_finds_a_circle_and_only_one() {
     };
     assert_eq!(circle(&e(&[("a", "b"), ("b", "c")])), None);
     assert_eq!(circle(&e(&[("a", "b"), ("b", "c"), ("c", "a")])).map(|c| c.len()), Some(3));
-    assert_eq!(paths_after("use crate::config::{self, HostFile};", "crate::"), vec![vec!["config"]]);
+    let v = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        use_paths("use crate::{a::X, b::{Y, self}};\npub use c::Z as W;\nlet x = used();"),
+        vec![
+            (false, v(&["crate", "a", "X"])),
+            (false, v(&["crate", "b", "Y"])),
+            (false, v(&["crate", "b"])),
+            (true, v(&["c", "Z"]))
+        ]
+    );
     assert_eq!(paths_after("x = crate::stats::link_json(&l)", "crate::"), vec![vec!["stats", "link_json"]]);
+}
+
+/// Each way a module can reach into another, as a probe crate on disk, with the circle the
+/// rule must find — what the rule before 51 did not see: an item defined in the crate root
+/// (`use crate::{Export, GpuEndpoint}`), a grouped and nested `use`, a parent's item through
+/// `super::`, a re-export followed to where the item is defined, and `use super::*`.
+#[test]
+fn the_module_graph_sees_roots_groups_parents_reexports_and_globs() {
+    let probe = |files: &[(&str, &str)]| {
+        let dir =
+            std::env::temp_dir().join(format!("dxpu-arch-probe-{}-{}", std::process::id(), files[0].1.len()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (name, text) in files {
+            let p = dir.join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, text).unwrap();
+        }
+        let c = circle(&module_imports(&dir)).map(|mut c| {
+            c.sort();
+            c
+        });
+        let globs: Vec<String> =
+            module_sources(&dir).into_iter().filter(|(_, m)| m.glob_super).map(|(k, _)| k).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        (c, globs)
+    };
+    let s = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    // The root defines what a child imports back, and uses the child.
+    let (c, _) = probe(&[
+        ("lib.rs", "mod a;\nuse a::run;\npub struct Export;\n"),
+        ("a.rs", "use crate::{Export, other::Thing};\npub fn run() {}\n"),
+    ]);
+    assert_eq!(c, s(&["", "a"]), "an item of the root, in a group");
+    // Nested groups.
+    let (c, _) = probe(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", "use crate::{b::{x::Y, Z}};\npub fn f() {}\n"),
+        ("b/mod.rs", "pub mod x;\npub struct Z;\nuse crate::a::f;\n"),
+        ("b/x.rs", "pub struct Y;\n"),
+    ]);
+    assert!(c.is_some_and(|c| c.contains(&"a".to_string())), "a nested group");
+    // A parent's item through super::, the parent using the child.
+    let (c, _) = probe(&[
+        ("lib.rs", "mod p;\n"),
+        ("p/mod.rs", "mod kid;\nuse kid::Part;\npub(crate) struct Chunk;\n"),
+        ("p/kid.rs", "use super::Chunk;\npub(crate) struct Part;\n"),
+    ]);
+    assert_eq!(c, s(&["p", "p::kid"]), "a parent's item");
+    // A re-export followed to where the item is defined: no circle through a face.
+    let (c, _) = probe(&[
+        ("lib.rs", "mod a;\nmod b;\npub use b::Thing;\n"),
+        ("a.rs", "use crate::Thing;\npub fn f() {}\n"),
+        ("b.rs", "pub struct Thing;\n"),
+    ]);
+    assert_eq!(c, None, "a re-export is not the root's own item");
+    let (c, _) = probe(&[
+        ("lib.rs", "mod a;\nmod b;\npub use b::Thing;\n"),
+        ("a.rs", "use crate::Thing;\npub fn f() {}\n"),
+        ("b.rs", "pub struct Thing;\nfn g() { crate::a::f() }\n"),
+    ]);
+    assert_eq!(c, s(&["a", "b"]), "followed through the root's re-export");
+    // `use super::*` is seen (and refused outside tests).
+    let (_, globs) = probe(&[("lib.rs", "mod a;\n"), ("a.rs", "use super::*;\n")]);
+    assert_eq!(globs, vec!["a".to_string()]);
+}
+
+#[test]
+fn no_module_imports_all_of_its_parent_outside_its_tests() {
+    let mut found = Vec::new();
+    for p in packages() {
+        if !p.dir.join("src").is_dir() {
+            continue;
+        }
+        for (m, src) in module_sources(&p.dir.join("src")) {
+            if src.glob_super {
+                found.push(format!("{}: {m}", p.name));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "`use super::*` outside tests (docs/architecture.md): name what is used: {found:#?}"
+    );
 }
 
 /// The return type of the public function whose `pub fn` starts `text`, its spaces as one

@@ -17,7 +17,7 @@ pub enum ClaimVerdict {
 }
 
 /// The box's view of a pool's claims (`docs/pool.md`): with one set
-/// ([`GpuEndpoint::set_claims`]), an attach is accepted only with the token of a claim the
+/// ([`GpuEndpoint::set_claims`](crate::GpuEndpoint::set_claims)), an attach is accepted only with the token of a claim the
 /// pool holds for that host on that device, and an owner whose claim goes is cut off and the
 /// device reset. The datapath never waits on it: it is asked from the poll loop, and must
 /// answer from what it has (a lock and a map, no I/O).
@@ -49,10 +49,10 @@ pub struct OwnershipEvent {
     pub why: String,
 }
 
-/// Where [`GpuEndpoint::set_ownership_sink`] sends ownership changes.
+/// Where [`GpuEndpoint::set_ownership_sink`](crate::GpuEndpoint::set_ownership_sink) sends ownership changes.
 pub type OwnershipSink = Box<dyn FnMut(&OwnershipEvent) + Send>;
 
-/// Where [`GpuEndpoint::set_health_sink`] sends health changes: the export and `ok` or why
+/// Where [`GpuEndpoint::set_health_sink`](crate::GpuEndpoint::set_health_sink) sends health changes: the export and `ok` or why
 /// it is unhealthy.
 pub type HealthSink = Box<dyn FnMut(&str, &str) + Send>;
 

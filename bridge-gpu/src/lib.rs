@@ -10,7 +10,7 @@
 //! One thread runs everything, run-to-completion: [`GpuEndpoint::poll`] receives what the
 //! socket has, steps every session and every attached device, and sends what they produced.
 //! [`GpuEndpoint::run`] loops on it until told to stop, spinning or sleeping in the kernel
-//! as the [`PollMode`] says.
+//! as the [`PollMode`](link::driver::PollMode) says.
 //!
 //! The rooms, each below the ones that use it: `spec` (what the endpoint is told), `error`,
 //! `stats` (what it counts), `claims` (what a pool says of claims, the ownership journal),

@@ -34,7 +34,7 @@ const MAX_CLIENTS: usize = 16;
 /// a method and a few parameters (a reload's, an attach's), far below it.
 pub const MAX_LINE: usize = 64 << 10;
 /// Requests in one batch; a longer batch is refused whole. With [`MAX_LINE`] and
-/// [`MAX_CLIENTS`] it bounds what the clients hold at once: 16 lines of 64 KiB, parsed, and
+/// the most clients (16) it bounds what the clients hold at once: 16 lines of 64 KiB, parsed, and
 /// 16 batches of answers — a few MiB, where a batch of a megabyte's requests each asking
 /// for `stats` held hundreds.
 pub const MAX_BATCH: usize = 32;

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
+use super::limits::{
+    CLIENT_TIMEOUT, DMA_REPLY_TIMEOUT, MAX_MESSAGE, MAX_MSG_FDS, MAX_UNSENT, MESSAGE_TIMEOUT,
+};
 use super::proto::{self, Header, cmd, errno};
-use super::{CLIENT_TIMEOUT, DMA_REPLY_TIMEOUT, MAX_MESSAGE, MAX_MSG_FDS, MAX_UNSENT, MESSAGE_TIMEOUT};
 
 /// One message as received: header, payload, descriptors.
 pub(super) struct Message {

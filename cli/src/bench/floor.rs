@@ -1,7 +1,20 @@
 //! The floors the benches compare against: a bare UDP ping-pong and stream with plain
 //! sockets (and with GSO), and a ping-pong through a link driver alone.
 
-use super::*;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use link::driver::{AnyUdp, Datagrams, DriverKind, PollMode, PortableUdp};
+
+/// Where the benches bind: loopback, any port.
+pub(crate) const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
+
+/// How a bench's endpoints wait: spinning (`busy`) or sleeping in the kernel.
+pub(crate) fn mode_of(busy: bool) -> PollMode {
+    if busy { PollMode::Busy { spin: Duration::from_secs(3600) } } else { PollMode::Blocking }
+}
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

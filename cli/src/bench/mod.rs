@@ -12,15 +12,13 @@
 //! (e) the sessions' own CPU time, in memory (no sockets): per round trip, and per streamed
 //!     frame on each side, frames tagged and frames encrypted.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use link::driver::{
-    AnyUdp, Clock, Datagrams, DriverKind, PollMode, PortableUdp, ServerRunner, SessionRunner,
-};
+use link::driver::{AnyUdp, Clock, Datagrams, DriverKind, ServerRunner, SessionRunner};
 use link::{Config, Endpoint, PresharedKey, Rng, Session, Transmit};
 use tlp::{Address, Bdf, Body, Completion, CplStatus, ParseConfig, Request, Tag, TlpRepr};
 
@@ -40,8 +38,6 @@ pub(crate) struct LinkBench {
     #[arg(long)]
     json: bool,
 }
-
-const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
 
 /// `bench link`'s columns: the case, then its three figures.
 const LINK_COLUMNS: [usize; 4] = [44, 10, 10, 12];
@@ -101,10 +97,6 @@ fn write_tlp(size: usize) -> Vec<u8> {
         ph: 0,
         data: &data,
     }))
-}
-
-pub(crate) fn mode_of(busy: bool) -> PollMode {
-    if busy { PollMode::Busy { spin: Duration::from_secs(3600) } } else { PollMode::Blocking }
 }
 
 /// A server endpoint in its own thread: answers reads with completions, counts writes.
@@ -627,8 +619,9 @@ fn driver_name(driver: DriverKind) -> &'static str {
 mod floor;
 mod simgpu;
 
-use floor::summarize;
 pub(crate) use floor::{
-    Buffers, Rtt, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
+    Buffers, Rtt, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong,
+    mode_of, us,
 };
+use floor::{LOCAL, summarize};
 pub(crate) use simgpu::{SimGpuBench, run_simgpu};

@@ -1,6 +1,11 @@
 //! `dxpu bench simgpu`: the directly attached simgpu's own figures.
 
-use super::*;
+use std::time::Instant;
+
+use clap::Args;
+use tlp::Bdf;
+
+use super::floor::{summarize, us};
 
 /// Options of `dxpu bench simgpu`.
 #[derive(Args, Debug)]

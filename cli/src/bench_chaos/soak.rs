@@ -1,6 +1,16 @@
 //! The soak's running state: its processes, the runs in flight, the faults it injects.
 
-use super::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::parts::{
+    BoxProc, CONCURRENT_RUNS, ChaosBench, Imp, KEY_A, KEY_B, PROBE_LIMIT, RUN_LIMIT, Rng, Run, Tally,
+    free_port, reason, scrape,
+};
 
 /// What the soak holds while it runs: its boxes and etcd, the workload runs in flight, the
 /// faults' pending returns, the stalling clients, and the tally.

@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bridge_host::{HostStats, RemoteDevice};
-use clap::Args;
 use driver::SimGpuDriver;
 use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
@@ -21,184 +20,17 @@ use link::driver::DriverKind;
 use serde_json::json;
 use testbed::concurrent::ConcurrentAttach;
 use testbed::direct::DirectAttach;
-use testbed::model::{self, LinkParams, Prediction, Profile};
-use testbed::workload::{self, Workload, WorkloadReport};
+use testbed::model::{self, LinkParams};
+use testbed::workload::{Workload, WorkloadReport};
 
 use crate::affinity::{self, Placement};
-use crate::args::{EndpointArgs, ImpairArgs};
 use crate::harness::{Frames, LocalBox, Spread, WorkloadArg, mmio_rtt};
-
-/// Options of `dxpu loopback`.
-#[derive(Args, Debug, Clone)]
-pub(crate) struct LoopbackArgs {
-    /// Workload size, 1..=32: the demo's MiB copied each way (×64 Ki-element vectors); the
-    /// AI workloads' requests, steps or batches, 2 per unit.
-    #[arg(long, default_value_t = 4)]
-    pub(crate) scale: u32,
-    /// The workload; every one in turn unless given, and a summary of their overheads.
-    #[arg(long, value_enum)]
-    pub(crate) workload: Option<WorkloadArg>,
-    /// Rows per request (`inference`, 1..=256; 16 unless given) or per micro-batch
-    /// (`training`, 1..=256; 64).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub(crate) batch: Option<u16>,
-    /// Layers in each request's chain of kernels (`inference`, 1..=32; 4 unless given).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=32))]
-    pub(crate) layers: Option<u16>,
-    /// How the directly attached simgpu the bridged runs are compared with runs: inside the
-    /// driver's calls (synchronous) or on a thread of its own (concurrent).
-    #[arg(long, value_enum, default_value_t = BaselineArg::Synchronous)]
-    pub(crate) baseline: BaselineArg,
-    /// Runs of the workload each way, bridged and direct in turns (1..=1000); the report
-    /// gives the medians and their spread.
-    #[arg(long, default_value_t = DEFAULT_REPEAT, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub(crate) repeat: u32,
-    #[command(flatten)]
-    pub(crate) endpoints: EndpointArgs,
-    #[command(flatten)]
-    pub(crate) impair: ImpairArgs,
-    /// Encrypt the frames' bodies (link.encrypt_frames), as on a fabric others can read.
-    #[arg(long)]
-    encrypt: bool,
-    /// MMIO reads timed for the round-trip figures.
-    #[arg(long, default_value_t = 2000)]
-    pub(crate) rtt_samples: usize,
-    /// Write the host endpoint's link, both ways, to this pcapng file (read it with
-    /// `dxpu tlp decode --pcap`, or Wireshark with contrib/wireshark/dxpu.lua).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) capture: Option<std::path::PathBuf>,
-    /// The capture file's size bound in bytes; packets beyond it are counted, not written.
-    #[arg(long, default_value_t = ops::capture::DEFAULT_LIMIT, requires = "capture")]
-    pub(crate) capture_limit: u64,
-    /// The capture's tap (set from --capture).
-    #[arg(skip)]
-    pub(crate) tap: Option<link::driver::Tap>,
-    /// Print the report as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Say every step of every run on standard error (else a progress bar on a terminal,
-    /// and a line per workload elsewhere).
-    #[arg(long, short)]
-    verbose: bool,
-    /// Instead of running the workload, serve the remote simgpu to a VMM over vfio-user on
-    /// DIR/gpu0.sock (QEMU: -device vfio-user-pci) until SIGINT or SIGTERM.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) vfio_user: Option<std::path::PathBuf>,
-    /// Log level: error, warn, info, debug or trace.
-    #[arg(long, default_value = "warn")]
-    log_level: String,
-}
-
-/// Runs each way by default: enough that invocations in a row agree on the median overhead
-/// within ±5 percentage points on the 2-core development machine (docs/performance.md: 9
-/// did not, nor did 41 through one attachment).
-pub(crate) const DEFAULT_REPEAT: u32 = 15;
 
 /// Bridged runs made through one attachment before the next (see `run`).
 const RUNS_PER_SESSION: u32 = 3;
 
-impl LoopbackArgs {
-    /// What `dxpu loopback` runs with no options.
-    pub(crate) fn defaults() -> LoopbackArgs {
-        LoopbackArgs {
-            scale: 4,
-            workload: None,
-            batch: None,
-            layers: None,
-            baseline: BaselineArg::Synchronous,
-            repeat: DEFAULT_REPEAT,
-            endpoints: EndpointArgs::default(),
-            impair: ImpairArgs::default(),
-            encrypt: false,
-            rtt_samples: 2000,
-            json: false,
-            verbose: false,
-            vfio_user: None,
-            log_level: "warn".into(),
-            capture: None,
-            capture_limit: ops::capture::DEFAULT_LIMIT,
-            tap: None,
-        }
-    }
-}
-
-impl Outcome {
-    /// Seconds of the whole workload, bridged and direct.
-    pub(crate) fn seconds(&self) -> (Spread, Spread) {
-        (
-            Spread::of(self.bridged.iter().map(|r| r.seconds)),
-            Spread::of(self.direct.iter().map(|r| r.seconds)),
-        )
-    }
-
-    /// The overhead in percent, bridged against direct, of each pair of runs made in turn.
-    pub(crate) fn overhead(&self) -> Spread {
-        Spread::of(self.bridged.iter().zip(&self.direct).map(|(b, d)| (b.seconds / d.seconds - 1.0) * 100.0))
-    }
-
-    /// Step `i`'s seconds, bridged and direct.
-    fn step(&self, i: usize) -> (Spread, Spread) {
-        let of = |runs: &[WorkloadReport]| {
-            Spread::of(runs.iter().filter_map(|r| r.steps.get(i)).map(|s| s.seconds))
-        };
-        (of(&self.bridged), of(&self.direct))
-    }
-
-    /// Gbit/s of the workload's copies, (host→device, device→host), medians.
-    fn dma(runs: &[WorkloadReport]) -> (f64, f64) {
-        (
-            Spread::of(runs.iter().map(|r| gbps(r.h2d.0, r.h2d.1))).median,
-            Spread::of(runs.iter().map(|r| gbps(r.d2h.0, r.d2h.1))).median,
-        )
-    }
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_nanos() as f64 / 1000.0
-}
-
-fn gbps(bytes: usize, seconds: f64) -> f64 {
-    if seconds > 0.0 { bytes as f64 * 8.0 / seconds / 1e9 } else { 0.0 }
-}
-
-/// What the runs found: the workload through the bridges and directly, in turns.
-pub(crate) struct Outcome {
-    pub(crate) bridged: Vec<WorkloadReport>,
-    pub(crate) direct: Vec<WorkloadReport>,
-    rtt: (Duration, Duration),
-    direct_rtt: (Duration, Duration),
-    host: HostStats,
-    driver: String,
-    offload: link::driver::OffloadState,
-    /// The link's MTU and the device's Max_Payload_Size through it.
-    sizes: (usize, u32),
-    /// The workload's transaction profile, counted on the direct platform (one run, the
-    /// last), with that platform's copy rates.
-    pub(crate) profile: Profile,
-    /// The link as measured before the runs: MMIO round trip p50 and bulk rates.
-    pub(crate) link: LinkParams,
-    pub(crate) workload: WorkloadArg,
-    /// Where `--pin` put the threads (none: unpinned).
-    pub(crate) placement: Option<Placement>,
-    /// TLPs host→box and box→host over every bridged session of the workload, whole (what a
-    /// `--capture` of it holds).
-    pub(crate) captured: (u64, u64),
-}
-
 /// Bytes of the copies that measure bulk rates before the runs.
 const RATE_BYTES: usize = 16 << 20;
-
-impl Outcome {
-    /// What the model predicts for the measured link, and the round trip (µs) at which it
-    /// predicts 10 %.
-    pub(crate) fn prediction(&self) -> (Prediction, Option<f64>) {
-        let direct = self.seconds().1.median;
-        (
-            model::predict(&self.profile, direct, &self.link),
-            model::crossing_rtt(&self.profile, direct, &self.link, 10.0).map(|s| s * 1e6),
-        )
-    }
-}
 
 pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {
@@ -402,16 +234,6 @@ impl Baseline {
     }
 }
 
-/// `--baseline`: how the directly attached simgpu runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum BaselineArg {
-    /// Inside the driver's calls, on the driver's thread: one thread busy.
-    Synchronous,
-    /// On a thread of its own beside the driver's, as a GPU beside the CPU: two threads
-    /// busy, as through the bridges.
-    Concurrent,
-}
-
 /// One run of the workload through `d`, verified and not counted.
 fn warm_up<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
@@ -435,14 +257,6 @@ fn one_run(before: &HostStats, after: &HostStats) -> HostStats {
     h.interrupts = after.interrupts - before.interrupts;
     h.link.retransmits = after.link.retransmits - before.link.retransmits;
     h
-}
-
-fn tlp_totals(h: &HostStats) -> BTreeMap<&'static str, u64> {
-    let mut t = h.tlps_sent.clone();
-    for (k, v) in &h.tlps_received {
-        *t.entry(k).or_default() += v;
-    }
-    t
 }
 
 /// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
@@ -662,7 +476,12 @@ impl Drop for Steps {
     }
 }
 
+mod args;
+mod outcome;
 mod report;
+
+pub(crate) use args::{BaselineArg, DEFAULT_REPEAT, LoopbackArgs};
+use outcome::Outcome;
 
 pub(crate) use report::report_json;
 use report::{print_report, print_summary};

@@ -1,7 +1,15 @@
 //! `dxpu loopback`'s report: the table of each workload, the summary of several, and the
 //! JSON object.
 
-use super::*;
+use std::time::Duration;
+
+use serde_json::json;
+
+use testbed::workload;
+
+use super::args::{BaselineArg, LoopbackArgs};
+use super::outcome::{Outcome, tlp_totals, us};
+use crate::harness::Spread;
 
 /// Every workload's overhead beside the model's prediction, one line each.
 pub(super) fn print_summary(outcomes: &[Outcome]) {

@@ -1,7 +1,14 @@
 //! The command processor: each channel's commands fetched from its ring by DMA, ahead of
 //! need, and executed — copies, fills, kernels, timed commands, semaphores, fences.
 
-use super::*;
+use simgpu_abi::{COMMAND_BYTES, err, op, sem};
+use tlp::rules::{self, TransferSize};
+
+use super::{
+    CHUNK, COPY_OUT_STEP, Cp, DmaSource, FETCHED_BYTES, MATMUL_BAND, MAX_READS_IN_FLIGHT, MAX_TIMED_NS, PAGE,
+    PREFETCH, RING_LANDING, ReadPurpose, Scratch, SimGpu,
+};
+use crate::device::now_ns;
 
 impl SimGpu {
     pub(super) fn arg(&self, ch: usize, i: usize) -> u64 {

@@ -23,8 +23,6 @@ pub const MAX_READS_IN_FLIGHT: usize = 256;
 /// Tags the device uses: 10-bit tags (PCIe 6.0 §2.2.6.2), the values 0..1024.
 const TAGS: usize = 1024;
 const PAGE: u64 = 4096;
-/// VRAM is backed in pages of this size, each allocated when first written.
-pub const VRAM_PAGE: u64 = 64 << 10;
 /// Largest buffer a command makes the device hold at once.
 const CHUNK: u64 = 1 << 20;
 /// Commands the command processor fetches in one DMA read at most (as many as are
@@ -47,11 +45,6 @@ const COPY_OUT_STEP: u64 = 64 << 10;
 const MATMUL_BAND: usize = 1 << 20;
 /// The longest a TIMED kernel, or a copy's least duration, may be: 60 s.
 pub const MAX_TIMED_NS: u64 = 60_000_000_000;
-
-type VramPage = Box<[u8; VRAM_PAGE as usize]>;
-
-/// Untouched VRAM reads as this.
-static ZERO_PAGE: [u8; VRAM_PAGE as usize] = [0; VRAM_PAGE as usize];
 
 /// What an outstanding DMA read is for.
 #[derive(Clone, Copy, Debug)]
@@ -762,4 +755,5 @@ impl Device for SimGpu {
 mod cp;
 mod vram;
 
+pub use vram::VRAM_PAGE;
 use vram::Vram;

@@ -1,6 +1,12 @@
 //! The simulated GPU's VRAM: sparse, in pages allocated when first written.
 
-use super::*;
+/// VRAM is backed in pages of this size, each allocated when first written.
+pub const VRAM_PAGE: u64 = 64 << 10;
+
+type VramPage = Box<[u8; VRAM_PAGE as usize]>;
+
+/// Untouched VRAM reads as this.
+static ZERO_PAGE: [u8; VRAM_PAGE as usize] = [0; VRAM_PAGE as usize];
 
 /// Sparse VRAM: pages exist once written; reads of untouched memory return zeros. The page
 /// table is indexed by page number and grows to the highest page written (8 bytes per page

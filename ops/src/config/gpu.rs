@@ -1,6 +1,11 @@
 //! `dxpu gpu`'s file: what it configures, what a reload may change.
 
-use super::*;
+use std::net::SocketAddr;
+
+use bridge_gpu::{DeviceSpec, ExportSpec, GpuOptions, HostKey};
+use hw::simgpu::SimGpuParams;
+
+use super::{ConfigError, DEFAULT_PORT, GpuFile, bad, key, socket_addr};
 
 impl GpuFile {
     /// The settings a reload cannot change (the socket, the link, the pool, the control

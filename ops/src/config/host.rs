@@ -1,6 +1,15 @@
 //! `dxpu host`'s file: its pool, what it configures, what a reload may change.
 
-use super::*;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bridge_host::AttachOptions;
+
+use super::{
+    AttachSection, ConfigError, DEFAULT_PORT, HostFile, HostPool, ServedSocket, bad, id_of, key,
+    physical_memory_mib, pool_config, socket_addr,
+};
 
 impl HostFile {
     /// `[pool]`, if the file has one.

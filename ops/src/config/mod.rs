@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bridge_gpu::{DeviceSpec, ExportSpec, GpuOptions, HostKey};
+use bridge_gpu::ExportSpec;
 use bridge_host::AttachOptions;
-use hw::simgpu::SimGpuParams;
+
 use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde::Deserialize;

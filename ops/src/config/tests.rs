@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
+use bridge_gpu::{DeviceSpec, GpuOptions};
 
 const KEY: &str = "00112233445566778899aabbccddeeff";
 

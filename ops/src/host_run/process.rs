@@ -1,7 +1,19 @@
 //! `dxpu host`'s process: the main loop, `--check`, and the run that reads the file and picks
 //! the loop (static `[[attach]]`, the pool, a workload).
 
-use super::*;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::runtime::{HostConfig, HostRuntime, entries, read_host_file};
+use crate::Workload;
+use crate::config::{self, HostFile};
+use crate::control::{Calls, ControlServer, RpcError};
+use crate::metrics::MetricsServer;
+use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
+use crate::run_error::RunError;
 
 /// The main loop of `dxpu host` with `[[attach]]` and no `--workload`: moves the devices'
 /// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the

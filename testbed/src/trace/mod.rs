@@ -14,7 +14,7 @@
 //! Nor does a file exhaust memory or hang it ([`ReadLimits`]): only regular files are read
 //! (a FIFO would block, `/dev/zero` never ends); the file and the JSON it inflates to are
 //! capped, and a gzip stream may not inflate past [`MAX_GZIP_RATIO`] times its size; the
-//! JSON streams through [`scan`], one event at a time, so memory is bounded by what is kept
+//! JSON streams through `scan`, one event at a time, so memory is bounded by what is kept
 //! (the calls and activities, some 100 bytes each) and the largest event; times and
 //! durations that no profiler run can have (an event days away from the others) are refused
 //! naming the event.
