@@ -1,7 +1,7 @@
 //! Attaching a remote device, in its phases: the link (socket, session), the handshake, the
 //! attach request and the box's answer, and the host view of what the box attached. Each
 //! phase fails with its own [`AttachError`]; a failure after the handshake closes the
-//! session, so the box forgets it at once instead of at its idle timeout.
+//! session, so the box forgets it at once instead of at its ride-through time.
 #![forbid(unsafe_code)]
 
 use std::io;

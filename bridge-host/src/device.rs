@@ -128,21 +128,22 @@ impl DeviceState {
     /// session's queue for its class is full.
     fn send(&mut self, t: &TlpRepr<'_>) -> bool {
         self.sent.count(t);
-        // The clock is read only if the queue is full (not on the way of every request).
-        let mut deadline = None;
+        // The clock is read only if the queue is full (not on the way of every request):
+        // when it first refused.
+        let mut refused_at = None;
         loop {
             // Emitted straight into the buffer its frame is sent from, again on each try.
             match self.link.session.send_repr(t) {
                 Ok(()) => return true,
                 Err(SendError::QueueFull { .. }) => {
-                    let timeout = self.requester.timeout;
+                    let (timeout, silence) = (self.requester.timeout, self.requester.silence);
                     let now = self.link.clock.now();
-                    let (due, silence) = (*deadline.get_or_insert(now + timeout), self.requester.silence);
-                    // A queue that does not drain because the box is silent waits for it, as
-                    // the session does, up to the ride-through time.
-                    let waiting_out_silence = now.since(self.link.session.last_heard()) >= silence.quiet
-                        && now < due + silence.ride_through;
-                    if now >= due && !waiting_out_silence {
+                    let since = *refused_at.get_or_insert(now);
+                    // A queue that does not drain because the box is silent waits for it, as a
+                    // request's completion does, up to the ride-through time.
+                    let silent = silence.silent(since, self.link.session.last_heard(), now)
+                        && now < since + timeout + silence.ride_through;
+                    if now >= since + timeout && !silent {
                         self.remove(format!("the link took no {} for {timeout:?}", t.kind().name()));
                         return false;
                     }
@@ -176,8 +177,8 @@ impl DeviceState {
 
     /// Sends the non-posted request `t` with `tag` and waits for its completion, driving
     /// the link meanwhile. The completion timeout runs from the send (see
-    /// `requester::CompletionTimer`); a box that is really gone is found by the link's idle
-    /// timeout first. `None` if it failed, timed out, or the device is gone.
+    /// `requester::CompletionTimer`, paused while the box is silent); a box that is really
+    /// gone is found by the link's ride-through time. `None` if it failed, timed out, or the device is gone.
     fn request(&mut self, t: &TlpRepr<'_>, tag: tlp::Tag) -> Option<Completed> {
         if self.cancelled() {
             self.stats.failed_requests += 1;

@@ -313,7 +313,7 @@ impl RemoteDevice {
     }
 
     /// Lets go of the device without detaching or closing the session, as a host process
-    /// that is killed does: the box learns of it only from the link's idle timeout. For
+    /// that is killed does: the box learns of it only at the link's ride-through time. For
     /// tests of that failure.
     pub fn abandon(mut self) {
         self.abandoned = true;
