@@ -292,16 +292,7 @@ fn a_stock_etcd_keeps_quiet_agents_and_their_watches_and_a_restart_resumes_them(
     let mut cluster = EtcdCluster::start_stock(1).expect("a stock etcd starts");
     let mut cfg = cluster.config();
     cfg.lease_ttl = Duration::from_secs(30);
-    let record = DeviceRecord {
-        advertise: "127.0.0.1:9".into(),
-        vendor_id: simgpu_abi::VENDOR_ID,
-        device_id: simgpu_abi::DEVICE_ID,
-        class: 0x03_02_00,
-        vram_bytes: 1 << 30,
-        health: "ok".into(),
-        allow: vec!["*".into()],
-        since: 0,
-    };
+    let record = sim_record("127.0.0.1:9");
     let agent = BoxAgent::start(cfg.clone(), "box-q", vec![("gpu0".into(), record)]).unwrap();
     let end = Instant::now() + Duration::from_secs(10);
     while !agent.registered() {
@@ -376,6 +367,20 @@ fn a_stock_etcd_keeps_quiet_agents_and_their_watches_and_a_restart_resumes_them(
     agent.stop();
 }
 
+/// The record of a simulated GPU, open to every host, served at `advertise`.
+fn sim_record(advertise: &str) -> DeviceRecord {
+    DeviceRecord {
+        advertise: advertise.into(),
+        vendor_id: simgpu_abi::VENDOR_ID,
+        device_id: simgpu_abi::DEVICE_ID,
+        class: 0x03_02_00,
+        vram_bytes: 1 << 30,
+        health: "ok".into(),
+        allow: vec!["*".into()],
+        since: 0,
+    }
+}
+
 /// A box reports a device unhealthy: `pool ls` says so and nobody claims it; once the box
 /// stops, its device leaves the pool at once.
 fn unhealthy_is_listed_and_not_claimed(
@@ -417,7 +422,8 @@ fn unhealthy_box(cfg: &pool::PoolConfig, like: &DeviceRecord) -> BoxAgent {
 /// A second box agent started with the name a running box holds registers nothing — the
 /// first keeps its devices in `pool ls` — and takes the name once the first has stopped. A
 /// device record no live box holds (a forged one, here) shows `no-box` and is never
-/// claimed; an unreadable drain shows `bad-drain`. On 166c20c the second box overwrote the
+/// claimed; an unreadable drain shows `bad-drain`; an unreadable `boxes/{box}` record holds its
+/// name until deleted. On 166c20c the second box overwrote the
 /// first's records under its own lease, and when it died the live first box had no device in
 /// `pool ls` for 30 s, with nothing logged.
 #[test]
@@ -425,16 +431,6 @@ fn a_second_box_with_a_name_in_use_registers_nothing() {
     let _serial = dxpu_tests::serial();
     let Some(cluster) = cluster() else { return };
     let cfg = cluster.config();
-    let record = |advertise: &str| DeviceRecord {
-        advertise: advertise.into(),
-        vendor_id: simgpu_abi::VENDOR_ID,
-        device_id: simgpu_abi::DEVICE_ID,
-        class: 0x03_02_00,
-        vram_bytes: 1 << 30,
-        health: "ok".into(),
-        allow: vec!["*".into()],
-        since: 0,
-    };
     let wait = |what: &str, ok: &dyn Fn() -> bool| {
         let end = Instant::now() + Duration::from_secs(15);
         while !ok() {
@@ -443,12 +439,17 @@ fn a_second_box_with_a_name_in_use_registers_nothing() {
         }
     };
     let first =
-        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), record("127.0.0.1:1001"))]).unwrap();
+        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), sim_record("127.0.0.1:1001"))]).unwrap();
     wait("the first box registers", &|| first.registered());
     let second =
-        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), record("127.0.0.1:1002"))]).unwrap();
+        BoxAgent::start(cfg.clone(), "box-n", vec![("gpu0".into(), sim_record("127.0.0.1:1002"))]).unwrap();
     let rt = rt();
     let mut client = rt.block_on(pool::connect(&cfg)).unwrap();
+    // A name held by a record dxpu cannot read (not JSON, under no lease) is held too.
+    let unreadable = format!("{}/boxes/box-u", cfg.prefix);
+    rt.block_on(client.put(unreadable.clone(), b"not json".to_vec(), None)).unwrap();
+    let third =
+        BoxAgent::start(cfg.clone(), "box-u", vec![("gpu0".into(), sim_record("127.0.0.1:1003"))]).unwrap();
     let ls = |client: &mut pool::etcd::Client| rt.block_on(pool::admin::ls(client, &cfg)).unwrap();
     let device_of = |client: &mut pool::etcd::Client| {
         let got = rt.block_on(client.get(format!("{}/devices/box-n/gpu0", cfg.prefix), None)).unwrap();
@@ -457,6 +458,7 @@ fn a_second_box_with_a_name_in_use_registers_nothing() {
     // Several of the second's attempts: it never registers, the first's record stays.
     std::thread::sleep(Duration::from_secs(3));
     assert!(!second.registered(), "the second box registered over the first");
+    assert!(!third.registered(), "a box registered over an unreadable record of its name");
     assert!(device_of(&mut client).contains("127.0.0.1:1001"), "{}", device_of(&mut client));
     let e = ls(&mut client);
     let n: Vec<_> = e.iter().filter(|e| e.box_name == "box-n").collect();
@@ -465,11 +467,14 @@ fn a_second_box_with_a_name_in_use_registers_nothing() {
     // The first stops (its lease revoked): the second takes the name.
     first.stop();
     wait("the second box registers once the name is free", &|| second.registered());
+    rt.block_on(client.delete(unreadable, None)).unwrap();
+    wait("box-u registers once the unreadable record is deleted", &|| third.registered());
+    third.stop();
     assert!(device_of(&mut client).contains("127.0.0.1:1002"));
     // A forged device record of a box no agent runs, and an unreadable drain of box-n's.
     rt.block_on(client.put(
         format!("{}/devices/box-f/gpu0", cfg.prefix),
-        serde_json::to_vec(&record("127.0.0.1:9")).unwrap(),
+        serde_json::to_vec(&sim_record("127.0.0.1:9")).unwrap(),
         None,
     ))
     .unwrap();

@@ -113,34 +113,52 @@ fn hostile_traces_are_refused_within_seconds_and_a_huge_one_read_all_under_256_m
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// SIGINT to a replay in progress: it exits within a second, with 130.
+/// SIGINT, and SIGTERM, to a replay in progress: it exits within a second, with 130 (143).
 #[test]
-fn sigint_ends_a_replay_within_a_second() {
+fn sigint_or_sigterm_ends_a_replay_within_a_second() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let trace =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed/traces/v100-training-4k-kernels.json.gz");
-    let mut child = dxpu()
-        .args(["replay", "--repeat", "5"])
-        .arg(&trace)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Well into it: the trace read, replays running.
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(child.try_wait().unwrap().is_none(), "the replay ended before the signal");
-    let pid = rustix::process::Pid::from_child(&child);
-    let t = Instant::now();
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t.elapsed() < Duration::from_secs(5), "still running 5 s after SIGINT");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let took = t.elapsed();
-    assert!(took < Duration::from_secs(1), "ended {took:?} after SIGINT");
-    assert_eq!(status.code(), Some(130), "{status}");
-    eprintln!("replay ended {took:.2?} after SIGINT");
+    use rustix::process::Signal;
+    for (signal, code) in [(Signal::INT, 130), (Signal::TERM, 143)] {
+        let mut child = dxpu()
+            .args(["replay", "--repeat", "5"])
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Well into it: the trace read, replays running.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(child.try_wait().unwrap().is_none(), "the replay ended before {signal:?}");
+        let t = Instant::now();
+        rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "still running 5 s after {signal:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(1), "ended {took:?} after {signal:?}");
+        assert_eq!(status.code(), Some(code), "{signal:?}: {status}");
+        eprintln!("replay ended {took:.2?} after {signal:?}");
+    }
+}
+
+/// `--max-trace-bytes` reaches the reader: a real trace past it is refused before it is read,
+/// naming the flag.
+#[test]
+fn max_trace_bytes_refuses_a_trace_past_it() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed/traces/a100-event-sync-small.json.gz");
+    let limit = ["--max-trace-bytes", "1000"];
+    for cmd in
+        [&["model", limit[0], limit[1], "--rtt-us", "10", "--trace"][..], &["replay", limit[0], limit[1]][..]]
+    {
+        let out = dxpu().args(cmd).arg(&trace).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
+        assert!(err.contains("past the limit of 1000 bytes (--max-trace-bytes)"), "{cmd:?}: {err}");
+    }
 }

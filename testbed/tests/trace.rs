@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use testbed::trace::{ActivityKind, CallKind, CopyKind, TraceError, parse, read};
+use testbed::trace::{ActivityKind, CallKind, CopyKind, ReadLimits, TraceError, parse, read, read_with};
 
 fn traces() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces")
@@ -198,6 +198,38 @@ fn a_truncated_gzip_is_an_error_not_a_panic() {
     let e = read(&cut, None).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. } | TraceError::NotATrace { .. }), "{e}");
     assert!(e.to_string().contains("cut.json.gz"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--max-trace-bytes` at its edge: a plain file of exactly the limit is read and one byte
+/// less refuses it before reading; a gzip whose JSON inflates past the limit (but not past
+/// the bomb ratio) is refused naming the limit, and read when the limit is its size.
+#[test]
+fn the_size_limit_holds_at_its_edge_for_plain_and_gzip_traces() {
+    let dir = std::env::temp_dir().join(format!("dxpu-trace-limit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let launch = event("cuda_runtime", "cudaLaunchKernel", "1", "5", r#""correlation":1"#);
+    let kernel = event("kernel", "k", "7", "3", r#""correlation":1,"stream":7,"device":0"#);
+    let json = trace(&[launch, kernel]);
+    let len = json.len() as u64;
+    let plain = dir.join("t.json");
+    std::fs::write(&plain, &json).unwrap();
+    let limit = |max_bytes| ReadLimits { max_bytes };
+    assert_eq!(read_with(&plain, None, limit(len)).unwrap().activities.len(), 1);
+    let e = read_with(&plain, None, limit(len - 1)).unwrap_err();
+    assert!(matches!(e, TraceError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains(&format!("{len} bytes, past the limit of {} bytes", len - 1)), "{e}");
+
+    let gz = dir.join("t.json.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(&json).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let gz_len = std::fs::metadata(&gz).unwrap().len();
+    assert!(gz_len < len - 1, "the gzip ({gz_len} bytes) passes the file-size check");
+    assert_eq!(read_with(&gz, None, limit(len)).unwrap().activities.len(), 1);
+    let e = read_with(&gz, None, limit(len - 1)).unwrap_err();
+    assert!(matches!(e, TraceError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains(&format!("inflates past the limit of {} bytes", len - 1)), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

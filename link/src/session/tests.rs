@@ -3,7 +3,7 @@ use super::*;
 use crate::handshake::{
     COOKIE_LEN, ChallengeBody, CookieBody, InitBody, RefuseBody, SERVER_PROOF, options, transcript,
 };
-use crate::wire::{Frame, FrameRepr, FrameType, Header, TAG_LEN, TlpRecords};
+use crate::wire::{Frame, FrameRepr, FrameType, Header, MAX_SACK_RANGES, SackRanges, TAG_LEN, TlpRecords};
 use tlp::{Address, Bdf, Body, Request, Tag};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -342,4 +342,45 @@ fn a_challenge_weaker_than_what_the_client_asked_is_refused() {
         assert_eq!(c.state == State::ClientResponse, taken, "options {options:#x}");
         assert_eq!(c.stats().dropped_unexpected, u64::from(!taken), "options {options:#x}");
     }
+}
+
+/// A selective acknowledgement from a broken peer (the frame was authentic): a body that is
+/// not whole ranges, or more ranges than a frame carries, is counted and ignored; ranges
+/// that name nothing held — past what was sent, reversed, wrapping the sequence space — change
+/// nothing. No panic, no frame given up, and the data still arrives.
+#[test]
+fn a_selective_acknowledgement_that_makes_no_sense_is_ignored() {
+    let (mut c, mut s) = pair();
+    let mut t = Time::from_nanos(10);
+    let mut buf = vec![0u8; 2048];
+    for _ in 0..4 {
+        c.send_repr(&write(&[1; 64])).unwrap();
+    }
+    // Sent, none acknowledged yet.
+    let mut sent = Vec::new();
+    while let Some(n) = c.poll_transmit(t, &mut buf) {
+        sent.push(buf[..n].to_vec());
+    }
+    let before = *c.stats();
+    for len in [1, 7, 8 * MAX_SACK_RANGES + 8] {
+        c.on_sack(t, &vec![0xff; len]);
+    }
+    assert_eq!(c.stats().dropped_unexpected, before.dropped_unexpected + 3);
+    let mut junk = [0u8; 8 * MAX_SACK_RANGES];
+    // The frames held are 0..4: before them, reversed, half the space away, empty, beyond.
+    let ranges = [(u32::MAX - 1, u32::MAX), (3, 1), (500, 400), (1 << 31, u32::MAX), (0, 0), (100, 1 << 30)];
+    let n = SackRanges::emit(ranges, &mut junk);
+    c.on_sack(t, &junk[..n]);
+    assert_eq!(c.stats().dropped_unexpected, before.dropped_unexpected + 3, "well-formed ranges are taken");
+    assert_eq!(c.stats().frames_sacked, before.frames_sacked, "ranges naming nothing held changed something");
+    // The data still arrives, and is acknowledged in full.
+    t = Time::from_nanos(20);
+    for f in &sent {
+        s.handle_datagram(t, f);
+    }
+    while let Some(n) = s.poll_transmit(t, &mut buf) {
+        c.handle_datagram(t, &buf[..n]);
+    }
+    assert_eq!(std::iter::from_fn(|| s.recv_tlp()).count(), 4);
+    assert_eq!(c.stats().retransmits, before.retransmits, "nothing was replayed");
 }
