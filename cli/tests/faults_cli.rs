@@ -106,17 +106,8 @@ fn one_box_that_does_not_answer_costs_its_device_only() {
 fn a_reload_whose_key_file_blocks_does_not_freeze_the_box() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("fifo-reload");
-    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
-    let gcfg = dir.join("gpu.toml");
-    let base = gpu_toml(&dir, port, gm, &["gpu0"]);
-    std::fs::write(&gcfg, &base).unwrap();
-    let hcfg = dir.join("host.toml");
-    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
-    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    gpu.serving("the box's control socket", &gs);
-    let mut host = Proc::start(&dir, "host", &hcfg);
-    host.serving("the host's control socket", &hs);
+    let BoxAndHost { gpu, host, gs, hs, gcfg, .. } = box_and_host(&dir, &["gpu0"], &["gpu0"], "");
+    let base = std::fs::read_to_string(&gcfg).unwrap();
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });
@@ -408,17 +399,8 @@ fn a_box_stopped_past_the_ride_through_is_removed_once_saying_why() {
     use rustix::process::Signal;
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("sigstop-long");
-    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
-    let gcfg = dir.join("gpu.toml");
-    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
-    let hcfg = dir.join("host.toml");
-    let h = host_toml(&dir, port, hm, &["gpu0"]);
-    std::fs::write(&hcfg, format!("{h}[link]\nidle_timeout_ms = 1000\nride_through_ms = 2000\n")).unwrap();
-    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
-    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    gpu.serving("the box's control socket", &gs);
-    let mut host = Proc::start(&dir, "host", &hcfg);
-    host.serving("the host's control socket", &hs);
+    let link = "[link]\nidle_timeout_ms = 1000\nride_through_ms = 2000\n";
+    let BoxAndHost { gpu, host, hs, .. } = box_and_host(&dir, &["gpu0"], &["gpu0"], link);
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });

@@ -19,16 +19,8 @@ use common::*;
 fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_session() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("ctl");
-    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
-    let gcfg = dir.join("gpu.toml");
-    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
-    let hcfg = dir.join("host.toml");
-    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu1"])).unwrap();
-    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
-    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
-    gpu.serving("the box's control socket", &gs);
-    let mut host = Proc::start(&dir, "host", &hcfg);
-    host.serving("the host's control socket", &hs);
+    let both = ["gpu0", "gpu1"];
+    let BoxAndHost { gpu, host, gs, hs, port, .. } = box_and_host(&dir, &both, &both, "");
     // Both sockets are the owner's only.
     for s in [&gs, &hs] {
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s).unwrap().permissions());
@@ -251,16 +243,7 @@ fn a_client_that_never_reads_does_not_stall_the_box_and_metrics_match_its_counte
 fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("hmetrics");
-    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
-    let gcfg = dir.join("gpu.toml");
-    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0"])).unwrap();
-    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
-    gpu.serving("the box's control socket", &dir.join("gpu.sock"));
-    let hcfg = dir.join("host.toml");
-    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let mut host = Proc::start(&dir, "host", &hcfg);
-    let hs = dir.join("host.sock");
-    host.serving("the host's control socket", &hs);
+    let BoxAndHost { gpu, host, hs, hm, .. } = box_and_host(&dir, &["gpu0"], &["gpu0"], "");
     // The control socket comes before the first attach ends: the device's series once it has.
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
@@ -292,17 +275,8 @@ fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
 fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_file_alone() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("hup");
-    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
-    let gcfg = dir.join("gpu.toml");
-    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu1"])).unwrap();
-    let mut gpu = Proc::start(&dir, "gpu", &gcfg);
-    let gs = dir.join("gpu.sock");
-    gpu.serving("the box's control socket", &gs);
-    let hcfg = dir.join("host.toml");
-    std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0"])).unwrap();
-    let mut host = Proc::start(&dir, "host", &hcfg);
-    let hs = dir.join("host.sock");
-    host.serving("the host's control socket", &hs);
+    let BoxAndHost { gpu, host, gs, hs, gcfg, hcfg, port, gm, hm } =
+        box_and_host(&dir, &["gpu0", "gpu1"], &["gpu0"], "");
     let session = |gs: &Path| by_name(&result(gs, &["sessions"]), "device", "gpu0")["session"].clone();
     let s0 = session(&gs);
 

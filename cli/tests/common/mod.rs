@@ -66,6 +66,37 @@ pub fn host_toml(dir: &Path, port: u16, metrics: u16, devices: &[&str]) -> Strin
     t
 }
 
+/// A box (`dxpu gpu`) exporting `exports` and a host (`dxpu host`) attaching `attaches` from
+/// it over 127.0.0.1, each started from its configuration file in `dir` and serving its
+/// control socket; `host_extra` is added to the host's configuration (a `[link]` section).
+pub struct BoxAndHost {
+    pub gpu: Proc,
+    pub host: Proc,
+    /// The box's and the host's control sockets.
+    pub gs: PathBuf,
+    pub hs: PathBuf,
+    /// The box's and the host's configuration files.
+    pub gcfg: PathBuf,
+    pub hcfg: PathBuf,
+    /// The box's UDP port, and the box's and the host's metrics ports.
+    pub port: u16,
+    pub gm: u16,
+    pub hm: u16,
+}
+
+pub fn box_and_host(dir: &Path, exports: &[&str], attaches: &[&str], host_extra: &str) -> BoxAndHost {
+    let (port, gm, hm) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let (gcfg, hcfg) = (dir.join("gpu.toml"), dir.join("host.toml"));
+    std::fs::write(&gcfg, gpu_toml(dir, port, gm, exports)).unwrap();
+    std::fs::write(&hcfg, host_toml(dir, port, hm, attaches) + host_extra).unwrap();
+    let (gs, hs) = (dir.join("gpu.sock"), dir.join("host.sock"));
+    let mut gpu = Proc::start(dir, "gpu", &gcfg);
+    gpu.serving("the box's control socket", &gs);
+    let mut host = Proc::start(dir, "host", &hcfg);
+    host.serving("the host's control socket", &hs);
+    BoxAndHost { gpu, host, gs, hs, gcfg, hcfg, port, gm, hm }
+}
+
 /// A process whose log goes to a file (a pipe nobody reads would fill and stall it).
 pub struct Proc {
     pub child: Child,
