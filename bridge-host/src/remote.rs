@@ -109,6 +109,12 @@ impl RemoteDevice {
         lock(&self.inner).removed.clone()
     }
 
+    /// Whether the box has been silent for the link's idle timeout and the device is riding
+    /// it through (kept, not removed, until the ride-through time passes).
+    pub fn silent(&self) -> bool {
+        lock(&self.inner).link.session.is_silent()
+    }
+
     /// A handle that tells from another thread whether the device was removed (for a device
     /// handed to a vfio-user server's thread).
     pub fn removal_watch(&self) -> RemovalWatch {
@@ -353,6 +359,11 @@ impl RemovalWatch {
     /// Why the device counts as surprise-removed, if it does.
     pub fn removed(&self) -> Option<String> {
         lock(&self.0).removed.clone()
+    }
+
+    /// Whether the device is riding through a silent box, as [`RemoteDevice::silent`].
+    pub fn silent(&self) -> bool {
+        lock(&self.0).link.session.is_silent()
     }
 
     /// The device's counters, as [`RemoteDevice::stats`] (waits for the device's lock: a

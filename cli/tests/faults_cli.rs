@@ -405,7 +405,10 @@ fn a_box_stopped_past_the_ride_through_is_removed_once_saying_why() {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });
     gpu.signal(Signal::STOP);
-    std::thread::sleep(Duration::from_secs(4));
+    until("gpu0 silent", Duration::from_millis(1900), || {
+        by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "silent"
+    });
+    std::thread::sleep(Duration::from_millis(2500));
     let log = host.log();
     gpu.signal(Signal::CONT);
     let silent = log.lines().filter(|l| l.contains("riding through")).count();

@@ -127,6 +127,19 @@ impl Held {
         }
     }
 
+    /// `removed`, `silent` (riding through a silent box) or `attached`.
+    fn state(&self) -> &'static str {
+        let silent = match &self.use_ {
+            Use::Local(d) => d.silent(),
+            Use::Served(s) => s.watch().silent(),
+        };
+        match (self.removed(), silent) {
+            (Some(_), _) => "removed",
+            (None, true) => "silent",
+            (None, false) => "attached",
+        }
+    }
+
     /// Detaches (a fenced device sends nothing: it only closes what is left locally).
     fn detach(self) {
         match self.use_ {
@@ -352,7 +365,7 @@ fn answer(
                             "server": peer(h),
                             "token": h.claim.token,
                             "lease": h.lease,
-                            "state": if h.removed().is_some() { "removed" } else { "attached" },
+                            "state": h.state(),
                             "removed": h.removed(),
                             "vfio_user_socket": match &h.use_ {
                                 Use::Served(s) => Some(s.path().display().to_string()),

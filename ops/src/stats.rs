@@ -35,10 +35,10 @@ pub fn device_metrics(
         labels(&[("device", label), ("peer", peer)]),
         1.0,
     );
-    for st in ["attached", "attaching", "down", "detached", "removed"] {
+    for st in ["attached", "silent", "attaching", "down", "detached", "removed"] {
         x.gauge(
             "device_state",
-            "1 for the device's state, 0 for the others (attached, attaching, down, detached, removed)",
+            "1 for the device's state, 0 for the others (attached, silent, attaching, down, detached, removed)",
             labels(&[("device", label), ("state", st)]),
             if state == st { 1.0 } else { 0.0 },
         );

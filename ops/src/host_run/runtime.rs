@@ -121,6 +121,7 @@ impl SlotLife {
             Slot::Detached => "detached",
             Slot::Attaching { .. } => "attaching",
             Slot::Up(a) if a.watch.removed().is_some() => "removed",
+            Slot::Up(a) if a.watch.silent() => "silent",
             Slot::Up(_) => "attached",
             Slot::Down { .. } => "down",
         }
