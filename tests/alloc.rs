@@ -66,10 +66,10 @@ fn register_reads_and_dma_allocate_nothing_per_tlp_in_steady_state() {
     // their completions; the copy's own buffers are the test's (a handful).
     let bytes = 4 << 20;
     for _ in 0..3 {
-        testbed::model::copy_rates(&mut d, bytes, 1).unwrap();
+        lab::model::copy_rates(&mut d, bytes, 1).unwrap();
     }
     let before = allocations();
-    testbed::model::copy_rates(&mut d, bytes, 1).unwrap();
+    lab::model::copy_rates(&mut d, bytes, 1).unwrap();
     let per_copy = allocations() - before;
     assert!(
         per_copy <= 40,

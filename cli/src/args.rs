@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use link::driver::{DriverKind, Impairment, PollMode};
 
-use crate::affinity::PinArg;
+use lab::affinity::Placement;
+use testbed::workload::Workload;
 
 /// `--driver` on the command line: the values `--help` lists.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,8 +104,8 @@ impl EndpointArgs {
         &self,
         host: &str,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<Option<crate::affinity::Placement>, String> {
-        let placement = self.pin.placement(&crate::affinity::allowed()?)?;
+    ) -> Result<Option<Placement>, String> {
+        let placement = self.pin.placement(&lab::affinity::allowed()?)?;
         if let Some(p) = placement {
             progress(&format!(
                 "pinned: the GPU-box endpoint and the direct device to CPU {}, {host} to CPU {}",
@@ -153,4 +154,145 @@ fn parse_loss(s: &str) -> Result<f64, String> {
         return Err(format!("loss {s}: must be 0.0..=0.5"));
     }
     Ok(v)
+}
+
+/// `--pin`'s value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PinArg {
+    /// The first two CPUs this process may use; no pinning where it may use only one.
+    Auto,
+    /// Wherever the scheduler puts the threads.
+    Off,
+    /// These two CPUs.
+    Cpus(Placement),
+}
+
+impl PinArg {
+    /// Parses `auto`, `off` or `DEVICE,HOST` (two different CPU numbers).
+    pub(crate) fn parse(v: &str) -> Result<PinArg, String> {
+        match v {
+            "auto" => return Ok(PinArg::Auto),
+            "off" => return Ok(PinArg::Off),
+            _ => {}
+        }
+        let bad = || format!("{v:?}: expected auto, off or DEVICE,HOST (two CPU numbers, e.g. 0,1)");
+        let (d, h) = v.split_once(',').ok_or_else(bad)?;
+        let (device, host) =
+            (d.trim().parse::<usize>().map_err(|_| bad())?, h.trim().parse::<usize>().map_err(|_| bad())?);
+        if device == host {
+            return Err(format!("{v:?}: the device's and the host's CPU must differ (both spin)"));
+        }
+        Ok(PinArg::Cpus(Placement { device, host }))
+    }
+
+    /// The placement this asks for among `allowed` (the CPUs the process may use): `None`
+    /// for off, and for auto where fewer than two are allowed; an error for a CPU given that
+    /// is not among them.
+    pub(crate) fn placement(self, allowed: &[usize]) -> Result<Option<Placement>, String> {
+        match self {
+            PinArg::Off => Ok(None),
+            PinArg::Auto => Ok(match allowed {
+                [device, host, ..] => Some(Placement { device: *device, host: *host }),
+                _ => None,
+            }),
+            PinArg::Cpus(p) => {
+                for c in [p.device, p.host] {
+                    if !allowed.contains(&c) {
+                        return Err(format!("--pin: CPU {c} is not one this process may use ({allowed:?})"));
+                    }
+                }
+                Ok(Some(p))
+            }
+        }
+    }
+}
+
+/// The workloads `dxpu loopback` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum WorkloadArg {
+    /// Copies each way, a fill, vector kernels, a matrix multiply, fences by polling and by
+    /// interrupt (`testbed::workload`).
+    Demo,
+    /// Weights resident in VRAM; per request a small input copy, MATMUL + VADD per layer, a
+    /// small output copy, one fence waited by interrupt (`testbed::ai`).
+    Inference,
+    /// Per step forward and backward MATMULs per micro-batch, a gradient reduction, a SAXPY
+    /// update; the loss read every 2 steps, a checkpoint every 4.
+    Training,
+    /// 2 MiB batches streamed host→device through two pinned buffers under kernels.
+    DataLoading,
+}
+
+impl WorkloadArg {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::Demo => "demo",
+            WorkloadArg::Inference => "inference",
+            WorkloadArg::Training => "training",
+            WorkloadArg::DataLoading => "data-loading",
+        }
+    }
+
+    pub(crate) const ALL: [WorkloadArg; 4] =
+        [WorkloadArg::Demo, WorkloadArg::Inference, WorkloadArg::Training, WorkloadArg::DataLoading];
+
+    /// The workload at `scale`, with `--batch` and `--layers`; either given to a workload it
+    /// does not apply to is refused (it would change nothing).
+    pub(crate) fn workload(
+        self,
+        scale: u32,
+        batch: Option<u16>,
+        layers: Option<u16>,
+    ) -> Result<Workload, String> {
+        let w = Workload::named(self.name(), scale)
+            .unwrap_or_else(|| unreachable!("every WorkloadArg names a workload"));
+        let refused = |what: &str| format!("{what} does not apply to the {} workload", self.name());
+        Ok(match w {
+            Workload::Inference(mut s) => {
+                s.batch = batch.map_or(s.batch, usize::from);
+                s.layers = layers.map_or(s.layers, usize::from);
+                Workload::Inference(s)
+            }
+            Workload::Training(mut s) => {
+                if layers.is_some() {
+                    return Err(refused("--layers (inference only)"));
+                }
+                s.batch = batch.map_or(s.batch, usize::from);
+                Workload::Training(s)
+            }
+            _ if batch.is_some() => return Err(refused("--batch (inference and training only)")),
+            _ if layers.is_some() => return Err(refused("--layers (inference only)")),
+            w => w,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn parses_auto_off_and_two_different_cpus() {
+        assert_eq!(PinArg::parse("auto"), Ok(PinArg::Auto));
+        assert_eq!(PinArg::parse("off"), Ok(PinArg::Off));
+        assert_eq!(PinArg::parse("3, 1"), Ok(PinArg::Cpus(Placement { device: 3, host: 1 })));
+        for bad in ["", "1", "1,", "a,b", "-1,2", "1,2,3", "on"] {
+            let e = PinArg::parse(bad).unwrap_err();
+            assert!(e.contains("DEVICE,HOST"), "{bad:?}: {e}");
+        }
+        assert!(PinArg::parse("2,2").unwrap_err().contains("must differ"));
+    }
+
+    #[test]
+    fn placement_takes_the_first_two_allowed_or_none() {
+        assert_eq!(PinArg::Auto.placement(&[2, 5, 7]), Ok(Some(Placement { device: 2, host: 5 })));
+        assert_eq!(PinArg::Auto.placement(&[4]), Ok(None));
+        assert_eq!(PinArg::Off.placement(&[0, 1]), Ok(None));
+        let p = Placement { device: 1, host: 0 };
+        assert_eq!(PinArg::Cpus(p).placement(&[0, 1]), Ok(Some(p)));
+        let e = PinArg::Cpus(Placement { device: 0, host: 9 }).placement(&[0, 1]).unwrap_err();
+        assert!(e.contains("CPU 9") && e.contains("[0, 1]"), "{e}");
+    }
 }

@@ -16,11 +16,12 @@ use link::driver::{DriverKind, Impairment, PollMode};
 
 use serde_json::json;
 
-use crate::affinity::{self, PinArg, Placement};
+use crate::args::PinArg;
 use crate::bench::{
     Buffers, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
-use crate::harness::{Frames, LocalBox, Spread, mmio_rtt};
+use lab::affinity::{self, Placement};
+use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
 #[derive(Args, Debug)]
@@ -436,7 +437,7 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
     say(String::new());
     let mut la = crate::loopback::LoopbackArgs::defaults();
     la.scale = args.scale;
-    la.workload = Some(crate::harness::WorkloadArg::Demo);
+    la.workload = Some(crate::args::WorkloadArg::Demo);
     la.rtt_samples = 200;
     let o = crate::loopback::run(&la, &mut |_| {})?;
     let ((b, d), overhead) = (o.seconds(), o.overhead());

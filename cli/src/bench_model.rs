@@ -6,12 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use lab::model::{self, LinkParams, Profile};
 use plotters::prelude::*;
 use serde_json::{Value, json};
-use testbed::model::{self, LinkParams, Profile};
 
-use crate::harness::{Spread, WorkloadArg};
+use crate::args::WorkloadArg;
 use crate::loopback::LoopbackArgs;
+use lab::harness::Spread;
 
 /// Options of `dxpu bench model`.
 #[derive(Args, Debug)]
@@ -148,7 +149,7 @@ where
         let steps = 64;
         let line = (0..=steps).map(|i| {
             let rtt = x_max * i as f64 / steps as f64;
-            let l = LinkParams { rtt_s: rtt * 1e-6, ..first.link };
+            let l = LinkParams { rtt_ns: rtt * 1e3, ..first.link };
             (rtt, model::predict(&first.profile, first.direct.median, &l).overhead_percent)
         });
         chart
@@ -214,7 +215,7 @@ fn measure(
     let (pred, _) = o.prediction();
     Ok(Point {
         delay_us,
-        rtt_us: o.link.rtt_s * 1e6,
+        rtt_us: o.link.rtt_ns / 1e3,
         overhead: o.overhead(),
         bridged,
         direct,

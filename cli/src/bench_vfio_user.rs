@@ -21,7 +21,7 @@ use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
 use crate::bench::us;
 use crate::bench_bridge::copy;
-use crate::harness::{LocalBox, mmio_rtt};
+use lab::harness::{LocalBox, mmio_rtt};
 
 /// Options of `dxpu bench vfio-user`.
 #[derive(Args, Debug)]

@@ -5,7 +5,6 @@
 #[macro_use]
 mod out;
 
-mod affinity;
 mod args;
 mod bench;
 mod bench_bridge;
@@ -15,7 +14,6 @@ mod bench_pool;
 mod bench_vfio_user;
 mod ctl;
 mod daemon;
-mod harness;
 mod interrupt;
 mod loopback;
 mod model;

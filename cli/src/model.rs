@@ -1,7 +1,7 @@
 //! `dxpu model`: a workload's bridged time and overhead predicted at a list of round-trip
 //! times, from its transaction profile — counted here with runs on a directly attached
 //! simgpu, or read from `dxpu loopback --json` — and the link's bandwidth and per-TLP cost
-//! (`testbed::model`; docs/performance-model.md).
+//! (`lab::model`; docs/performance-model.md).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,11 +11,12 @@ use driver::DriverStats;
 use driver::SimGpuDriver;
 use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
+use lab::model::{self, LinkParams, Profile};
 use serde_json::{Value, json};
 use testbed::direct::{DirectAttach, PlatformCounts};
-use testbed::model::{self, LinkParams, Profile};
 
-use crate::harness::{Spread, WorkloadArg};
+use crate::args::WorkloadArg;
+use lab::harness::Spread;
 
 /// Options of `dxpu model`.
 #[derive(Args, Debug, Clone)]
@@ -34,7 +35,7 @@ pub(crate) struct ModelArgs {
     rank: Option<u32>,
     /// With `--trace`: the most bytes the file, and the JSON it inflates to, may have (a gzip
     /// file may not inflate past 100 times its size either).
-    #[arg(long, requires = "trace", default_value_t = testbed::trace::ReadLimits::default().max_bytes)]
+    #[arg(long, requires = "trace", default_value_t = lab::trace::ReadLimits::default().max_bytes)]
     max_trace_bytes: u64,
     /// Read the profile and the direct time from this file, as `dxpu loopback --json` writes
     /// it, instead of counting them.
@@ -193,18 +194,23 @@ fn measure_link(delay_us: u64) -> Result<LinkParams, String> {
     use link::driver::{DriverKind, Impairment, PollMode};
     let poll = PollMode::Busy { spin: Duration::from_micros(2000) };
     let imp = |seed| Impairment { delay: Duration::from_micros(delay_us), seed, ..Impairment::default() };
-    let gpu = crate::harness::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
+    let gpu = lab::harness::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
     let mut o = gpu.attach_options(DriverKind::Auto, poll, imp(22));
     o.completion_timeout += 4 * Duration::from_micros(delay_us);
     let remote = bridge_host::RemoteDevice::attach(o).map_err(|e| format!("--measure-link: {e}"))?;
     let mut d =
         SimGpuDriver::open(remote).map_err(|e| format!("--measure-link: opening the remote simgpu: {e}"))?;
-    let (p50, _) = crate::harness::mmio_rtt(&mut d, 500);
+    let (p50, _) = lab::harness::mmio_rtt(&mut d, 500);
     let (h2d, d2h) =
         model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("--measure-link: copies: {e}"))?;
     d.into_pci().detach();
     drop(gpu);
-    Ok(LinkParams { rtt_s: p50.as_secs_f64(), h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: 0.0 })
+    Ok(LinkParams {
+        rtt_ns: p50.as_nanos() as f64,
+        h2d_bytes_per_s: h2d,
+        d2h_bytes_per_s: d2h,
+        ..LinkParams::LOCAL
+    })
 }
 
 /// What `dxpu model` found: the workload, its profile, direct time and predictions.
@@ -237,11 +243,11 @@ impl ModelReport {
             "h2d_bytes_per_s": self.link.h2d_bytes_per_s,
             "d2h_bytes_per_s": self.link.d2h_bytes_per_s,
             "measured_link": self.measured.map(|m| json!({
-                "rtt_us": m.rtt_s * 1e6,
+                "rtt_us": m.rtt_ns / 1e3,
                 "h2d_bytes_per_s": m.h2d_bytes_per_s,
                 "d2h_bytes_per_s": m.d2h_bytes_per_s,
             })),
-            "per_tlp_us": self.link.per_tlp_s * 1e6,
+            "per_tlp_us": self.link.posted_write_ns / 1e3,
             "profile": profile_json(&self.profile),
             "points": points,
             "crosses_10_percent_at_rtt_us": self.crosses_10_percent_at_rtt_us,
@@ -262,13 +268,13 @@ fn predict_all(
     let base = base_link(args, measured.as_ref());
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
-        rtts.push(m.rtt_s * 1e6);
+        rtts.push(m.rtt_ns / 1e3);
         rtts.sort_by(f64::total_cmp);
     }
     let points = rtts
         .iter()
         .map(|&rtt| {
-            (rtt, model::predict(&profile, direct_seconds, &LinkParams { rtt_s: rtt * 1e-6, ..base }))
+            (rtt, model::predict(&profile, direct_seconds, &LinkParams { rtt_ns: rtt * 1e3, ..base }))
         })
         .collect();
     let crosses = model::crossing_rtt(&profile, direct_seconds, &base, 10.0).map(|s| s * 1e6);
@@ -306,37 +312,30 @@ fn base_link(args: &ModelArgs, measured: Option<&LinkParams>) -> LinkParams {
         (None, Some(m)) => (m.h2d_bytes_per_s, m.d2h_bytes_per_s),
         _ => (bw, bw),
     };
-    LinkParams { rtt_s: 0.0, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h, per_tlp_s: args.per_tlp_us * 1e-6 }
+    LinkParams {
+        h2d_bytes_per_s: h2d,
+        d2h_bytes_per_s: d2h,
+        posted_write_ns: args.per_tlp_us * 1e3,
+        ..LinkParams::LOCAL
+    }
 }
 
 /// What `dxpu model --trace` found.
 pub(crate) struct TraceReport {
     pub(crate) path: String,
-    pub(crate) trace: testbed::trace::Trace,
-    pub(crate) plan: testbed::plan::Plan,
-    pub(crate) direct: testbed::plan::Outcome,
+    pub(crate) trace: lab::trace::Trace,
+    pub(crate) plan: lab::plan::Plan,
+    pub(crate) direct: lab::plan::Outcome,
     pub(crate) link: LinkParams,
     pub(crate) measured: Option<LinkParams>,
     /// (RTT µs, outcome).
-    pub(crate) points: Vec<(f64, testbed::plan::Outcome)>,
+    pub(crate) points: Vec<(f64, lab::plan::Outcome)>,
     pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
-}
-
-/// The plan's link at a round trip of `rtt_us` over `base`'s rates.
-pub(crate) fn plan_link(base: &LinkParams, rtt_us: f64) -> testbed::plan::Link {
-    testbed::plan::Link {
-        rtt_ns: rtt_us * 1e3,
-        h2d_bytes_per_s: base.h2d_bytes_per_s,
-        d2h_bytes_per_s: base.d2h_bytes_per_s,
-        // A submission is two posted writes (RING_TAIL, doorbell).
-        submit_ns: 2.0 * base.per_tlp_s * 1e9,
-        fetch_extra_ns: 0.0,
-    }
 }
 
 /// A trace's first report line, as `model --trace` and `replay` print it: its file, GPU and
 /// counts.
-pub(crate) fn trace_summary(path: &str, t: &testbed::trace::Trace, plan: &testbed::plan::Plan) -> String {
+pub(crate) fn trace_summary(path: &str, t: &lab::trace::Trace, plan: &lab::plan::Plan) -> String {
     let (kernels, copies, memsets) = t.counts();
     format!(
         "{path} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations on {} streams, {} CPU threads",
@@ -348,7 +347,7 @@ pub(crate) fn trace_summary(path: &str, t: &testbed::trace::Trace, plan: &testbe
 }
 
 /// A trace's counts and span, as `model --trace` and `replay` report them.
-pub(crate) fn trace_json(path: &str, t: &testbed::trace::Trace) -> serde_json::Map<String, Value> {
+pub(crate) fn trace_json(path: &str, t: &lab::trace::Trace) -> serde_json::Map<String, Value> {
     let (kernels, copies, memsets) = t.counts();
     let mut m = serde_json::Map::new();
     m.insert("trace".into(), json!(path));
@@ -362,7 +361,7 @@ pub(crate) fn trace_json(path: &str, t: &testbed::trace::Trace) -> serde_json::M
 }
 
 /// Where the link's time went on the critical path, ms.
-pub(crate) fn added_json(a: &testbed::plan::AddedTime) -> Value {
+pub(crate) fn added_json(a: &lab::plan::AddedTime) -> Value {
     json!({
         "command_fetch_ms": a.command_fetch_ns / 1e6,
         "copies_ms": a.copies_ns / 1e6,
@@ -391,7 +390,7 @@ impl TraceReport {
         m.insert(
             "measured_link".into(),
             json!(self.measured.map(|m| json!({
-                "rtt_us": m.rtt_s * 1e6,
+                "rtt_us": m.rtt_ns / 1e3,
                 "h2d_bytes_per_s": m.h2d_bytes_per_s,
                 "d2h_bytes_per_s": m.d2h_bytes_per_s,
             }))),
@@ -409,19 +408,20 @@ impl TraceReport {
 }
 
 fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, String> {
-    let limits = testbed::trace::ReadLimits { max_bytes: args.max_trace_bytes };
-    let trace = testbed::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
-    let plan = testbed::plan::Plan::of(&trace);
+    let limits = lab::trace::ReadLimits { max_bytes: args.max_trace_bytes };
+    let trace = lab::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
+    let plan = lab::plan::Plan::of(&trace);
     let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
     let link = base_link(args, measured.as_ref());
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
-        rtts.push(m.rtt_s * 1e6);
+        rtts.push(m.rtt_ns / 1e3);
         rtts.sort_by(f64::total_cmp);
     }
-    let direct = plan.evaluate(&testbed::plan::Link::LOCAL);
-    let points = rtts.iter().map(|&rtt| (rtt, plan.evaluate(&plan_link(&link, rtt)))).collect();
-    let crosses = testbed::plan::crossing_rtt_ns(&plan, &plan_link(&link, 0.0), 10.0).map(|ns| ns / 1e3);
+    let direct = plan.evaluate(&LinkParams::LOCAL);
+    let points =
+        rtts.iter().map(|&rtt| (rtt, plan.evaluate(&LinkParams { rtt_ns: rtt * 1e3, ..link }))).collect();
+    let crosses = lab::plan::crossing_rtt_ns(&plan, &link, 10.0).map(|ns| ns / 1e3);
     Ok(TraceReport {
         path: path.display().to_string(),
         trace,
@@ -455,7 +455,7 @@ fn print_trace(r: &TraceReport) {
         "syncs ms"
     );
     for (rtt, o) in &r.points {
-        let mark = if r.measured.is_some_and(|m| m.rtt_s * 1e6 == *rtt) { "  (measured)" } else { "" };
+        let mark = if r.measured.is_some_and(|m| m.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
         outln!(
             "  {:>10.1}  {:>14}  {:>9.2} %   {:>12.3} {:>12.3} {:>12.3}{mark}",
             rtt,
@@ -554,7 +554,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         outln!(
             "  link measured over UDP loopback (+{} µs each way): round trip {:.1} µs, bulk {:.1} / {:.1} Gbit/s",
             args.delay_us,
-            m.rtt_s * 1e6,
+            m.rtt_ns / 1e3,
             m.h2d_bytes_per_s * 8e-9,
             m.d2h_bytes_per_s * 8e-9
         );
@@ -562,7 +562,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
     outln!();
     outln!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
     for (rtt, pr) in &r.points {
-        let mark = if r.measured.is_some_and(|m| m.rtt_s * 1e6 == *rtt) { "  (measured)" } else { "" };
+        let mark = if r.measured.is_some_and(|m| m.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
         outln!("  {:>10.1}  {:>14}  {:>9.1} %{mark}", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
     }
     match r.crosses_10_percent_at_rtt_us {

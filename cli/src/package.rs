@@ -220,7 +220,7 @@ fn examples_of(name: &str) -> &'static [(&'static str, &'static str)] {
                 "both endpoints and a simulated GPU on this machine: the overhead of each workload",
             ),
             (
-                "dxpu replay testbed/traces/v100-training-4k-kernels.json.gz --delay-us 10",
+                "dxpu replay lab/traces/v100-training-4k-kernels.json.gz --delay-us 10",
                 "a real job's trace replayed directly and through the bridges",
             ),
         ],

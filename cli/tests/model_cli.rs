@@ -279,8 +279,8 @@ fn a_trace_is_predicted_from_its_critical_path() {
 /// span near the trace's, the model's prediction beside it.
 #[test]
 fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
-    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testbed/traces/a100-event-sync-small.json.gz");
+    let trace =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lab/traces/a100-event-sync-small.json.gz");
     let out = dxpu().args(["replay", "--repeat", "1", "--json"]).arg(&trace).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -117,8 +117,7 @@ fn hostile_traces_are_refused_within_seconds_and_a_huge_one_read_all_under_256_m
 #[test]
 fn sigint_or_sigterm_ends_a_replay_within_a_second() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let trace =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed/traces/v100-training-4k-kernels.json.gz");
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lab/traces/v100-training-4k-kernels.json.gz");
     use rustix::process::Signal;
     for (signal, code) in [(Signal::INT, 130), (Signal::TERM, 143)] {
         let mut child = dxpu()
@@ -151,7 +150,7 @@ fn sigint_or_sigterm_ends_a_replay_within_a_second() {
 /// naming the flag.
 #[test]
 fn max_trace_bytes_refuses_a_trace_past_it() {
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed/traces/a100-event-sync-small.json.gz");
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lab/traces/a100-event-sync-small.json.gz");
     let limit = ["--max-trace-bytes", "1000"];
     for cmd in
         [&["model", limit[0], limit[1], "--rtt-us", "10", "--trace"][..], &["replay", limit[0], limit[1]][..]]

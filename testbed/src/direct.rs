@@ -52,7 +52,7 @@ pub(crate) struct HostPort {
 }
 
 /// What crossed the platform between the driver and the device: the hardware side of a
-/// workload's transaction profile (`testbed::model::Profile`), counted as the host
+/// workload's transaction profile (`lab::model::Profile`), counted as the host
 /// endpoint counts the same TLPs on the wire.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlatformCounts {

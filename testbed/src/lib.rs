@@ -1,5 +1,6 @@
-//! dxpu's test bed: what tests and tools (`dxpu loopback`, the benches, the VM's guest
-//! program) drive devices with, kept out of the production libraries.
+//! dxpu's test bed: the platforms, the driver's suite and the workloads that tests and the
+//! experiments (the `lab` crate, the VM's guest program) drive devices with, kept out of the
+//! production libraries.
 //!
 //! - [`direct`]: a device attached directly, with no bridge — the baseline bridged figures
 //!   are compared with, and the platform the driver tests run on;
@@ -10,9 +11,6 @@
 //! - [`workload`]: the demo workload `dxpu loopback` runs, and [`workload::Workload`] to
 //!   name any of them;
 //! - [`ai`]: workloads shaped like AI work (inference, training, data loading);
-//! - [`model`]: the performance model, a bridged time predicted from a transaction profile;
-//! - [`trace`], [`plan`], [`replay`]: PyTorch profiler traces read, made a dependency graph
-//!   (evaluated at a link: the model of a traced job), and replayed on the simgpu;
 //! - [`vfio_user_client`]: a vfio-user client, the VMM's side of the protocol, for tests
 //!   and `dxpu bench vfio-user` to reach the host endpoint's server without QEMU.
 // `unsafe` lives only in the vfio-user client (mapping the memory file it shares).
@@ -21,15 +19,8 @@
 pub mod ai;
 pub mod concurrent;
 pub mod direct;
-pub mod model;
 pub mod outcome;
-#[cfg(feature = "trace")]
-pub mod plan;
-#[cfg(feature = "trace")]
-pub mod replay;
 pub mod suite;
-#[cfg(feature = "trace")]
-pub mod trace;
 #[cfg(feature = "vfio-user-client")]
 pub mod vfio_user_client;
 pub mod workload;

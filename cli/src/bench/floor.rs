@@ -58,7 +58,7 @@ pub(crate) fn bare_pingpong(
     }
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
+        lab::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut buf = [0u8; 2048];
         for _ in 0..total {
             loop {
@@ -116,7 +116,7 @@ pub(crate) fn driver_pingpong(
     client.connect(sa)?;
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
+        lab::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut echoed = 0;
         let mut from_to = Vec::new();
         while echoed < total {

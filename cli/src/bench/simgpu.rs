@@ -80,8 +80,8 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let attach = testbed::concurrent::ConcurrentAttach::new(dev, mem)
         .map_err(|e| format!("the device's thread: {e}"))?;
     let mut d = SimGpuDriver::open(attach).map_err(|e| e.to_string())?;
-    testbed::model::copy_rates(&mut d, args.copy_bytes, 1).map_err(|e| e.to_string())?;
-    let (h2d, d2h) = testbed::model::copy_rates(&mut d, args.copy_bytes, 5).map_err(|e| e.to_string())?;
+    lab::model::copy_rates(&mut d, args.copy_bytes, 1).map_err(|e| e.to_string())?;
+    let (h2d, d2h) = lab::model::copy_rates(&mut d, args.copy_bytes, 5).map_err(|e| e.to_string())?;
     outln!(
         "pinned copy, device on its own thread: host→VRAM {:.0} MB/s, VRAM→host {:.0} MB/s (median of 5)",
         h2d / 1e6,

@@ -2,8 +2,8 @@
 
 use clap::Args;
 
+use crate::args::WorkloadArg;
 use crate::args::{EndpointArgs, ImpairArgs};
-use crate::harness::WorkloadArg;
 
 /// Options of `dxpu loopback`.
 #[derive(Args, Debug, Clone)]

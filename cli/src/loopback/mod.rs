@@ -4,7 +4,7 @@
 //! directly attached simgpu, in turns, `--repeat` times each, and the report compares their
 //! medians (with the spread): on a shared two-core machine one run of each told the
 //! overhead anywhere from 9 to 155 %. The direct runs count the workload's transaction
-//! profile, and the performance model (`testbed::model`) predicts the bridged time from it
+//! profile, and the performance model (`lab::model`) predicts the bridged time from it
 //! and the link's round trip and bulk rates, measured before the runs.
 
 use std::collections::BTreeMap;
@@ -16,15 +16,16 @@ use bridge_host::{HostStats, RemoteDevice};
 use driver::SimGpuDriver;
 use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
+use lab::model::{self, LinkParams};
 use link::driver::DriverKind;
 use serde_json::json;
 use testbed::concurrent::ConcurrentAttach;
 use testbed::direct::DirectAttach;
-use testbed::model::{self, LinkParams};
 use testbed::workload::{Workload, WorkloadReport};
 
-use crate::affinity::{self, Placement};
-use crate::harness::{Frames, LocalBox, Spread, WorkloadArg, mmio_rtt};
+use crate::args::WorkloadArg;
+use lab::affinity::{self, Placement};
+use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Bridged runs made through one attachment before the next (see `run`).
 const RUNS_PER_SESSION: u32 = 3;
@@ -45,15 +46,15 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
     // the host's — and the idle box's thread waits on the host's CPU: it spins for its
     // budget after every keepalive, which would be taken from the direct device's CPU.
     let bridged_turn = |gpu: &LocalBox| match placement {
-        Some(p) => gpu.pin(p.device).and_then(|()| affinity::pin(&[p.host])),
+        Some(p) => gpu.pin(p.device).map_err(String::from).and_then(|()| Ok(affinity::pin(&[p.host])?)),
         None => Ok(()),
     };
     let direct_turn = |gpu: &LocalBox| match placement {
-        Some(p) => gpu.pin(p.host).and_then(|()| {
-            affinity::pin(&[match args.baseline {
+        Some(p) => gpu.pin(p.host).map_err(String::from).and_then(|()| {
+            Ok(affinity::pin(&[match args.baseline {
                 BaselineArg::Synchronous => p.device,
                 BaselineArg::Concurrent => p.host,
-            }])
+            }])?)
         }),
         None => Ok(()),
     };
@@ -131,10 +132,10 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         }
     }
     let link = LinkParams {
-        rtt_s: rtt.0.as_secs_f64(),
+        rtt_ns: rtt.0.as_nanos() as f64,
         h2d_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.0)).median,
         d2h_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.1)).median,
-        per_tlp_s: 0.0,
+        ..LinkParams::LOCAL
     };
     Ok(Outcome {
         bridged,

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bridge_host::HostStats;
-use testbed::model::{self, LinkParams, Prediction, Profile};
+use lab::model::{self, LinkParams, Prediction, Profile};
 use testbed::workload::WorkloadReport;
 
-use crate::affinity::Placement;
-use crate::harness::{Spread, WorkloadArg};
+use crate::args::WorkloadArg;
+use lab::affinity::Placement;
+use lab::harness::Spread;
 
 impl Outcome {
     /// Seconds of the whole workload, bridged and direct.

@@ -9,7 +9,7 @@ use testbed::workload;
 
 use super::args::{BaselineArg, LoopbackArgs};
 use super::outcome::{Outcome, tlp_totals, us};
-use crate::harness::Spread;
+use lab::harness::Spread;
 
 /// Every workload's overhead beside the model's prediction, one line each.
 pub(super) fn print_summary(outcomes: &[Outcome]) {
@@ -33,7 +33,7 @@ pub(super) fn print_summary(outcomes: &[Outcome]) {
             overhead.median,
             overhead.min,
             overhead.max,
-            o.link.rtt_s * 1e6,
+            o.link.rtt_ns / 1e3,
             pred.overhead_percent,
             crossing_text(crossing)
         );
@@ -155,7 +155,7 @@ pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
     );
     outln!(
         "  model: at the measured round trip ({:.1} µs) and bulk rates ({:.2} / {:.2} Gbit/s) it predicts bridged {}, overhead {:.0} %; 10 % at a round trip of {}",
-        o.link.rtt_s * 1e6,
+        o.link.rtt_ns / 1e3,
         o.link.h2d_bytes_per_s * 8e-9,
         o.link.d2h_bytes_per_s * 8e-9,
         fmt_s(pred.bridged_seconds),
@@ -197,7 +197,7 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "workload": o.workload.name(),
         "profile": crate::model::profile_json(&o.profile),
         "model": {
-            "rtt_us": o.link.rtt_s * 1e6,
+            "rtt_us": o.link.rtt_ns / 1e3,
             "h2d_bytes_per_s": o.link.h2d_bytes_per_s,
             "d2h_bytes_per_s": o.link.d2h_bytes_per_s,
             "predicted_bridged_seconds": pred.bridged_seconds,

@@ -1,91 +1,34 @@
-//! The experiment harness `dxpu loopback`, `dxpu model` and the benches share: a GPU-box
-//! endpoint with one simgpu on a thread of its own ([`LocalBox`], over
-//! `bridge_gpu::EndpointThread`, which the integration tests use too), the workloads by
-//! name, and the median-and-spread of a figure over runs.
+//! What the experiments share: a GPU-box endpoint with one simgpu on a thread of its own
+//! ([`LocalBox`], over `bridge_gpu::EndpointThread`, which the integration tests use too),
+//! and the median-and-spread of a figure over runs.
 
 use std::net::SocketAddr;
 
-use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, HostKey};
+use bridge_gpu::{DeviceSpec, ExportSpec, GpuEndpoint, GpuOptions, HostKey, SpawnError};
 use bridge_host::AttachOptions;
 use hw::simgpu::SimGpuParams;
 use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
-use testbed::workload::Workload;
 
 use crate::affinity;
+use crate::error::LabError;
 
-pub(crate) use testbed::workload::mmio_read_rtt as mmio_rtt;
-
-/// The workloads `dxpu loopback` runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum WorkloadArg {
-    /// Copies each way, a fill, vector kernels, a matrix multiply, fences by polling and by
-    /// interrupt (`testbed::workload`).
-    Demo,
-    /// Weights resident in VRAM; per request a small input copy, MATMUL + VADD per layer, a
-    /// small output copy, one fence waited by interrupt (`testbed::ai`).
-    Inference,
-    /// Per step forward and backward MATMULs per micro-batch, a gradient reduction, a SAXPY
-    /// update; the loss read every 2 steps, a checkpoint every 4.
-    Training,
-    /// 2 MiB batches streamed host→device through two pinned buffers under kernels.
-    DataLoading,
-}
-
-impl WorkloadArg {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            WorkloadArg::Demo => "demo",
-            WorkloadArg::Inference => "inference",
-            WorkloadArg::Training => "training",
-            WorkloadArg::DataLoading => "data-loading",
-        }
-    }
-
-    pub(crate) const ALL: [WorkloadArg; 4] =
-        [WorkloadArg::Demo, WorkloadArg::Inference, WorkloadArg::Training, WorkloadArg::DataLoading];
-
-    /// The workload at `scale`, with `--batch` and `--layers`; either given to a workload it
-    /// does not apply to is refused (it would change nothing).
-    pub(crate) fn workload(
-        self,
-        scale: u32,
-        batch: Option<u16>,
-        layers: Option<u16>,
-    ) -> Result<Workload, String> {
-        let w = Workload::named(self.name(), scale)
-            .unwrap_or_else(|| unreachable!("every WorkloadArg names a workload"));
-        let refused = |what: &str| format!("{what} does not apply to the {} workload", self.name());
-        Ok(match w {
-            Workload::Inference(mut s) => {
-                s.batch = batch.map_or(s.batch, usize::from);
-                s.layers = layers.map_or(s.layers, usize::from);
-                Workload::Inference(s)
-            }
-            Workload::Training(mut s) => {
-                if layers.is_some() {
-                    return Err(refused("--layers (inference only)"));
-                }
-                s.batch = batch.map_or(s.batch, usize::from);
-                Workload::Training(s)
-            }
-            _ if batch.is_some() => return Err(refused("--batch (inference and training only)")),
-            _ if layers.is_some() => return Err(refused("--layers (inference only)")),
-            w => w,
-        })
-    }
-}
+pub use testbed::workload::mmio_read_rtt as mmio_rtt;
 
 /// A figure over the runs: its median and its spread.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Spread {
-    pub(crate) median: f64,
-    pub(crate) min: f64,
-    pub(crate) max: f64,
+pub struct Spread {
+    /// The middle value, or the mean of the middle two.
+    pub median: f64,
+    /// The least.
+    pub min: f64,
+    /// The most.
+    pub max: f64,
 }
 
 impl Spread {
-    pub(crate) fn of(values: impl Iterator<Item = f64>) -> Spread {
+    /// The spread of `values`; all 0 where there are none.
+    pub fn of(values: impl Iterator<Item = f64>) -> Spread {
         let mut v: Vec<f64> = values.collect();
         v.sort_by(f64::total_cmp);
         match v.len() {
@@ -109,7 +52,7 @@ fn random_key() -> PresharedKey {
 
 /// How a loopback link protects its frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Frames {
+pub enum Frames {
     /// Tagged (the link's default, `authenticate_frames`).
     Tagged,
     /// Bodies encrypted and tagged (`encrypt_frames`).
@@ -119,52 +62,54 @@ pub(crate) enum Frames {
 }
 
 impl Frames {
-    pub(crate) fn from_encrypt(encrypt: bool) -> Frames {
+    /// Encrypted where `encrypt`, else tagged.
+    pub fn from_encrypt(encrypt: bool) -> Frames {
         if encrypt { Frames::Encrypted } else { Frames::Tagged }
     }
 }
 
 /// A GPU-box endpoint with one simgpu on its own thread, on 127.0.0.1.
-pub(crate) struct LocalBox {
-    pub(crate) addr: SocketAddr,
-    pub(crate) key: PresharedKey,
-    pub(crate) link: link::Config,
+pub struct LocalBox {
+    /// Where the endpoint listens.
+    pub addr: SocketAddr,
+    /// The key its one host, `loopback-host`, attaches with.
+    pub key: PresharedKey,
+    /// The link's configuration, which a host attaching needs the same.
+    pub link: link::Config,
     /// The offloads both endpoints ask their drivers for.
-    pub(crate) offload: link::driver::Offload,
+    pub offload: link::driver::Offload,
     endpoint: bridge_gpu::EndpointThread,
     /// The endpoint's thread, to pin.
     tid: affinity::Thread,
 }
 
 impl LocalBox {
-    pub(crate) fn start(
-        driver: DriverKind,
-        poll: PollMode,
-        impairment: Impairment,
-    ) -> Result<LocalBox, String> {
+    /// Starts an endpoint exporting one simgpu, `gpu0`, to `loopback-host`, its frames
+    /// tagged.
+    pub fn start(driver: DriverKind, poll: PollMode, impairment: Impairment) -> Result<LocalBox, LabError> {
         LocalBox::start_with(driver, poll, impairment, Frames::Tagged)
     }
 
     /// [`LocalBox::start`], its link's frames protected as `frames` says.
-    pub(crate) fn start_with(
+    pub fn start_with(
         driver: DriverKind,
         poll: PollMode,
         impairment: Impairment,
         frames: Frames,
-    ) -> Result<LocalBox, String> {
+    ) -> Result<LocalBox, LabError> {
         LocalBox::start_offload(driver, poll, impairment, frames, link::driver::Offload::AUTO, None)
     }
 
     /// [`LocalBox::start_with`], both endpoints' drivers asked for `offload`, the endpoint's
     /// thread pinned to `cpu` where given.
-    pub(crate) fn start_offload(
+    pub fn start_offload(
         driver: DriverKind,
         poll: PollMode,
         impairment: Impairment,
         frames: Frames,
         offload: link::driver::Offload,
         cpu: Option<usize>,
-    ) -> Result<LocalBox, String> {
+    ) -> Result<LocalBox, LabError> {
         let key = random_key();
         let mut link_cfg = link::Config::new(key.clone());
         // Loopback carries 4 KiB payloads in one datagram.
@@ -189,25 +134,30 @@ impl LocalBox {
             tap: None,
         };
         let (endpoint, tid) = bridge_gpu::EndpointThread::spawn("dxpu-gpu", move || {
-            affinity::pin_to(cpu).map_err(|e| format!("the GPU-box endpoint's thread: {e}"))?;
-            let ep = GpuEndpoint::new(opts).map_err(|e| e.to_string())?;
-            Ok::<_, String>((ep, affinity::Thread::here()))
+            affinity::pin_to(cpu).map_err(LabError::cpus("the GPU-box endpoint's thread"))?;
+            let ep = GpuEndpoint::new(opts)?;
+            Ok::<_, LabError>((ep, affinity::Thread::here()))
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            SpawnError::Make(e) => e,
+            SpawnError::Thread(e) => LabError::EndpointThread(SpawnError::Thread(e)),
+            SpawnError::Address(e) => LabError::EndpointThread(SpawnError::Address(e)),
+            SpawnError::Ended => LabError::EndpointThread(SpawnError::Ended),
+        })?;
         Ok(LocalBox { addr: endpoint.addr(), key, link: link_cfg, offload, endpoint, tid })
     }
 
     /// Lets the endpoint's thread run only on `cpu`; an error once it has ended (its thread
     /// ID may be another's by then).
-    pub(crate) fn pin(&self, cpu: usize) -> Result<(), String> {
+    pub fn pin(&self, cpu: usize) -> Result<(), LabError> {
         if !self.endpoint.is_running() {
-            return Err("the GPU-box endpoint's thread has ended (its log says why)".into());
+            return Err(LabError::EndpointEnded);
         }
-        self.tid.pin(&[cpu]).map_err(|e| format!("the GPU-box endpoint's thread: {e}"))
+        self.tid.pin(&[cpu]).map_err(LabError::cpus("the GPU-box endpoint's thread"))
     }
 
     /// Options for attaching its gpu0.
-    pub(crate) fn attach_options(
+    pub fn attach_options(
         &self,
         driver: DriverKind,
         poll: PollMode,
@@ -241,6 +191,6 @@ mod tests {
         while gpu.endpoint.is_running() && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(gpu.pin(cpu).unwrap_err().contains("has ended"));
+        assert!(gpu.pin(cpu).unwrap_err().to_string().contains("has ended"));
     }
 }

@@ -26,9 +26,9 @@
 
 use std::time::Instant;
 
-use crate::direct::PlatformCounts;
 use driver::{Command, DriverError, DriverStats, PciFunction, SimGpuDriver, WaitMode};
 use simgpu_abi::op;
+use testbed::direct::PlatformCounts;
 
 /// A workload's transaction profile: what one run asked of the device, what the device did
 /// to host memory, and how fast the platform it was counted on moves bytes.
@@ -63,17 +63,49 @@ impl Profile {
     }
 }
 
-/// The link between host and device as the model sees it.
+/// The link between host and device, as every prediction here sees it: the model of a
+/// workload's profile ([`predict`]) and the plan of a traced job
+/// ([`crate::plan::Plan::evaluate`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkParams {
-    /// Round-trip time of one request and its completion through both bridges, seconds.
-    pub rtt_s: f64,
-    /// Bulk rate host → device through the bridges, bytes per second; infinite if unknown.
+    /// Round trip of one request and its completion through both bridges, ns: what they add
+    /// to the local slot's where that is known (the plan, the replay), else the whole of it.
+    pub rtt_ns: f64,
+    /// Bulk rate host → device through the bridges, bytes per second; infinite (or ≤ 0):
+    /// no limit known.
     pub h2d_bytes_per_s: f64,
     /// Bulk rate device → host.
     pub d2h_bytes_per_s: f64,
-    /// The host's cost of sending one posted TLP, seconds.
-    pub per_tlp_s: f64,
+    /// The host's own cost of sending one posted TLP (a register write) beyond the local
+    /// slot's, ns: a posted write through a bridge is a send.
+    pub posted_write_ns: f64,
+    /// A command fetch's time beyond 1.5 round trips, ns: the turns a register read's round
+    /// trip does not take (the device acting on the doorbell; the host answering the
+    /// fetch), measured where they can be (a fence's round trip), 0 where they cannot.
+    pub fetch_extra_ns: f64,
+}
+
+impl LinkParams {
+    /// No link: the local slot a profile was counted or a trace taken in.
+    pub const LOCAL: LinkParams = LinkParams {
+        rtt_ns: 0.0,
+        h2d_bytes_per_s: f64::INFINITY,
+        d2h_bytes_per_s: f64::INFINITY,
+        posted_write_ns: 0.0,
+        fetch_extra_ns: 0.0,
+    };
+
+    /// The host's time to publish a submission beyond the local slot's: two posted writes
+    /// (RING_TAIL and the doorbell), ns.
+    pub fn submit_ns(&self) -> f64 {
+        2.0 * self.posted_write_ns.max(0.0)
+    }
+
+    /// What a command fetch the device waits for adds: the doorbell's way there and the
+    /// fetch's round trip (1.5 round trips), and its turns, ns.
+    pub fn fetch_ns(&self) -> f64 {
+        1.5 * self.rtt_ns.max(0.0) + self.fetch_extra_ns.max(0.0)
+    }
 }
 
 /// What the model predicts at one link.
@@ -106,13 +138,13 @@ fn fixed_seconds(p: &Profile, link: &LinkParams) -> (f64, f64) {
     let (c, bytes_per_s) = (&p.platform, (p.direct_h2d_bytes_per_s, p.direct_d2h_bytes_per_s));
     let bandwidth = slower(c.device_read_bytes, link.h2d_bytes_per_s, bytes_per_s.0)
         + slower(c.device_write_bytes, link.d2h_bytes_per_s, bytes_per_s.1);
-    (bandwidth, link.per_tlp_s.max(0.0) * c.register_writes as f64)
+    (bandwidth, link.posted_write_ns.max(0.0) * 1e-9 * c.register_writes as f64)
 }
 
 /// The bridged time of a workload that took `direct_seconds` on the platform `p` was
 /// counted on.
 pub fn predict(p: &Profile, direct_seconds: f64, link: &LinkParams) -> Prediction {
-    let latency = link.rtt_s.max(0.0) * p.round_trips() as f64;
+    let latency = link.rtt_ns.max(0.0) * 1e-9 * p.round_trips() as f64;
     let (bandwidth, tlp) = fixed_seconds(p, link);
     let bridged = direct_seconds + latency + bandwidth + tlp;
     let overhead = if direct_seconds > 0.0 { (bridged / direct_seconds - 1.0) * 100.0 } else { 0.0 };
@@ -178,12 +210,7 @@ mod tests {
     }
 
     fn link(rtt_us: f64) -> LinkParams {
-        LinkParams {
-            rtt_s: rtt_us * 1e-6,
-            h2d_bytes_per_s: f64::INFINITY,
-            d2h_bytes_per_s: f64::INFINITY,
-            per_tlp_s: 0.0,
-        }
+        LinkParams { rtt_ns: rtt_us * 1e3, ..LinkParams::LOCAL }
     }
 
     #[test]
@@ -245,7 +272,7 @@ mod tests {
             driver: DriverStats { waits_idle: 100, ..DriverStats::default() },
             ..counts(PlatformCounts { register_writes: 200, ..PlatformCounts::default() })
         };
-        let l = LinkParams { per_tlp_s: 1e-6, ..link(20.0) };
+        let l = LinkParams { posted_write_ns: 1e3, ..link(20.0) };
         let at = predict(&p, 0.1, &l);
         assert!((at.tlp_seconds - 200e-6).abs() < 1e-12);
         assert!((at.latency_seconds - 2e-3).abs() < 1e-12);

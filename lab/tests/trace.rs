@@ -1,4 +1,4 @@
-//! The trace reader on the real traces in `testbed/traces` (A100 and V100 training jobs, an
+//! The trace reader on the real traces in `lab/traces` (A100 and V100 training jobs, an
 //! A100 event-sync case) and on hand-made edge cases: what it keeps, how fast, and the errors
 //! that name the event and the field.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use testbed::trace::{ActivityKind, CallKind, CopyKind, ReadLimits, TraceError, parse, read, read_with};
+use lab::trace::{ActivityKind, CallKind, CopyKind, ReadLimits, TraceError, parse, read, read_with};
 
 fn traces() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces")
@@ -235,7 +235,8 @@ fn the_size_limit_holds_at_its_edge_for_plain_and_gzip_traces() {
 
 mod plan {
     use super::*;
-    use testbed::plan::{Link, Plan};
+    use lab::model::LinkParams as Link;
+    use lab::plan::Plan;
 
     fn check_local(file: &str) {
         let t = read(&traces().join(file), None).unwrap();
@@ -267,7 +268,7 @@ mod plan {
                 rtt_ns: rtt,
                 h2d_bytes_per_s: 3.1e9,
                 d2h_bytes_per_s: 3.1e9,
-                submit_ns: 0.0,
+                posted_write_ns: 0.0,
                 fetch_extra_ns: 0.0,
             });
             eprintln!(
@@ -291,7 +292,7 @@ mod plan {
     /// launch K2 after 10 µs of CPU (125–130, kernel 135–185), synchronize the device
     /// (135–190); a pinned copy in of 1 MB on a second stream (launched 6–8, 10–30 µs) that
     /// nothing waits for.
-    fn known() -> testbed::trace::Trace {
+    fn known() -> lab::trace::Trace {
         let call = |name: &str, ts: &str, dur: &str, c: u32| {
             event("cuda_runtime", name, ts, dur, &format!(r#""correlation":{c}"#))
         };
@@ -345,7 +346,7 @@ mod plan {
         // The host's submission cost S lengthens each submitting call and what it submits:
         // two submissions on the path, 2 S more.
         let s = 3_000.0;
-        let o = plan.evaluate(&Link { rtt_ns: r, submit_ns: s, ..Link::LOCAL });
+        let o = plan.evaluate(&Link { rtt_ns: r, posted_write_ns: s / 2.0, ..Link::LOCAL });
         assert_eq!(o.job_ns, 190_000.0 + 4.0 * r + 2.0 * s);
         assert_eq!(o.added.submissions_ns, 2.0 * s);
         // A command fetch's turns F beyond 1.5 R: each of the two fetches on the path, F
@@ -368,7 +369,7 @@ mod plan {
         assert_eq!(o.added.synchronizations_ns, r / 2.0);
         // Made to wait for the copy, K2 puts it on its stream's path too.
         let mut waits = plan.clone();
-        waits.activities[2].after.push((1, testbed::plan::DeviceEdge::CrossStream, 0));
+        waits.activities[2].after.push((1, lab::plan::DeviceEdge::CrossStream, 0));
         let o = waits.evaluate(&slow);
         assert_eq!(o.activity_start_ns[2], copy_end);
     }
@@ -390,9 +391,10 @@ mod replay {
     use driver::SimGpuDriver;
     use hw::SimGpu;
     use hw::simgpu::SimGpuParams;
+    use lab::model::LinkParams as Link;
+    use lab::plan::Plan;
+    use lab::replay::Replayer;
     use testbed::concurrent::ConcurrentAttach;
-    use testbed::plan::{Link, Plan};
-    use testbed::replay::Replayer;
 
     fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
         let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());

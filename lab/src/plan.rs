@@ -25,7 +25,7 @@
 //! behind its stream would start a launch latency after its call, not the long wait after,
 //! were its call late). Evaluated with no link, the plan reproduces the trace's times.
 //!
-//! A link between host and GPU ([`Link`]) stretches three kinds of edge: a submission by the
+//! A link between host and GPU ([`LinkParams`]) stretches three kinds of edge: a submission by the
 //! doorbell's one-way trip and the command fetch's round trip (1.5 round trips, hidden when
 //! the stream is busy for longer), an await by the fence's one-way trip back, and a copy of
 //! host memory by its bytes at the link's rate (and, for reads, one round trip to fill the
@@ -36,6 +36,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::model::LinkParams;
 use crate::trace::{ActivityKind, CallKind, CopyKind, Trace};
 
 /// A thread idle longer than this before a call (ns) is taken to have been waiting for the
@@ -117,41 +118,6 @@ pub struct Plan {
     /// Calls nested inside another call of their thread (a driver call inside a runtime
     /// call), folded into it.
     pub nested: usize,
-}
-
-/// The link between host and GPU as the plan sees it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Link {
-    /// Round trip through the bridges, ns (what they add to the local slot's).
-    pub rtt_ns: f64,
-    /// Host → device bulk rate, bytes per second; infinite: no limit.
-    pub h2d_bytes_per_s: f64,
-    /// Device → host bulk rate, bytes per second.
-    pub d2h_bytes_per_s: f64,
-    /// The host's own time to publish a submission (its RING_TAIL and doorbell writes)
-    /// beyond what it took in the trace, ns: a posted write through a bridge is a send.
-    pub submit_ns: f64,
-    /// A command fetch's time beyond 1.5 round trips, ns: the turns a register read's round
-    /// trip does not take (the device acting on the doorbell; the host answering the
-    /// fetch), measured where they can be (a fence's round trip), 0 from the trace alone.
-    pub fetch_extra_ns: f64,
-}
-
-impl Link {
-    /// No link: the local slot the trace was taken in.
-    pub const LOCAL: Link = Link {
-        rtt_ns: 0.0,
-        h2d_bytes_per_s: f64::INFINITY,
-        d2h_bytes_per_s: f64::INFINITY,
-        submit_ns: 0.0,
-        fetch_extra_ns: 0.0,
-    };
-
-    /// What a command fetch the device waits for adds: the doorbell's way there and the
-    /// fetch's round trip (1.5 round trips), and its turns.
-    pub fn fetch_ns(&self) -> f64 {
-        1.5 * self.rtt_ns.max(0.0) + self.fetch_extra_ns.max(0.0)
-    }
 }
 
 /// Where the link's time went on the job's critical path, ns.
@@ -479,7 +445,7 @@ impl Plan {
     }
 
     /// The job's times at `link`.
-    pub fn evaluate(&self, link: &Link) -> Outcome {
+    pub fn evaluate(&self, link: &LinkParams) -> Outcome {
         Evaluation::run(self, link)
     }
 }
@@ -503,7 +469,7 @@ struct Added {
 
 struct Evaluation<'a> {
     plan: &'a Plan,
-    link: &'a Link,
+    link: &'a LinkParams,
     issue: Vec<f64>,
     ret: Vec<f64>,
     start: Vec<f64>,
@@ -552,7 +518,7 @@ impl<'a> Evaluation<'a> {
         }
     }
 
-    fn run(plan: &'a Plan, link: &'a Link) -> Outcome {
+    fn run(plan: &'a Plan, link: &'a LinkParams) -> Outcome {
         let (nc, na) = (plan.calls.len(), plan.activities.len());
         let mut ev = Evaluation {
             plan,
@@ -648,7 +614,7 @@ impl<'a> Evaluation<'a> {
             }
             Node::Return(ci) => {
                 let c = &plan.calls[ci];
-                let submit = if c.submits.is_empty() { 0.0 } else { link.submit_ns.max(0.0) };
+                let submit = if c.submits.is_empty() { 0.0 } else { link.submit_ns() };
                 let own = Added { submit, ..Added::default() };
                 best = (self.issue[ci] + c.floor_ns as f64 + submit, Some((Node::Issue(ci), own)));
                 let sync = Added { sync: one_way, ..Added::default() };
@@ -663,7 +629,7 @@ impl<'a> Evaluation<'a> {
                 let fetch = link.fetch_ns();
                 match a.call {
                     Some((c, gap)) => {
-                        let submit = link.submit_ns.max(0.0);
+                        let submit = link.submit_ns();
                         let t = self.issue[c] + plan.calls[c].submit_ns as f64 + submit + gap as f64 + fetch;
                         best = (t, Some((Node::Issue(c), Added { fetch, submit, ..Added::default() })));
                     }
@@ -749,12 +715,13 @@ impl<'a> Evaluation<'a> {
 /// replaced) is `percent` slower than with no link: 0 if the rates alone make it so, `None`
 /// if no round trip up to a second does. The job's time grows with the round trip, so a
 /// bisection finds it (to 1 ns).
-pub fn crossing_rtt_ns(plan: &Plan, link: &Link, percent: f64) -> Option<f64> {
-    let local = plan.evaluate(&Link::LOCAL).job_ns;
+pub fn crossing_rtt_ns(plan: &Plan, link: &LinkParams, percent: f64) -> Option<f64> {
+    let local = plan.evaluate(&LinkParams::LOCAL).job_ns;
     if local <= 0.0 {
         return None;
     }
-    let over = |rtt_ns: f64| plan.evaluate(&Link { rtt_ns, ..*link }).job_ns / local - 1.0 >= percent / 100.0;
+    let over =
+        |rtt_ns: f64| plan.evaluate(&LinkParams { rtt_ns, ..*link }).job_ns / local - 1.0 >= percent / 100.0;
     if over(0.0) {
         return Some(0.0);
     }

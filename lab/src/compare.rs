@@ -1,0 +1,268 @@
+//! A trace replayed directly attached and through both endpoints over UDP loopback, in
+//! turns, at the speed the traced GPU ran it; each platform's link measured (register round
+//! trip, posted write, fence, copy rates alone and in the replay); the model's prediction
+//! from the trace and the link measured, beside the overhead measured
+//! (docs/performance-model.md). `dxpu replay` prints what [`compare`] returns.
+
+use std::time::Duration;
+
+use driver::{DriverError, PciFunction, SimGpuDriver};
+use hw::SimGpu;
+use hw::simgpu::SimGpuParams;
+use link::driver::{DriverKind, Impairment, PollMode};
+use testbed::concurrent::ConcurrentAttach;
+
+use crate::affinity::{self, Placement};
+use crate::error::LabError;
+use crate::harness::{LocalBox, Spread, mmio_rtt};
+use crate::model::{self, LinkParams};
+use crate::plan::{self, Plan};
+use crate::replay::{ReplayError, ReplayRun, Replayer};
+use crate::trace::Trace;
+
+/// How a comparison runs: its repeats, the link's impairment, the endpoints' drivers and
+/// where the spinning threads go.
+#[derive(Clone, Copy, Debug)]
+pub struct CompareOptions {
+    /// Replays each way, direct and bridged in turns, after one warm-up each.
+    pub repeat: u32,
+    /// What the link does to datagrams each way (its seed is set per endpoint).
+    pub impairment: Impairment,
+    /// The UDP driver both endpoints use.
+    pub driver: DriverKind,
+    /// How both endpoints wait for datagrams.
+    pub poll: PollMode,
+    /// The CPUs of the device (and the GPU-box endpoint) and of the job's thread; `None`:
+    /// wherever the scheduler puts them.
+    pub placement: Option<Placement>,
+}
+
+/// Host memory each platform lends the replay: the copies' buffers each way (at most
+/// `lab::replay::MAX_COPY_BYTES`), the release words, rings.
+const HOST_MEMORY: usize = 512 << 20;
+/// Register reads timed for the round trip.
+const RTT_SAMPLES: usize = 300;
+/// Bytes of the copies that measure each platform's rates.
+const RATE_BYTES: usize = 16 << 20;
+
+/// One platform's measurements: its runs, round trip and copy rates.
+pub struct Side {
+    /// The replays, after the warm-up.
+    pub runs: Vec<ReplayRun>,
+    /// A register read's round trip, the median of the samples.
+    pub rtt: Duration,
+    /// One posted register write's cost to the host, ns.
+    pub write_ns: f64,
+    /// A fence's round trip with nothing queued (`testbed::workload::fence_rtt`).
+    pub fence_rtt: Duration,
+    /// The host → device copy rate, bytes per second, of one copy alone
+    /// (`model::copy_rates`).
+    pub h2d: f64,
+    /// The device → host copy rate alone.
+    pub d2h: f64,
+}
+
+impl Side {
+    /// The rates the platform moved host memory at during its runs (median over the runs
+    /// that had copies large enough to tell), each way; `None` where none did.
+    pub fn in_replay(&self) -> (Option<f64>, Option<f64>) {
+        let median = |f: fn(&ReplayRun) -> Option<f64>| {
+            let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
+        };
+        (median(|r| r.copy_bytes_per_s.0), median(|r| r.copy_bytes_per_s.1))
+    }
+
+    /// The link the model takes for this platform: its copies at the rates they got during
+    /// the replay where it tells them (the host endpoint serves them on the job's thread
+    /// here, and a copy alone gets more than one beside the job's work), else alone.
+    pub fn model_rates(&self) -> (f64, f64) {
+        let (h2d, d2h) = self.in_replay();
+        (h2d.unwrap_or(self.h2d), d2h.unwrap_or(self.d2h))
+    }
+}
+
+/// The host's time to send one posted register write, ns: the mean of `n` doorbell writes
+/// to a channel the replay does not use (the device ignores a doorbell of a channel without
+/// a ring).
+fn posted_write_ns<P: PciFunction>(d: &mut SimGpuDriver<P>, n: u32) -> f64 {
+    let reg = simgpu_abi::chreg::at(simgpu_abi::CHANNELS - 1, simgpu_abi::chreg::DOORBELL);
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        d.write_reg(reg, 0);
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n.max(1))
+}
+
+fn measure<P: PciFunction>(d: &mut SimGpuDriver<P>, platform: &'static str) -> Result<Side, LabError> {
+    let (rtt, _) = mmio_rtt(d, RTT_SAMPLES);
+    let write_ns = posted_write_ns(d, 2000);
+    let fence_rtt = testbed::workload::fence_rtt(d, RTT_SAMPLES).map_err(driver_error(platform, "fences"))?;
+    let (h2d, d2h) = model::copy_rates(d, RATE_BYTES, 3).map_err(driver_error(platform, "copies"))?;
+    Ok(Side { runs: Vec::new(), rtt, write_ns, fence_rtt, h2d, d2h })
+}
+
+/// A figure of `runs`, its median and spread.
+pub fn spread(runs: &[ReplayRun], f: impl Fn(&ReplayRun) -> f64) -> Spread {
+    Spread::of(runs.iter().map(f))
+}
+
+/// What a comparison measured and predicted.
+pub struct Comparison {
+    /// The trace replayed.
+    pub trace: Trace,
+    /// Its dependency graph.
+    pub plan: Plan,
+    /// The directly attached simgpu's runs and link.
+    pub direct: Side,
+    /// The bridged simgpu's runs and link.
+    pub bridged: Side,
+    /// The link the model took: the bridges' round trip and posted write beyond the direct
+    /// platform's, their copy rates, a fence's extra turns.
+    pub link: LinkParams,
+    /// The model with the direct platform's rates and no link.
+    pub predicted_direct: plan::Outcome,
+    /// The model at [`Comparison::link`].
+    pub predicted_bridged: plan::Outcome,
+    /// The round trip, µs, at which the model crosses 10 % at the bridges' rates.
+    pub crosses_10_percent_at_rtt_us: Option<f64>,
+    /// Each pair's overhead, bridged over direct, percent.
+    pub overheads: Vec<f64>,
+}
+
+impl Comparison {
+    /// The model's overhead, percent.
+    pub fn predicted_overhead_percent(&self) -> f64 {
+        (self.predicted_bridged.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
+    }
+}
+
+/// Replays `trace` directly attached and through both endpoints in turns, as `opts` says,
+/// telling `progress` what it does; measures each platform's link, and evaluates the model
+/// at the bridged one.
+pub fn compare(
+    trace: Trace,
+    opts: &CompareOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Comparison, LabError> {
+    let plan = Plan::of(&trace);
+    // The caller's thread gets its CPUs back however this returns.
+    let _restore = affinity::Restore::here().map_err(LabError::cpus("the job's thread"))?;
+    let placement = opts.placement;
+    // Left to the scheduler, a wake-up sometimes put the job's thread and the device's on one
+    // CPU, where they took turns for milliseconds (a 0.4 ms job took 2-10 ms one run in
+    // twenty). The job's thread (and the host endpoint's service thread, started from it)
+    // on the host's CPU; the device's, either way, on the device's; the idle box's out of
+    // the direct device's way.
+    affinity::pin_to(placement.map(|p| p.host)).map_err(LabError::cpus("the job's thread"))?;
+    progress("directly attached simgpu: setting up");
+    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+    let device_cpu = placement.map(|p| p.device);
+    let pin_device = move || {
+        if let Err(e) = affinity::pin_to(device_cpu) {
+            log::warn!("the direct device's thread: {e}");
+        }
+    };
+    let pci = ConcurrentAttach::new_with(dev, HOST_MEMORY, pin_device).map_err(LabError::Direct)?;
+    let mut direct = SimGpuDriver::open(pci).map_err(driver_error("direct", "opening the simgpu"))?;
+    let mut direct_replayer = Replayer::new(&mut direct, &plan).map_err(replay_error("direct"))?;
+
+    progress("both endpoints over UDP loopback: attaching");
+    let poll = opts.poll;
+    let gpu = LocalBox::start(opts.driver, poll, Impairment { seed: 31, ..opts.impairment })?;
+    let mut o = gpu.attach_options(opts.driver, poll, Impairment { seed: 32, ..opts.impairment });
+    o.dma_memory = HOST_MEMORY;
+    // The host endpoint runs on the job's thread here (no core of its own): it answers the
+    // device's reads in short slices, and the replay lends it the time until its next step.
+    o.answer_slice = Some(crate::replay::HOST_ANSWER_SLICE);
+    o.completion_timeout += 4 * (opts.impairment.delay + opts.impairment.jitter);
+    let remote = bridge_host::RemoteDevice::attach(o)?;
+    let mut bridged = SimGpuDriver::open(remote).map_err(driver_error("bridged", "opening the simgpu"))?;
+    let mut bridged_replayer = Replayer::new(&mut bridged, &plan).map_err(replay_error("bridged"))?;
+
+    // Each run starts once the other platform's threads have stopped spinning: the box's
+    // endpoint busy-polls for `--spin-us` after its last datagram, the direct device's thread
+    // for its own budget, and a third spinning thread on two cores made a 0.4 ms direct run
+    // take 4-12 ms (the scheduler's slice).
+    let settle = || std::thread::sleep(spin_of(opts.poll).max(testbed::concurrent::SPIN) * 2);
+    let box_on = |which: fn(affinity::Placement) -> usize| placement.map_or(Ok(()), |p| gpu.pin(which(p)));
+    // A warm-up each (VRAM and host memory touched once), then in turns.
+    progress("warm-up");
+    box_on(|p| p.host)?;
+    direct_replayer.run(&mut direct, &plan).map_err(replay_error("direct"))?;
+    box_on(|p| p.device)?;
+    bridged_replayer.run(&mut bridged, &plan).map_err(replay_error("bridged"))?;
+    let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..opts.repeat {
+        progress(&format!("replay {} of {}", i + 1, opts.repeat));
+        box_on(|p| p.host)?;
+        settle();
+        let d = direct_replayer.run(&mut direct, &plan).map_err(replay_error("direct"))?;
+        box_on(|p| p.device)?;
+        settle();
+        let b = bridged_replayer.run(&mut bridged, &plan).map_err(replay_error("bridged"))?;
+        overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
+        d_runs.push(d);
+        b_runs.push(b);
+    }
+    progress("measuring the link");
+    box_on(|p| p.host)?;
+    settle();
+    let mut d_side = measure(&mut direct, "direct")?;
+    box_on(|p| p.device)?;
+    settle();
+    let mut b_side = measure(&mut bridged, "bridged")?;
+    bridged.into_pci().detach();
+    drop(gpu);
+    (d_side.runs, b_side.runs) = (d_runs, b_runs);
+
+    // The model: the trace's job on each platform's copy engine; through the bridges, their
+    // round trip and the host's cost of a submission's two posted writes beyond the direct
+    // platform's.
+    let ((d_h2d, d_d2h), (b_h2d, b_d2h)) = (d_side.model_rates(), b_side.model_rates());
+    let direct_link = LinkParams { h2d_bytes_per_s: d_h2d, d2h_bytes_per_s: d_d2h, ..LinkParams::LOCAL };
+    let rtt_ns = b_side.rtt.saturating_sub(d_side.rtt).as_nanos() as f64;
+    let posted_write_ns = (b_side.write_ns - d_side.write_ns).max(0.0);
+    let submit_ns = 2.0 * posted_write_ns;
+    // A fence's round trip through the bridges beyond the direct one is a submission, a
+    // command fetch (1.5 round trips and its turns) and the fence's way back (half of one):
+    // what is left over is the fetch's turns.
+    let fence_added = b_side.fence_rtt.saturating_sub(d_side.fence_rtt).as_nanos() as f64;
+    let bridged_link = LinkParams {
+        rtt_ns,
+        h2d_bytes_per_s: b_h2d,
+        d2h_bytes_per_s: b_d2h,
+        posted_write_ns,
+        fetch_extra_ns: (fence_added - 2.0 * rtt_ns - submit_ns).max(0.0),
+    };
+    let predicted_direct = plan.evaluate(&direct_link);
+    let predicted_bridged = plan.evaluate(&bridged_link);
+    let crosses = plan::crossing_rtt_ns(&plan, &bridged_link, 10.0).map(|ns| ns / 1e3);
+    Ok(Comparison {
+        trace,
+        plan,
+        direct: d_side,
+        bridged: b_side,
+        link: bridged_link,
+        predicted_direct,
+        predicted_bridged,
+        crosses_10_percent_at_rtt_us: crosses,
+        overheads,
+    })
+}
+
+/// How long an endpoint polling `poll` spins after its last datagram.
+fn spin_of(poll: PollMode) -> Duration {
+    match poll {
+        PollMode::Busy { spin } => spin,
+        _ => Duration::ZERO,
+    }
+}
+
+fn driver_error(platform: &'static str, what: &'static str) -> impl FnOnce(DriverError) -> LabError {
+    move |source| LabError::Driver { platform, what, source }
+}
+
+fn replay_error(platform: &'static str) -> impl FnOnce(ReplayError) -> LabError {
+    move |source| LabError::Replay { platform, source }
+}

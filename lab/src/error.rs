@@ -1,0 +1,71 @@
+//! What goes wrong in an experiment, and where.
+
+use crate::affinity::CpuError;
+use crate::replay::ReplayError;
+
+/// Why an experiment stopped: which part, on which platform, and the error beneath.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A thread could not be put on the CPUs asked for.
+    #[error("{what}: {source}")]
+    Cpus {
+        /// Whose thread.
+        what: &'static str,
+        /// What the kernel or the request said.
+        source: CpuError,
+    },
+    /// The GPU-box endpoint refused its options.
+    #[error("the GPU-box endpoint: {0}")]
+    Endpoint(#[from] bridge_gpu::GpuError),
+    /// The GPU-box endpoint's thread did not start, or ended at its start.
+    #[error("{0}")]
+    EndpointThread(bridge_gpu::SpawnError<std::convert::Infallible>),
+    /// The GPU-box endpoint's thread has ended (its ID may be another thread's by now).
+    #[error("the GPU-box endpoint's thread has ended (its log says why)")]
+    EndpointEnded,
+    /// The directly attached simgpu's thread did not start.
+    #[error("the direct simgpu: {0}")]
+    Direct(#[source] std::io::Error),
+    /// Attaching through the bridges failed.
+    #[error("attaching through the bridges: {0}")]
+    Attach(#[from] bridge_host::AttachError),
+    /// A platform's driver refused or its device reported an error.
+    #[error("{platform} {what}: {source}")]
+    Driver {
+        /// `direct` or `bridged`.
+        platform: &'static str,
+        /// What was being done.
+        what: &'static str,
+        /// The driver's error.
+        source: driver::DriverError,
+    },
+    /// A replay failed on a platform.
+    #[error("{platform} replay: {source}")]
+    Replay {
+        /// `direct` or `bridged`.
+        platform: &'static str,
+        /// The replay's error.
+        source: ReplayError,
+    },
+}
+
+impl LabError {
+    /// A [`LabError::Cpus`] for `what`'s thread.
+    pub fn cpus(what: &'static str) -> impl FnOnce(CpuError) -> LabError {
+        move |source| LabError::Cpus { what, source }
+    }
+}
+
+/// The `dxpu` command's commands report an error as its text.
+impl From<LabError> for String {
+    fn from(e: LabError) -> String {
+        e.to_string()
+    }
+}
+
+/// As [`LabError`]'s.
+impl From<CpuError> for String {
+    fn from(e: CpuError) -> String {
+        e.to_string()
+    }
+}

@@ -1,0 +1,24 @@
+//! dxpu's experiments, as a library tested in process: what `dxpu loopback`, `dxpu model`,
+//! `dxpu replay` and the benches measure with, where the `dxpu` command keeps only their
+//! arguments, tables and JSON.
+//!
+//! - [`affinity`]: which CPUs the spinning threads run on;
+//! - [`harness`]: a GPU-box endpoint with one simgpu on a thread of its own, and a figure's
+//!   median and spread over runs;
+//! - [`model`]: the performance model, a bridged time predicted from a transaction profile,
+//!   and [`model::LinkParams`], the link as every prediction here sees it;
+//! - [`trace`], [`plan`], [`replay`]: PyTorch profiler traces read, made a dependency graph
+//!   (evaluated at a link: the model of a traced job), and replayed on the simgpu;
+//! - [`error`]: what goes wrong in an experiment, and where;
+//! - [`compare`]: a trace replayed directly attached and through both endpoints in turns,
+//!   the link measured, and the model's prediction beside what was measured.
+#![forbid(unsafe_code)]
+
+pub mod affinity;
+pub mod compare;
+pub mod error;
+pub mod harness;
+pub mod model;
+pub mod plan;
+pub mod replay;
+pub mod trace;

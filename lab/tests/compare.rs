@@ -1,0 +1,52 @@
+//! `lab::compare` in process, on the small A100 trace (4 kernels, a copy, 3 syncs): both
+//! platforms replay it, each side's link is measured, and the model's inputs follow from
+//! what was measured (the bridges' round trip and posted write beyond the direct ones).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use lab::compare::{CompareOptions, compare};
+use link::driver::{DriverKind, Impairment, PollMode};
+
+fn opts(delay: Duration) -> CompareOptions {
+    CompareOptions {
+        repeat: 2,
+        impairment: Impairment { delay, ..Impairment::default() },
+        driver: DriverKind::Portable,
+        poll: PollMode::Busy { spin: Duration::from_micros(200) },
+        placement: None,
+    }
+}
+
+#[test]
+fn a_trace_compared_direct_against_bridged_gives_runs_a_link_and_a_prediction() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/a100-event-sync-small.json.gz");
+    let trace = lab::trace::read(&path, None).unwrap();
+    let span_ns = trace.gpu_span_ns() as f64;
+    let mut said = Vec::new();
+    let c = compare(trace, &opts(Duration::from_micros(100)), &mut |s| said.push(s.to_string())).unwrap();
+    assert_eq!((c.direct.runs.len(), c.bridged.runs.len(), c.overheads.len()), (2, 2, 2));
+    assert!(said.iter().any(|s| s == "replay 2 of 2"), "{said:?}");
+    // The direct replay keeps the traced GPU's pace: its span no shorter than the trace's.
+    for r in &c.direct.runs {
+        assert!(r.gpu_span_ns >= span_ns * 0.95, "{} against {span_ns}", r.gpu_span_ns);
+    }
+    // 100 µs each way: the bridges' round trip is at least 200 µs more than the direct one,
+    // and the model's link says what was measured.
+    assert!(
+        c.bridged.rtt >= c.direct.rtt + Duration::from_micros(200),
+        "{:?} {:?}",
+        c.bridged.rtt,
+        c.direct.rtt
+    );
+    let measured = c.bridged.rtt.saturating_sub(c.direct.rtt).as_nanos() as f64;
+    assert_eq!(c.link.rtt_ns, measured);
+    assert!(c.link.posted_write_ns >= 0.0 && c.link.fetch_extra_ns >= 0.0, "{:?}", c.link);
+    // Each job is slower bridged; the model predicts a positive overhead too.
+    for o in &c.overheads {
+        assert!(*o > 0.0, "{:?}", c.overheads);
+    }
+    assert!(c.predicted_overhead_percent() > 0.0, "{}", c.predicted_overhead_percent());
+    assert!(c.predicted_bridged.added.total_ns() > 0.0);
+}
