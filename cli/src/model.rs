@@ -337,13 +337,30 @@ pub(crate) struct TraceReport {
 /// counts.
 pub(crate) fn trace_summary(path: &str, t: &lab::trace::Trace, plan: &lab::plan::Plan) -> String {
     let (kernels, copies, memsets) = t.counts();
-    format!(
+    let mut line = format!(
         "{path} ({}): {kernels} kernels, {copies} copies, {memsets} memsets, {} synchronizations on {} streams, {} CPU threads",
         t.gpu.as_deref().unwrap_or("GPU unnamed"),
         t.syncs(),
         t.streams().len(),
         plan.threads
-    )
+    );
+    if plan.out_of_submission_order > 0 {
+        line.push_str(&format!(
+            "\n  reordered: {} activities ran before work submitted earlier on their stream (several threads, graph launches): each follows the latest one submitted before it",
+            plan.out_of_submission_order
+        ));
+    }
+    let a = &t.assumed;
+    if a.bytes_from_calls + a.bytes_estimated > 0 {
+        line.push_str(&format!(
+            "\n  assumed: {} copies or memsets had no byte count in the trace: {} took their runtime call's size, {} their traced time at {:.2} GB/s",
+            a.bytes_from_calls + a.bytes_estimated,
+            a.bytes_from_calls,
+            a.bytes_estimated,
+            a.estimated_at_bytes_per_s / 1e9
+        ));
+    }
+    line
 }
 
 /// A trace's counts and span, as `model --trace` and `replay` report them.
@@ -357,7 +374,29 @@ pub(crate) fn trace_json(path: &str, t: &lab::trace::Trace) -> serde_json::Map<S
     m.insert("memsets".into(), json!(memsets));
     m.insert("syncs".into(), json!(t.syncs()));
     m.insert("trace_span_ms".into(), json!(t.gpu_span_ns() as f64 / 1e6));
+    m.insert(
+        "assumed".into(),
+        json!({
+            "bytes_from_calls": t.assumed.bytes_from_calls,
+            "bytes_estimated": t.assumed.bytes_estimated,
+            "estimated_at_bytes_per_s": t.assumed.estimated_at_bytes_per_s,
+        }),
+    );
+    m.insert("unmatched_launches".into(), json!(t.unmatched_launches));
     m
+}
+
+/// What the plan made of the trace, with what it inferred or changed: the cross-stream waits
+/// inferred from timing, nested calls folded into their outer call, activities that could
+/// not follow their stream predecessor by start (it was submitted later).
+pub(crate) fn plan_json(p: &lab::plan::Plan) -> Value {
+    json!({
+        "calls": p.calls.len(),
+        "threads": p.threads,
+        "cross_stream_waits": p.cross_stream_waits,
+        "nested_calls": p.nested,
+        "out_of_submission_order": p.out_of_submission_order,
+    })
 }
 
 /// Where the link's time went on the critical path, ms.
@@ -396,11 +435,7 @@ impl TraceReport {
             }))),
         );
         m.insert("profile".into(), Value::Null);
-        m.insert(
-            "plan".into(),
-            json!({"calls": self.plan.calls.len(), "threads": self.plan.threads,
-                   "cross_stream_waits": self.plan.cross_stream_waits}),
-        );
+        m.insert("plan".into(), plan_json(&self.plan));
         m.insert("points".into(), Value::Array(points));
         m.insert("crosses_10_percent_at_rtt_us".into(), json!(self.crosses_10_percent_at_rtt_us));
         Value::Object(m)

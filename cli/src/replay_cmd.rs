@@ -13,7 +13,7 @@ use link::driver::Impairment;
 use serde_json::{Value, json};
 
 use crate::args::{EndpointArgs, ImpairArgs};
-use crate::model::{added_json, trace_json, trace_summary};
+use crate::model::{added_json, plan_json, trace_json, trace_summary};
 
 /// Options of `dxpu replay`.
 #[derive(Args, Debug, Clone)]
@@ -98,6 +98,8 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
     let o = Spread::of(r.overheads.iter().copied());
     let predicted_overhead = r.predicted_overhead_percent();
     let mut m = trace_json(&args.trace.display().to_string(), &r.trace);
+    m.insert("plan".into(), plan_json(&r.plan));
+    m.insert("copies_capped".into(), json!(r.bridged.runs.first().map_or(0, |run| run.copies_capped)));
     m.insert("repeat".into(), json!(args.repeat));
     m.insert("direct_ms".into(), json!(d.median));
     m.insert("bridged_ms".into(), json!(b.median));
@@ -141,6 +143,13 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
         },
         if args.rate_gbit > 0.0 { format!(", {} Gbit/s", args.rate_gbit) } else { String::new() }
     );
+    let capped = r.bridged.runs.first().map_or(0, |run| run.copies_capped);
+    if capped > 0 {
+        outln!(
+            "  capped: {capped} copies larger than {} MiB moved only that much (held to their traced time)",
+            lab::replay::MAX_COPY_BYTES >> 20
+        );
+    }
     for (name, s) in [("direct", &r.direct), ("bridged", &r.bridged)] {
         outln!(
             "  {name:>7}: job {}, GPU span {}; round trip {:.1} µs (a fence's {:.1}), posted write {:.2} µs, copies {:.2} / {:.2} GB/s alone{}",

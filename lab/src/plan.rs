@@ -46,6 +46,9 @@ pub const IDLE_THREAD_NS: i64 = 100_000;
 /// The most other threads a call after an idle spell follows (those that returned last).
 pub const WOKEN_BY: usize = 4;
 
+/// How far back on its stream an activity looks for one submitted before it.
+const STREAM_LOOKBACK: usize = 64;
+
 /// A cross-stream wait is inferred only where it explains an activity's start this much
 /// (ns) better than its submission and its stream do (traces have microsecond resolution).
 const CROSS_STREAM_MARGIN_NS: i64 = 1_000;
@@ -118,6 +121,9 @@ pub struct Plan {
     /// Calls nested inside another call of their thread (a driver call inside a runtime
     /// call), folded into it.
     pub nested: usize,
+    /// Activities whose stream predecessor by start was submitted after them (by a later
+    /// call): each follows the latest earlier one submitted before it instead.
+    pub out_of_submission_order: usize,
 }
 
 /// Where the link's time went on the job's critical path, ns.
@@ -300,7 +306,15 @@ impl Plan {
             other: Option<(usize, i64)>,
         }
         let mut cands = Vec::with_capacity(self.activities.len());
-        let mut last_on_stream: HashMap<u32, usize> = HashMap::new();
+        // Each stream's activities so far, by start.
+        let mut on_stream: HashMap<u32, Vec<usize>> = HashMap::new();
+        // The latest call an activity's submission waits for, through its own call or what it
+        // follows on the device (-1: none). An activity of call C may follow only work of a
+        // rank below C, or earlier work of C itself: the replay submits a call's work when
+        // the call is issued, so following work of a later call (which waits for C to
+        // return) would never be submitted — a trace whose device order differs from the
+        // order its calls submitted in (a stream fed by two threads, a graph launch).
+        let mut rank: Vec<i64> = vec![-1; self.activities.len()];
         // Activities by end, to find the latest end on another stream before a start.
         let mut a_by_end: Vec<usize> = (0..self.activities.len()).collect();
         a_by_end.sort_by_key(|&i| (activity_end(&self.activities[i]), i));
@@ -322,23 +336,34 @@ impl Plan {
                 }
                 a_ended += 1;
             }
-            let stream = last_on_stream
-                .get(&a.stream)
-                .map(|&p| (p, a.trace_start_ns - activity_end(&self.activities[p])));
             // Only work submitted before this one's can be waited for (an event is recorded
             // after the work it marks, and waited on before the work that waits).
             let call_of = |k: usize| self.activities[k].call.map(|(c, _)| c);
-            let submitted_before = |j: usize| match (call_of(j), call_of(i)) {
-                (Some(cj), Some(ci)) => cj < ci,
-                _ => true,
+            let submitted_before = |j: usize| match call_of(i) {
+                Some(ci) => rank[j] < ci as i64 || call_of(j) == Some(ci),
+                None => true,
             };
+            let earlier = on_stream.entry(a.stream).or_default();
+            let stream = earlier
+                .iter()
+                .rev()
+                .take(STREAM_LOOKBACK)
+                .find(|&&p| submitted_before(p))
+                .map(|&p| (p, a.trace_start_ns - activity_end(&self.activities[p])));
+            if earlier.last().is_some_and(|&p| stream.is_none_or(|(s, _)| s != p)) {
+                self.out_of_submission_order += 1;
+            }
+            earlier.push(i);
             let other = latest_end
                 .iter()
                 .filter(|&(&s, &j)| s != a.stream && submitted_before(j))
                 .map(|(_, &j)| (j, a.trace_start_ns - activity_end(&self.activities[j])))
                 .min_by_key(|&(j, gap)| (gap, j));
+            rank[i] = match call_of(i) {
+                Some(c) => c as i64,
+                None => stream.iter().chain(&other).map(|&(p, _)| rank[p]).max().unwrap_or(-1),
+            };
             cands.push(Candidates { submit: a.call.map(|(_, g)| g), stream, other });
-            last_on_stream.insert(a.stream, i);
         }
         let explained = |c: &Candidates| c.submit.into_iter().chain(c.stream.map(|s| s.1)).min();
         let cross = |c: &Candidates| match (c.other, explained(c)) {

@@ -539,7 +539,14 @@ impl<'a> Run<'a> {
         }
         let call = &plan.calls[i];
         if !call.submits.is_empty() {
-            if !call.submits.iter().all(|&a| self.can_submit(a)) {
+            // A call's own earlier work is submitted just before (its submits are in order).
+            let ready = |a: usize| {
+                plan.activities[a]
+                    .after
+                    .iter()
+                    .all(|&(p, _, _)| self.submitted[p] || (p < a && call.submits.binary_search(&p).is_ok()))
+            };
+            if !call.submits.iter().all(|&a| ready(a)) {
                 self.blocked.push((CALL, i));
                 return Ok(());
             }

@@ -19,7 +19,14 @@
 //! durations that no profiler run can have (an event days away from the others) are refused
 //! naming the event.
 
+mod error;
+mod job;
 mod scan;
+
+pub use error::TraceError;
+pub use job::{
+    ASSUMED_COPY_BYTES_PER_S, ActivityKind, Assumed, CallKind, CopyKind, GpuActivity, RuntimeCall, Trace,
+};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read};
@@ -51,302 +58,6 @@ pub const MAX_GZIP_RATIO: u64 = 100;
 /// No profiler trace spans more than this (ns): events farther apart, or a duration longer,
 /// are a broken clock or a broken file.
 pub const MAX_SPAN_NS: u128 = 24 * 3600 * 1_000_000_000;
-
-/// Why a trace cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    /// The file could not be read (or its gzip stream is broken or cut short).
-    #[error("{path}: {error}")]
-    Io {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        error: std::io::Error,
-    },
-    /// Not JSON, or not the shape torch.profiler writes.
-    #[error("{path}: not a PyTorch profiler trace: {why}")]
-    NotATrace {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// One event lacks a field replay needs, or has it in a form it cannot take.
-    #[error("{path}: traceEvents[{index}] ({name}): {field}: {why}")]
-    BadEvent {
-        /// The file.
-        path: String,
-        /// The event's index in `traceEvents`.
-        index: usize,
-        /// Its name, where it has one.
-        name: String,
-        /// The field.
-        field: &'static str,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// Activities of several GPUs, and no `--rank` to say which.
-    #[error("{path}: activities of GPUs {devices:?}: give one (--rank)")]
-    SeveralDevices {
-        /// The file.
-        path: String,
-        /// The devices seen.
-        devices: Vec<u32>,
-    },
-    /// Not a regular file: a FIFO would block until a writer comes, a device may never end.
-    #[error("{path}: {what}, not a regular file: give the trace's file (a FIFO or device is not read)")]
-    NotAFile {
-        /// The path.
-        path: String,
-        /// What it is.
-        what: &'static str,
-    },
-    /// The file, or the JSON it inflates to, is past its limit.
-    #[error("{path}: {why}")]
-    TooLarge {
-        /// The file.
-        path: String,
-        /// Which limit, and what to do.
-        why: String,
-    },
-    /// An event's time lies so far from the others (or its duration is so long) that no
-    /// profiler run took it.
-    #[error(
-        "{path}: traceEvents[{index}] ({name}): {field} {value_s:.0} s {what}: not a time a profiler run takes (more than a day); the file is broken"
-    )]
-    Implausible {
-        /// The file.
-        path: String,
-        /// The event's index in `traceEvents`.
-        index: usize,
-        /// Its name.
-        name: String,
-        /// `ts` or `dur`.
-        field: &'static str,
-        /// How far, or how long, in seconds.
-        value_s: f64,
-        /// From what.
-        what: &'static str,
-    },
-    /// Nothing to replay: no GPU activity (of the device asked for).
-    #[error("{path}: no kernels, copies or memsets{}", .device.map(|d| format!(" on GPU {d}")).unwrap_or_default())]
-    Empty {
-        /// The file.
-        path: String,
-        /// The device asked for.
-        device: Option<u32>,
-    },
-}
-
-/// A runtime call the CPU made, as replay issues it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CallKind {
-    /// `cudaLaunchKernel` / `hipLaunchKernel` (and their variants).
-    LaunchKernel,
-    /// `cudaMemcpyAsync`, `cudaMemcpy`.
-    Memcpy,
-    /// `cudaMemsetAsync`, `cudaMemset`.
-    Memset,
-    /// `cudaStreamSynchronize`.
-    StreamSynchronize,
-    /// `cudaDeviceSynchronize`.
-    DeviceSynchronize,
-    /// `cudaEventRecord`.
-    EventRecord,
-    /// `cudaStreamWaitEvent`.
-    StreamWaitEvent,
-    /// `cudaEventSynchronize`.
-    EventSynchronize,
-    /// `cudaEventQuery`.
-    EventQuery,
-    /// Anything else: CPU time the job spent in the runtime.
-    Other,
-}
-
-impl CallKind {
-    /// The kind of the runtime call named `name` (CUDA's or HIP's).
-    pub fn of(name: &str) -> CallKind {
-        let base = name.strip_prefix("cuda").or_else(|| name.strip_prefix("hip")).unwrap_or("");
-        // Variants (`_v2`, `_ptsz`, `ExC`) are the same call.
-        let base = base.split('_').next().unwrap_or(base);
-        match base {
-            "LaunchKernel" | "LaunchKernelExC" | "ModuleLaunchKernel" | "ExtModuleLaunchKernel" => {
-                CallKind::LaunchKernel
-            }
-            "MemcpyAsync" | "Memcpy" | "MemcpyDtoHAsync" | "MemcpyHtoDAsync" | "MemcpyDtoDAsync" => {
-                CallKind::Memcpy
-            }
-            "MemsetAsync" | "Memset" | "MemsetD32Async" | "MemsetD8Async" => CallKind::Memset,
-            "StreamSynchronize" => CallKind::StreamSynchronize,
-            "DeviceSynchronize" => CallKind::DeviceSynchronize,
-            "EventRecord" | "EventRecordWithFlags" => CallKind::EventRecord,
-            "StreamWaitEvent" => CallKind::StreamWaitEvent,
-            "EventSynchronize" => CallKind::EventSynchronize,
-            "EventQuery" => CallKind::EventQuery,
-            _ => CallKind::Other,
-        }
-    }
-}
-
-/// One runtime call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuntimeCall {
-    /// Its kind.
-    pub kind: CallKind,
-    /// Its name, as the trace gives it.
-    pub name: String,
-    /// The CPU thread that made it.
-    pub thread: u64,
-    /// When it began, ns from the trace's start.
-    pub start_ns: u64,
-    /// How long it took, ns.
-    pub dur_ns: u64,
-    /// What ties it to the GPU activity it caused.
-    pub correlation: Option<u64>,
-    /// Its index in the file's `traceEvents`, for messages that name it.
-    pub event: usize,
-}
-
-/// Where a copy's bytes come from and go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CopyKind {
-    /// Host → device from pinned memory: the copy engine reads host memory by DMA.
-    HtoDPinned,
-    /// Host → device from pageable memory: the driver stages it through a pinned buffer.
-    HtoDPageable,
-    /// Device → host into pinned memory.
-    DtoHPinned,
-    /// Device → host into pageable memory, staged.
-    DtoHPageable,
-    /// Inside the device.
-    DtoD,
-    /// Between devices, or a kind this reader does not know (replayed as inside the device).
-    Other,
-}
-
-impl CopyKind {
-    /// The kind Kineto's name says (`Memcpy HtoD (Pinned -> Device)`).
-    pub fn of(name: &str) -> CopyKind {
-        let pageable = name.contains("Pageable");
-        if name.contains("HtoD") {
-            if pageable { CopyKind::HtoDPageable } else { CopyKind::HtoDPinned }
-        } else if name.contains("DtoH") {
-            if pageable { CopyKind::DtoHPageable } else { CopyKind::DtoHPinned }
-        } else if name.contains("DtoD") {
-            CopyKind::DtoD
-        } else {
-            CopyKind::Other
-        }
-    }
-
-    /// Whether its bytes cross the host's PCIe link.
-    pub fn crosses_pcie(self) -> bool {
-        matches!(
-            self,
-            CopyKind::HtoDPinned | CopyKind::HtoDPageable | CopyKind::DtoHPinned | CopyKind::DtoHPageable
-        )
-    }
-}
-
-/// What the GPU did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActivityKind {
-    /// A kernel.
-    Kernel,
-    /// A copy of `bytes`.
-    Memcpy {
-        /// Its direction and the host memory's kind.
-        kind: CopyKind,
-        /// Bytes copied.
-        bytes: u64,
-    },
-    /// A memset of `bytes`.
-    Memset {
-        /// Bytes set.
-        bytes: u64,
-    },
-}
-
-/// One GPU activity.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuActivity {
-    /// What it was.
-    pub kind: ActivityKind,
-    /// The stream it ran on.
-    pub stream: u32,
-    /// When it began, ns from the trace's start.
-    pub start_ns: u64,
-    /// How long it ran, ns.
-    pub dur_ns: u64,
-    /// The runtime call that caused it.
-    pub correlation: u64,
-    /// Its index in the file's `traceEvents`, for messages that name it.
-    pub event: usize,
-}
-
-/// A trace, reduced to what replay needs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Trace {
-    /// The GPU's name (`deviceProperties`), where the trace gives it.
-    pub gpu: Option<String>,
-    /// The GPU the activities are of.
-    pub device: u32,
-    /// The distributed rank (`distributedInfo`), where the trace gives it.
-    pub rank: Option<u32>,
-    /// The runtime calls, by start time.
-    pub calls: Vec<RuntimeCall>,
-    /// The GPU's activities, by start time.
-    pub activities: Vec<GpuActivity>,
-    /// Runtime calls whose correlation matched no activity of a kind that needs one (a
-    /// launch whose kernel is missing), counted rather than refused: the profiler drops
-    /// records under load.
-    pub unmatched_launches: u64,
-    /// Events skipped: other categories (CPU operators, annotations, flows), counted.
-    pub skipped: u64,
-}
-
-impl Trace {
-    /// The span of the GPU's own activity: first start to last end, ns.
-    pub fn gpu_span_ns(&self) -> u64 {
-        let first = self.activities.iter().map(|a| a.start_ns).min().unwrap_or(0);
-        let last = self.activities.iter().map(|a| a.start_ns + a.dur_ns).max().unwrap_or(0);
-        last.saturating_sub(first)
-    }
-
-    /// Kernels, copies and memsets.
-    pub fn counts(&self) -> (usize, usize, usize) {
-        let k = self.activities.iter().filter(|a| a.kind == ActivityKind::Kernel).count();
-        let c = self.activities.iter().filter(|a| matches!(a.kind, ActivityKind::Memcpy { .. })).count();
-        (k, c, self.activities.len() - k - c)
-    }
-
-    /// The synchronizing calls (stream, device and event syncs).
-    pub fn syncs(&self) -> usize {
-        self.calls
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c.kind,
-                    CallKind::StreamSynchronize | CallKind::DeviceSynchronize | CallKind::EventSynchronize
-                )
-            })
-            .count()
-    }
-
-    /// The streams, in order.
-    pub fn streams(&self) -> BTreeSet<u32> {
-        self.activities.iter().map(|a| a.stream).collect()
-    }
-
-    /// The activity each correlation caused (the first, where a call caused several).
-    pub fn by_correlation(&self) -> HashMap<u64, usize> {
-        let mut m = HashMap::new();
-        for (i, a) in self.activities.iter().enumerate() {
-            m.entry(a.correlation).or_insert(i);
-        }
-        m
-    }
-}
 
 #[derive(Deserialize)]
 struct DeviceProperties {
@@ -516,7 +227,8 @@ fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, T
         Err(e) => return Err(not(e.to_string())),
     }
     events.check_span(what)?;
-    let mut t = Trace { rank: distributed.and_then(|d| d.rank), ..Trace::default() };
+    let assumed = events.resolve_bytes();
+    let mut t = Trace { rank: distributed.and_then(|d| d.rank), assumed, ..Trace::default() };
     let Events { activities, calls, origin, skipped, .. } = events;
     t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
@@ -592,9 +304,55 @@ struct Events {
     skipped: u64,
     /// The index the next event has in `traceEvents`.
     index: usize,
+    /// The copies and memsets (indices in `activities`) whose event gave no bytes.
+    without_bytes: Vec<usize>,
 }
 
 impl Events {
+    /// Gives each copy or memset that came without its bytes those of its runtime call, or
+    /// failing that its traced duration at the median rate of the trace's copies that have
+    /// them (else [`ASSUMED_COPY_BYTES_PER_S`]); says how many of each in the result.
+    fn resolve_bytes(&mut self) -> Assumed {
+        let by_call: HashMap<u64, u64> =
+            self.calls.iter().filter_map(|(_, c)| Some((c.correlation?, c.bytes?))).collect();
+        let missing: BTreeSet<usize> = self.without_bytes.iter().copied().collect();
+        let mut rates: Vec<f64> = self
+            .activities
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, _, a))| !missing.contains(i) && a.dur_ns > 0)
+            .filter_map(|(_, (_, _, a))| match a.kind {
+                ActivityKind::Memcpy { bytes, kind } if kind.crosses_pcie() && bytes > 0 => {
+                    Some(bytes as f64 / a.dur_ns as f64 * 1e9)
+                }
+                _ => None,
+            })
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        let mut assumed = Assumed {
+            estimated_at_bytes_per_s: rates.get(rates.len() / 2).copied().unwrap_or(ASSUMED_COPY_BYTES_PER_S),
+            ..Assumed::default()
+        };
+        for &i in &self.without_bytes {
+            let a = &mut self.activities[i].2;
+            let bytes = match by_call.get(&a.correlation) {
+                Some(&b) => {
+                    assumed.bytes_from_calls += 1;
+                    b
+                }
+                None => {
+                    assumed.bytes_estimated += 1;
+                    (a.dur_ns as f64 * assumed.estimated_at_bytes_per_s / 1e9) as u64
+                }
+            };
+            match &mut a.kind {
+                ActivityKind::Memcpy { bytes: b, .. } | ActivityKind::Memset { bytes: b } => *b = bytes,
+                ActivityKind::Kernel => {}
+            }
+        }
+        assumed
+    }
+
     /// Refuses a trace whose kept events span more than [`MAX_SPAN_NS`], naming the event
     /// farthest from the median time (the outlier: an event at time 0 among this year's).
     fn check_span(&self, what: &str) -> Result<(), TraceError> {
@@ -641,9 +399,18 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
         why,
     };
     let e: Event<'_> = serde_json::from_slice(raw).map_err(|e| bad("?", "(event)", e.to_string()))?;
-    let cat = e.cat.unwrap_or("");
+    // Today's categories, and those Kineto wrote before PyTorch 1.10 (`Kernel`, `Memcpy`,
+    // `Memset`, `Runtime`, GPU events on `"tid": "stream 7"`), whose events are otherwise
+    // the same.
+    let cat = match e.cat.unwrap_or("") {
+        "Kernel" => "kernel",
+        "Memcpy" => "gpu_memcpy",
+        "Memset" => "gpu_memset",
+        "Runtime" => "cuda_runtime",
+        c => c,
+    };
     let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
-    let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime");
+    let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime" | "hip_driver");
     if e.ph != Some("X") || !(gpu || runtime) {
         out.skipped += 1;
         return Ok(());
@@ -675,10 +442,19 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
         let thread = match e.tid {
             Some(v) => serde_json::from_str::<i64>(v.get())
                 .map(|t| t as u64)
-                .or_else(|_| serde_json::from_str::<String>(v.get()).map(|s| hash_name(&s)))
+                .or_else(|_| {
+                    serde_json::from_str::<String>(v.get())
+                        .map(|s| s.trim().parse::<i64>().map_or_else(|_| hash_name(&s), |t| t as u64))
+                })
                 .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
             None => 0,
         };
+        // ROCm's calls give the size they copy or set as a string (`"size": "2560"`).
+        let bytes = ["bytes", "size", "sizeBytes"].iter().find_map(|k| args.get(k)).and_then(|v| {
+            serde_json::from_str::<u64>(v.get())
+                .ok()
+                .or_else(|| serde_json::from_str::<String>(v.get()).ok().and_then(|s| s.trim().parse().ok()))
+        });
         out.calls.push((
             ts,
             RuntimeCall {
@@ -688,6 +464,7 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
                 start_ns: 0,
                 dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
                 correlation: arg_u64("correlation")?,
+                bytes,
                 event: index,
             },
         ));
@@ -697,15 +474,17 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
         arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
     let stream = arg_u64("stream")?.ok_or_else(|| bad(name, "args.stream", "missing".into()))?;
     let device = arg_u64("device")?.unwrap_or(0);
+    // A copy or memset without its bytes (ROCm's) takes them from its call, or failing
+    // that from its duration, once every event is read (`Events::resolve_bytes`).
+    let bytes = arg_u64("bytes")?;
+    if bytes.is_none() && cat != "kernel" {
+        out.without_bytes.push(out.activities.len());
+    }
+    let bytes = bytes.unwrap_or(0);
     let kind = match cat {
         "kernel" => ActivityKind::Kernel,
-        "gpu_memcpy" => ActivityKind::Memcpy {
-            kind: CopyKind::of(name),
-            bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-        },
-        _ => ActivityKind::Memset {
-            bytes: arg_u64("bytes")?.ok_or_else(|| bad(name, "args.bytes", "missing".into()))?,
-        },
+        "gpu_memcpy" => ActivityKind::Memcpy { kind: CopyKind::of(name), bytes },
+        _ => ActivityKind::Memset { bytes },
     };
     let (Ok(stream), Ok(device)) = (u32::try_from(stream), u32::try_from(device)) else {
         return Err(bad(name, "args.stream", format!("stream {stream} or device {device} out of range")));
@@ -766,18 +545,5 @@ mod tests {
         assert!(micros_ns(Some(&raw("-1"))).is_err());
         assert!(micros_ns(Some(&raw("1e3"))).is_err());
         assert!(micros_ns(None).is_err());
-    }
-
-    #[test]
-    fn calls_and_copies_are_named_as_cuda_and_hip_name_them() {
-        assert_eq!(CallKind::of("cudaLaunchKernel"), CallKind::LaunchKernel);
-        assert_eq!(CallKind::of("hipLaunchKernel"), CallKind::LaunchKernel);
-        assert_eq!(CallKind::of("cudaMemcpyAsync"), CallKind::Memcpy);
-        assert_eq!(CallKind::of("hipMemsetAsync"), CallKind::Memset);
-        assert_eq!(CallKind::of("cudaStreamSynchronize"), CallKind::StreamSynchronize);
-        assert_eq!(CallKind::of("cudaStreamGetCaptureInfo_v2"), CallKind::Other);
-        assert_eq!(CopyKind::of("Memcpy HtoD (Pinned -> Device)"), CopyKind::HtoDPinned);
-        assert_eq!(CopyKind::of("Memcpy DtoH (Device -> Pageable)"), CopyKind::DtoHPageable);
-        assert_eq!(CopyKind::of("Memcpy DtoD (Device -> Device)"), CopyKind::DtoD);
     }
 }

@@ -1,0 +1,87 @@
+//! Why a trace cannot be read.
+
+/// Why a trace cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read (or its gzip stream is broken or cut short).
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        error: std::io::Error,
+    },
+    /// Not JSON, or not the shape torch.profiler writes.
+    #[error("{path}: not a PyTorch profiler trace: {why}")]
+    NotATrace {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// One event lacks a field replay needs, or has it in a form it cannot take.
+    #[error("{path}: traceEvents[{index}] ({name}): {field}: {why}")]
+    BadEvent {
+        /// The file.
+        path: String,
+        /// The event's index in `traceEvents`.
+        index: usize,
+        /// Its name, where it has one.
+        name: String,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Activities of several GPUs, and no `--rank` to say which.
+    #[error("{path}: activities of GPUs {devices:?}: give one (--rank)")]
+    SeveralDevices {
+        /// The file.
+        path: String,
+        /// The devices seen.
+        devices: Vec<u32>,
+    },
+    /// Not a regular file: a FIFO would block until a writer comes, a device may never end.
+    #[error("{path}: {what}, not a regular file: give the trace's file (a FIFO or device is not read)")]
+    NotAFile {
+        /// The path.
+        path: String,
+        /// What it is.
+        what: &'static str,
+    },
+    /// The file, or the JSON it inflates to, is past its limit.
+    #[error("{path}: {why}")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Which limit, and what to do.
+        why: String,
+    },
+    /// An event's time lies so far from the others (or its duration is so long) that no
+    /// profiler run took it.
+    #[error(
+        "{path}: traceEvents[{index}] ({name}): {field} {value_s:.0} s {what}: not a time a profiler run takes (more than a day); the file is broken"
+    )]
+    Implausible {
+        /// The file.
+        path: String,
+        /// The event's index in `traceEvents`.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// `ts` or `dur`.
+        field: &'static str,
+        /// How far, or how long, in seconds.
+        value_s: f64,
+        /// From what.
+        what: &'static str,
+    },
+    /// Nothing to replay: no GPU activity (of the device asked for).
+    #[error("{path}: no kernels, copies or memsets{}", .device.map(|d| format!(" on GPU {d}")).unwrap_or_default())]
+    Empty {
+        /// The file.
+        path: String,
+        /// The device asked for.
+        device: Option<u32>,
+    },
+}

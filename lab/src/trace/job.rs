@@ -1,0 +1,254 @@
+//! What a trace says a GPU and its driver did: the runtime calls, the GPU's activities, and
+//! what the reader assumed where the trace did not say.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// A runtime call the CPU made, as replay issues it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CallKind {
+    /// `cudaLaunchKernel` / `hipLaunchKernel` (and their variants).
+    LaunchKernel,
+    /// `cudaMemcpyAsync`, `cudaMemcpy`.
+    Memcpy,
+    /// `cudaMemsetAsync`, `cudaMemset`.
+    Memset,
+    /// `cudaStreamSynchronize`.
+    StreamSynchronize,
+    /// `cudaDeviceSynchronize`.
+    DeviceSynchronize,
+    /// `cudaEventRecord`.
+    EventRecord,
+    /// `cudaStreamWaitEvent`.
+    StreamWaitEvent,
+    /// `cudaEventSynchronize`.
+    EventSynchronize,
+    /// `cudaEventQuery`.
+    EventQuery,
+    /// Anything else: CPU time the job spent in the runtime.
+    Other,
+}
+
+impl CallKind {
+    /// The kind of the runtime call named `name` (CUDA's or HIP's).
+    pub fn of(name: &str) -> CallKind {
+        let base = name.strip_prefix("cuda").or_else(|| name.strip_prefix("hip")).unwrap_or("");
+        // Variants (`_v2`, `_ptsz`, `ExC`) are the same call.
+        let base = base.split('_').next().unwrap_or(base);
+        match base {
+            "LaunchKernel" | "LaunchKernelExC" | "ModuleLaunchKernel" | "ExtModuleLaunchKernel" => {
+                CallKind::LaunchKernel
+            }
+            "MemcpyAsync" | "Memcpy" | "MemcpyDtoHAsync" | "MemcpyHtoDAsync" | "MemcpyDtoDAsync" => {
+                CallKind::Memcpy
+            }
+            "MemsetAsync" | "Memset" | "MemsetD32Async" | "MemsetD8Async" => CallKind::Memset,
+            "StreamSynchronize" => CallKind::StreamSynchronize,
+            "DeviceSynchronize" => CallKind::DeviceSynchronize,
+            "EventRecord" | "EventRecordWithFlags" => CallKind::EventRecord,
+            "StreamWaitEvent" => CallKind::StreamWaitEvent,
+            "EventSynchronize" => CallKind::EventSynchronize,
+            "EventQuery" => CallKind::EventQuery,
+            _ => CallKind::Other,
+        }
+    }
+}
+
+/// One runtime call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeCall {
+    /// Its kind.
+    pub kind: CallKind,
+    /// Its name, as the trace gives it.
+    pub name: String,
+    /// The CPU thread that made it.
+    pub thread: u64,
+    /// When it began, ns from the trace's start.
+    pub start_ns: u64,
+    /// How long it took, ns.
+    pub dur_ns: u64,
+    /// What ties it to the GPU activity it caused.
+    pub correlation: Option<u64>,
+    /// The bytes it asked to copy or set, where its arguments say (ROCm's `size`).
+    pub bytes: Option<u64>,
+    /// Its index in the file's `traceEvents`, for messages that name it.
+    pub event: usize,
+}
+
+/// Where a copy's bytes come from and go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CopyKind {
+    /// Host → device from pinned memory: the copy engine reads host memory by DMA.
+    HtoDPinned,
+    /// Host → device from pageable memory: the driver stages it through a pinned buffer.
+    HtoDPageable,
+    /// Device → host into pinned memory.
+    DtoHPinned,
+    /// Device → host into pageable memory, staged.
+    DtoHPageable,
+    /// Inside the device.
+    DtoD,
+    /// Between devices, or a kind this reader does not know (replayed as inside the device).
+    Other,
+}
+
+impl CopyKind {
+    /// The kind Kineto's name says (`Memcpy HtoD (Pinned -> Device)`).
+    pub fn of(name: &str) -> CopyKind {
+        let pageable = name.contains("Pageable");
+        if name.contains("HtoD") {
+            if pageable { CopyKind::HtoDPageable } else { CopyKind::HtoDPinned }
+        } else if name.contains("DtoH") {
+            if pageable { CopyKind::DtoHPageable } else { CopyKind::DtoHPinned }
+        } else if name.contains("DtoD") {
+            CopyKind::DtoD
+        } else {
+            CopyKind::Other
+        }
+    }
+
+    /// Whether its bytes cross the host's PCIe link.
+    pub fn crosses_pcie(self) -> bool {
+        matches!(
+            self,
+            CopyKind::HtoDPinned | CopyKind::HtoDPageable | CopyKind::DtoHPinned | CopyKind::DtoHPageable
+        )
+    }
+}
+
+/// What the GPU did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivityKind {
+    /// A kernel.
+    Kernel,
+    /// A copy of `bytes`.
+    Memcpy {
+        /// Its direction and the host memory's kind.
+        kind: CopyKind,
+        /// Bytes copied.
+        bytes: u64,
+    },
+    /// A memset of `bytes`.
+    Memset {
+        /// Bytes set.
+        bytes: u64,
+    },
+}
+
+/// One GPU activity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuActivity {
+    /// What it was.
+    pub kind: ActivityKind,
+    /// The stream it ran on.
+    pub stream: u32,
+    /// When it began, ns from the trace's start.
+    pub start_ns: u64,
+    /// How long it ran, ns.
+    pub dur_ns: u64,
+    /// The runtime call that caused it.
+    pub correlation: u64,
+    /// Its index in the file's `traceEvents`, for messages that name it.
+    pub event: usize,
+}
+
+/// A trace, reduced to what replay needs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    /// The GPU's name (`deviceProperties`), where the trace gives it.
+    pub gpu: Option<String>,
+    /// The GPU the activities are of.
+    pub device: u32,
+    /// The distributed rank (`distributedInfo`), where the trace gives it.
+    pub rank: Option<u32>,
+    /// The runtime calls, by start time.
+    pub calls: Vec<RuntimeCall>,
+    /// The GPU's activities, by start time.
+    pub activities: Vec<GpuActivity>,
+    /// Runtime calls whose correlation matched no activity of a kind that needs one (a
+    /// launch whose kernel is missing), counted rather than refused: the profiler drops
+    /// records under load.
+    pub unmatched_launches: u64,
+    /// Events skipped: other categories (CPU operators, annotations, flows), counted.
+    pub skipped: u64,
+    /// What the reader assumed where the trace did not say.
+    pub assumed: Assumed,
+}
+
+/// What the reader took from elsewhere, or assumed, where the trace did not say: ROCm's
+/// copies and memsets carry no byte count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Assumed {
+    /// Copies and memsets whose bytes came from their runtime call's arguments.
+    pub bytes_from_calls: u64,
+    /// Copies and memsets whose bytes neither they nor their call gave: taken as their
+    /// traced duration at [`Assumed::estimated_at_bytes_per_s`].
+    pub bytes_estimated: u64,
+    /// The rate those were estimated at: the median of the trace's copies that have bytes,
+    /// else [`ASSUMED_COPY_BYTES_PER_S`].
+    pub estimated_at_bytes_per_s: f64,
+}
+
+/// The rate a copy with no byte count is taken to have run at where no copy of the trace
+/// says better: a PCIe 4.0 x16 link's practical host↔device rate.
+pub const ASSUMED_COPY_BYTES_PER_S: f64 = 20e9;
+
+impl Trace {
+    /// The span of the GPU's own activity: first start to last end, ns.
+    pub fn gpu_span_ns(&self) -> u64 {
+        let first = self.activities.iter().map(|a| a.start_ns).min().unwrap_or(0);
+        let last = self.activities.iter().map(|a| a.start_ns + a.dur_ns).max().unwrap_or(0);
+        last.saturating_sub(first)
+    }
+
+    /// Kernels, copies and memsets.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let k = self.activities.iter().filter(|a| a.kind == ActivityKind::Kernel).count();
+        let c = self.activities.iter().filter(|a| matches!(a.kind, ActivityKind::Memcpy { .. })).count();
+        (k, c, self.activities.len() - k - c)
+    }
+
+    /// The synchronizing calls (stream, device and event syncs).
+    pub fn syncs(&self) -> usize {
+        self.calls
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.kind,
+                    CallKind::StreamSynchronize | CallKind::DeviceSynchronize | CallKind::EventSynchronize
+                )
+            })
+            .count()
+    }
+
+    /// The streams, in order.
+    pub fn streams(&self) -> BTreeSet<u32> {
+        self.activities.iter().map(|a| a.stream).collect()
+    }
+
+    /// The activity each correlation caused (the first, where a call caused several).
+    pub fn by_correlation(&self) -> HashMap<u64, usize> {
+        let mut m = HashMap::new();
+        for (i, a) in self.activities.iter().enumerate() {
+            m.entry(a.correlation).or_insert(i);
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_and_copies_are_named_as_cuda_and_hip_name_them() {
+        assert_eq!(CallKind::of("cudaLaunchKernel"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("hipLaunchKernel"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("cudaMemcpyAsync"), CallKind::Memcpy);
+        assert_eq!(CallKind::of("hipMemsetAsync"), CallKind::Memset);
+        assert_eq!(CallKind::of("cudaStreamSynchronize"), CallKind::StreamSynchronize);
+        assert_eq!(CallKind::of("cudaStreamGetCaptureInfo_v2"), CallKind::Other);
+        assert_eq!(CopyKind::of("Memcpy HtoD (Pinned -> Device)"), CopyKind::HtoDPinned);
+        assert_eq!(CopyKind::of("Memcpy DtoH (Device -> Pageable)"), CopyKind::DtoHPageable);
+        assert_eq!(CopyKind::of("Memcpy DtoD (Device -> Device)"), CopyKind::DtoD);
+    }
+}
