@@ -63,8 +63,11 @@ pub(crate) struct ModelArgs {
     /// Measure the link as well: both endpoints over UDP loopback (with `--delay-us` added
     /// each way), the register read round trip (p50 of 500) and one 16 MiB copy each way
     /// (median of 3); the prediction at that round trip is added to the points, and the
-    /// measured bulk rates are used unless `--bandwidth-gbit` is given.
-    #[arg(long)]
+    /// measured bulk rates are used unless `--bandwidth-gbit` is given. With `--trace`
+    /// (also `--calibrate`): the calibration `dxpu replay` makes before it replays — each
+    /// platform's round trip, posted write, fence and copies, the bridges' beyond the
+    /// direct simgpu's — so the prediction is the one `replay` prints, made blind.
+    #[arg(long, alias = "calibrate")]
     measure_link: bool,
     /// With `--measure-link`: added one-way delay each way, µs (0..=10000).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
@@ -211,6 +214,21 @@ fn measure_link(delay_us: u64) -> Result<LinkParams, String> {
         d2h_bytes_per_s: d2h,
         ..LinkParams::LOCAL
     })
+}
+
+/// The link as `dxpu replay` calibrates it before replaying (`lab::compare::calibrate`),
+/// `delay_us` added each way, the spinning threads pinned where two CPUs allow.
+fn calibrated_link(delay_us: u64) -> Result<LinkParams, String> {
+    use link::driver::{DriverKind, Impairment, PollMode};
+    let opts = lab::compare::CompareOptions {
+        repeat: 1,
+        impairment: Impairment { delay: Duration::from_micros(delay_us), ..Impairment::default() },
+        driver: DriverKind::Auto,
+        poll: PollMode::Busy { spin: Duration::from_micros(2000) },
+        placement: crate::args::PinArg::Auto.placement(&lab::affinity::allowed()?)?,
+    };
+    let mut progress = |s: &str| eprintln!("dxpu model: {s}");
+    Ok(lab::compare::calibrate(&opts, &mut progress)?.link)
 }
 
 /// What `dxpu model` found: the workload, its profile, direct time and predictions.
@@ -446,8 +464,11 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
     let limits = lab::trace::ReadLimits { max_bytes: args.max_trace_bytes };
     let trace = lab::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
     let plan = lab::plan::Plan::of(&trace);
-    let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
-    let link = base_link(args, measured.as_ref());
+    let measured = if args.measure_link { Some(calibrated_link(args.delay_us)?) } else { None };
+    let mut link = base_link(args, measured.as_ref());
+    if let Some(m) = measured.filter(|_| args.per_tlp_us == 0.0) {
+        (link.posted_write_ns, link.fetch_extra_ns) = (m.posted_write_ns, m.fetch_extra_ns);
+    }
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
         rtts.push(m.rtt_ns / 1e3);

@@ -106,6 +106,17 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
     m.insert("overhead_percent".into(), json!(o.median));
     m.insert("overhead_percent_min".into(), json!(o.min));
     m.insert("overhead_percent_max".into(), json!(o.max));
+    let t = Spread::of(r.overheads_against_trace().into_iter());
+    m.insert("trace_job_ms".into(), json!(r.trace_job_ns / 1e6));
+    m.insert(
+        "overhead_against_trace_percent".into(),
+        json!({"median": t.median, "min": t.min, "max": t.max}),
+    );
+    let f = &r.faithfulness;
+    m.insert("faithful".into(), json!(f.faithful()));
+    m.insert("direct_span_ratio".into(), json!(f.span_ratio));
+    m.insert("direct_job_ratio".into(), json!(f.job_ratio));
+    m.insert("not_faithful_because".into(), json!(f.why_not()));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
     m.insert("delay_us".into(), json!(args.impair.delay_us));
     m.insert("loss_ratio".into(), json!(args.impair.loss));
@@ -123,6 +134,11 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
                      "fetch_extra_us": r.link.fetch_extra_ns / 1e3,
                      "h2d_bytes_per_s": r.link.h2d_bytes_per_s, "d2h_bytes_per_s": r.link.d2h_bytes_per_s},
             "crosses_10_percent_at_rtt_us": r.crosses_10_percent_at_rtt_us,
+            "inputs_from": "calibration before any replay: register reads, posted writes, fences and one 16 MiB copy each way, on each platform alone",
+            "baselines": {
+                "no_overhead_percent": 0.0,
+                "bandwidth_only_percent": r.bandwidth_only_overhead_percent(),
+            },
         }),
     );
     Value::Object(m)
@@ -178,6 +194,17 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
     }
     let o = Spread::of(r.overheads.iter().copied());
     outln!("  overhead {:.2} % ({:.2}–{:.2}, {} pairs)", o.median, o.min, o.max, r.overheads.len());
+    let t = Spread::of(r.overheads_against_trace().into_iter());
+    outln!(
+        "  against the trace's own job ({:.2} ms): bridged {:.2} % ({:.2}–{:.2})",
+        r.trace_job_ns / 1e6,
+        t.median,
+        t.min,
+        t.max
+    );
+    if let Some(why) = r.faithfulness.why_not() {
+        outln!("  NOT FAITHFUL: {why}");
+    }
     let p = &r.predicted_bridged;
     outln!(
         "  the model: {:.2} ms direct, {:.2} ms bridged, {:.2} % (command fetch {:.3} ms, copies {:.3} ms, synchronizations {:.3} ms, submissions {:.3} ms on the critical path)",
@@ -188,6 +215,10 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
         p.added.copies_ns / 1e6,
         p.added.synchronizations_ns / 1e6,
         p.added.submissions_ns / 1e6
+    );
+    outln!(
+        "           blind: its link calibrated before the replay; baselines: no overhead 0 %, bandwidth alone {:.2} %",
+        r.bandwidth_only_overhead_percent()
     );
     match r.crosses_10_percent_at_rtt_us {
         Some(0.0) => outln!("  over 10 % at any round trip: the link's rate alone puts it there"),

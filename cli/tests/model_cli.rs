@@ -310,6 +310,14 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
         assert!(v["model"][k].as_f64().is_some(), "model.{k}: {v}");
     }
     assert!(v["model"].get("crosses_10_percent_at_rtt_us").is_some());
+    // Blind, with its baselines; overhead both ways; the replay's pace judged.
+    assert!(v["model"]["inputs_from"].as_str().unwrap().contains("before any replay"), "{v}");
+    assert_eq!(v["model"]["baselines"]["no_overhead_percent"], 0.0);
+    assert!(v["model"]["baselines"]["bandwidth_only_percent"].as_f64().is_some());
+    assert!(v["overhead_against_trace_percent"]["median"].as_f64().is_some(), "{v}");
+    assert!(v["faithful"].is_boolean() && v["direct_span_ratio"].as_f64().is_some(), "{v}");
+    assert_eq!(v["faithful"].as_bool().unwrap(), v["not_faithful_because"].is_null());
+    assert!(v["plan"]["out_of_submission_order"].as_u64().is_some() && v["assumed"].is_object());
     let span = v["trace_span_ms"].as_f64().unwrap();
     let direct_span = v["direct"]["gpu_span_ms"]["median"].as_f64().unwrap();
     assert!(direct_span >= span * 0.95, "{direct_span} against {span}");
@@ -321,4 +329,25 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     let out = dxpu().args(["replay", "--pin", "0,0"]).arg(&trace).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("must differ"));
+}
+
+/// `dxpu model --trace T --calibrate`: the link calibrated as `replay` calibrates it, its
+/// round trip a point of the prediction.
+#[test]
+fn model_calibrates_the_link_for_a_trace_as_replay_does() {
+    let trace =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lab/traces/a100-event-sync-small.json.gz");
+    let out = dxpu()
+        .args(["model", "--calibrate", "--json", "--rtt-us", "0"])
+        .arg("--trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("calibrating the link"));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rtt = v["measured_link"]["rtt_us"].as_f64().unwrap();
+    assert!(rtt > 0.0, "{v}");
+    let points = v["points"].as_array().unwrap();
+    assert!(points.iter().any(|p| p["rtt_us"].as_f64() == Some(rtt)), "{v}");
 }

@@ -72,14 +72,6 @@ impl Side {
         };
         (median(|r| r.copy_bytes_per_s.0), median(|r| r.copy_bytes_per_s.1))
     }
-
-    /// The link the model takes for this platform: its copies at the rates they got during
-    /// the replay where it tells them (the host endpoint serves them on the job's thread
-    /// here, and a copy alone gets more than one beside the job's work), else alone.
-    pub fn model_rates(&self) -> (f64, f64) {
-        let (h2d, d2h) = self.in_replay();
-        (h2d.unwrap_or(self.h2d), d2h.unwrap_or(self.d2h))
-    }
 }
 
 /// The host's time to send one posted register write, ns: the mean of `n` doorbell writes
@@ -107,6 +99,40 @@ pub fn spread(runs: &[ReplayRun], f: impl Fn(&ReplayRun) -> f64) -> Spread {
     Spread::of(runs.iter().map(f))
 }
 
+/// Whether a replay kept the traced job's pace: the bound, and how far it was.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Faithfulness {
+    /// The direct replay's GPU span over the trace's (median of the runs).
+    pub span_ratio: f64,
+    /// The direct replay's job time over the trace's.
+    pub job_ratio: f64,
+}
+
+/// How far a faithful replay's span and job time may be from the trace's.
+pub const FAITHFUL_WITHIN: f64 = 0.10;
+
+impl Faithfulness {
+    /// Both within [`FAITHFUL_WITHIN`] of the trace's.
+    pub fn faithful(&self) -> bool {
+        (self.span_ratio - 1.0).abs() <= FAITHFUL_WITHIN && (self.job_ratio - 1.0).abs() <= FAITHFUL_WITHIN
+    }
+
+    /// Why the replay is not the traced job, if it is not.
+    pub fn why_not(&self) -> Option<String> {
+        if self.faithful() {
+            return None;
+        }
+        Some(format!(
+            "the direct replay's GPU span is {:.2}× the trace's and its job {:.2}× (a faithful one is within ±{:.0} %): \
+             the machine did not keep the traced job's pace (busy, or too few cores for the job's threads), so its \
+             overheads are not the traced job's",
+            self.span_ratio,
+            self.job_ratio,
+            FAITHFUL_WITHIN * 100.0
+        ))
+    }
+}
+
 /// What a comparison measured and predicted.
 pub struct Comparison {
     /// The trace replayed.
@@ -117,13 +143,21 @@ pub struct Comparison {
     pub direct: Side,
     /// The bridged simgpu's runs and link.
     pub bridged: Side,
-    /// The link the model took: the bridges' round trip and posted write beyond the direct
-    /// platform's, their copy rates, a fence's extra turns.
+    /// The link the model took, calibrated before any replay ran (blind to the replay):
+    /// the bridges' round trip and posted write beyond the direct platform's, their rates
+    /// of a copy alone, a fence's extra turns.
     pub link: LinkParams,
     /// The model with the direct platform's rates and no link.
     pub predicted_direct: plan::Outcome,
     /// The model at [`Comparison::link`].
     pub predicted_bridged: plan::Outcome,
+    /// A baseline: the model with the bridges' copy rates alone (no round trip, no cost of
+    /// a posted write).
+    pub predicted_bandwidth_only: plan::Outcome,
+    /// The traced job's own time (the plan with no link), ns.
+    pub trace_job_ns: f64,
+    /// Whether the direct replay kept the traced job's pace.
+    pub faithfulness: Faithfulness,
     /// The round trip, µs, at which the model crosses 10 % at the bridges' rates.
     pub crosses_10_percent_at_rtt_us: Option<f64>,
     /// Each pair's overhead, bridged over direct, percent.
@@ -135,11 +169,135 @@ impl Comparison {
     pub fn predicted_overhead_percent(&self) -> f64 {
         (self.predicted_bridged.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
     }
+
+    /// The bandwidth-only baseline's overhead, percent.
+    pub fn bandwidth_only_overhead_percent(&self) -> f64 {
+        (self.predicted_bandwidth_only.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
+    }
+
+    /// Each bridged run's job time over the trace's own, percent.
+    pub fn overheads_against_trace(&self) -> Vec<f64> {
+        self.bridged.runs.iter().map(|r| (r.job_ns / self.trace_job_ns - 1.0) * 100.0).collect()
+    }
+}
+
+/// Whether the direct runs of `trace` kept its pace.
+fn faithfulness(direct: &[ReplayRun], trace: &Trace, trace_job_ns: f64) -> Faithfulness {
+    let span = trace.gpu_span_ns().max(1) as f64;
+    Faithfulness {
+        span_ratio: spread(direct, |r| r.gpu_span_ns).median / span,
+        job_ratio: spread(direct, |r| r.job_ns).median / trace_job_ns.max(1.0),
+    }
+}
+
+/// The two platforms a comparison runs on: a simgpu directly attached (on a thread of its
+/// own, as a GPU beside the CPU) and one through both endpoints over UDP loopback, the
+/// spinning threads placed as asked.
+struct Platforms {
+    direct: SimGpuDriver<ConcurrentAttach<SimGpu>>,
+    bridged: SimGpuDriver<bridge_host::RemoteDevice>,
+    gpu: LocalBox,
+    placement: Option<Placement>,
+    poll: PollMode,
+}
+
+impl Platforms {
+    /// Sets both up (the caller's thread pinned to the host's CPU where placed).
+    fn open(opts: &CompareOptions, progress: &mut dyn FnMut(&str)) -> Result<Platforms, LabError> {
+        let placement = opts.placement;
+        // Left to the scheduler, a wake-up sometimes put the job's thread and the device's on
+        // one CPU, where they took turns for milliseconds (a 0.4 ms job took 2-10 ms one run
+        // in twenty). The job's thread (and the host endpoint's service thread, started from
+        // it) on the host's CPU; the device's, either way, on the device's; the idle box's out
+        // of the direct device's way.
+        affinity::pin_to(placement.map(|p| p.host)).map_err(LabError::cpus("the job's thread"))?;
+        progress("directly attached simgpu: setting up");
+        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+        let device_cpu = placement.map(|p| p.device);
+        let pin_device = move || {
+            if let Err(e) = affinity::pin_to(device_cpu) {
+                log::warn!("the direct device's thread: {e}");
+            }
+        };
+        let pci = ConcurrentAttach::new_with(dev, HOST_MEMORY, pin_device).map_err(LabError::Direct)?;
+        let direct = SimGpuDriver::open(pci).map_err(driver_error("direct", "opening the simgpu"))?;
+
+        progress("both endpoints over UDP loopback: attaching");
+        let poll = opts.poll;
+        let gpu = LocalBox::start(opts.driver, poll, Impairment { seed: 31, ..opts.impairment })?;
+        let mut o = gpu.attach_options(opts.driver, poll, Impairment { seed: 32, ..opts.impairment });
+        o.dma_memory = HOST_MEMORY;
+        // The host endpoint runs on the job's thread here (no core of its own): it answers the
+        // device's reads in short slices, and the replay lends it the time until its next step.
+        o.answer_slice = Some(crate::replay::HOST_ANSWER_SLICE);
+        o.completion_timeout += 4 * (opts.impairment.delay + opts.impairment.jitter);
+        let remote = bridge_host::RemoteDevice::attach(o)?;
+        let bridged = SimGpuDriver::open(remote).map_err(driver_error("bridged", "opening the simgpu"))?;
+        Ok(Platforms { direct, bridged, gpu, placement, poll })
+    }
+
+    /// Waits for the other platform's threads to stop spinning: the box's endpoint
+    /// busy-polls for its spin after its last datagram, the direct device's thread for its
+    /// own budget, and a third spinning thread on two cores made a 0.4 ms direct run take
+    /// 4-12 ms (the scheduler's slice).
+    fn settle(&self) {
+        std::thread::sleep(spin_of(self.poll).max(testbed::concurrent::SPIN) * 2);
+    }
+
+    /// The box's endpoint out of the direct device's way (on the host's CPU), for a direct
+    /// turn.
+    fn direct_turn(&self) -> Result<(), LabError> {
+        self.placement.map_or(Ok(()), |p| self.gpu.pin(p.host))
+    }
+
+    /// The box's endpoint on the device's CPU, for a bridged turn.
+    fn bridged_turn(&self) -> Result<(), LabError> {
+        self.placement.map_or(Ok(()), |p| self.gpu.pin(p.device))
+    }
+
+    /// Each platform's link, measured with the other quiet.
+    fn calibrate(&mut self) -> Result<(Side, Side), LabError> {
+        self.direct_turn()?;
+        self.settle();
+        let d = measure(&mut self.direct, "direct")?;
+        self.bridged_turn()?;
+        self.settle();
+        let b = measure(&mut self.bridged, "bridged")?;
+        Ok((d, b))
+    }
+
+    fn close(self) {
+        self.bridged.into_pci().detach();
+    }
+}
+
+/// Both platforms' links as a comparison calibrates them, before any replay.
+pub struct Calibration {
+    /// The directly attached simgpu's measurements.
+    pub direct: Side,
+    /// The bridged simgpu's.
+    pub bridged: Side,
+    /// The link the model takes for the direct platform: its copy rates, nothing else.
+    pub direct_link: LinkParams,
+    /// The link the model takes through the bridges ([`links`]).
+    pub link: LinkParams,
+}
+
+/// Calibrates both platforms as [`compare`] does before it replays, without a trace: what
+/// `dxpu model --trace --calibrate` evaluates a plan at.
+pub fn calibrate(opts: &CompareOptions, progress: &mut dyn FnMut(&str)) -> Result<Calibration, LabError> {
+    let _restore = affinity::Restore::here().map_err(LabError::cpus("the job's thread"))?;
+    let mut p = Platforms::open(opts, progress)?;
+    progress("calibrating the link");
+    let (direct, bridged) = p.calibrate()?;
+    p.close();
+    let (direct_link, link) = links(&direct, &bridged);
+    Ok(Calibration { direct, bridged, direct_link, link })
 }
 
 /// Replays `trace` directly attached and through both endpoints in turns, as `opts` says,
-/// telling `progress` what it does; measures each platform's link, and evaluates the model
-/// at the bridged one.
+/// telling `progress` what it does; the model's prediction comes from a calibration of each
+/// platform before any replay runs.
 pub fn compare(
     trace: Trace,
     opts: &CompareOptions,
@@ -148,96 +306,48 @@ pub fn compare(
     let plan = Plan::of(&trace);
     // The caller's thread gets its CPUs back however this returns.
     let _restore = affinity::Restore::here().map_err(LabError::cpus("the job's thread"))?;
-    let placement = opts.placement;
-    // Left to the scheduler, a wake-up sometimes put the job's thread and the device's on one
-    // CPU, where they took turns for milliseconds (a 0.4 ms job took 2-10 ms one run in
-    // twenty). The job's thread (and the host endpoint's service thread, started from it)
-    // on the host's CPU; the device's, either way, on the device's; the idle box's out of
-    // the direct device's way.
-    affinity::pin_to(placement.map(|p| p.host)).map_err(LabError::cpus("the job's thread"))?;
-    progress("directly attached simgpu: setting up");
-    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-    let device_cpu = placement.map(|p| p.device);
-    let pin_device = move || {
-        if let Err(e) = affinity::pin_to(device_cpu) {
-            log::warn!("the direct device's thread: {e}");
-        }
+    let mut p = Platforms::open(opts, progress)?;
+    let mut direct_replayer = Replayer::new(&mut p.direct, &plan).map_err(replay_error("direct"))?;
+    let mut bridged_replayer = Replayer::new(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
+    // The link calibrated before any replay, each platform quiet: the model never sees
+    // what the replay measures.
+    progress("calibrating the link");
+    let (d_side, b_side) = p.calibrate()?;
+    let (direct_link, bridged_link) = links(&d_side, &b_side);
+    let trace_job_ns = plan.evaluate(&LinkParams::LOCAL).job_ns;
+    let predicted_direct = plan.evaluate(&direct_link);
+    let predicted_bridged = plan.evaluate(&bridged_link);
+    let bandwidth_only = LinkParams {
+        h2d_bytes_per_s: bridged_link.h2d_bytes_per_s,
+        d2h_bytes_per_s: bridged_link.d2h_bytes_per_s,
+        ..LinkParams::LOCAL
     };
-    let pci = ConcurrentAttach::new_with(dev, HOST_MEMORY, pin_device).map_err(LabError::Direct)?;
-    let mut direct = SimGpuDriver::open(pci).map_err(driver_error("direct", "opening the simgpu"))?;
-    let mut direct_replayer = Replayer::new(&mut direct, &plan).map_err(replay_error("direct"))?;
+    let predicted_bandwidth_only = plan.evaluate(&bandwidth_only);
+    let crosses = plan::crossing_rtt_ns(&plan, &bridged_link, 10.0).map(|ns| ns / 1e3);
 
-    progress("both endpoints over UDP loopback: attaching");
-    let poll = opts.poll;
-    let gpu = LocalBox::start(opts.driver, poll, Impairment { seed: 31, ..opts.impairment })?;
-    let mut o = gpu.attach_options(opts.driver, poll, Impairment { seed: 32, ..opts.impairment });
-    o.dma_memory = HOST_MEMORY;
-    // The host endpoint runs on the job's thread here (no core of its own): it answers the
-    // device's reads in short slices, and the replay lends it the time until its next step.
-    o.answer_slice = Some(crate::replay::HOST_ANSWER_SLICE);
-    o.completion_timeout += 4 * (opts.impairment.delay + opts.impairment.jitter);
-    let remote = bridge_host::RemoteDevice::attach(o)?;
-    let mut bridged = SimGpuDriver::open(remote).map_err(driver_error("bridged", "opening the simgpu"))?;
-    let mut bridged_replayer = Replayer::new(&mut bridged, &plan).map_err(replay_error("bridged"))?;
-
-    // Each run starts once the other platform's threads have stopped spinning: the box's
-    // endpoint busy-polls for `--spin-us` after its last datagram, the direct device's thread
-    // for its own budget, and a third spinning thread on two cores made a 0.4 ms direct run
-    // take 4-12 ms (the scheduler's slice).
-    let settle = || std::thread::sleep(spin_of(opts.poll).max(testbed::concurrent::SPIN) * 2);
-    let box_on = |which: fn(affinity::Placement) -> usize| placement.map_or(Ok(()), |p| gpu.pin(which(p)));
     // A warm-up each (VRAM and host memory touched once), then in turns.
     progress("warm-up");
-    box_on(|p| p.host)?;
-    direct_replayer.run(&mut direct, &plan).map_err(replay_error("direct"))?;
-    box_on(|p| p.device)?;
-    bridged_replayer.run(&mut bridged, &plan).map_err(replay_error("bridged"))?;
+    p.direct_turn()?;
+    direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
+    p.bridged_turn()?;
+    bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..opts.repeat {
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
-        box_on(|p| p.host)?;
-        settle();
-        let d = direct_replayer.run(&mut direct, &plan).map_err(replay_error("direct"))?;
-        box_on(|p| p.device)?;
-        settle();
-        let b = bridged_replayer.run(&mut bridged, &plan).map_err(replay_error("bridged"))?;
+        p.direct_turn()?;
+        p.settle();
+        let d = direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
+        p.bridged_turn()?;
+        p.settle();
+        let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
     }
-    progress("measuring the link");
-    box_on(|p| p.host)?;
-    settle();
-    let mut d_side = measure(&mut direct, "direct")?;
-    box_on(|p| p.device)?;
-    settle();
-    let mut b_side = measure(&mut bridged, "bridged")?;
-    bridged.into_pci().detach();
-    drop(gpu);
+    p.close();
+    let faithfulness = faithfulness(&d_runs, &trace, trace_job_ns);
+    let (mut d_side, mut b_side) = (d_side, b_side);
     (d_side.runs, b_side.runs) = (d_runs, b_runs);
-
-    // The model: the trace's job on each platform's copy engine; through the bridges, their
-    // round trip and the host's cost of a submission's two posted writes beyond the direct
-    // platform's.
-    let ((d_h2d, d_d2h), (b_h2d, b_d2h)) = (d_side.model_rates(), b_side.model_rates());
-    let direct_link = LinkParams { h2d_bytes_per_s: d_h2d, d2h_bytes_per_s: d_d2h, ..LinkParams::LOCAL };
-    let rtt_ns = b_side.rtt.saturating_sub(d_side.rtt).as_nanos() as f64;
-    let posted_write_ns = (b_side.write_ns - d_side.write_ns).max(0.0);
-    let submit_ns = 2.0 * posted_write_ns;
-    // A fence's round trip through the bridges beyond the direct one is a submission, a
-    // command fetch (1.5 round trips and its turns) and the fence's way back (half of one):
-    // what is left over is the fetch's turns.
-    let fence_added = b_side.fence_rtt.saturating_sub(d_side.fence_rtt).as_nanos() as f64;
-    let bridged_link = LinkParams {
-        rtt_ns,
-        h2d_bytes_per_s: b_h2d,
-        d2h_bytes_per_s: b_d2h,
-        posted_write_ns,
-        fetch_extra_ns: (fence_added - 2.0 * rtt_ns - submit_ns).max(0.0),
-    };
-    let predicted_direct = plan.evaluate(&direct_link);
-    let predicted_bridged = plan.evaluate(&bridged_link);
-    let crosses = plan::crossing_rtt_ns(&plan, &bridged_link, 10.0).map(|ns| ns / 1e3);
     Ok(Comparison {
         trace,
         plan,
@@ -246,9 +356,34 @@ pub fn compare(
         link: bridged_link,
         predicted_direct,
         predicted_bridged,
+        predicted_bandwidth_only,
+        trace_job_ns,
+        faithfulness,
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
     })
+}
+
+/// The links the model takes from each platform's calibration: the direct platform's copy
+/// rates and no link; through the bridges, their copy rates alone, their round trip and the
+/// host's cost of a posted write beyond the direct platform's, and a command fetch's turns.
+pub fn links(direct: &Side, bridged: &Side) -> (LinkParams, LinkParams) {
+    let direct_link =
+        LinkParams { h2d_bytes_per_s: direct.h2d, d2h_bytes_per_s: direct.d2h, ..LinkParams::LOCAL };
+    let rtt_ns = bridged.rtt.saturating_sub(direct.rtt).as_nanos() as f64;
+    let posted_write_ns = (bridged.write_ns - direct.write_ns).max(0.0);
+    // A fence's round trip through the bridges beyond the direct one is a submission (two
+    // posted writes), a command fetch (1.5 round trips and its turns) and the fence's way
+    // back (half of one): what is left over is the fetch's turns.
+    let fence_added = bridged.fence_rtt.saturating_sub(direct.fence_rtt).as_nanos() as f64;
+    let bridged_link = LinkParams {
+        rtt_ns,
+        h2d_bytes_per_s: bridged.h2d,
+        d2h_bytes_per_s: bridged.d2h,
+        posted_write_ns,
+        fetch_extra_ns: (fence_added - 2.0 * rtt_ns - 2.0 * posted_write_ns).max(0.0),
+    };
+    (direct_link, bridged_link)
 }
 
 /// How long an endpoint polling `poll` spins after its last datagram.

@@ -49,4 +49,26 @@ fn a_trace_compared_direct_against_bridged_gives_runs_a_link_and_a_prediction() 
     }
     assert!(c.predicted_overhead_percent() > 0.0, "{}", c.predicted_overhead_percent());
     assert!(c.predicted_bridged.added.total_ns() > 0.0);
+    // Blind: the model's rates are those of a copy alone, calibrated before the replays,
+    // never what the replay measured.
+    assert_eq!((c.link.h2d_bytes_per_s, c.link.d2h_bytes_per_s), (c.bridged.h2d, c.bridged.d2h));
+    // The bandwidth-only baseline leaves the round trips out: no more than the model.
+    assert!(c.bandwidth_only_overhead_percent() <= c.predicted_overhead_percent());
+    // Against the trace's own job, each bridged run; and the direct replay's pace judged.
+    assert_eq!(c.overheads_against_trace().len(), 2);
+    assert!(c.trace_job_ns > 0.0);
+    let f = c.faithfulness;
+    assert!(f.span_ratio > 0.5 && f.job_ratio > 0.5, "{f:?}");
+    assert_eq!(f.why_not().is_none(), f.faithful());
+}
+
+/// A replay that did not keep the traced pace says so, with the figures.
+#[test]
+fn an_unfaithful_replay_is_told_from_a_faithful_one() {
+    use lab::compare::Faithfulness;
+    assert!(Faithfulness { span_ratio: 1.09, job_ratio: 0.95 }.faithful());
+    let slow = Faithfulness { span_ratio: 2.2, job_ratio: 1.4 };
+    let why = slow.why_not().unwrap();
+    assert!(why.contains("2.20×") && why.contains("1.40×") && why.contains("±10 %"), "{why}");
+    assert!(!Faithfulness { span_ratio: 1.0, job_ratio: 1.11 }.faithful());
 }
