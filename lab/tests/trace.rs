@@ -71,6 +71,29 @@ fn the_v100_trace_has_one_stream_and_device_to_device_copies() {
         }));
 }
 
+/// ROCm 6.2 on an MI250: HIP names, copies whose events carry no byte count (their
+/// `hipMemcpyWithStream` call's `size` gives it), a device synchronization.
+#[test]
+fn the_rocm_trace_reads_with_its_copies_sized_from_their_calls() {
+    let t = read(&traces().join("mi250-rocm6.2-minitoy-train.json.gz"), None).unwrap();
+    assert_eq!(t.counts(), (14, 2, 0));
+    assert_eq!((t.assumed.bytes_from_calls, t.assumed.bytes_estimated), (2, 0));
+    for a in t.activities.iter().filter(|a| matches!(a.kind, ActivityKind::Memcpy { .. })) {
+        assert_eq!(a.kind, ActivityKind::Memcpy { kind: CopyKind::HtoDPinned, bytes: 2560 });
+    }
+    assert_eq!(t.unmatched_launches, 0, "hipExtModuleLaunchKernel is a launch");
+    assert!(t.calls.iter().any(|c| c.kind == CallKind::DeviceSynchronize));
+}
+
+/// Kineto as PyTorch 1.8 wrote it (2021): `Runtime`, `Kernel`, `Memcpy`, `Memset`.
+#[test]
+fn a_2021_kineto_trace_reads_as_todays() {
+    let t = read(&traces().join("kineto-2021-resnet50-worker0.json.gz"), None).unwrap();
+    assert_eq!(t.counts(), (9456, 12, 351));
+    assert_eq!(t.unmatched_launches, 0);
+    assert_eq!((t.assumed.bytes_from_calls, t.assumed.bytes_estimated), (0, 0));
+}
+
 #[test]
 fn the_event_sync_case_keeps_its_syncs_and_event_calls() {
     let t = read(&traces().join("a100-event-sync-small.json.gz"), Some(0)).unwrap();
