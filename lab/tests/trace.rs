@@ -18,8 +18,9 @@ fn the_a100_training_trace_reads_as_its_readme_describes_within_seconds_in_a_deb
     let t0 = Instant::now();
     let t = read(&traces().join("a100-training-8k-kernels.json.gz"), None).unwrap();
     let took = t0.elapsed();
-    // A debug build; the release build is several times faster.
-    assert!(took.as_secs_f64() < 3.0, "{took:?}");
+    // A debug build, beside this file's other tests on two cores (alone: 2.1–2.3 s here); the
+    // release build is several times faster. A reader gone quadratic takes minutes.
+    assert!(took.as_secs_f64() < 8.0, "{took:?}");
     eprintln!("a 1.8 MB gzip trace read in {took:?}");
     assert_eq!(t.gpu.as_deref(), Some("NVIDIA A100-PG509-200"));
     assert_eq!(t.rank, Some(3));
