@@ -414,6 +414,7 @@ pub(crate) fn plan_json(p: &lab::plan::Plan) -> Value {
         "cross_stream_waits": p.cross_stream_waits,
         "nested_calls": p.nested,
         "out_of_submission_order": p.out_of_submission_order,
+        "before_their_call": p.before_their_call,
     })
 }
 

@@ -124,6 +124,9 @@ pub struct Plan {
     /// Activities whose stream predecessor by start was submitted after them (by a later
     /// call): each follows the latest earlier one submitted before it instead.
     pub out_of_submission_order: usize,
+    /// Activities the trace shows beginning before the call that submitted them began (a
+    /// broken clock): each planned to begin with its call.
+    pub before_their_call: usize,
 }
 
 /// Where the link's time went on the job's critical path, ns.
@@ -292,7 +295,13 @@ impl Plan {
             }
             c.submits.push(ai);
             let submitted = c.trace_start_ns + c.submit_ns;
-            self.activities[ai].call = Some((ci, start - submitted));
+            // Work cannot begin before the call that submitted it did: a trace that says so
+            // has a broken clock (the fuzzer's: a kernel an hour before its launch), and
+            // planned so, a link would make the job shorter. It begins with its call.
+            if start < c.trace_start_ns {
+                self.before_their_call += 1;
+            }
+            self.activities[ai].call = Some((ci, start.max(c.trace_start_ns) - submitted));
         }
     }
 

@@ -663,4 +663,26 @@ mod schemas {
         let run = r.run(&mut d, &plan).unwrap();
         assert_eq!(run.activity_end_ns.len(), 2);
     }
+
+    /// The fuzzer's find: a kernel traced an hour before the call that launched it (a broken
+    /// clock). Planned as traced, a link made the job shorter; it begins with its call.
+    #[test]
+    fn work_traced_before_its_call_begins_with_it_and_no_link_shortens_the_job() {
+        use lab::model::LinkParams;
+        use lab::plan::Plan;
+        let t = parse(
+            &trace(&[
+                event("kernel", "k", "1707413525512372", "36", r#""stream":7,"correlation":1526"#),
+                event("cuda_runtime", "cudaLaunchKernel", "1707417525512362", "9", r#""correlation":1526"#),
+            ]),
+            "broken-clock.json",
+            None,
+        )
+        .unwrap();
+        let plan = Plan::of(&t);
+        assert_eq!(plan.before_their_call, 1);
+        let local = plan.evaluate(&LinkParams::LOCAL).job_ns;
+        let far = plan.evaluate(&LinkParams { rtt_ns: 10_000.0, ..LinkParams::LOCAL }).job_ns;
+        assert!(far >= local, "{far} < {local}");
+    }
 }
