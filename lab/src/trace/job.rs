@@ -29,21 +29,34 @@ pub enum CallKind {
 }
 
 impl CallKind {
-    /// The kind of the runtime call named `name` (CUDA's or HIP's).
+    /// The kind of the runtime call named `name`: CUDA's runtime (`cuda…`), HIP's (`hip…`) or
+    /// CUDA's driver API (`cu…`: Triton's launches).
     pub fn of(name: &str) -> CallKind {
-        let base = name.strip_prefix("cuda").or_else(|| name.strip_prefix("hip")).unwrap_or("");
+        let base = name
+            .strip_prefix("cuda")
+            .or_else(|| name.strip_prefix("hip"))
+            .or_else(|| name.strip_prefix("cu"))
+            .unwrap_or("");
         // Variants (`_v2`, `_ptsz`, `ExC`) are the same call.
         let base = base.split('_').next().unwrap_or(base);
         match base {
-            "LaunchKernel" | "LaunchKernelExC" | "ModuleLaunchKernel" | "ExtModuleLaunchKernel" => {
-                CallKind::LaunchKernel
-            }
-            "MemcpyAsync" | "Memcpy" | "MemcpyDtoHAsync" | "MemcpyHtoDAsync" | "MemcpyDtoDAsync" => {
+            // A graph launch submits its graph's kernels (all under its correlation).
+            "LaunchKernel"
+            | "LaunchKernelExC"
+            | "LaunchKernelEx"
+            | "LaunchCooperativeKernel"
+            | "ModuleLaunchKernel"
+            | "ExtModuleLaunchKernel"
+            | "GraphLaunch" => CallKind::LaunchKernel,
+            "MemcpyAsync" | "Memcpy" | "MemcpyDtoHAsync" | "MemcpyHtoDAsync" | "MemcpyDtoDAsync"
+            | "MemcpyDtoH" | "MemcpyHtoD" | "MemcpyDtoD" | "MemcpyWithStream" | "Memcpy2DAsync" => {
                 CallKind::Memcpy
             }
-            "MemsetAsync" | "Memset" | "MemsetD32Async" | "MemsetD8Async" => CallKind::Memset,
+            "MemsetAsync" | "Memset" | "MemsetD32Async" | "MemsetD8Async" | "MemsetD32" | "MemsetD8" => {
+                CallKind::Memset
+            }
             "StreamSynchronize" => CallKind::StreamSynchronize,
-            "DeviceSynchronize" => CallKind::DeviceSynchronize,
+            "DeviceSynchronize" | "CtxSynchronize" => CallKind::DeviceSynchronize,
             "EventRecord" | "EventRecordWithFlags" => CallKind::EventRecord,
             "StreamWaitEvent" => CallKind::StreamWaitEvent,
             "EventSynchronize" => CallKind::EventSynchronize,
@@ -247,6 +260,15 @@ mod tests {
         assert_eq!(CallKind::of("hipMemsetAsync"), CallKind::Memset);
         assert_eq!(CallKind::of("cudaStreamSynchronize"), CallKind::StreamSynchronize);
         assert_eq!(CallKind::of("cudaStreamGetCaptureInfo_v2"), CallKind::Other);
+        // The driver API (Triton launches through it), graph launches, ROCm's copy.
+        assert_eq!(CallKind::of("cuLaunchKernel"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("cuLaunchKernelEx"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("cudaGraphLaunch"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("hipGraphLaunch"), CallKind::LaunchKernel);
+        assert_eq!(CallKind::of("cuMemcpyHtoDAsync_v2"), CallKind::Memcpy);
+        assert_eq!(CallKind::of("hipMemcpyWithStream"), CallKind::Memcpy);
+        assert_eq!(CallKind::of("cuCtxSynchronize"), CallKind::DeviceSynchronize);
+        assert_eq!(CallKind::of("cuModuleGetFunction"), CallKind::Other);
         assert_eq!(CopyKind::of("Memcpy HtoD (Pinned -> Device)"), CopyKind::HtoDPinned);
         assert_eq!(CopyKind::of("Memcpy DtoH (Device -> Pageable)"), CopyKind::DtoHPageable);
         assert_eq!(CopyKind::of("Memcpy DtoD (Device -> Device)"), CopyKind::DtoD);
