@@ -435,11 +435,12 @@ impl<'a> Run<'a> {
                 moved = hw::device::now_ns();
             } else if hw::device::now_ns() - moved > STALL_NS && self.due.is_empty() {
                 return Err(ReplayError::Stalled(format!(
-                    "{} of {} calls returned, {} waiting for the device, {} submissions held back",
+                    "{} of {} calls returned, {} waiting for the device, {} submissions held back{}",
                     self.calls_done,
                     plan.calls.len(),
                     self.awaiting.len(),
-                    self.blocked.len()
+                    self.blocked.len(),
+                    self.first_held_back()
                 )));
             }
         }
@@ -569,6 +570,45 @@ impl<'a> Run<'a> {
         }
         self.awaiting.push(i);
         Ok(())
+    }
+
+    /// What the first submission held back waits for: the call or activity, and the
+    /// dependency not met (for the stall's message).
+    fn first_held_back(&self) -> String {
+        let plan = self.plan;
+        let Some(&(kind, i)) = self.blocked.first() else { return String::new() };
+        let (who, acts): (String, Vec<usize>) = match kind {
+            CALL => {
+                let c = &plan.calls[i];
+                (
+                    format!(
+                        "call {i} ({:?} on thread {}, traced at {} ns)",
+                        c.kind, c.thread, c.trace_start_ns
+                    ),
+                    c.submits.clone(),
+                )
+            }
+            _ => (format!("activity {i} (no call)"), vec![i]),
+        };
+        let unmet = acts.iter().find_map(|&a| {
+            plan.activities[a]
+                .after
+                .iter()
+                .find(|&&(p, _, _)| !self.submitted[p])
+                .map(|&(p, why, _)| (a, p, why))
+        });
+        match unmet {
+            Some((a, p, why)) => {
+                let (x, y) = (&plan.activities[a], &plan.activities[p]);
+                let by = y.call.map_or("no call".to_string(), |(c, _)| format!("call {c}"));
+                format!(
+                    "; the first, {who}, holds activity {a} ({:?} on stream {}) back: it follows activity {p} \
+                     ({:?} on stream {}, {why:?}), which {by} has not submitted",
+                    x.kind, x.stream, y.kind, y.stream
+                )
+            }
+            None => format!("; the first, {who}"),
+        }
     }
 
     /// Whether everything before activity `a` on its stream, and what it waits for on

@@ -662,6 +662,14 @@ mod schemas {
         let mut r = Replayer::new(&mut d, &plan).unwrap();
         let run = r.run(&mut d, &plan).unwrap();
         assert_eq!(run.activity_end_ns.len(), 2);
+        // With the edge the plan used to make (k1 after k2, which the later call submits),
+        // the replay stalls — and says which call holds what back, and for what.
+        let mut bad = plan.clone();
+        bad.activities[1].after = vec![(0, lab::plan::DeviceEdge::Stream, 0)];
+        let mut r = Replayer::new(&mut d, &bad).unwrap();
+        let e = r.run(&mut d, &bad).unwrap_err().to_string();
+        assert!(e.contains("the replay stalled") && e.contains("holds activity 1"), "{e}");
+        assert!(e.contains("follows activity 0") && e.contains("which call 1 has not submitted"), "{e}");
     }
 
     /// The fuzzer's find: a kernel traced an hour before the call that launched it (a broken
