@@ -33,7 +33,7 @@ pub(crate) struct CtlArgs {
 /// own), in the order they are offered.
 fn methods() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = Vec::new();
-    for m in ops::gpu_run::METHODS.iter().chain(ops::host_run::METHODS.iter()) {
+    for m in ops::gpu::METHODS.iter().chain(ops::host::METHODS.iter()) {
         if !all.contains(m) {
             all.push(m);
         }

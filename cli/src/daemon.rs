@@ -114,7 +114,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     if let Err(e) = ops::process::init_logging_as(&args.log_level, args.log_format.ops()) {
         return fail("gpu", e);
     }
-    let start = ops::gpu_run::GpuStart {
+    let start = ops::gpu::GpuStart {
         config: args.config,
         listen: args.listen,
         driver: args.driver.map(|d| d.name().to_string()),
@@ -122,7 +122,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
     if args.check {
-        return match ops::gpu_run::check(&start) {
+        return match ops::gpu::check(&start) {
             Ok(what) => {
                 outln!("{}: OK ({what})", start.config.display());
                 ExitCode::SUCCESS
@@ -130,7 +130,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
             Err(e) => fail("gpu", e),
         };
     }
-    match ops::gpu_run::run(start) {
+    match ops::gpu::run(start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail("gpu", e),
     }
@@ -168,7 +168,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
     if let Err(e) = ops::process::init_logging_as(&args.log_level, args.log_format.ops()) {
         return fail("host", e);
     }
-    let start = ops::host_run::HostStart {
+    let start = ops::host::HostStart {
         config: args.config,
         server: args.server,
         driver: args.driver.map(|d| d.name().to_string()),
@@ -176,7 +176,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
     if args.check {
-        return match ops::host_run::check(&start) {
+        return match ops::host::check(&start) {
             Ok(what) => {
                 outln!("{}: OK ({what})", start.config.display());
                 ExitCode::SUCCESS
@@ -185,7 +185,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         };
     }
     let mut run_on = workload;
-    let r = ops::host_run::run(start, args.workload.then_some(&mut run_on as ops::host_run::Workload<'_>));
+    let r = ops::host::run(start, args.workload.then_some(&mut run_on as ops::host::Workload<'_>));
     match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

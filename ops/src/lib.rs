@@ -5,13 +5,13 @@
 //!
 //! - `config` — the TOML files (`gpu.toml`, `host.toml`) read, bounded and validated, with
 //!   every error naming the file, the key and the value; the options they give.
-//! - `gpu_run`, `host_run`, `pool_run` — the box's loop, the host's (each `[[attach]]` on a
+//! - `gpu`, `host`, `pool_host` — the box's loop, the host's (each `[[attach]]` on a
 //!   thread of its own, tried again with backoff when it fails), the pool host's; reload;
 //!   readiness.
 //! - `control` — the JSON-RPC 2.0 control socket, a thread per client; `metrics` — the
 //!   Prometheus endpoint on hyper; `capture` — pcapng of the link; `notify` — sd_notify;
 //!   `reload` — configuration read off the loop with a deadline; `process` — logging and the
-//!   signal flags; `run_error` — why a run time could not start or go on, typed; `stats` — the endpoints' counters as JSON and a host's metrics, which the
+//!   signal flags; `error` — why a run time could not start or go on, typed; `stats` — the endpoints' counters as JSON and a host's metrics, which the
 //!   three run times share (below them, so that none reaches into another for them).
 //!
 //! Nothing here is on a datapath: the loops poll the endpoints and hand control calls and
@@ -21,14 +21,14 @@
 pub mod capture;
 pub mod config;
 pub mod control;
-pub mod gpu_run;
-pub mod host_run;
+pub mod error;
+pub mod gpu;
+pub mod host;
 pub mod metrics;
 pub mod notify;
-pub mod pool_run;
+pub mod pool_host;
 pub mod process;
 pub mod reload;
-pub mod run_error;
 pub mod stats;
 
 /// What runs on each device a `--workload` host attached (not served over vfio-user): its

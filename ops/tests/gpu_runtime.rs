@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bridge_gpu::GpuEndpoint;
 use dxpu_ops as ops;
-use ops::gpu_run::{GpuRuntime, GpuStart, serve};
+use ops::gpu::{GpuRuntime, GpuStart, serve};
 use serde_json::{Value, json};
 
 mod common;

@@ -13,7 +13,7 @@ use bridge_gpu::GpuEndpoint;
 use dxpu_ops as ops;
 use ops::config::{self, GpuFile};
 use ops::control::Call;
-use ops::host_run::{HostRuntime, entries, read_host_file};
+use ops::host::{HostRuntime, entries, read_host_file};
 use serde_json::{Value, json};
 
 mod common;

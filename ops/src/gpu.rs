@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 
 use crate::config::{self, GpuFile};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
+use crate::error::RunError;
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
-use crate::run_error::RunError;
 pub use crate::stats::link_json;
 
 /// What `dxpu gpu` runs on besides the endpoint.
@@ -543,7 +543,7 @@ pub fn run(start: GpuStart) -> Result<(), RunError> {
         Some(p) => Some({
             let path = || start.config.display().to_string();
             let gp = p.pool(&opts_exports).map_err(|source| RunError::InFile { path: path(), source })?;
-            crate::pool_run::start_box(&mut ep, &gp)
+            crate::pool_host::start_box(&mut ep, &gp)
                 .map_err(|source| RunError::Pool { path: path(), source })?
         }),
         None => None,

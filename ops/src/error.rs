@@ -4,7 +4,7 @@
 use crate::capture::CaptureError;
 use crate::config::ConfigError;
 use crate::control::StartError;
-use crate::pool_run::BoxStartError;
+use crate::pool_host::BoxStartError;
 use crate::process::ProcessError;
 use crate::reload::ReloadError;
 

@@ -11,9 +11,9 @@ use super::runtime::{HostConfig, HostRuntime, entries, read_host_file};
 use crate::Workload;
 use crate::config::{self, HostFile};
 use crate::control::{Calls, ControlServer, RpcError};
+use crate::error::RunError;
 use crate::metrics::MetricsServer;
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
-use crate::run_error::RunError;
 
 /// The main loop of `dxpu host` with `[[attach]]` and no `--workload`: moves the devices'
 /// attaches on, answers control calls and scrapes, reloads on SIGHUP (the file read off the
@@ -168,7 +168,7 @@ pub fn check(start: &HostStart) -> Result<String, RunError> {
 
 /// `dxpu host`: reads the file; with `[[attach]]`, attaches each device (each on its own
 /// thread) and serves until SIGINT / SIGTERM, reloading on SIGHUP; with `[pool]`, claims
-/// from the pool (`pool_run`). With `workload`, runs it on every device once attached,
+/// from the pool (`pool_host`). With `workload`, runs it on every device once attached,
 /// detaches and returns instead. `Ok(false)`: a workload did not verify, or a device could
 /// not be had for it.
 pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, RunError> {
@@ -192,7 +192,7 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
             return Err(RunError::AttachAndPool { path: at() });
         }
         let ops = (file.control.clone(), file.metrics.clone());
-        let ok = crate::pool_run::run_host(hp, stop, workload, ops);
+        let ok = crate::pool_host::run_host(hp, stop, workload, ops);
         log::info!("stopped");
         return Ok(ok);
     }

@@ -17,7 +17,7 @@ use crate::config::{self, HostFile, ServedSocket};
 use crate::control::{Call, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, labels};
 
-use crate::run_error::RunError;
+use crate::error::RunError;
 use crate::stats::{device_metrics, host_exposition, host_stats_json, link_json};
 
 /// The wait before re-attaching a device whose attach failed or which was removed: from
