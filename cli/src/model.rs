@@ -60,13 +60,13 @@ pub(crate) struct ModelArgs {
     /// wire's line rate. 25 unless given, or what `--measure-link` measured.
     #[arg(long, value_parser = parse_bandwidth)]
     bandwidth_gbit: Option<f64>,
-    /// Measure the link as well: both endpoints over UDP loopback (with `--delay-us` added
-    /// each way), the register read round trip (p50 of 500) and one 16 MiB copy each way
-    /// (median of 3); the prediction at that round trip is added to the points, and the
-    /// measured bulk rates are used unless `--bandwidth-gbit` is given. With `--trace`
-    /// (also `--calibrate`): the calibration `dxpu replay` makes before it replays — each
-    /// platform's round trip, posted write, fence and copies, the bridges' beyond the
-    /// direct simgpu's — so the prediction is the one `replay` prints, made blind.
+    /// Measure the link as well (also `--calibrate`): the calibration `dxpu replay` makes
+    /// before it replays, both endpoints over UDP loopback with `--delay-us` added each way —
+    /// a register read's round trip (p50 of 300), posted writes, fences, one 16 MiB copy each
+    /// way (median of 3); the prediction at that round trip is added to the points, and the
+    /// measured bulk rates are used unless `--bandwidth-gbit` is given. With `--trace` the
+    /// round trip, posted write and fetch turns are what the bridges add to the direct
+    /// simgpu's, so the prediction is the one `replay` prints, made blind.
     #[arg(long, alias = "calibrate")]
     measure_link: bool,
     /// With `--measure-link`: added one-way delay each way, µs (0..=10000).
@@ -191,34 +191,12 @@ pub(crate) fn count_direct(
 /// `--bandwidth-gbit` unless given: the path bandwidth the link's configuration assumes.
 const DEFAULT_BANDWIDTH_GBIT: f64 = 25.0;
 
-/// The link through both endpoints over UDP loopback, `delay_us` added each way: register
-/// read round trip (p50 of 500) and bulk rates (one 16 MiB copy each way, median of 3).
-fn measure_link(delay_us: u64) -> Result<LinkParams, String> {
-    use link::driver::{DriverKind, Impairment, PollMode};
-    let poll = PollMode::Busy { spin: Duration::from_micros(2000) };
-    let imp = |seed| Impairment { delay: Duration::from_micros(delay_us), seed, ..Impairment::default() };
-    let gpu = lab::harness::LocalBox::start(DriverKind::Auto, poll, imp(21))?;
-    let mut o = gpu.attach_options(DriverKind::Auto, poll, imp(22));
-    o.completion_timeout += 4 * Duration::from_micros(delay_us);
-    let remote = bridge_host::RemoteDevice::attach(o).map_err(|e| format!("--measure-link: {e}"))?;
-    let mut d =
-        SimGpuDriver::open(remote).map_err(|e| format!("--measure-link: opening the remote simgpu: {e}"))?;
-    let (p50, _) = lab::harness::mmio_rtt(&mut d, 500);
-    let (h2d, d2h) =
-        model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("--measure-link: copies: {e}"))?;
-    d.into_pci().detach();
-    drop(gpu);
-    Ok(LinkParams {
-        rtt_ns: p50.as_nanos() as f64,
-        h2d_bytes_per_s: h2d,
-        d2h_bytes_per_s: d2h,
-        ..LinkParams::LOCAL
-    })
-}
-
-/// The link as `dxpu replay` calibrates it before replaying (`lab::compare::calibrate`),
-/// `delay_us` added each way, the spinning threads pinned where two CPUs allow.
-fn calibrated_link(delay_us: u64) -> Result<LinkParams, String> {
+/// The link as `dxpu replay` calibrates it before replaying (`lab::compare::calibrate`:
+/// both platforms, register reads, posted writes, fences, a 16 MiB copy each way), with
+/// `delay_us` added each way and the spinning threads pinned where two CPUs allow. The
+/// calibration's bridged link (what the bridges add to the direct platform's) for a trace's
+/// plan; for a profile, whose model takes the whole round trip, the bridged platform's own.
+fn measured_link(delay_us: u64, whole_round_trip: bool) -> Result<LinkParams, String> {
     use link::driver::{DriverKind, Impairment, PollMode};
     let opts = lab::compare::CompareOptions {
         repeat: 1,
@@ -228,7 +206,11 @@ fn calibrated_link(delay_us: u64) -> Result<LinkParams, String> {
         placement: crate::args::PinArg::Auto.placement(&lab::affinity::allowed()?)?,
     };
     let mut progress = |s: &str| eprintln!("dxpu model: {s}");
-    Ok(lab::compare::calibrate(&opts, &mut progress)?.link)
+    let c = lab::compare::calibrate(&opts, &mut progress)?;
+    Ok(match whole_round_trip {
+        true => LinkParams { rtt_ns: c.bridged.rtt.as_nanos() as f64, ..c.link },
+        false => c.link,
+    })
 }
 
 /// What `dxpu model` found: the workload, its profile, direct time and predictions.
@@ -282,7 +264,7 @@ fn predict_all(
     if direct_seconds.is_nan() || direct_seconds <= 0.0 || !direct_seconds.is_finite() {
         return Err(format!("direct time {direct_seconds} s: must be > 0"));
     }
-    let measured = if args.measure_link { Some(measure_link(args.delay_us)?) } else { None };
+    let measured = if args.measure_link { Some(measured_link(args.delay_us, true)?) } else { None };
     let base = base_link(args, measured.as_ref());
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
@@ -465,7 +447,7 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
     let limits = lab::trace::ReadLimits { max_bytes: args.max_trace_bytes };
     let trace = lab::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
     let plan = lab::plan::Plan::of(&trace);
-    let measured = if args.measure_link { Some(calibrated_link(args.delay_us)?) } else { None };
+    let measured = if args.measure_link { Some(measured_link(args.delay_us, false)?) } else { None };
     let mut link = base_link(args, measured.as_ref());
     if let Some(m) = measured.filter(|_| args.per_tlp_us == 0.0) {
         (link.posted_write_ns, link.fetch_extra_ns) = (m.posted_write_ns, m.fetch_extra_ns);

@@ -421,6 +421,9 @@ fn ctl(m: &Machine, dxpu: &Path, sock: &str, method: &str) -> serde_json::Value 
 fn the_firewall_is_in_the_path(b: &Machine, h: &Machine, dxpu: &Path, gpu_sock: &str, host_sock: &str) {
     let silences = || ctl(b, dxpu, gpu_sock, "stats")["sessions_silent"].as_u64().unwrap();
     let before = silences();
+    // When the host's device came up: a removal and a new attach would move it.
+    let up_since = ctl(h, dxpu, host_sock, "devices")[0]["since_unix_seconds"].clone();
+    assert!(up_since.is_number(), "{up_since}");
     run(b, "nft delete element inet dxpu hosts '{ 10.0.0.21 }'", dxpu);
     let mut silent = false;
     for _ in 0..50 {
@@ -436,6 +439,7 @@ fn the_firewall_is_in_the_path(b: &Machine, h: &Machine, dxpu: &Path, gpu_sock: 
     let devs = ctl(h, dxpu, host_sock, "devices");
     assert_eq!(devs[0]["state"], "attached", "the host's device after a short outage: {devs}");
     assert!(devs[0]["removed"].is_null(), "the device was removed in a short outage: {devs}");
+    assert_eq!(devs[0]["since_unix_seconds"], up_since, "the device was attached again, not kept: {devs}");
     let devs = ctl(b, dxpu, gpu_sock, "devices");
     assert_eq!(devs[0]["owner"], "host-a", "the box let the host go in a short outage: {devs}");
 }
