@@ -432,7 +432,7 @@ mod replay {
     use lab::replay::Replayer;
     use testbed::concurrent::ConcurrentAttach;
 
-    fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
+    pub(super) fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
         let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
         SimGpuDriver::open(ConcurrentAttach::new(dev, 256 << 20).unwrap()).unwrap()
     }
@@ -504,9 +504,6 @@ mod replay {
 /// Traces as other tools and versions write them, each read with what it says.
 mod schemas {
     use super::*;
-    use driver::SimGpuDriver;
-    use hw::SimGpu;
-    use hw::simgpu::SimGpuParams;
 
     /// Before PyTorch 1.10 Kineto named its categories `Runtime`, `Kernel`, `Memcpy`,
     /// `Memset`, put GPU events on `"tid": "stream 7"` and threads as strings.
@@ -632,9 +629,7 @@ mod schemas {
         assert_eq!(t.unmatched_launches, 0);
         let plan = Plan::of(&t);
         assert_eq!(plan.calls[0].submits.len(), 3, "{:?}", plan.calls[0]);
-        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-        let mut d =
-            SimGpuDriver::open(testbed::concurrent::ConcurrentAttach::new(dev, 64 << 20).unwrap()).unwrap();
+        let mut d = super::replay::direct();
         let mut r = Replayer::new(&mut d, &plan).unwrap();
         let run = r.run(&mut d, &plan).unwrap();
         assert_eq!(run.activity_end_ns.len(), 3);
@@ -669,9 +664,7 @@ mod schemas {
             "k1 follows k2, submitted after it: {:?}",
             plan.activities[1]
         );
-        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-        let mut d =
-            SimGpuDriver::open(testbed::concurrent::ConcurrentAttach::new(dev, 64 << 20).unwrap()).unwrap();
+        let mut d = super::replay::direct();
         let mut r = Replayer::new(&mut d, &plan).unwrap();
         let run = r.run(&mut d, &plan).unwrap();
         assert_eq!(run.activity_end_ns.len(), 2);
