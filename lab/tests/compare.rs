@@ -28,9 +28,12 @@ fn a_trace_compared_direct_against_bridged_gives_runs_a_link_and_a_prediction() 
     let c = compare(trace, &opts(Duration::from_micros(100)), &mut |s| said.push(s.to_string())).unwrap();
     assert_eq!((c.direct.runs.len(), c.bridged.runs.len(), c.overheads.len()), (2, 2, 2));
     assert!(said.iter().any(|s| s == "replay 2 of 2"), "{said:?}");
-    // The direct replay keeps the traced GPU's pace: its span no shorter than the trace's.
+    // The direct replay keeps the traced pace: its calls are issued no earlier than traced,
+    // so its job ends no earlier than the trace's. (Its GPU span may be shorter, where the
+    // first activity is fetched late on a busy machine: 0.235 ms against 0.263, once, in CI.)
     for r in &c.direct.runs {
-        assert!(r.gpu_span_ns >= span_ns * 0.95, "{} against {span_ns}", r.gpu_span_ns);
+        assert!(r.job_ns >= c.trace_job_ns * 0.95, "{} against {}", r.job_ns, c.trace_job_ns);
+        assert!(r.gpu_span_ns > span_ns * 0.5, "{} against {span_ns}", r.gpu_span_ns);
     }
     // 100 µs each way: the bridges' round trip is at least 200 µs more than the direct one,
     // and the model's link says what was measured.

@@ -465,7 +465,7 @@ mod replay {
             // Either way: a host that falls behind at the start and catches up packs the GPU's
             // gaps together, a span shorter than the trace's (0.226 ms against 0.263, once,
             // on a loaded machine).
-            let within = |ns: f64| ns >= span * 0.95 && tolerance.is_none_or(|tol| ns <= span * (1.0 + tol));
+            let within = |ns: f64| ns >= span * 0.75 && tolerance.is_none_or(|tol| ns <= span * (1.0 + tol));
             let mut run = r.run(&mut d, &plan).unwrap();
             for _ in 0..9 {
                 if within(run.gpu_span_ns) {
@@ -489,10 +489,16 @@ mod replay {
                 run.host_late_ns / 1e6,
             );
             assert_eq!(run.activity_end_ns.len(), t.activities.len());
-            assert!(run.gpu_span_ns >= span * 0.95, "{f}: the replay ran faster than the GPU did");
+            // Never faster than the traced job: each call is issued no earlier than traced, so
+            // the last one returns no earlier. (The GPU's span alone may be shorter: a first
+            // activity fetched late shortens it from the front.)
+            assert!(
+                run.job_ns >= model.job_ns * 0.95,
+                "{f}: the replay's job ran faster than the traced one"
+            );
             if let Some(tol) = tolerance {
                 assert!(
-                    run.gpu_span_ns <= span * (1.0 + tol),
+                    run.gpu_span_ns <= span * (1.0 + tol) && run.gpu_span_ns >= span * (1.0 - tol),
                     "{f}: span {} against {span}",
                     run.gpu_span_ns
                 );
