@@ -350,6 +350,14 @@ pub(crate) fn trace_summary(path: &str, t: &lab::trace::Trace, plan: &lab::plan:
             plan.out_of_submission_order
         ));
     }
+    line.push_str(&format!("\n  dependencies: {}", dependencies(plan)));
+    let (collectives, collective_ns) = t.collectives();
+    if collectives > 0 {
+        line.push_str(&format!(
+            "\n  collectives: {collectives} NCCL/RCCL kernels, {} of GPU time, replayed as timers of their traced length: the other ranks and the network between the GPUs are not replayed",
+            fmt_s(collective_ns as f64 / 1e9)
+        ));
+    }
     let a = &t.assumed;
     if a.bytes_from_calls + a.bytes_estimated > 0 {
         line.push_str(&format!(
@@ -361,6 +369,27 @@ pub(crate) fn trace_summary(path: &str, t: &lab::trace::Trace, plan: &lab::plan:
         ));
     }
     line
+}
+
+/// Where the plan's dependencies came from: the trace's own synchronization events, CUDA's
+/// documented rules, or timing.
+fn dependencies(p: &lab::plan::Plan) -> String {
+    let stated = if p.explicit {
+        format!("as the trace's cuda_sync events state them ({} stream waits on events)", p.stated_waits)
+    } else {
+        "the trace has no cuda_sync events (PyTorch before 2.3, or recorded without them)".to_string()
+    };
+    let mut s = format!(
+        "{stated}; inferred from timing: {} cross-stream waits, {} synchronizations' streams; {} synchronous copies or frees wait as CUDA documents",
+        p.cross_stream_waits, p.syncs_inferred, p.implicit_syncs
+    );
+    if p.awaits_contradicted > 0 {
+        s.push_str(&format!(
+            "; {} synchronizations whose awaited work the trace ends after their return keep their traced time",
+            p.awaits_contradicted
+        ));
+    }
+    s
 }
 
 /// A trace's counts and span, as `model --trace` and `replay` report them.
@@ -383,17 +412,33 @@ pub(crate) fn trace_json(path: &str, t: &lab::trace::Trace) -> serde_json::Map<S
         }),
     );
     m.insert("unmatched_launches".into(), json!(t.unmatched_launches));
+    let (collectives, collective_ns) = t.collectives();
+    m.insert(
+        "collectives".into(),
+        json!({
+            "kernels": collectives,
+            "traced_ms": collective_ns as f64 / 1e6,
+            "replayed_as": "timers of their traced length; other ranks and the network between GPUs are not replayed",
+        }),
+    );
+    m.insert("sync_events".into(), json!(t.sync_events));
     m
 }
 
-/// What the plan made of the trace, with what it inferred or changed: the cross-stream waits
-/// inferred from timing, nested calls folded into their outer call, activities that could
-/// not follow their stream predecessor by start (it was submitted later).
+/// What the plan made of the trace, with what it inferred or changed: where its dependencies
+/// came from (stated by the trace, documented by CUDA, inferred from timing), nested calls
+/// folded into their outer call, activities that could not follow their stream predecessor
+/// by start (it was submitted later).
 pub(crate) fn plan_json(p: &lab::plan::Plan) -> Value {
     json!({
         "calls": p.calls.len(),
         "threads": p.threads,
+        "dependencies_stated": p.explicit,
+        "stated_stream_waits": p.stated_waits,
         "cross_stream_waits": p.cross_stream_waits,
+        "syncs_inferred": p.syncs_inferred,
+        "implicit_syncs": p.implicit_syncs,
+        "awaits_contradicted": p.awaits_contradicted,
         "nested_calls": p.nested,
         "out_of_submission_order": p.out_of_submission_order,
         "before_their_call": p.before_their_call,
@@ -460,7 +505,7 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
     let direct = plan.evaluate(&LinkParams::LOCAL);
     let points =
         rtts.iter().map(|&rtt| (rtt, plan.evaluate(&LinkParams { rtt_ns: rtt * 1e3, ..link }))).collect();
-    let crosses = lab::plan::crossing_rtt_ns(&plan, &link, 10.0).map(|ns| ns / 1e3);
+    let crosses = plan.crossing_rtt_ns(&link, 10.0).map(|ns| ns / 1e3);
     Ok(TraceReport {
         path: path.display().to_string(),
         trace,
@@ -477,10 +522,9 @@ fn print_trace(r: &TraceReport) {
     let t = &r.trace;
     outln!("dxpu model — trace {}", trace_summary(&r.path, t, &r.plan));
     outln!(
-        "  the trace: GPU span {}, job {} (first call to last return); {} cross-stream waits inferred",
+        "  the trace: GPU span {}, job {} (first call to last return)",
         fmt_s(t.gpu_span_ns() as f64 / 1e9),
         fmt_s(r.direct.job_ns / 1e9),
-        r.plan.cross_stream_waits
     );
     outln!("  link {:.1} / {:.1} Gbit/s", r.link.h2d_bytes_per_s * 8e-9, r.link.d2h_bytes_per_s * 8e-9);
     outln!();

@@ -323,7 +323,7 @@ pub fn compare(
         ..LinkParams::LOCAL
     };
     let predicted_bandwidth_only = plan.evaluate(&bandwidth_only);
-    let crosses = plan::crossing_rtt_ns(&plan, &bridged_link, 10.0).map(|ns| ns / 1e3);
+    let crosses = plan.crossing_rtt_ns(&bridged_link, 10.0).map(|ns| ns / 1e3);
 
     // A warm-up each (VRAM and host memory touched once), then in turns.
     progress("warm-up");

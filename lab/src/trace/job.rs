@@ -24,6 +24,9 @@ pub enum CallKind {
     EventSynchronize,
     /// `cudaEventQuery`.
     EventQuery,
+    /// `cudaFree`, `hipFree`, `cuMemFree`: CUDA and HIP synchronize the device before
+    /// freeing.
+    Free,
     /// Anything else: CPU time the job spent in the runtime.
     Other,
 }
@@ -61,6 +64,7 @@ impl CallKind {
             "StreamWaitEvent" => CallKind::StreamWaitEvent,
             "EventSynchronize" => CallKind::EventSynchronize,
             "EventQuery" => CallKind::EventQuery,
+            "Free" | "MemFree" => CallKind::Free,
             _ => CallKind::Other,
         }
     }
@@ -85,6 +89,47 @@ pub struct RuntimeCall {
     pub bytes: Option<u64>,
     /// Its index in the file's `traceEvents`, for messages that name it.
     pub event: usize,
+    /// What the trace's `cuda_sync` event of the same correlation says it waited for.
+    pub waited: Option<SyncSaid>,
+}
+
+impl RuntimeCall {
+    /// Whether the call returns only once its copy is done, as CUDA and HIP document for
+    /// their synchronous copies (`cudaMemcpy`, `cuMemcpyHtoD`, `hipMemcpyWithStream`;
+    /// host ↔ device: a synchronous copy inside the device does not wait).
+    pub fn copies_synchronously(&self) -> bool {
+        self.kind == CallKind::Memcpy && !self.name.contains("Async")
+    }
+}
+
+/// An event recorded on a stream: the work its stream had been given before the call that
+/// recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The stream it was recorded on.
+    pub stream: u32,
+    /// The correlation of the `cudaEventRecord` call that recorded it.
+    pub record: u64,
+}
+
+/// What a `cuda_sync` event (Kineto with CUDA synchronization events, PyTorch 2.3 and
+/// later) says a call waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncSaid {
+    /// The host waited for a stream's work (`cudaStreamSynchronize`).
+    Stream(u32),
+    /// The host waited for an event (`cudaEventSynchronize`; `cudaEventQuery` is reported
+    /// so too, and waits for nothing); `None`: an event never recorded.
+    Event(Option<Recorded>),
+    /// The device: `stream`'s later work waits for an event (`cudaStreamWaitEvent`).
+    StreamWaitsEvent {
+        /// The stream that waits.
+        stream: u32,
+        /// What it waits for.
+        on: Option<Recorded>,
+    },
+    /// The host waited for the whole device (`cudaDeviceSynchronize`).
+    Context,
 }
 
 /// Where a copy's bytes come from and go.
@@ -162,6 +207,9 @@ pub struct GpuActivity {
     pub correlation: u64,
     /// Its index in the file's `traceEvents`, for messages that name it.
     pub event: usize,
+    /// A collective kernel (NCCL's, RCCL's: [`Trace::is_collective`]): replayed at its traced
+    /// time, as the other ranks and the network between the GPUs are not replayed.
+    pub collective: bool,
 }
 
 /// A trace, reduced to what replay needs.
@@ -185,6 +233,9 @@ pub struct Trace {
     pub skipped: u64,
     /// What the reader assumed where the trace did not say.
     pub assumed: Assumed,
+    /// `cuda_sync` events read (each tied to its call's [`RuntimeCall::waited`]): where there
+    /// are any, the trace says what each synchronization and stream wait waited for.
+    pub sync_events: u64,
 }
 
 /// What the reader took from elsewhere, or assumed, where the trace did not say: ROCm's
@@ -233,6 +284,20 @@ impl Trace {
             .count()
     }
 
+    /// The collective kernels: how many, and their traced time, ns.
+    pub fn collectives(&self) -> (usize, u64) {
+        self.activities
+            .iter()
+            .filter(|a| a.collective)
+            .fold((0, 0), |(n, t), a| (n + 1, t.saturating_add(a.dur_ns)))
+    }
+
+    /// Whether a kernel named `name` is a collective (NCCL's or RCCL's).
+    pub fn is_collective(name: &str) -> bool {
+        let n = name.to_ascii_lowercase();
+        n.contains("nccl") || n.contains("rccl")
+    }
+
     /// The streams, in order.
     pub fn streams(&self) -> BTreeSet<u32> {
         self.activities.iter().map(|a| a.stream).collect()
@@ -269,6 +334,33 @@ mod tests {
         assert_eq!(CallKind::of("hipMemcpyWithStream"), CallKind::Memcpy);
         assert_eq!(CallKind::of("cuCtxSynchronize"), CallKind::DeviceSynchronize);
         assert_eq!(CallKind::of("cuModuleGetFunction"), CallKind::Other);
+        assert_eq!(CallKind::of("cudaFree"), CallKind::Free);
+        assert_eq!(CallKind::of("cuMemFree_v2"), CallKind::Free);
+        assert_eq!(CallKind::of("cudaFreeHost"), CallKind::Other);
+        let call = |name: &str| RuntimeCall {
+            kind: CallKind::of(name),
+            name: name.into(),
+            thread: 0,
+            start_ns: 0,
+            dur_ns: 0,
+            correlation: None,
+            bytes: None,
+            event: 0,
+            waited: None,
+        };
+        for (name, sync) in [
+            ("cudaMemcpy", true),
+            ("cuMemcpyDtoH_v2", true),
+            ("hipMemcpyWithStream", true),
+            ("cudaMemcpyAsync", false),
+            ("cuMemcpyHtoDAsync_v2", false),
+            ("cudaLaunchKernel", false),
+        ] {
+            assert_eq!(call(name).copies_synchronously(), sync, "{name}");
+        }
+        assert!(Trace::is_collective("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"));
+        assert!(Trace::is_collective("void rcclGenericKernel<1, false>(ncclDevComm*)"));
+        assert!(!Trace::is_collective("void at::native::vectorized_elementwise_kernel<4>"));
         assert_eq!(CopyKind::of("Memcpy HtoD (Pinned -> Device)"), CopyKind::HtoDPinned);
         assert_eq!(CopyKind::of("Memcpy DtoH (Device -> Pageable)"), CopyKind::DtoHPageable);
         assert_eq!(CopyKind::of("Memcpy DtoD (Device -> Device)"), CopyKind::DtoD);

@@ -25,7 +25,8 @@ mod scan;
 
 pub use error::TraceError;
 pub use job::{
-    ASSUMED_COPY_BYTES_PER_S, ActivityKind, Assumed, CallKind, CopyKind, GpuActivity, RuntimeCall, Trace,
+    ASSUMED_COPY_BYTES_PER_S, ActivityKind, Assumed, CallKind, CopyKind, GpuActivity, Recorded, RuntimeCall,
+    SyncSaid, Trace,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -229,7 +230,7 @@ fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, T
     events.check_span(what)?;
     let assumed = events.resolve_bytes();
     let mut t = Trace { rank: distributed.and_then(|d| d.rank), assumed, ..Trace::default() };
-    let Events { activities, calls, origin, skipped, .. } = events;
+    let Events { activities, calls, origin, skipped, syncs, .. } = events;
     t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
     let device = match (rank, devices.len()) {
@@ -276,6 +277,13 @@ fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, T
             .collect();
         t.calls.retain(|c| threads.contains(&c.thread));
     }
+    // What the trace's synchronization events say each call waited for.
+    let said: HashMap<u64, SyncSaid> =
+        syncs.iter().filter(|(d, _, _)| *d == device).map(|&(_, k, s)| (k, s)).collect();
+    for c in &mut t.calls {
+        c.waited = c.correlation.and_then(|k| said.get(&k).copied());
+    }
+    t.sync_events = said.len() as u64;
     t.gpu = device_properties
         .iter()
         .find(|p| p.id == Some(device))
@@ -306,6 +314,8 @@ struct Events {
     index: usize,
     /// The copies and memsets (indices in `activities`) whose event gave no bytes.
     without_bytes: Vec<usize>,
+    /// `cuda_sync` events: (device, correlation, what was waited for).
+    syncs: Vec<(u32, u64, SyncSaid)>,
 }
 
 impl Events {
@@ -411,7 +421,8 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
     };
     let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
     let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime" | "hip_driver");
-    if e.ph != Some("X") || !(gpu || runtime) {
+    let sync = cat == "cuda_sync";
+    if e.ph != Some("X") || !(gpu || runtime || sync) {
         out.skipped += 1;
         return Ok(());
     }
@@ -439,22 +450,8 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
         }
     };
     if runtime {
-        let thread = match e.tid {
-            Some(v) => serde_json::from_str::<i64>(v.get())
-                .map(|t| t as u64)
-                .or_else(|_| {
-                    serde_json::from_str::<String>(v.get())
-                        .map(|s| s.trim().parse::<i64>().map_or_else(|_| hash_name(&s), |t| t as u64))
-                })
-                .map_err(|_| bad(name, "tid", format!("{} is not a thread", v.get())))?,
-            None => 0,
-        };
-        // ROCm's calls give the size they copy or set as a string (`"size": "2560"`).
-        let bytes = ["bytes", "size", "sizeBytes"].iter().find_map(|k| args.get(k)).and_then(|v| {
-            serde_json::from_str::<u64>(v.get())
-                .ok()
-                .or_else(|| serde_json::from_str::<String>(v.get()).ok().and_then(|s| s.trim().parse().ok()))
-        });
+        let thread = thread_of(e.tid).map_err(|why| bad(name, "tid", why))?;
+        let bytes = call_bytes(&args);
         out.calls.push((
             ts,
             RuntimeCall {
@@ -466,8 +463,19 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
                 correlation: arg_u64("correlation")?,
                 bytes,
                 event: index,
+                waited: None,
             },
         ));
+        return Ok(());
+    }
+    if sync {
+        let device = arg_u64("device")?.unwrap_or(0);
+        let correlation =
+            arg_u64("correlation")?.ok_or_else(|| bad(name, "args.correlation", "missing".into()))?;
+        match sync_said(&args, name).map_err(|(field, why)| bad(name, field, why))? {
+            Some(said) => out.syncs.push((u32::try_from(device).unwrap_or(u32::MAX), correlation, said)),
+            None => out.skipped += 1,
+        }
         return Ok(());
     }
     let correlation =
@@ -499,9 +507,74 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
             dur_ns: u64::try_from(dur).unwrap_or(u64::MAX),
             correlation,
             event: index,
+            collective: cat == "kernel" && Trace::is_collective(name),
         },
     ));
     Ok(())
+}
+
+/// The CPU thread a runtime call's `tid` names: a number, or a name (hashed).
+fn thread_of(tid: Option<&RawValue>) -> Result<u64, String> {
+    let Some(v) = tid else { return Ok(0) };
+    serde_json::from_str::<i64>(v.get())
+        .map(|t| t as u64)
+        .or_else(|_| {
+            serde_json::from_str::<String>(v.get())
+                .map(|s| s.trim().parse::<i64>().map_or_else(|_| hash_name(&s), |t| t as u64))
+        })
+        .map_err(|_| format!("{} is not a thread", v.get()))
+}
+
+/// The bytes a runtime call's arguments say it copies or sets: ROCm's give them as a string
+/// (`"size": "2560"`).
+fn call_bytes(args: &BTreeMap<&str, &RawValue>) -> Option<u64> {
+    ["bytes", "size", "sizeBytes"].iter().find_map(|k| args.get(k)).and_then(|v| {
+        serde_json::from_str::<u64>(v.get())
+            .ok()
+            .or_else(|| serde_json::from_str::<String>(v.get()).ok().and_then(|s| s.trim().parse().ok()))
+    })
+}
+
+/// What a `cuda_sync` event's arguments say was waited for; or the argument that is wrong
+/// and why; `None` for a kind of synchronization this reader does not know (skipped, as a
+/// later Kineto may add some). Streams and recording correlations of -1 (or 2³²−1) name none.
+fn sync_said(
+    args: &BTreeMap<&str, &RawValue>,
+    name: &str,
+) -> Result<Option<SyncSaid>, (&'static str, String)> {
+    let int = |k: &'static str| -> Result<Option<i64>, (&'static str, String)> {
+        match args.get(k) {
+            None => Ok(None),
+            Some(v) => serde_json::from_str::<i64>(v.get())
+                .map(Some)
+                .map_err(|_| (k, format!("{} is not a whole number", v.get()))),
+        }
+    };
+    let stream = |k: &'static str| -> Result<Option<u32>, (&'static str, String)> {
+        Ok(int(k)?.and_then(|v| u32::try_from(v).ok()).filter(|&v| v != u32::MAX))
+    };
+    let recorded = || -> Result<Option<Recorded>, (&'static str, String)> {
+        let record = int("wait_on_cuda_event_record_corr_id")?.and_then(|v| u64::try_from(v).ok());
+        Ok(stream("wait_on_stream")?.zip(record).map(|(stream, record)| Recorded { stream, record }))
+    };
+    let kind = match args.get("cuda_sync_kind") {
+        Some(v) => serde_json::from_str::<String>(v.get())
+            .map_err(|_| ("args.cuda_sync_kind", format!("{} is not a string", v.get())))?,
+        None => name.to_string(),
+    };
+    Ok(Some(match kind.as_str() {
+        "Stream Sync" => match stream("stream")? {
+            Some(s) => SyncSaid::Stream(s),
+            None => return Err(("stream", "missing or none for a stream synchronization".into())),
+        },
+        "Event Sync" => SyncSaid::Event(recorded()?),
+        "Stream Wait Event" => match stream("stream")? {
+            Some(s) => SyncSaid::StreamWaitsEvent { stream: s, on: recorded()? },
+            None => return Err(("stream", "missing or none for a stream wait".into())),
+        },
+        "Context Sync" => SyncSaid::Context,
+        _ => return Ok(None),
+    }))
 }
 
 /// A Kineto time in microseconds (`1707417525512145`, or `…145.125` with nanoseconds),

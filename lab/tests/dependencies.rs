@@ -1,0 +1,244 @@
+//! Hand-made traces with known answers, one per kind of dependency the plan takes from a
+//! trace: a stream waiting for an event, a synchronization (stated, and inferred in a trace
+//! that does not say), a synchronous copy, `cudaFree`; each replayed with its work made
+//! late (as through a slow link) and again with the dependency dropped from what the replay
+//! follows, where the replay's verification must fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use driver::SimGpuDriver;
+use hw::SimGpu;
+use hw::simgpu::SimGpuParams;
+use lab::plan::{DeviceEdge, Plan, Stated};
+use lab::replay::{ReplayError, ReplayRun, Replayer};
+use lab::trace::{Trace, parse};
+use serde_json::{Value, json};
+use testbed::concurrent::ConcurrentAttach;
+
+/// The trace's clock starts here (µs).
+const T0: u64 = 1_700_000_000_000_000;
+
+fn runtime(name: &str, ts: u64, dur: u64, correlation: u64) -> Value {
+    json!({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": T0 + ts, "dur": dur,
+           "args": {"correlation": correlation, "cbid": 1}})
+}
+
+fn kernel(name: &str, stream: u32, ts: u64, dur: u64, correlation: u64) -> Value {
+    json!({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": T0 + ts, "dur": dur,
+           "args": {"correlation": correlation, "stream": stream, "device": 0}})
+}
+
+fn copy(name: &str, stream: u32, ts: u64, dur: u64, correlation: u64, bytes: u64) -> Value {
+    json!({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": stream, "ts": T0 + ts, "dur": dur,
+           "args": {"correlation": correlation, "stream": stream, "device": 0, "bytes": bytes}})
+}
+
+/// A `cuda_sync` event of `kind` for the call of `correlation`, with `args` besides.
+fn sync(kind: &str, ts: u64, correlation: u64, args: Value) -> Value {
+    let mut a = json!({"cuda_sync_kind": kind, "correlation": correlation, "device": 0, "stream": -1});
+    for (k, v) in args.as_object().unwrap() {
+        a[k] = v.clone();
+    }
+    json!({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": 0, "tid": 0, "ts": T0 + ts, "dur": 1, "args": a})
+}
+
+fn read(events: Vec<Value>) -> Trace {
+    parse(json!({ "traceEvents": events }).to_string().as_bytes(), "hand-made", None).unwrap()
+}
+
+fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
+    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
+    SimGpuDriver::open(ConcurrentAttach::new(dev, 256 << 20).unwrap()).unwrap()
+}
+
+fn replay(plan: &Plan) -> Result<ReplayRun, ReplayError> {
+    let mut d = direct();
+    let mut r = Replayer::new(&mut d, plan)?;
+    r.run(&mut d, plan)
+}
+
+/// The verification's complaint, where the replay was refused for it.
+fn refused(r: Result<ReplayRun, ReplayError>) -> String {
+    match r {
+        Err(ReplayError::Verification(why)) => why,
+        Err(e) => panic!("refused for something else: {e}"),
+        Ok(_) => panic!("verified, with a dependency dropped"),
+    }
+}
+
+/// A copy in on stream 7, an event recorded after it, stream 13 waiting for the event, and
+/// a kernel on stream 13 that must not start before the copy has landed.
+fn event_wait(with_sync_events: bool) -> Trace {
+    let mut e = vec![
+        runtime("cudaMemcpyAsync", 0, 5, 1),
+        copy("Memcpy HtoD (Pinned -> Device)", 7, 4, 1000, 1, 8 << 20),
+        runtime("cudaEventRecord", 10, 2, 2),
+        runtime("cudaStreamWaitEvent", 15, 2, 3),
+        runtime("cudaLaunchKernel", 20, 5, 4),
+        kernel("consumer_kernel", 13, 1006, 50, 4),
+        runtime("cudaDeviceSynchronize", 30, 1030, 5),
+    ];
+    if with_sync_events {
+        e.push(sync(
+            "Stream Wait Event",
+            15,
+            3,
+            json!({"stream": 13, "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2}),
+        ));
+        e.push(sync("Context Sync", 30, 5, json!({})));
+    }
+    read(e)
+}
+
+#[test]
+fn an_event_wait_holds_its_consumer_until_the_producers_copy_lands() {
+    let t = event_wait(true);
+    assert_eq!(t.sync_events, 2);
+    let mut plan = Plan::of(&t);
+    assert!(plan.explicit);
+    assert_eq!((plan.stated_waits, plan.cross_stream_waits), (1, 0));
+    assert_eq!(plan.activities[1].after.iter().filter(|e| e.1 == DeviceEdge::CrossStream).count(), 1);
+    assert!(plan.stated.contains(&Stated::Activity { consumer: 1, producer: 0 }));
+    // The copy three times as long as traced (a slow link): the kernel still waits for it.
+    plan.activities[0].dur_ns *= 3;
+    let run = replay(&plan).unwrap();
+    assert!(
+        run.activity_begin_ns[1] >= run.activity_end_ns[0],
+        "{:?}",
+        (run.activity_begin_ns, run.activity_end_ns)
+    );
+    // Dropped: the kernel starts while the copy is landing, and the verification says so.
+    for a in &mut plan.activities {
+        a.after.retain(|e| e.1 != DeviceEdge::CrossStream);
+    }
+    let why = refused(replay(&plan));
+    assert!(why.contains("activity 1 began") && why.contains("which its stream waited for"), "{why}");
+}
+
+/// Without `cuda_sync` events the wait is inferred from timing, and counted so.
+#[test]
+fn a_trace_that_does_not_say_has_its_event_wait_inferred_and_counted() {
+    let plan = Plan::of(&event_wait(false));
+    assert!(!plan.explicit);
+    assert_eq!((plan.stated_waits, plan.cross_stream_waits), (0, 1));
+    assert!(!plan.stated.iter().any(|s| matches!(s, Stated::Activity { .. })));
+}
+
+/// A kernel on stream 7 that the trace shows done before its stream's synchronization began.
+fn early_kernel_then_sync(with_sync_events: bool) -> Trace {
+    let mut e = vec![
+        runtime("cudaLaunchKernel", 0, 5, 1),
+        kernel("k", 7, 4, 20, 1),
+        runtime("cudaStreamSynchronize", 40, 3, 2),
+    ];
+    if with_sync_events {
+        e.push(sync("Stream Sync", 40, 2, json!({"stream": 7})));
+    }
+    read(e)
+}
+
+#[test]
+fn a_sync_waits_for_late_work_even_when_the_traced_one_returned_at_once() {
+    for with_sync_events in [true, false] {
+        let mut plan = Plan::of(&early_kernel_then_sync(with_sync_events));
+        assert_eq!(plan.calls[1].awaits, vec![0], "sync events: {with_sync_events}");
+        assert_eq!(plan.syncs_inferred, usize::from(!with_sync_events));
+        // The kernel runs 2 ms instead of 20 µs: the synchronization returns after it.
+        plan.activities[0].dur_ns = 2_000_000;
+        let run = replay(&plan).unwrap();
+        assert!(run.call_return_ns[1] >= run.activity_end_ns[0]);
+        if with_sync_events {
+            plan.calls[1].awaits.clear();
+            let why = refused(replay(&plan));
+            assert!(why.contains("call 1 (StreamSynchronize) returned"), "{why}");
+        }
+    }
+}
+
+#[test]
+fn a_synchronous_copy_blocks_until_its_copy_is_done() {
+    let t = read(vec![
+        runtime("cudaMemcpy", 0, 100, 1),
+        copy("Memcpy DtoH (Device -> Pinned)", 7, 10, 80, 1, 1 << 20),
+        runtime("cudaMemcpyAsync", 200, 5, 2),
+        copy("Memcpy DtoH (Device -> Pinned)", 7, 204, 80, 2, 1 << 20),
+    ]);
+    let mut plan = Plan::of(&t);
+    assert_eq!(plan.calls[0].awaits, vec![0]);
+    assert!(plan.calls[1].awaits.is_empty(), "an asynchronous copy of pinned memory does not block");
+    assert_eq!(plan.implicit_syncs, 1);
+    plan.activities[0].dur_ns = 3_000_000;
+    let run = replay(&plan).unwrap();
+    assert!(run.call_return_ns[0] >= run.activity_end_ns[0]);
+    plan.calls[0].awaits.clear();
+    let why = refused(replay(&plan));
+    assert!(why.contains("call 0 (Memcpy) returned"), "{why}");
+}
+
+#[test]
+fn cuda_free_waits_for_the_device() {
+    let t = read(vec![
+        runtime("cudaLaunchKernel", 0, 5, 1),
+        kernel("k", 7, 4, 20, 1),
+        runtime("cudaLaunchKernel", 6, 5, 2),
+        kernel("k2", 13, 10, 30, 2),
+        runtime("cudaFree", 60, 10, 3),
+    ]);
+    let plan = Plan::of(&t);
+    let mut awaited = plan.calls[2].awaits.clone();
+    awaited.sort_unstable();
+    assert_eq!(awaited, vec![0, 1]);
+    assert_eq!(plan.implicit_syncs, 1);
+}
+
+/// An event synchronization waits for the work issued on the event's stream before it was
+/// recorded, not for work issued after; `cudaEventQuery`, which Kineto reports as an event
+/// sync too, waits for nothing.
+#[test]
+fn an_event_sync_waits_for_what_was_recorded_and_a_query_for_nothing() {
+    let t = read(vec![
+        runtime("cudaLaunchKernel", 0, 5, 1),
+        kernel("before", 7, 4, 20, 1),
+        runtime("cudaEventRecord", 8, 2, 2),
+        runtime("cudaLaunchKernel", 12, 5, 3),
+        kernel("after", 7, 24, 500, 3),
+        runtime("cudaEventQuery", 20, 2, 4),
+        sync("Event Sync", 20, 4, json!({"wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2})),
+        runtime("cudaEventSynchronize", 30, 3, 5),
+        sync("Event Sync", 30, 5, json!({"wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2})),
+    ]);
+    let plan = Plan::of(&t);
+    assert!(plan.calls[3].awaits.is_empty());
+    assert_eq!(plan.calls[4].awaits, vec![0]);
+    assert_eq!(plan.syncs_inferred, 0);
+    replay(&plan).unwrap();
+}
+
+#[test]
+fn a_collective_is_told_apart() {
+    let t = read(vec![
+        runtime("cudaLaunchKernel", 0, 5, 1),
+        kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            7,
+            4,
+            300,
+            1,
+        ),
+        runtime("cudaLaunchKernel", 6, 5, 2),
+        kernel("void at::native::vectorized_elementwise_kernel<4>", 7, 310, 20, 2),
+    ]);
+    assert_eq!(t.collectives(), (1, 300_000));
+}
+
+/// The shared small A100 trace says what each of its synchronizations waited for.
+#[test]
+fn the_small_a100_traces_synchronizations_are_taken_as_it_states_them() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/a100-event-sync-small.json.gz");
+    let t = lab::trace::read(&path, None).unwrap();
+    assert_eq!(t.sync_events, 4);
+    let plan = Plan::of(&t);
+    assert!(plan.explicit);
+    assert_eq!((plan.syncs_inferred, plan.cross_stream_waits), (0, 0));
+    let syncing = plan.calls.iter().filter(|c| !c.awaits.is_empty()).count();
+    assert_eq!(syncing, 4, "a copy into pageable memory; a stream, an event and a device synchronization");
+}
