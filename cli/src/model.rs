@@ -30,9 +30,14 @@ pub(crate) struct ModelArgs {
     /// added where its GPU would wait for them (docs/performance-model.md, "Your own job").
     #[arg(long, value_name = "TRACE", conflicts_with = "profile")]
     trace: Option<std::path::PathBuf>,
-    /// With `--trace`: the GPU (rank) whose activities to take, where the file holds several.
+    /// With `--trace`: the distributed rank the trace must be of (its `distributedInfo`); a
+    /// trace of another rank, or naming none, is refused.
     #[arg(long, requires = "trace")]
     rank: Option<u32>,
+    /// With `--trace`: the GPU (device index) whose activities to take, where the file holds
+    /// several.
+    #[arg(long, requires = "trace")]
+    device: Option<u32>,
     /// With `--trace`: the most bytes the file, and the JSON it inflates to, may have (a gzip
     /// file may not inflate past 100 times its size either).
     #[arg(long, requires = "trace", default_value_t = lab::trace::ReadLimits::default().max_bytes)]
@@ -490,7 +495,9 @@ impl TraceReport {
 
 fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, String> {
     let limits = lab::trace::ReadLimits { max_bytes: args.max_trace_bytes };
-    let trace = lab::trace::read_with(path, args.rank, limits).map_err(|e| format!("--trace {e}"))?;
+    let trace =
+        lab::trace::read_with(path, lab::trace::Pick { rank: args.rank, device: args.device }, limits)
+            .map_err(|e| format!("--trace {e}"))?;
     let plan = lab::plan::Plan::of(&trace);
     let measured = if args.measure_link { Some(measured_link(args.delay_us, false)?) } else { None };
     let mut link = base_link(args, measured.as_ref());

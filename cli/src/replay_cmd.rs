@@ -21,9 +21,13 @@ pub(crate) struct ReplayArgs {
     /// The trace: torch.profiler's Chrome trace JSON, plain or gzip.
     #[arg(value_name = "TRACE")]
     trace: std::path::PathBuf,
-    /// The GPU (rank) whose activities to take, where the file holds several.
+    /// The distributed rank the trace must be of (its `distributedInfo`); a trace of another
+    /// rank, or naming none, is refused.
     #[arg(long)]
     rank: Option<u32>,
+    /// The GPU (device index) whose activities to take, where the file holds several.
+    #[arg(long)]
+    device: Option<u32>,
     /// The most bytes the file, and the JSON it inflates to, may have (a gzip file may not
     /// inflate past 100 times its size either).
     #[arg(long, default_value_t = lab::trace::ReadLimits::default().max_bytes)]
@@ -59,7 +63,9 @@ impl ReplayArgs {
 
 fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Comparison, String> {
     let limits = lab::trace::ReadLimits { max_bytes: args.max_trace_bytes };
-    let trace = lab::trace::read_with(&args.trace, args.rank, limits).map_err(|e| e.to_string())?;
+    let trace =
+        lab::trace::read_with(&args.trace, lab::trace::Pick { rank: args.rank, device: args.device }, limits)
+            .map_err(|e| e.to_string())?;
     let opts = CompareOptions {
         repeat: args.repeat,
         impairment: args.impairment(0),
@@ -89,6 +95,10 @@ fn side_json(s: &Side) -> Value {
         "d2h_bytes_per_s": s.d2h,
         "h2d_bytes_per_s_in_replay": s.in_replay().0,
         "d2h_bytes_per_s_in_replay": s.in_replay().1,
+        // The copies of the last run, each way, and of them those read back where they
+        // landed and found their own.
+        "copies_made": s.runs.last().map(|r| [r.copies_made.0, r.copies_made.1]),
+        "copies_checked": s.runs.last().map(|r| [r.copies_checked.0, r.copies_checked.1]),
     })
 }
 
@@ -164,6 +174,15 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
         outln!(
             "  capped: {capped} copies larger than {} MiB moved only that much (held to their traced time)",
             lab::replay::MAX_COPY_BYTES >> 20
+        );
+    }
+    if let Some(run) = r.bridged.runs.last() {
+        outln!(
+            "  verified: each activity ran its traced time after what the trace says it waits for; copies read back where they landed, their own bytes: in {} of {}, out {} of {} (the others' places were taken by later copies first)",
+            run.copies_checked.0,
+            run.copies_made.0,
+            run.copies_checked.1,
+            run.copies_made.1
         );
     }
     for (name, s) in [("direct", &r.direct), ("bridged", &r.bridged)] {

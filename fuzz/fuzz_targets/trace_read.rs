@@ -8,7 +8,7 @@ use lab::plan::Plan;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(t) = lab::trace::parse(data, "fuzz", None) else { return };
+    let Ok(t) = lab::trace::parse(data, "fuzz", lab::trace::Pick::ANY) else { return };
     let plan = Plan::of(&t);
     let local = plan.evaluate(&LinkParams::LOCAL);
     let slow = LinkParams { rtt_ns: 10_000.0, h2d_bytes_per_s: 1e9, d2h_bytes_per_s: 1e9, ..LinkParams::LOCAL };

@@ -22,7 +22,7 @@ fn opts(delay: Duration) -> CompareOptions {
 #[test]
 fn a_trace_compared_direct_against_bridged_gives_runs_a_link_and_a_prediction() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/a100-event-sync-small.json.gz");
-    let trace = lab::trace::read(&path, None).unwrap();
+    let trace = lab::trace::read(&path, lab::trace::Pick::ANY).unwrap();
     let span_ns = trace.gpu_span_ns() as f64;
     let mut said = Vec::new();
     let c = compare(trace, &opts(Duration::from_micros(100)), &mut |s| said.push(s.to_string())).unwrap();

@@ -10,7 +10,7 @@ use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
 use lab::plan::{DeviceEdge, Plan, Stated};
 use lab::replay::{ReplayError, ReplayRun, Replayer};
-use lab::trace::{Trace, parse};
+use lab::trace::{Pick, Trace, parse};
 use serde_json::{Value, json};
 use testbed::concurrent::ConcurrentAttach;
 
@@ -42,7 +42,7 @@ fn sync(kind: &str, ts: u64, correlation: u64, args: Value) -> Value {
 }
 
 fn read(events: Vec<Value>) -> Trace {
-    parse(json!({ "traceEvents": events }).to_string().as_bytes(), "hand-made", None).unwrap()
+    parse(json!({ "traceEvents": events }).to_string().as_bytes(), "hand-made", Pick::ANY).unwrap()
 }
 
 fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
@@ -234,7 +234,7 @@ fn a_collective_is_told_apart() {
 #[test]
 fn the_small_a100_traces_synchronizations_are_taken_as_it_states_them() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/a100-event-sync-small.json.gz");
-    let t = lab::trace::read(&path, None).unwrap();
+    let t = lab::trace::read(&path, Pick::ANY).unwrap();
     assert_eq!(t.sync_events, 4);
     let plan = Plan::of(&t);
     assert!(plan.explicit);

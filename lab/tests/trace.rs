@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use lab::trace::{ActivityKind, CallKind, CopyKind, ReadLimits, TraceError, parse, read, read_with};
+use lab::trace::{ActivityKind, CallKind, CopyKind, Pick, ReadLimits, TraceError, parse, read, read_with};
 
 /// Held by the tests that replay or time themselves: a replay spins a device thread and the
 /// host's, two cores' worth — the stall check for ten seconds — and a test judged on its
@@ -26,7 +26,7 @@ fn traces() -> PathBuf {
 fn the_a100_training_trace_reads_as_its_readme_describes_within_seconds_in_a_debug_build() {
     let _cores = cores();
     let t0 = Instant::now();
-    let t = read(&traces().join("a100-training-8k-kernels.json.gz"), None).unwrap();
+    let t = read(&traces().join("a100-training-8k-kernels.json.gz"), Pick::ANY).unwrap();
     let took = t0.elapsed();
     // A debug build, beside this file's other tests on two cores (alone: 2.1–2.3 s here); the
     // release build is several times faster. A reader gone quadratic takes minutes.
@@ -67,7 +67,7 @@ fn the_a100_training_trace_reads_as_its_readme_describes_within_seconds_in_a_deb
 
 #[test]
 fn the_v100_trace_has_one_stream_and_device_to_device_copies() {
-    let t = read(&traces().join("v100-training-4k-kernels.json.gz"), None).unwrap();
+    let t = read(&traces().join("v100-training-4k-kernels.json.gz"), Pick::ANY).unwrap();
     assert_eq!(t.gpu.as_deref(), Some("Tesla V100-SXM2-32GB"));
     let (kernels, copies, _) = t.counts();
     assert_eq!((kernels, copies), (4350, 1600));
@@ -86,7 +86,7 @@ fn the_v100_trace_has_one_stream_and_device_to_device_copies() {
 /// `hipMemcpyWithStream` call's `size` gives it), a device synchronization.
 #[test]
 fn the_rocm_trace_reads_with_its_copies_sized_from_their_calls() {
-    let t = read(&traces().join("mi250-rocm6.2-minitoy-train.json.gz"), None).unwrap();
+    let t = read(&traces().join("mi250-rocm6.2-minitoy-train.json.gz"), Pick::ANY).unwrap();
     assert_eq!(t.counts(), (14, 2, 0));
     assert_eq!((t.assumed.bytes_from_calls, t.assumed.bytes_estimated), (2, 0));
     for a in t.activities.iter().filter(|a| matches!(a.kind, ActivityKind::Memcpy { .. })) {
@@ -99,7 +99,7 @@ fn the_rocm_trace_reads_with_its_copies_sized_from_their_calls() {
 /// Kineto as PyTorch 1.8 wrote it (2021): `Runtime`, `Kernel`, `Memcpy`, `Memset`.
 #[test]
 fn a_2021_kineto_trace_reads_as_todays() {
-    let t = read(&traces().join("kineto-2021-resnet50-worker0.json.gz"), None).unwrap();
+    let t = read(&traces().join("kineto-2021-resnet50-worker0.json.gz"), Pick::ANY).unwrap();
     assert_eq!(t.counts(), (9456, 12, 351));
     assert_eq!(t.unmatched_launches, 0);
     assert_eq!((t.assumed.bytes_from_calls, t.assumed.bytes_estimated), (0, 0));
@@ -107,7 +107,8 @@ fn a_2021_kineto_trace_reads_as_todays() {
 
 #[test]
 fn the_event_sync_case_keeps_its_syncs_and_event_calls() {
-    let t = read(&traces().join("a100-event-sync-small.json.gz"), Some(0)).unwrap();
+    let t =
+        read(&traces().join("a100-event-sync-small.json.gz"), Pick { device: Some(0), ..Pick::ANY }).unwrap();
     let (kernels, copies, _) = t.counts();
     assert_eq!((kernels, copies), (4, 1));
     let kinds: Vec<CallKind> = t.calls.iter().map(|c| c.kind).collect();
@@ -161,7 +162,7 @@ fn edge_cases_are_taken_or_refused_naming_the_event_and_field() {
             event("cpu_op", "aten::add", "970", "50", ""),
         ]),
         "t.json",
-        None,
+        Pick::ANY,
     )
     .unwrap();
     assert_eq!(t.gpu.as_deref(), Some("Test GPU"));
@@ -176,15 +177,19 @@ fn edge_cases_are_taken_or_refused_naming_the_event_and_field() {
     assert_eq!(t.skipped, 1);
 
     // Missing correlation on a kernel: refused, naming the event's index and the field.
-    let e = parse(&trace(&[launch("1", 1), event("kernel", "k", "2", "1", r#""stream":7"#)]), "t.json", None)
-        .unwrap_err();
+    let e = parse(
+        &trace(&[launch("1", 1), event("kernel", "k", "2", "1", r#""stream":7"#)]),
+        "t.json",
+        Pick::ANY,
+    )
+    .unwrap_err();
     assert!(matches!(e, TraceError::BadEvent { index: 1, field: "args.correlation", .. }), "{e}");
     assert!(e.to_string().contains("traceEvents[1] (k): args.correlation: missing"), "{e}");
     // A bad time.
     let e = parse(
         &trace(&[event("kernel", "k", r#""soon""#, "1", r#""correlation":1,"stream":7"#)]),
         "t.json",
-        None,
+        Pick::ANY,
     )
     .unwrap_err();
     assert!(e.to_string().contains(r#"ts: "soon" is a string, not a time"#), "{e}");
@@ -199,7 +204,7 @@ fn edge_cases_are_taken_or_refused_naming_the_event_and_field() {
             r#""correlation":1,"stream":7"#,
         )]),
         "t.json",
-        None,
+        Pick::ANY,
     )
     .unwrap();
     assert_eq!(t.activities[0].kind, ActivityKind::Memcpy { kind: CopyKind::DtoHPinned, bytes: 20_000 });
@@ -211,17 +216,28 @@ fn edge_cases_are_taken_or_refused_naming_the_event_and_field() {
         (&br#"{"schemaVersion":1}"#[..], "no traceEvents"),
         (&br#"{"traceEvents":[]}"#[..], "no kernels, copies or memsets"),
     ] {
-        let e = parse(text, "t.json", None).unwrap_err();
+        let e = parse(text, "t.json", Pick::ANY).unwrap_err();
         assert!(e.to_string().contains(says), "{e}");
     }
-    // Two GPUs and no rank: which one must be said; with one, its activities only.
+    // Two GPUs and no device: which one must be said; with one, its activities only.
     let two = trace(&[
         event("kernel", "k", "1", "1", r#""correlation":1,"stream":7,"device":0"#),
         event("kernel", "k", "2", "1", r#""correlation":2,"stream":7,"device":1"#),
     ]);
-    let e = parse(&two, "t.json", None).unwrap_err();
+    let e = parse(&two, "t.json", Pick::ANY).unwrap_err();
     assert!(matches!(e, TraceError::SeveralDevices { .. }), "{e}");
-    assert_eq!(parse(&two, "t.json", Some(1)).unwrap().activities.len(), 1);
+    assert!(e.to_string().contains("--device"), "{e}");
+    let device = |d| Pick { device: Some(d), ..Pick::ANY };
+    assert_eq!(parse(&two, "t.json", device(1)).unwrap().activities.len(), 1);
+    // A rank is the one the trace names: another rank's trace, or one naming none, refused.
+    let e = parse(&two, "t.json", Pick { rank: Some(3), device: Some(1) }).unwrap_err();
+    assert!(e.to_string().contains("names no rank") && e.to_string().contains("--device"), "{e}");
+    let ranked =
+        String::from_utf8(two.clone()).unwrap().replacen('{', r#"{"distributedInfo":{"rank":2},"#, 1);
+    let e = parse(ranked.as_bytes(), "t.json", Pick { rank: Some(3), device: Some(1) }).unwrap_err();
+    assert!(e.to_string().contains("the trace is rank 2's, not rank 3's"), "{e}");
+    let t = parse(ranked.as_bytes(), "t.json", Pick { rank: Some(2), device: Some(1) }).unwrap();
+    assert_eq!((t.rank, t.activities.len()), (Some(2), 1));
 }
 
 #[test]
@@ -231,7 +247,7 @@ fn a_truncated_gzip_is_an_error_not_a_panic() {
     std::fs::create_dir_all(&dir).unwrap();
     let cut = dir.join("cut.json.gz");
     std::fs::File::create(&cut).unwrap().write_all(&whole[..whole.len() / 2]).unwrap();
-    let e = read(&cut, None).unwrap_err();
+    let e = read(&cut, Pick::ANY).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. } | TraceError::NotATrace { .. }), "{e}");
     assert!(e.to_string().contains("cut.json.gz"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -251,8 +267,8 @@ fn the_size_limit_holds_at_its_edge_for_plain_and_gzip_traces() {
     let plain = dir.join("t.json");
     std::fs::write(&plain, &json).unwrap();
     let limit = |max_bytes| ReadLimits { max_bytes };
-    assert_eq!(read_with(&plain, None, limit(len)).unwrap().activities.len(), 1);
-    let e = read_with(&plain, None, limit(len - 1)).unwrap_err();
+    assert_eq!(read_with(&plain, Pick::ANY, limit(len)).unwrap().activities.len(), 1);
+    let e = read_with(&plain, Pick::ANY, limit(len - 1)).unwrap_err();
     assert!(matches!(e, TraceError::TooLarge { .. }), "{e}");
     assert!(e.to_string().contains(&format!("{len} bytes, past the limit of {} bytes", len - 1)), "{e}");
 
@@ -262,8 +278,8 @@ fn the_size_limit_holds_at_its_edge_for_plain_and_gzip_traces() {
     std::fs::write(&gz, enc.finish().unwrap()).unwrap();
     let gz_len = std::fs::metadata(&gz).unwrap().len();
     assert!(gz_len < len - 1, "the gzip ({gz_len} bytes) passes the file-size check");
-    assert_eq!(read_with(&gz, None, limit(len)).unwrap().activities.len(), 1);
-    let e = read_with(&gz, None, limit(len - 1)).unwrap_err();
+    assert_eq!(read_with(&gz, Pick::ANY, limit(len)).unwrap().activities.len(), 1);
+    let e = read_with(&gz, Pick::ANY, limit(len - 1)).unwrap_err();
     assert!(matches!(e, TraceError::TooLarge { .. }), "{e}");
     assert!(e.to_string().contains(&format!("inflates past the limit of {} bytes", len - 1)), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -275,7 +291,7 @@ mod plan {
     use lab::plan::Plan;
 
     fn check_local(file: &str) {
-        let t = read(&traces().join(file), None).unwrap();
+        let t = read(&traces().join(file), Pick::ANY).unwrap();
         let plan = Plan::of(&t);
         let o = plan.evaluate(&Link::LOCAL);
         let worst = plan
@@ -353,7 +369,7 @@ mod plan {
                 call("cudaDeviceSynchronize", "1135", "55", 5),
             ]),
             "known.json",
-            None,
+            Pick::ANY,
         )
         .unwrap()
     }
@@ -453,7 +469,7 @@ mod replay {
             ("a100-training-8k-kernels.json.gz", None),
             ("a100-event-sync-small.json.gz", Some(0.25)),
         ] {
-            let t = read(&traces().join(f), None).unwrap();
+            let t = read(&traces().join(f), Pick::ANY).unwrap();
             let plan = Plan::of(&t);
             let model = plan.evaluate(&Link::LOCAL);
             let mut d = direct();
@@ -544,7 +560,7 @@ mod schemas {
                 ev("Runtime", "cudaMemsetAsync", r#""25738""#, "1072", "2", r#""correlation":3"#),
             ]),
             "2021.json",
-            None,
+            Pick::ANY,
         )
         .unwrap();
         assert_eq!(t.counts(), (1, 1, 1));
@@ -596,7 +612,7 @@ mod schemas {
                 ),
             ]),
             "rocm.json",
-            None,
+            Pick::ANY,
         )
         .unwrap();
         let bytes: Vec<u64> = t
@@ -629,7 +645,7 @@ mod schemas {
                 event("cuda_runtime", "cudaStreamSynchronize", "1011", "55", r#""correlation":2"#),
             ]),
             "graph.json",
-            None,
+            Pick::ANY,
         )
         .unwrap();
         assert_eq!(t.unmatched_launches, 0);
@@ -660,7 +676,7 @@ mod schemas {
                 on(1, event("cuda_runtime", "cudaDeviceSynchronize", "1020", "110", r#""correlation":3"#)),
             ]),
             "two-threads.json",
-            None,
+            Pick::ANY,
         )
         .unwrap();
         let plan = Plan::of(&t);
@@ -696,7 +712,7 @@ mod schemas {
                 event("cuda_runtime", "cudaLaunchKernel", "1707417525512362", "9", r#""correlation":1526"#),
             ]),
             "broken-clock.json",
-            None,
+            Pick::ANY,
         )
         .unwrap();
         let plan = Plan::of(&t);

@@ -22,51 +22,27 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::time::Duration;
 
-use driver::{Command, DmaBuf, DriverError, PciFunction, SimGpuDriver, WaitMode};
+use driver::{Command, DmaBuf, PciFunction, SimGpuDriver, WaitMode};
 use simgpu_abi::{CHANNELS, op, sem};
 
 use crate::plan::{DeviceEdge, Plan};
 use crate::trace::{ActivityKind, CopyKind};
+pub use copies::MAX_COPY_BYTES;
+use copies::{Copies, CopyAt, OUT_PLACES, copy_bytes, to_device};
+pub use error::ReplayError;
+use error::driver;
 
+mod copies;
+mod error;
 mod verify;
-
-/// Why a replay failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The driver refused or the device reported an error.
-    #[error("{what}: {error}")]
-    Driver {
-        /// What the replay was doing.
-        what: String,
-        /// The driver's error.
-        error: DriverError,
-    },
-    /// The replay did not do what the plan says (an activity missing, out of order, shorter
-    /// than its traced time, a copy's bytes not in VRAM).
-    #[error("the replay is not the trace's job: {0}")]
-    Verification(String),
-    /// Nothing moved for the stall timeout.
-    #[error("the replay stalled: {0}")]
-    Stalled(String),
-}
-
-fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> ReplayError {
-    let what = what.into();
-    move |error| ReplayError::Driver { what, error }
-}
 
 /// Pinned buffers the replay takes ([`SimGpuDriver::pinned`]): the release words, and the
 /// copies' host memory each way.
 const PINNED_SLOTS: usize = 12;
-const PINNED_H2D: usize = 13;
-const PINNED_D2H: usize = 14;
 /// Bytes of each activity's release word (value, begin, end), padded.
 const SLOT: usize = 32;
 /// Entries of each channel's ring.
 const RING: u64 = 4096;
-/// Host memory a copy may take at most, each way: larger traced copies move their first
-/// this many bytes (and keep their traced duration).
-pub const MAX_COPY_BYTES: u64 = 96 << 20;
 /// A replay with nothing moving for this long has stalled.
 const STALL_NS: u64 = 10_000_000_000;
 
@@ -107,6 +83,11 @@ pub struct ReplayRun {
     /// `None` where no copy was. (Through a bridge whose host side serves the device on the
     /// job's own thread, as here, below what one copy alone gets: the job's work shares it.)
     pub copy_bytes_per_s: (Option<f64>, Option<f64>),
+    /// Copies made of host memory, each way (in, out).
+    pub copies_made: (usize, usize),
+    /// Of those, the copies whose bytes were read back where they landed and found their
+    /// own (a copy's place taken by a later copy before it could be read is not): each way.
+    pub copies_checked: (usize, usize),
 }
 
 /// Copies at least this large tell the platform's bulk rate (smaller ones mostly its round
@@ -118,35 +99,16 @@ pub const RATE_COPY_BYTES: u64 = 1 << 20;
 pub struct Replayer {
     channel_of: HashMap<u32, usize>,
     slots: DmaBuf,
-    h2d: Option<DmaBuf>,
-    d2h: Option<DmaBuf>,
-    /// VRAM offsets the copies in write to, in turn.
-    h2d_dest: Vec<u64>,
+    /// The copies' buffers, patterns and places.
+    copies: Copies,
+    /// Runs made.
+    runs: u64,
     semaphores: u64,
     /// Values of the channels' semaphores go on from here (never reset: each run's are
     /// above the last's).
     sem_base: u64,
     /// Activities another stream waits for.
     waited_across: Vec<bool>,
-    /// The source pattern of the copies in.
-    pattern: Vec<u8>,
-}
-
-/// The bytes a copy moves, and whether it was capped.
-fn copy_bytes(kind: ActivityKind) -> Option<(CopyKind, u64)> {
-    match kind {
-        ActivityKind::Memcpy { kind: k @ (CopyKind::HtoDPinned | CopyKind::HtoDPageable), bytes }
-        | ActivityKind::Memcpy { kind: k @ (CopyKind::DtoHPinned | CopyKind::DtoHPageable), bytes }
-            if bytes > 0 =>
-        {
-            Some((k, bytes))
-        }
-        _ => None,
-    }
-}
-
-fn to_device(k: CopyKind) -> bool {
-    matches!(k, CopyKind::HtoDPinned | CopyKind::HtoDPageable)
 }
 
 impl Replayer {
@@ -169,43 +131,8 @@ impl Replayer {
         let slots = d
             .pinned(PINNED_SLOTS, plan.activities.len().max(1) * SLOT)
             .map_err(driver("the release words"))?;
-        let most = |to_dev: bool| {
-            plan.activities
-                .iter()
-                .filter_map(|a| copy_bytes(a.kind))
-                .filter(|(k, _)| to_device(*k) == to_dev)
-                .map(|(_, b)| b.min(MAX_COPY_BYTES))
-                .max()
-        };
-        let h2d = match most(true) {
-            Some(b) => Some(
-                d.pinned(PINNED_H2D, b as usize)
-                    .map_err(driver(format!("{b} bytes of host memory to copy from")))?,
-            ),
-            None => None,
-        };
-        let d2h = match most(false) {
-            Some(b) => Some(
-                d.pinned(PINNED_D2H, b as usize)
-                    .map_err(driver(format!("{b} bytes of host memory to copy into")))?,
-            ),
-            None => None,
-        };
-        let vram = d.vram_size();
-        let semaphores = vram.saturating_sub(4096);
-        // The copies in write to up to four places in VRAM in turn, so that one lands while
-        // the next starts, as into a real job's tensors.
-        let slot = most(true).unwrap_or(0).next_multiple_of(64 << 10).max(64 << 10);
-        let room = semaphores.saturating_sub(1 << 20);
-        let places = (room / slot).clamp(1, 4);
-        let h2d_dest = (0..places).map(|i| i * slot).collect();
-        let mut pattern = vec![0u8; most(true).unwrap_or(0) as usize];
-        for (i, b) in pattern.iter_mut().enumerate() {
-            *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3];
-        }
-        if let Some(h) = h2d {
-            d.pci().dma_write(&h, 0, &pattern);
-        }
+        let semaphores = d.vram_size().saturating_sub(4096);
+        let copies = Copies::new(d, plan, semaphores)?;
         let mut waited_across = vec![false; plan.activities.len()];
         for a in &plan.activities {
             for &(q, kind, _) in &a.after {
@@ -214,17 +141,7 @@ impl Replayer {
                 }
             }
         }
-        Ok(Replayer {
-            channel_of,
-            slots,
-            h2d,
-            d2h,
-            h2d_dest,
-            semaphores,
-            sem_base: 0,
-            waited_across,
-            pattern,
-        })
+        Ok(Replayer { channel_of, slots, copies, runs: 0, semaphores, sem_base: 0, waited_across })
     }
 
     /// Replays `plan` once.
@@ -240,10 +157,10 @@ impl Replayer {
         d.sync(WaitMode::Poll).map_err(driver("the fence before the replay"))?;
         let mut run = Run::new(self, plan);
         run.go(d)?;
-        let out = run.measure(d)?;
+        let out = run.measure(d);
         self.sem_base += na as u64 + 1;
-        self.verify_copy(d, plan)?;
-        Ok(out)
+        self.runs += 1;
+        out
     }
 
     /// Where each channel the replay uses stands: head, tail, commands done.
@@ -287,7 +204,15 @@ struct Run<'a> {
     submit_real: Vec<u64>,
     seq: Vec<u64>,
     chan_seq: [u64; CHANNELS],
-    copies_in: usize,
+    /// Copies in and out submitted so far; each copy's place and bytes; the copy out last
+    /// given each place in host memory.
+    copies_made: (u64, u64),
+    copy_at: Vec<Option<CopyAt>>,
+    out_given: [Option<usize>; OUT_PLACES],
+    /// Copies checked where they landed, each way; what was wrong with any.
+    copies_checked: (usize, usize),
+    copy_checked: Vec<bool>,
+    wrong: Vec<String>,
     seen_at: Vec<u64>,
     host_late: (f64, f64),
     calls_done: usize,
@@ -349,7 +274,12 @@ impl<'a> Run<'a> {
             submit_real: vec![0; plan.activities.len()],
             seq: vec![0; plan.activities.len()],
             chan_seq: [0; CHANNELS],
-            copies_in: 0,
+            copies_made: (0, 0),
+            copy_at: vec![None; plan.activities.len()],
+            out_given: [None; OUT_PLACES],
+            copies_checked: (0, 0),
+            copy_checked: vec![false; plan.activities.len()],
+            wrong: Vec::new(),
             seen_at: vec![0; nc],
             host_late: (0.0, 0.0),
             calls_done: 0,
@@ -615,14 +545,17 @@ impl<'a> Run<'a> {
         let dur = act.dur_ns.max(0) as u64;
         let command = match copy_bytes(act.kind) {
             Some((k, bytes)) if to_device(k) => {
-                let dest = r.h2d_dest[self.copies_in % r.h2d_dest.len()];
-                self.copies_in += 1;
-                let (src, n) = (r.h2d.map_or(0, |b| b.bus.get()), bytes.min(MAX_COPY_BYTES));
-                Command { opcode: op::COPY_H2V, args: [src, dest, n, dur, 0] }
+                let c = r.copies.at(r.runs, a, self.copies_made.0, bytes, true);
+                self.copies_made.0 += 1;
+                self.copy_at[a] = Some(c);
+                r.copies.command_in(&c, dur)
             }
             Some((_, bytes)) => {
-                let dst = r.d2h.map_or(0, |b| b.bus.get());
-                Command { opcode: op::COPY_V2H, args: [0, dst, bytes.min(MAX_COPY_BYTES), dur, 0] }
+                let c = r.copies.at(r.runs, a, self.copies_made.1, bytes, false);
+                self.copies_made.1 += 1;
+                self.copy_at[a] = Some(c);
+                self.out_given[r.copies.place_out(&c)] = Some(a);
+                r.copies.command_out(&c, dur)
             }
             None => Command { opcode: op::TIMED, args: [dur, 0, 0, 0, 0] },
         };
@@ -675,14 +608,19 @@ impl<'a> Run<'a> {
             self.awaiting.swap_remove(i);
             self.seen_at[c] = now;
             let seen = self.now();
-            // A pageable copy out: the driver copies the staged bytes to the caller.
-            if let (Some(&a), Some(buf)) = (call.awaits.first(), self.r.d2h)
-                && let Some((k, bytes)) = copy_bytes(self.plan.activities[a].kind)
-                && !to_device(k)
-                && k == CopyKind::DtoHPageable
+            // A pageable copy out: the driver copies the staged bytes to the caller. Each
+            // copy out waited for is checked, where its place was not given to another since.
+            if let Some(&a) = call.awaits.first()
+                && let Some(c) = self.copy_at[a]
+                && matches!(
+                    self.plan.activities[a].kind,
+                    ActivityKind::Memcpy { kind: CopyKind::DtoHPageable, .. }
+                )
             {
-                let mut out = vec![0u8; bytes.min(MAX_COPY_BYTES) as usize];
-                d.pci().dma_read(&buf, 0, &mut out);
+                self.r.copies.read_out(d, &c);
+            }
+            for &a in &call.awaits {
+                self.check_out(d, a);
             }
             let t = (self.issue[c] + call.floor_ns as f64).max(seen + call.await_tail_ns as f64);
             self.returned(c, t);

@@ -1,49 +1,23 @@
 //! What a replay measured, and its verification: the work ran as the plan and the trace
 //! say, and the copies' bytes landed.
 
+use std::collections::BTreeMap;
+
 use driver::{PciFunction, SimGpuDriver, WaitMode};
 
-use super::{
-    MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Replayer, Run, copy_bytes, driver, to_device,
-};
-use crate::plan::{Plan, Stated};
-use crate::trace::CopyKind;
-
-impl Replayer {
-    /// The last copy in's first bytes are in VRAM where it wrote them.
-    pub(super) fn verify_copy<P: PciFunction>(
-        &self,
-        d: &mut SimGpuDriver<P>,
-        plan: &Plan,
-    ) -> Result<(), ReplayError> {
-        let copies: Vec<usize> = plan
-            .activities
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| copy_bytes(a.kind).is_some_and(|(k, _)| to_device(k)))
-            .map(|(i, _)| i)
-            .collect();
-        let Some(&last) = copies.last() else { return Ok(()) };
-        let (_, bytes) = copy_bytes(plan.activities[last].kind).unwrap_or((CopyKind::Other, 0));
-        let n = bytes.min(MAX_COPY_BYTES).min(4096) as usize;
-        let at = self.h2d_dest[(copies.len() - 1) % self.h2d_dest.len()];
-        let mut back = vec![0u8; n];
-        d.memcpy_from_device(at, &mut back).map_err(driver("reading back the last copy in"))?;
-        if back != self.pattern[..n] {
-            return Err(ReplayError::Verification(format!(
-                "the last copy in (activity {last}, {bytes} bytes) did not put its bytes at VRAM {at:#x}"
-            )));
-        }
-        Ok(())
-    }
-}
+use super::{MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Run, copy_bytes, driver, to_device};
+use crate::plan::Stated;
 
 impl Run<'_> {
     /// The run's times and where they went, checked against the plan.
-    pub(super) fn measure<P: PciFunction>(&self, d: &mut SimGpuDriver<P>) -> Result<ReplayRun, ReplayError> {
+    pub(super) fn measure<P: PciFunction>(
+        &mut self,
+        d: &mut SimGpuDriver<P>,
+    ) -> Result<ReplayRun, ReplayError> {
         let plan = self.plan;
         let words: Vec<(u64, u64, u64)> = (0..plan.activities.len()).map(|a| self.word(d, a)).collect();
-        let trace_t = |real: u64| self.first as f64 + real.saturating_sub(self.origin) as f64;
+        let (first, origin) = (self.first, self.origin);
+        let trace_t = move |real: u64| first as f64 + real.saturating_sub(origin) as f64;
         let mut problems = Vec::new();
         let mut out = ReplayRun {
             host_late_ns: self.host_late.0,
@@ -113,6 +87,9 @@ impl Run<'_> {
                 Stated::Activity { .. } => {}
             }
         }
+        problems.extend(self.check_copies(d, &words)?);
+        out.copies_checked = self.copies_checked;
+        out.copies_made = (self.copies_made.0 as usize, self.copies_made.1 as usize);
         if !problems.is_empty() {
             let n = problems.len();
             problems.truncate(5);
@@ -137,5 +114,51 @@ impl Run<'_> {
         // The device drained: a fence on channel 0 for good measure (reports a device error).
         d.sync(WaitMode::Poll).map_err(driver("the last fence"))?;
         Ok(out)
+    }
+
+    /// Checks copy out `a` where it landed, once, if its place in host memory was given to
+    /// no later copy out.
+    pub(super) fn check_out<P: PciFunction>(&mut self, d: &mut SimGpuDriver<P>, a: usize) {
+        let Some(c) = self.copy_at[a] else { return };
+        if self.copy_checked[a] || self.out_given[self.r.copies.place_out(&c)] != Some(a) {
+            return;
+        }
+        self.copy_checked[a] = true;
+        self.copies_checked.1 += 1;
+        self.wrong.extend(self.r.copies.check_out(d, &c));
+    }
+
+    /// Checks the copies where they landed after the run: in each place, the last copy to
+    /// land there, where no other copy into it ran beside it; and says what was wrong with
+    /// any copy, now or when it was waited for.
+    fn check_copies<P: PciFunction>(
+        &mut self,
+        d: &mut SimGpuDriver<P>,
+        words: &[(u64, u64, u64)],
+    ) -> Result<Vec<String>, ReplayError> {
+        let mut by_place: BTreeMap<(bool, usize), Vec<usize>> = BTreeMap::new();
+        for (a, c) in self.copy_at.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let to_dev = copy_bytes(self.plan.activities[a].kind).is_some_and(|(k, _)| to_device(k));
+            let place = if to_dev { self.r.copies.place_in(c) } else { self.r.copies.place_out(c) };
+            by_place.entry((to_dev, place)).or_default().push(a);
+        }
+        for ((to_dev, _), copies) in by_place {
+            let Some(&last) = copies.iter().max_by_key(|&&a| (words[a].2, a)) else { continue };
+            let beside = |o: usize| o != last && words[o].1 < words[last].2 && words[o].2 > words[last].1;
+            if copies.iter().any(|&o| beside(o)) || self.copy_checked[last] {
+                continue;
+            }
+            let Some(c) = self.copy_at[last] else { continue };
+            if to_dev {
+                self.copy_checked[last] = true;
+                self.copies_checked.0 += 1;
+                self.wrong.extend(self.r.copies.check_in(d, &c)?);
+            } else {
+                self.out_given[self.r.copies.place_out(&c)] = Some(last);
+                self.check_out(d, last);
+            }
+        }
+        Ok(std::mem::take(&mut self.wrong))
     }
 }

@@ -33,8 +33,8 @@ pub enum TraceError {
         /// What is wrong with it.
         why: String,
     },
-    /// Activities of several GPUs, and no `--rank` to say which.
-    #[error("{path}: activities of GPUs {devices:?}: give one (--rank)")]
+    /// Activities of several GPUs, and no `--device` to say which.
+    #[error("{path}: activities of GPUs {devices:?}: give one (--device)")]
     SeveralDevices {
         /// The file.
         path: String,
@@ -75,6 +75,19 @@ pub enum TraceError {
         value_s: f64,
         /// From what.
         what: &'static str,
+    },
+    /// The trace is not of the rank asked for, or names none.
+    #[error("{path}: {}", match .named {
+        Some(n) => format!("the trace is rank {n}'s, not rank {asked}'s: give rank {asked}'s file"),
+        None => format!("the trace names no rank (no distributedInfo), so it is not rank {asked}'s: leave --rank out, or pick a GPU with --device"),
+    })]
+    NotThatRank {
+        /// The file.
+        path: String,
+        /// The rank asked for.
+        asked: u32,
+        /// The rank the trace names.
+        named: Option<u32>,
     },
     /// Nothing to replay: no GPU activity (of the device asked for).
     #[error("{path}: no kernels, copies or memsets{}", .device.map(|d| format!(" on GPU {d}")).unwrap_or_default())]

@@ -84,14 +84,30 @@ struct Event<'a> {
     args: Option<BTreeMap<&'a str, &'a RawValue>>,
 }
 
-/// Reads the trace at `path` (gzip if it starts so), keeping the GPU `rank` asks for (the
-/// only one, if `None`), within the default [`ReadLimits`].
-pub fn read(path: &Path, rank: Option<u32>) -> Result<Trace, TraceError> {
-    read_with(path, rank, ReadLimits::default())
+/// Which GPU's work to take from a trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pick {
+    /// The distributed rank the trace must be of (its `distributedInfo.rank`): a trace of
+    /// another rank, or of none, is refused.
+    pub rank: Option<u32>,
+    /// The device whose activities to keep, where the file holds several (the only one if
+    /// `None`).
+    pub device: Option<u32>,
+}
+
+impl Pick {
+    /// The trace's only GPU, whatever its rank.
+    pub const ANY: Pick = Pick { rank: None, device: None };
+}
+
+/// Reads the trace at `path` (gzip if it starts so), keeping the GPU `pick` asks for,
+/// within the default [`ReadLimits`].
+pub fn read(path: &Path, pick: Pick) -> Result<Trace, TraceError> {
+    read_with(path, pick, ReadLimits::default())
 }
 
 /// [`read`] within `limits`.
-pub fn read_with(path: &Path, rank: Option<u32>, limits: ReadLimits) -> Result<Trace, TraceError> {
+pub fn read_with(path: &Path, pick: Pick, limits: ReadLimits) -> Result<Trace, TraceError> {
     let at = path.display().to_string();
     let io = |error| TraceError::Io { path: at.clone(), error };
     // Looked at before it is opened: opening a FIFO blocks until a writer comes.
@@ -130,9 +146,9 @@ pub fn read_with(path: &Path, rank: Option<u32>, limits: ReadLimits) -> Result<T
     };
     let result = if gzip {
         let inflated = Capped { inner: flate2::bufread::MultiGzDecoder::new(file), left: cap };
-        parse_from(BufReader::with_capacity(1 << 16, inflated), &at, rank)
+        parse_from(BufReader::with_capacity(1 << 16, inflated), &at, pick)
     } else {
-        parse_from(Capped { inner: file, left: cap }, &at, rank)
+        parse_from(Capped { inner: file, left: cap }, &at, pick)
     };
     result.map_err(|e| match e {
         TraceError::Io { error, .. } if error.get_ref().is_some_and(|e| e.is::<PastCap>()) => too_large(why),
@@ -196,12 +212,12 @@ impl<R: BufRead> BufRead for Capped<R> {
 }
 
 /// Parses trace JSON (`what` names it in errors).
-pub fn parse(text: &[u8], what: &str, rank: Option<u32>) -> Result<Trace, TraceError> {
-    parse_from(text, what, rank)
+pub fn parse(text: &[u8], what: &str, pick: Pick) -> Result<Trace, TraceError> {
+    parse_from(text, what, pick)
 }
 
 /// Parses trace JSON as it streams from `r`: one event at a time.
-fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, TraceError> {
+fn parse_from(r: impl BufRead, what: &str, pick: Pick) -> Result<Trace, TraceError> {
     let not = |why: String| TraceError::NotATrace { path: what.to_string(), why };
     let mut events = Events::default();
     let mut device_properties: Vec<DeviceProperties> = Vec::new();
@@ -230,10 +246,15 @@ fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, T
     events.check_span(what)?;
     let assumed = events.resolve_bytes();
     let mut t = Trace { rank: distributed.and_then(|d| d.rank), assumed, ..Trace::default() };
+    if let Some(asked) = pick.rank
+        && t.rank != Some(asked)
+    {
+        return Err(TraceError::NotThatRank { path: what.to_string(), asked, named: t.rank });
+    }
     let Events { activities, calls, origin, skipped, syncs, .. } = events;
     t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
-    let device = match (rank, devices.len()) {
+    let device = match (pick.device, devices.len()) {
         (Some(r), _) => r,
         (None, 0 | 1) => devices.first().copied().unwrap_or(0),
         (None, _) => {
@@ -255,7 +276,7 @@ fn parse_from(r: impl BufRead, what: &str, rank: Option<u32>) -> Result<Trace, T
         })
         .collect();
     if t.activities.is_empty() {
-        return Err(TraceError::Empty { path: what.to_string(), device: rank });
+        return Err(TraceError::Empty { path: what.to_string(), device: pick.device });
     }
     // The calls that go with the kept activities' device: the process that made them (a
     // file of several ranks has several).
