@@ -26,7 +26,9 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     std::fs::create_dir_all(&dir).unwrap();
     for u in ["dxpu-gpu.service", "dxpu-host.service"] {
         let text = std::fs::read_to_string(repo().join("packaging").join(u)).unwrap();
-        assert!(text.contains("Type=notify") && text.contains("ExecReload=/bin/kill -HUP $MAINPID"), "{u}");
+        // A reload returns the running endpoint's answer, through its control socket.
+        assert!(text.contains("Type=notify") && text.contains("ctl --socket /run/dxpu/"), "{u}");
+        assert!(text.contains("reload\n") && !text.contains("kill -HUP"), "{u}");
         // Verified against the binary just built where the package puts /usr/bin/dxpu.
         let p = dir.join(u);
         std::fs::write(&p, text.replace("/usr/bin/dxpu", env!("CARGO_BIN_EXE_dxpu"))).unwrap();

@@ -304,3 +304,53 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGHUP (what `systemctl reload` sends) to a pool box and a pool host: each keeps running
+/// and its claims, and says what it reloaded; a change a pool host takes only at a start is
+/// refused by `dxpu ctl reload` (exit status 1, saying what changed), the host running on.
+#[test]
+fn a_pool_host_and_a_pool_box_ride_a_hang_up_and_say_what_they_reloaded() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let cluster = EtcdCluster::start(1).unwrap();
+    let dir = std::env::temp_dir().join(format!("dxpu-pool-hup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut gpu =
+        Proc::start(&dir, "box-h", &["gpu"], &box_toml(&cluster, "box-h", free_port(), &dir.join("h.jsonl")));
+    until("the box registers", Duration::from_secs(20), || ls(&cluster).len() == 4);
+    let sock = dir.join("host.sock");
+    let host_cfg =
+        |want: usize| format!("{}[control]\nsocket = {:?}\n", host_toml(&cluster, want), sock.display());
+    let mut host = Proc::start(&dir, "host-h", &["host"], &host_cfg(1));
+    until("the host claims one", Duration::from_secs(20), || claimed(&ls(&cluster)).len() == 1);
+    let before = claimed(&ls(&cluster));
+    let hup = |p: &Proc| {
+        rustix::process::kill_process(rustix::process::Pid::from_child(&p.0), rustix::process::Signal::HUP)
+            .unwrap()
+    };
+    hup(&host);
+    hup(&gpu);
+    until("both say what they reloaded", Duration::from_secs(5), || {
+        host.log().contains("reloaded") && gpu.log().contains("reloaded")
+    });
+    assert!(host.log().contains("nothing changed"), "{}", host.log());
+    assert!(host.0.try_wait().unwrap().is_none() && gpu.0.try_wait().unwrap().is_none(), "{}", host.log());
+    assert_eq!(claimed(&ls(&cluster)), before, "a hang-up changed the claims");
+    // A restart-only change: `ctl reload` says so and fails; the host runs on, its claim kept.
+    std::fs::write(dir.join("host-h.toml"), host_cfg(2)).unwrap();
+    let out = dxpu().args(["ctl", "--socket"]).arg(&sock).arg("reload").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("[pool]") && err.contains("needs a restart"), "{err}");
+    hup(&host);
+    until("the host says the hang-up was refused", Duration::from_secs(5), || {
+        host.log().contains("reload refused")
+    });
+    assert!(host.0.try_wait().unwrap().is_none(), "{}", host.log());
+    assert_eq!(claimed(&ls(&cluster)), before);
+    host.kill();
+    gpu.kill();
+}

@@ -157,12 +157,7 @@ fn shims(m: &Machine, all: &[&Machine], dxpu: &Path, sockets: &[(String, String)
         cases.push_str(&format!(
             "\"enable --now {unit}\")\n  setsid {start} > {log} 2>&1 < /dev/null &\n  echo $! > {pid}\n  {wait};;\n"
         ));
-        let reload: Vec<String> = reload
-            .iter()
-            .map(|l| {
-                rewrite(l, m, all).replace("/bin/kill -HUP $MAINPID", &format!("kill -HUP \"$(cat {pid})\""))
-            })
-            .collect();
+        let reload: Vec<String> = reload.iter().map(|l| rewrite(l, m, all)).collect();
         cases.push_str(&format!("\"reload {unit}\")\n  {};;\n", reload.join(" && ")));
     }
     write(
@@ -377,7 +372,7 @@ fn the_quickstart_runs_as_written_on_two_machines() {
     let devs = ctl(h, &host_sock, "devices");
     assert_eq!(devs[0]["state"], "attached", "{devs}");
     the_firewall_is_in_the_path(b, h, &dxpu, &gpu_sock, &host_sock);
-    reloads(h, &all, &dxpu);
+    reloads(h, &all, &dxpu, &host_sock);
     drop(bed);
 }
 
@@ -444,33 +439,45 @@ fn the_firewall_is_in_the_path(b: &Machine, h: &Machine, dxpu: &Path, gpu_sock: 
     assert_eq!(devs[0]["owner"], "host-a", "the box let the host go in a short outage: {devs}");
 }
 
-/// The page's reload: the file checked, then applied; a refused file fails the reload, as
-/// `systemctl reload` reports it.
-fn reloads(h: &Machine, all: &[&Machine], dxpu: &Path) {
-    std::fs::write(
-        rewrite("/etc/dxpu/host.toml", h, all),
-        std::fs::read_to_string(rewrite("/etc/dxpu/host.toml", h, all))
-            .unwrap()
-            .replace("poll = \"busy\"", "poll = \"blocking\""),
-    )
-    .unwrap();
+/// The page's reload: the file checked, then applied by the running host, which answers;
+/// a file it refuses — one `--check` refuses, or a change only a restart may make — fails
+/// the reload, as `systemctl reload` reports it, the host running on unchanged.
+fn reloads(h: &Machine, all: &[&Machine], dxpu: &Path, host_sock: &str) {
+    let file = rewrite("/etc/dxpu/host.toml", h, all);
+    let page = std::fs::read_to_string(&file).unwrap();
+    // As the page says: a vfio-user socket added to the [[attach]].
+    let sock0 = rewrite("/run/dxpu/gpu0.sock", h, all);
+    let with_socket =
+        page.replace("device = \"gpu0\"", &format!("device = \"gpu0\"\nvfio_user_socket = {sock0:?}"));
+    assert_ne!(with_socket, page, "the page's [[attach]] names gpu0");
+    std::fs::write(&file, &with_socket).unwrap();
     run(h, "systemctl reload dxpu-host", dxpu);
-    // A refused file fails the reload, as `systemctl reload` reports it.
-    std::fs::write(rewrite("/etc/dxpu/host.toml", h, all), "[link]\nmtu = 1\n").unwrap();
-    let refused = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h.ns,
-            &h.root.join("bin/systemctl").display().to_string(),
-            "reload",
-            "dxpu-host",
-        ])
-        .env(
-            "PATH",
-            format!("{}:{}", dxpu.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default()),
-        )
-        .output()
-        .unwrap();
-    assert!(!refused.status.success(), "a refused file reloads: {refused:?}");
+    let devs = ctl(h, dxpu, host_sock, "devices");
+    assert!(devs.to_string().contains("gpu0.sock"), "the reload did not serve gpu0 over vfio-user: {devs}");
+    let refused = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &h.ns,
+                &h.root.join("bin/systemctl").display().to_string(),
+                "reload",
+                "dxpu-host",
+            ])
+            .env(
+                "PATH",
+                format!("{}:{}", dxpu.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default()),
+            )
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "a refused file reloads: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A file --check refuses, and one the running host refuses (its [link] is taken at a start).
+    refused("[link]\nmtu = 1\n");
+    let err = refused(&with_socket.replace("poll = \"busy\"", "poll = \"blocking\""));
+    assert!(err.contains("[link]") && err.contains("needs a restart"), "{err}");
+    let devs = ctl(h, dxpu, host_sock, "devices");
+    assert!(devs.to_string().contains("gpu0.sock"), "a refused reload changed the host: {devs}");
 }

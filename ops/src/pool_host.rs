@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,7 +15,9 @@ use bridge_host::vfio_user::ServedDevice;
 use bridge_host::{Fence, RemoteDevice};
 use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
-use crate::config::{GpuPool, HostPool};
+use crate::config::{GpuPool, HostFile, HostPool};
+use crate::error::RunError;
+use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
 
 /// Why a box could not join its pool.
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +190,7 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
 }
 
 /// A pool host's control methods (`rpc_get_methods` lists them).
-const METHODS: [&str; 5] = ["status", "devices", "sessions", "stats", "rpc_get_methods"];
+const METHODS: [&str; 6] = ["status", "devices", "sessions", "stats", "reload", "rpc_get_methods"];
 
 /// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
 /// runs the workload on every device once `want` are held, releases them and ends.
@@ -196,7 +199,9 @@ pub fn run_host(
     stop: Arc<AtomicBool>,
     mut workload: Option<crate::Workload<'_>>,
     ops: crate::config::OpsSections,
+    reload: PoolReload,
 ) -> bool {
+    let mut reload = Reloading { cfg: reload, pending: None };
     let calls = crate::control::Calls::new();
     let control =
         match ops.0.socket.as_deref().map(|p| crate::control::ControlServer::bind(p, calls.sender())) {
@@ -260,9 +265,14 @@ pub fn run_host(
             }
         }
         while let Some(c) = calls.try_next() {
+            if c.method == "reload" {
+                reload.on_call(c);
+                continue;
+            }
             let r = answer(&c, &held, started_at);
             c.answer(r);
         }
+        reload.step();
         // Devices gone (box lost, claim revoked and the box cut us off): given back, and
         // another claimed in their place.
         let (gone, kept): (Vec<_>, Vec<_>) = held.drain(..).partition(|h| h.removed().is_some());
@@ -294,11 +304,107 @@ pub fn run_host(
             break;
         }
     }
+    reload.stop();
     for h in held {
         h.detach();
     }
     agent.stop();
     ok
+}
+
+/// What a pool host reloads: the file it was started with, read again on SIGHUP or `ctl
+/// reload` and compared with what runs. It applies nothing without a restart (its devices
+/// come from claims; `[pool]`, `[link]`, `[control]` and `[metrics]` are taken at the start),
+/// so a reload says either that nothing changed or what changed and that it needs a restart.
+pub struct PoolReload {
+    /// The configuration file.
+    pub path: PathBuf,
+    /// `--driver` and `--poll`, as the file spells them, over the file's.
+    pub overrides: [Option<String>; 2],
+    /// The file as the host runs it (the overrides applied).
+    pub running: HostFile,
+    /// The flag SIGHUP raises.
+    pub hup: Arc<AtomicBool>,
+}
+
+/// A pool host's reload in progress.
+struct Reloading {
+    cfg: PoolReload,
+    pending: Option<PendingRead<HostFile, RunError>>,
+}
+
+impl Reloading {
+    /// Starts reading the file off the loop, unless a read is under way (said to the
+    /// service manager).
+    fn start(&mut self) {
+        if self.pending.is_some() {
+            return;
+        }
+        crate::notify::reloading();
+        let (path, [driver, poll]) = (self.cfg.path.clone(), self.cfg.overrides.clone());
+        let read = move || -> Result<HostFile, RunError> {
+            let mut file: HostFile = crate::config::read(&path)?;
+            file.link.driver = driver.or(file.link.driver);
+            file.link.poll = poll.or(file.link.poll);
+            let at = || path.display().to_string();
+            if !file.attachments(None).map_err(|source| RunError::InFile { path: at(), source })?.is_empty() {
+                return Err(RunError::AttachAndPool { path: at() });
+            }
+            Ok(file)
+        };
+        match PendingRead::start(self.cfg.path.display().to_string(), READ_DEADLINE, read) {
+            Ok(r) => self.pending = Some(r),
+            Err(e) => log::error!("{e}"),
+        }
+    }
+
+    /// `ctl reload`: answered with the verdict once the file is read.
+    fn on_call(&mut self, c: crate::control::Call) {
+        self.start();
+        match self.pending.as_mut() {
+            Some(r) => r.wait_with(c),
+            None => {
+                c.answer(Err(crate::control::RpcError::failed("reload: could not start reading the file")))
+            }
+        }
+    }
+
+    /// Takes SIGHUP, and a read that ended: logs and answers the verdict.
+    fn step(&mut self) {
+        if self.cfg.hup.swap(false, Ordering::Relaxed) {
+            self.start();
+        }
+        let Some(mut r) = self.pending.take() else { return };
+        let ReadState::Done(read) = r.poll() else {
+            self.pending = Some(r);
+            return;
+        };
+        let at = self.cfg.path.display().to_string();
+        let verdict = read.and_then(|file| {
+            let changed = self.cfg.running.restart_only_changes(&file);
+            if changed.is_empty() {
+                Ok(serde_json::Value::String(format!("{at}: nothing changed")))
+            } else {
+                Err(RunError::NeedsRestart {
+                    path: at.clone(),
+                    what: format!("{} (a pool host takes its file only at a start)", changed.join(", ")),
+                })
+            }
+        });
+        match &verdict {
+            Ok(v) => log::info!("reloaded {v}"),
+            Err(e) => log::error!("reload refused, still running on the old configuration: {e}"),
+        }
+        r.answer(&verdict);
+        crate::notify::ready("claiming from the pool");
+    }
+
+    /// Answers a reload under way: the host is stopping.
+    fn stop(self) {
+        if let Some(r) = self.pending {
+            r.answer(&Err::<serde_json::Value, _>(RunError::Stopping));
+        }
+    }
 }
 
 fn run_workload(
@@ -399,7 +505,7 @@ fn answer(
                 held.iter().map(|h| (h.claim.name(), crate::stats::host_stats_json(&h.stats()))).collect();
             Ok(json!({ "devices": m }))
         }
-        "attach" | "detach" | "reload" => Err(RpcError::failed(format!(
+        "attach" | "detach" => Err(RpcError::failed(format!(
             "{}: a pool host's devices come from its claims (dxpu pool drain / revoke on the pool; restart for a new [pool])",
             c.method
         ))),

@@ -184,6 +184,8 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     let pool = file.pool().map_err(in_file)?;
     let stop = crate::process::stop_flag()?;
+    // SIGHUP is taken in every mode: its default would end the process.
+    let hup = crate::process::hup_flag()?;
     if let Some(hp) = pool {
         if start.capture.is_some() {
             return Err(RunError::CaptureInPool);
@@ -192,11 +194,16 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
             return Err(RunError::AttachAndPool { path: at() });
         }
         let ops = (file.control.clone(), file.metrics.clone());
-        let ok = crate::pool_host::run_host(hp, stop, workload, ops);
+        let reload = crate::pool_host::PoolReload {
+            path: start.config.clone(),
+            overrides: [start.driver.clone(), start.poll.clone()],
+            running: file,
+            hup,
+        };
+        let ok = crate::pool_host::run_host(hp, stop, workload, ops, reload);
         log::info!("stopped");
         return Ok(ok);
     }
-    let hup = crate::process::hup_flag()?;
     let overrides = [start.server.clone(), start.driver.clone(), start.poll.clone()];
     let capture = match &start.capture {
         Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
