@@ -356,6 +356,13 @@ pub(crate) fn trace_summary(path: &str, t: &lab::trace::Trace, plan: &lab::plan:
         ));
     }
     line.push_str(&format!("\n  dependencies: {}", dependencies(plan)));
+    let sharing = plan.streams_sharing_channels(lab::replay::STREAM_CHANNELS);
+    if sharing > 0 {
+        line.push_str(&format!(
+            "\n  channels: {sharing} streams beyond the simgpu's {} stream channels share them in turn: their work may wait for another stream's (a false serialization)",
+            lab::replay::STREAM_CHANNELS
+        ));
+    }
     let (collectives, collective_ns) = t.collectives();
     if collectives > 0 {
         line.push_str(&format!(
@@ -444,6 +451,7 @@ pub(crate) fn plan_json(p: &lab::plan::Plan) -> Value {
         "syncs_inferred": p.syncs_inferred,
         "implicit_syncs": p.implicit_syncs,
         "awaits_contradicted": p.awaits_contradicted,
+        "streams_sharing_channels": p.streams_sharing_channels(lab::replay::STREAM_CHANNELS),
         "nested_calls": p.nested,
         "out_of_submission_order": p.out_of_submission_order,
         "before_their_call": p.before_their_call,

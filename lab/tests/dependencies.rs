@@ -50,7 +50,12 @@ fn direct() -> SimGpuDriver<ConcurrentAttach<SimGpu>> {
     SimGpuDriver::open(ConcurrentAttach::new(dev, 256 << 20).unwrap()).unwrap()
 }
 
+/// The tests that replay take the two cores in turn: a device thread and a launching thread
+/// each, several at once, delay each other by milliseconds.
+static CORES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn replay(plan: &Plan) -> Result<ReplayRun, ReplayError> {
+    let _cores = CORES.lock().unwrap_or_else(|p| p.into_inner());
     let mut d = direct();
     let mut r = Replayer::new(&mut d, plan)?;
     r.run(&mut d, plan)
@@ -241,4 +246,35 @@ fn the_small_a100_traces_synchronizations_are_taken_as_it_states_them() {
     assert_eq!((plan.syncs_inferred, plan.cross_stream_waits), (0, 0));
     let syncing = plan.calls.iter().filter(|c| !c.awaits.is_empty()).count();
     assert_eq!(syncing, 4, "a copy into pageable memory; a stream, an event and a device synchronization");
+}
+
+/// Forty streams, each given one 2 ms kernel at once: each runs on a channel of its own, all
+/// at the same time, as a GPU runs independent streams (the simgpu has 63 channels for
+/// streams; with 15 they shared channels in turn and ran one after another, a false
+/// serialization: 6 ms).
+#[test]
+fn forty_streams_run_side_by_side() {
+    let mut e = Vec::new();
+    for s in 0..40u32 {
+        let corr = u64::from(s) + 1;
+        e.push(runtime("cudaLaunchKernel", u64::from(s) * 3, 2, corr));
+        e.push(kernel("k", 100 + s, u64::from(s) * 3 + 2, 2_000, corr));
+    }
+    e.push(runtime("cudaDeviceSynchronize", 130, 2_000, 1000));
+    let plan = Plan::of(&read(e));
+    // Judged on the best of five runs: a launch thread descheduled for milliseconds delays
+    // kernels as a shared channel would.
+    let _cores = CORES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut d = direct();
+    let mut r = Replayer::new(&mut d, &plan).unwrap();
+    let best = (0..5)
+        .map(|_| r.run(&mut d, &plan).unwrap())
+        .min_by(|a, b| a.fetch_wait_ns.total_cmp(&b.fetch_wait_ns))
+        .unwrap();
+    // A kernel waiting behind another stream's on a shared channel waits 2 ms with its
+    // command unfetched: with fifteen channels for forty streams, 25 of them, 50 ms in all.
+    eprintln!("fetch wait {} ms, span {} ms", best.fetch_wait_ns / 1e6, best.gpu_span_ns / 1e6);
+    assert!(best.fetch_wait_ns < 10e6, "kernels waited {} ms unfetched in all", best.fetch_wait_ns / 1e6);
+    assert!(best.gpu_span_ns < 4e6, "span {} ns for forty 2 ms kernels side by side", best.gpu_span_ns);
+    assert_eq!(plan.streams_sharing_channels(lab::replay::STREAM_CHANNELS), 0);
 }

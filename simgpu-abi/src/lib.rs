@@ -48,8 +48,9 @@ pub mod reg {
 
 /// Command channels: each has a block of registers at [`chreg::BASE`] + channel ×
 /// [`chreg::STRIDE`]; channel 0's are also at the legacy offsets `reg::RING_BASE` ..
-/// `reg::DOORBELL`.
-pub const CHANNELS: usize = 16;
+/// `reg::DOORBELL`. 64, as a GPU's front end has more hardware queues than a job has
+/// streams at once (CUDA opens at most 32 connections): a replayed job's streams each get one.
+pub const CHANNELS: usize = 64;
 
 /// A channel's registers, as offsets within its block.
 pub mod chreg {

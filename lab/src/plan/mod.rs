@@ -229,6 +229,14 @@ fn blocking_copy(kind: ActivityKind) -> bool {
 }
 
 impl Plan {
+    /// The streams beyond `channels` (a device's command channels for streams), which share
+    /// a channel with another and may wait for its work, as no GPU's stream would: none
+    /// unless the job has more streams than that.
+    pub fn streams_sharing_channels(&self, channels: usize) -> usize {
+        let streams: std::collections::BTreeSet<u32> = self.activities.iter().map(|a| a.stream).collect();
+        streams.len().saturating_sub(channels)
+    }
+
     /// The plan of `trace`'s job.
     pub fn of(trace: &Trace) -> Plan {
         let (mut plan, by_corr) = Plan::calls_of(trace);

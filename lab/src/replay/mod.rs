@@ -90,6 +90,11 @@ pub struct ReplayRun {
     pub copies_checked: (usize, usize),
 }
 
+/// Channels the replay gives streams (all but the driver's channel 0): a trace with more
+/// streams than this shares channels among them in turn (see
+/// [`Plan::streams_sharing_channels`]).
+pub const STREAM_CHANNELS: usize = CHANNELS - 1;
+
 /// Copies at least this large tell the platform's bulk rate (smaller ones mostly its round
 /// trip).
 pub const RATE_COPY_BYTES: u64 = 1 << 20;
