@@ -4,7 +4,6 @@
 use crate::capture::CaptureError;
 use crate::config::ConfigError;
 use crate::control::StartError;
-use crate::pool_host::BoxStartError;
 use crate::process::ProcessError;
 use crate::reload::ReloadError;
 
@@ -108,6 +107,30 @@ pub enum RunError {
 /// For callers that print it (`dxpu`'s `main`, whose errors are text).
 impl From<RunError> for String {
     fn from(e: RunError) -> String {
+        e.to_string()
+    }
+}
+
+/// Why a box could not join its pool.
+#[derive(Debug, thiserror::Error)]
+pub enum BoxStartError {
+    /// `pool.ownership_log` could not be opened or written.
+    #[error("pool.ownership_log = {}: {source}", path.display())]
+    OwnershipLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pool's agent could not start.
+    #[error("{0}")]
+    Agent(#[source] pool::PoolError),
+}
+
+/// For the run times' errors, which are text.
+impl From<BoxStartError> for String {
+    fn from(e: BoxStartError) -> String {
         e.to_string()
     }
 }

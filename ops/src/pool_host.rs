@@ -16,32 +16,8 @@ use bridge_host::{Fence, RemoteDevice};
 use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
 use crate::config::{GpuPool, HostFile, HostPool};
-use crate::error::RunError;
+use crate::error::{BoxStartError, RunError};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
-
-/// Why a box could not join its pool.
-#[derive(Debug, thiserror::Error)]
-pub enum BoxStartError {
-    /// `pool.ownership_log` could not be opened or written.
-    #[error("pool.ownership_log = {}: {source}", path.display())]
-    OwnershipLog {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The system's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The pool's agent could not start.
-    #[error("{0}")]
-    Agent(#[source] pool::PoolError),
-}
-
-/// For the run times' errors, which are text.
-impl From<BoxStartError> for String {
-    fn from(e: BoxStartError) -> String {
-        e.to_string()
-    }
-}
 
 /// Registers the endpoint's exports in the pool and makes it serve claims only.
 pub fn start_box(ep: &mut GpuEndpoint, gp: &GpuPool) -> Result<BoxAgent, BoxStartError> {
