@@ -122,8 +122,10 @@ fn ctl_answers_every_method_and_a_device_comes_and_goes_while_another_keeps_its_
     let (code, log) = host.stop();
     assert_eq!(code, 0, "a stop asked for is no failure, whatever the devices went through:\n{log}");
     assert!(log.contains("gpu1: removed"), "{log}");
+    let host_log = log;
     let (code, log) = gpu.stop();
     assert_eq!(code, 0, "{log}");
+    the_changes_are_logged_with_their_callers(&host_log, &log);
     assert!(!gs.exists() && !hs.exists(), "sockets left behind");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -515,4 +517,21 @@ fn systemd_hears_watchdog_pings_and_the_journal_gets_priorities() {
     assert!(text.lines().any(|l| l.starts_with("<6>listening on")), "{text}");
     assert!(text.lines().all(|l| l.starts_with('<')), "a line without its priority: {text}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Every control call that changed something is in the log with its caller (SO_PEERCRED) and
+/// what came of it, a refused one too; a call that changes nothing is not.
+fn the_changes_are_logged_with_their_callers(host_log: &str, box_log: &str) {
+    let by = format!("by uid {}", rustix::process::getuid().as_raw());
+    let detached = |l: &str| {
+        l.contains(r#"control: detach {"name":"gpu1"}"#)
+            && l.contains(&by)
+            && l.contains("dxpu ctl")
+            && l.ends_with("done")
+    };
+    assert!(host_log.lines().any(detached), "{host_log}");
+    assert!(host_log.lines().any(|l| l.contains("control: detach") && l.contains("refused")), "{host_log}");
+    let unexported = |l: &str| l.contains(r#"control: unexport {"name":"gpu1"}"#) && l.contains(&by);
+    assert!(box_log.lines().any(unexported), "{box_log}");
+    assert!(!box_log.contains("control: devices"), "a call that changes nothing is logged: {box_log}");
 }

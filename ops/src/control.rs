@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+pub use crate::caller::Caller;
+
 /// JSON-RPC 2.0's error codes: a request that does not parse.
 pub const PARSE_ERROR: i64 = -32700;
 /// Not a valid request object.
@@ -72,14 +74,19 @@ impl RpcError {
 pub struct Call {
     pub(crate) method: String,
     pub(crate) params: Value,
+    /// Who called, where the socket says (`SO_PEERCRED`).
+    pub(crate) caller: Option<Arc<Caller>>,
     reply: mpsc::Sender<Result<Value, RpcError>>,
 }
+
+/// The methods that change what an endpoint does: logged with their caller and outcome.
+const CHANGES: [&str; 5] = ["attach", "detach", "export", "unexport", "reload"];
 
 impl Call {
     /// A call and where its answer arrives (for the endpoint's own servers: metrics).
     pub fn new(method: &str, params: Value) -> (Call, mpsc::Receiver<Result<Value, RpcError>>) {
         let (reply, answer) = mpsc::channel();
-        (Call { method: method.to_string(), params, reply }, answer)
+        (Call { method: method.to_string(), params, caller: None, reply }, answer)
     }
 
     /// Sends the answer back to the client's thread (gone if the client went).
@@ -255,6 +262,7 @@ fn accept_loop(listener: UnixListener, calls: mpsc::Sender<Call>, stop: Arc<Atom
 
 /// Reads request lines until the client closes (or stalls past the stop), answering each.
 fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBool) {
+    let caller = Caller::of(&stream).map(Arc::new);
     // The read wakes now and then to see whether the endpoint is stopping.
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
     let Ok(mut out) = stream.try_clone() else { return };
@@ -286,7 +294,7 @@ fn serve_client(stream: UnixStream, calls: &mpsc::Sender<Call>, stop: &AtomicBoo
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let Some(answer) = handle_line(&text, calls) else { continue };
+        let Some(answer) = handle_line(&text, calls, caller.as_ref()) else { continue };
         if writeln!(out, "{answer}").and_then(|_| out.flush()).is_err() {
             // The client does not read (the write timed out) or went away.
             return;
@@ -356,7 +364,7 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
 /// says: a request without `id` is a notification (done, not answered), an array is a batch
 /// (answered with an array of the answers to its requests, nothing if all were
 /// notifications; an empty one is an Invalid Request).
-fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Option<Value> {
+fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>, caller: Option<&Arc<Caller>>) -> Option<Value> {
     let req: Value = match serde_json::from_slice::<Strict>(text) {
         Ok(v) => v.0,
         Err(e) => {
@@ -382,7 +390,7 @@ fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Option<Value> {
             let mut bytes = 0;
             for r in &batch {
                 let a = match bytes > MAX_LINE_ANSWER {
-                    false => handle_request(r, calls),
+                    false => handle_request(r, calls, caller),
                     true => Some(response(
                         r.get("id").cloned().unwrap_or(Value::Null),
                         Err(RpcError::failed(format!(
@@ -397,12 +405,12 @@ fn handle_line(text: &[u8], calls: &mpsc::Sender<Call>) -> Option<Value> {
             }
             (!answers.is_empty()).then_some(Value::Array(answers))
         }
-        req => handle_request(&req, calls),
+        req => handle_request(&req, calls, caller),
     }
 }
 
 /// One request object; `None` for a notification.
-fn handle_request(req: &Value, calls: &mpsc::Sender<Call>) -> Option<Value> {
+fn handle_request(req: &Value, calls: &mpsc::Sender<Call>, caller: Option<&Arc<Caller>>) -> Option<Value> {
     if !req.is_object() {
         return Some(response(Value::Null, Err(RpcError::new(INVALID_REQUEST, "a request is an object"))));
     }
@@ -421,13 +429,23 @@ fn handle_request(req: &Value, calls: &mpsc::Sender<Call>) -> Option<Value> {
         return Some(response(id, Err(RpcError::new(INVALID_REQUEST, "\"method\" must be a string"))));
     };
     let params = req.get("params").cloned().unwrap_or(Value::Null);
-    let (call, answer) = Call::new(method, params);
+    let (mut call, answer) = Call::new(method, params.clone());
+    call.caller = caller.cloned();
     if calls.send(call).is_err() {
         return (!notification).then(|| response(id, Err(RpcError::failed("the endpoint is stopping"))));
     }
     let r = answer.recv_timeout(ANSWER_TIMEOUT).unwrap_or_else(|_| {
         Err(RpcError::failed(format!("the endpoint did not answer within {ANSWER_TIMEOUT:?}")))
     });
+    if CHANGES.contains(&method) {
+        // Who changed what, and what came of it: the audit trail.
+        let who = caller.map_or("a caller the kernel did not name".to_string(), |c| c.to_string());
+        let params = if params.is_null() { String::new() } else { format!(" {params}") };
+        match &r {
+            Ok(_) => log::info!("control: {method}{params} by {who}: done"),
+            Err(e) => log::warn!("control: {method}{params} by {who}: refused: {}", e.message),
+        }
+    }
     (!notification).then(|| response(id, r))
 }
 
@@ -556,6 +574,7 @@ pub fn uptime_since(started: std::time::Instant) -> f64 {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
     use std::time::Instant;
 
@@ -566,12 +585,13 @@ mod tests {
     #[test]
     fn a_key_named_twice_is_refused_not_read_as_the_last() {
         let (tx, rx) = mpsc::channel::<Call>();
-        let v = handle_line(br#"{"jsonrpc":"2.0","id":1,"method":"status","method":"reload"}"#, &tx);
+        let v = handle_line(br#"{"jsonrpc":"2.0","id":1,"method":"status","method":"reload"}"#, &tx, None);
         assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v:?}");
         assert!(v.unwrap()["error"]["message"].as_str().unwrap().contains("\"method\" appears twice"));
         let v = handle_line(
             br#"{"jsonrpc":"2.0","id":1,"method":"detach","params":{"name":"a","name":"b"}}"#,
             &tx,
+            None,
         );
         assert_eq!(err_code(&v), Some(PARSE_ERROR), "{v:?}");
         assert!(rx.try_recv().is_err(), "a call reached the endpoint");
@@ -629,42 +649,47 @@ mod tests {
                 c.answer(r);
             }
         });
-        assert_eq!(err_code(&handle_line(b"{", &tx)), Some(PARSE_ERROR));
+        assert_eq!(err_code(&handle_line(b"{", &tx, None)), Some(PARSE_ERROR));
         assert_eq!(
-            handle_line(b"[1]", &tx),
+            handle_line(b"[1]", &tx, None),
             Some(
                 json!([{"jsonrpc": "2.0", "id": null, "error": {"code": INVALID_REQUEST, "message": "a request is an object"}}])
             )
         );
-        assert_eq!(err_code(&handle_line(b"[]", &tx)), Some(INVALID_REQUEST));
-        assert_eq!(err_code(&handle_line(br#"{"method":"echo","id":1}"#, &tx)), Some(INVALID_REQUEST));
+        assert_eq!(err_code(&handle_line(b"[]", &tx, None)), Some(INVALID_REQUEST));
+        assert_eq!(err_code(&handle_line(br#"{"method":"echo","id":1}"#, &tx, None)), Some(INVALID_REQUEST));
         assert_eq!(
-            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":5,"id":1}"#, &tx)),
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":5,"id":1}"#, &tx, None)),
             Some(INVALID_REQUEST)
         );
         assert_eq!(
-            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":{}}"#, &tx)),
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":{}}"#, &tx, None)),
             Some(INVALID_REQUEST)
         );
         assert_eq!(
-            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":7}"#, &tx)),
+            err_code(&handle_line(br#"{"jsonrpc":"2.0","method":"x","id":7}"#, &tx, None)),
             Some(METHOD_NOT_FOUND)
         );
-        let ok = handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":{"a":1},"id":"q"}"#, &tx);
+        let ok = handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":{"a":1},"id":"q"}"#, &tx, None);
         assert_eq!(ok, Some(json!({"jsonrpc": "2.0", "id": "q", "result": {"a": 1}})));
         // A notification (no id) is done and not answered (on 9b5fbd6 it got a reply).
-        assert_eq!(handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":[1]}"#, &tx), None);
+        assert_eq!(handle_line(br#"{"jsonrpc":"2.0","method":"echo","params":[1]}"#, &tx, None), None);
         // A batch gets the answers to its requests, in order, none for its notifications
         // (on 9b5fbd6 a batch was refused).
         let b = handle_line(
             br#"[{"jsonrpc":"2.0","method":"echo","params":[1],"id":1},{"jsonrpc":"2.0","method":"echo"},{"jsonrpc":"2.0","method":"x","id":2}]"#,
             &tx,
+            None,
         );
         let b = b.unwrap();
         assert_eq!(b.as_array().map(Vec::len), Some(2), "{b}");
         assert_eq!(b[0]["result"], json!([1]));
         assert_eq!(b[1]["error"]["code"], METHOD_NOT_FOUND);
-        assert_eq!(handle_line(br#"[{"jsonrpc":"2.0","method":"echo"}]"#, &tx), None, "all notifications");
+        assert_eq!(
+            handle_line(br#"[{"jsonrpc":"2.0","method":"echo"}]"#, &tx, None),
+            None,
+            "all notifications"
+        );
         drop(tx);
         t.join().unwrap();
     }
@@ -683,10 +708,10 @@ mod tests {
         });
         let req = |i: usize| format!(r#"{{"jsonrpc":"2.0","method":"stats","id":{i}}}"#);
         let batch = |n: usize| format!("[{}]", (0..n).map(req).collect::<Vec<_>>().join(","));
-        let e = handle_line(batch(MAX_BATCH + 1).as_bytes(), &tx);
+        let e = handle_line(batch(MAX_BATCH + 1).as_bytes(), &tx, None);
         assert_eq!(err_code(&e), Some(INVALID_REQUEST));
         assert!(e.unwrap()["error"]["message"].as_str().unwrap().contains("at most 32"));
-        let b = handle_line(batch(MAX_BATCH).as_bytes(), &tx).unwrap();
+        let b = handle_line(batch(MAX_BATCH).as_bytes(), &tx, None).unwrap();
         let answers = b.as_array().unwrap();
         assert_eq!(answers.len(), MAX_BATCH, "every request answered");
         let run = answers.iter().filter(|a| a.get("result").is_some()).count();
