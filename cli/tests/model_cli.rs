@@ -266,6 +266,22 @@ fn a_trace_is_predicted_from_its_critical_path() {
     // 10 % of 115 µs over 2 round trips.
     let x = v["crosses_10_percent_at_rtt_us"].as_f64().unwrap();
     assert!((x - 5.75).abs() < 0.01, "{x}");
+    // The trace has no cuda_sync events: its synchronization's stream is inferred, and said.
+    assert_eq!(
+        (v["plan"]["dependencies_stated"].as_bool(), v["plan"]["syncs_inferred"].as_u64()),
+        (Some(false), Some(1))
+    );
+    // --device picks a GPU of the file; --rank is the rank the trace names (this one names none).
+    let with = |extra: &[&str]| {
+        dxpu().args(["model", "--rtt-us", "1"]).args(extra).arg("--trace").arg(&path).output().unwrap()
+    };
+    assert!(with(&["--device", "0"]).status.success());
+    let out = with(&["--device", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("on GPU 1"), "{out:?}");
+    let out = with(&["--rank", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names no rank"), "{out:?}");
     // A truncated trace: an error naming the file, no panic.
     std::fs::write(&path, &trace.to_string()[..60]).unwrap();
     let out = dxpu().args(["model", "--rtt-us", "1"]).arg("--trace").arg(&path).output().unwrap();
