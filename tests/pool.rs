@@ -158,7 +158,8 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     // The real claim attaches; revoked, the box cuts the host off and resets the device.
     let mut d = attach(a.addr, "host-a", &c1).unwrap();
     assert_eq!(d.config_read(0) & 0xffff, simgpu_abi::VENDOR_ID as u32);
-    let revoked = rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0")).unwrap();
+    let by = "ops@console pid 77 (dxpu pool revoke)";
+    let revoked = rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0", by)).unwrap();
     assert_eq!(revoked, pool::admin::Revoked::Claim { host: "host-a".to_string(), token: c1.token });
     let end = Instant::now() + Duration::from_secs(3);
     while d.removed().is_none() {
@@ -167,6 +168,9 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(d);
+    // The box's ownership record of the release names who revoked the claim.
+    let released = a.events().into_iter().rfind(|e| !e.attached).expect("a release recorded");
+    assert!(released.why.contains(&format!("revoked by {by}")), "{released:?}");
     // A new claim has a larger token; the old one is now stale.
     let c2 = claim(&mut client, &mut first).expect("the revoked device is free again");
     assert!(c2.token > c1.token);
@@ -216,7 +220,7 @@ fn a_stale_or_missing_token_is_refused_and_drain_undrain_revoke_behave() {
     let ls = rt.block_on(pool::admin::ls(&mut client, &cfg)).unwrap();
     assert_eq!(ls.iter().find(|e| e.box_name == "box-a").unwrap().state, "bad-claim", "{ls:?}");
     assert_eq!(claim(&mut client, &mut first), None);
-    match rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0")).unwrap() {
+    match rt.block_on(pool::admin::revoke(&mut client, &cfg, "box-a", "gpu0", by)).unwrap() {
         pool::admin::Revoked::Unreadable { why, .. } => assert!(why.contains("not a dxpu record"), "{why}"),
         other => panic!("{other:?}"),
     }

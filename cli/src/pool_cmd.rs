@@ -98,7 +98,7 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
             }
             PoolCommand::Revoke { target } => {
                 let (b, d) = admin::parse_target(&target)?;
-                match admin::revoke(&mut client, &cfg, &b, &d).await? {
+                match admin::revoke(&mut client, &cfg, &b, &d, &operator("dxpu pool revoke")).await? {
                     admin::Revoked::Claim { host, token } => {
                         outln!("{b}/{d}: claim {token} of {host} revoked")
                     }
@@ -149,4 +149,13 @@ fn print_table(list: &[admin::Entry]) {
         "{}",
         crate::out::table(&["box", "device", "vendor_id", "device_id", "state", "host", "since"], &rows)
     );
+}
+
+/// Who runs this `dxpu pool` command, as the pool's records name an operator: the user, the
+/// machine, the process and the command.
+fn operator(command: &str) -> String {
+    let uid = rustix::process::getuid().as_raw();
+    let user = ops::caller::user_name(uid).unwrap_or_else(|| format!("uid {uid}"));
+    let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
+    format!("{user}@{host} pid {} ({command})", std::process::id())
 }

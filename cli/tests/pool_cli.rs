@@ -280,6 +280,14 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("claim {token} of host-a revoked")));
     until("the revoked device's socket goes", Duration::from_secs(3), || !sock.exists());
+    // The box's ownership log names who revoked the claim: user, machine, process, command.
+    let released = std::fs::read_to_string(dir.join("box-v.jsonl")).unwrap_or_default();
+    assert!(
+        released.lines().any(|l| l.contains("\"released\"")
+            && l.contains("revoked by")
+            && l.contains("(dxpu pool revoke)")),
+        "{released}"
+    );
     // The host claims it again (after its cool-down), with a newer token, and serves it again.
     until("the device is claimed again", Duration::from_secs(10), || {
         claimed(&ls(&cluster)).first().is_some_and(|c| c.2 > token)

@@ -53,7 +53,7 @@ impl std::fmt::Display for Caller {
 }
 
 /// The name `/etc/passwd` gives `uid`.
-fn user_name(uid: u32) -> Option<String> {
+pub fn user_name(uid: u32) -> Option<String> {
     let text = std::fs::read_to_string("/etc/passwd").ok()?;
     text.lines().find_map(|l| {
         let mut f = l.split(':');

@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use crate::claim::snapshot;
 use crate::{
-    ClaimRecord, DeviceRecord, DrainRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error,
+    ClaimRecord, DeviceRecord, DrainRecord, Keys, PoolConfig, PoolError, RevocationRecord, decode, encode,
+    etcd_error,
 };
 
 /// One device of the pool, as `dxpu pool ls` shows it.
@@ -158,22 +159,43 @@ pub async fn undrain(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) ->
     Ok(r.deleted() > 0)
 }
 
-/// Deletes the claim on `b/d`: its box cuts the owner off and resets the device. The claim
-/// that was revoked (host, token), if there was one.
-pub async fn revoke(client: &mut Client, cfg: &PoolConfig, b: &str, d: &str) -> Result<Revoked, PoolError> {
+/// Deletes the claim on `b/d`: its box cuts the owner off and resets the device, saying
+/// who did (`by`, kept at [`Keys::revocation`] in the same transaction). The claim that was
+/// revoked (host, token), if there was one.
+pub async fn revoke(
+    client: &mut Client,
+    cfg: &PoolConfig,
+    b: &str,
+    d: &str,
+    by: &str,
+) -> Result<Revoked, PoolError> {
     require_device(client, cfg, b, d).await?;
-    let key = Keys::new(&cfg.prefix).claim(b, d);
-    let r = client
-        .delete(key, Some(crate::etcd::DeleteOptions::new().with_prev_key()))
-        .await
-        .map_err(|e| etcd_error(cfg, "revoking", e))?;
-    Ok(match r.prev_kvs().first() {
-        None => Revoked::Nothing,
-        Some(kv) => match decode::<ClaimRecord>(kv) {
-            Ok(c) => Revoked::Claim { host: c.host, token: kv.create_revision() as u64 },
-            Err(e) => Revoked::Unreadable { token: kv.create_revision() as u64, why: e.to_string() },
-        },
-    })
+    let keys = Keys::new(&cfg.prefix);
+    let key = keys.claim(b, d);
+    // The claim read, then deleted only as read (with the record of who revoked it): a claim
+    // given back and taken again meanwhile is read again.
+    for _ in 0..8 {
+        let got = client.get(key.clone(), None).await.map_err(|e| etcd_error(cfg, "revoking", e))?;
+        let Some(kv) = got.kvs().first() else { return Ok(Revoked::Nothing) };
+        let token = kv.create_revision() as u64;
+        let record = RevocationRecord { by: by.to_string(), token, since: crate::unix_now() };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())])
+            .and_then([
+                TxnOp::put(keys.revocation(b, d), encode(&record), None::<PutOptions>),
+                TxnOp::delete(key.clone(), None),
+            ]);
+        let r = client.txn(txn).await.map_err(|e| etcd_error(cfg, "revoking", e))?;
+        if r.succeeded() {
+            return Ok(match decode::<ClaimRecord>(kv) {
+                Ok(c) => Revoked::Claim { host: c.host, token },
+                Err(e) => Revoked::Unreadable { token, why: e.to_string() },
+            });
+        }
+    }
+    Err(PoolError::NotFound(format!(
+        "revoking {b}/{d}: its claim changed under every one of 8 tries; try again"
+    )))
 }
 
 /// What `revoke` deleted.

@@ -14,7 +14,10 @@ use crate::etcd::{
 use bridge_gpu::{ClaimCheck, ClaimVerdict};
 use tokio::sync::mpsc;
 
-use crate::{BoxRecord, ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, decode, encode, etcd_error};
+use crate::{
+    BoxRecord, ClaimRecord, DeviceRecord, Keys, PoolConfig, PoolError, RevocationRecord, decode, encode,
+    etcd_error,
+};
 
 /// The claims on one box's devices, as far as the box has read etcd.
 #[derive(Debug, Default)]
@@ -35,6 +38,8 @@ struct TableInner {
     tickets: u64,
     /// device → (the last ticket answered for it, the revision its answer read).
     answered: HashMap<String, (u64, i64)>,
+    /// device → (the token of its claim an operator revoked, who did).
+    revoked: HashMap<String, (u64, String)>,
 }
 
 impl ClaimTable {
@@ -92,6 +97,12 @@ impl ClaimTable {
         self.bump();
     }
 
+    /// Claim `token` on `device` was revoked by `by` (its record read before the claim's
+    /// deletion is applied, so that the cut-off says who).
+    fn note_revoked(&self, device: &str, token: u64, by: &str) {
+        self.lock().revoked.insert(device.to_string(), (token, by.to_string()));
+    }
+
     /// Every claim of the box is known through `revision` (a watch response's header).
     fn advance(&self, revision: i64) {
         let mut g = self.lock();
@@ -128,7 +139,10 @@ impl ClaimTable {
             ClaimVerdict::Refused(match held {
                 Some((h, t)) if *t > token => format!("stale: etcd holds a newer claim ({t}, by {h})"),
                 Some((h, t)) => format!("etcd holds claim {t} by {h}"),
-                None => format!("etcd holds no claim on it (as of revision {known})"),
+                None => match g.revoked.get(device) {
+                    Some((t, by)) if *t == token => format!("revoked by {by}"),
+                    _ => format!("etcd holds no claim on it (as of revision {known})"),
+                },
             })
         } else if let (Some(t), Some((answered, read))) = (ticket, g.answered.get(device))
             && *answered >= t
@@ -526,7 +540,8 @@ impl Run {
                         Ok(None) => return Served::StreamBroken(PoolError::NotFound("the claims watch ended".into())),
                         Err(e) => return Served::StreamBroken(etcd_error(&cfg, "watching the claims", e)),
                     };
-                    if let Some(end) = self.apply_watch(&resp, resume) {
+                    let revoked = self.revocations(client, &resp).await;
+                    if let Some(end) = self.apply_watch(&resp, resume, &revoked) {
                         return end;
                     }
                 }
@@ -578,9 +593,40 @@ impl Run {
         Ok(revision)
     }
 
-    /// One answer of the claims watch applied to the table, and where it resumes from;
-    /// the end of the serving if the watch was cancelled.
-    fn apply_watch(&mut self, resp: &WatchResponse, resume: &mut Option<i64>) -> Option<Served> {
+    /// Who revoked the claims a watch answer deletes, where an operator did (`dxpu pool
+    /// revoke` records it beside the claims): device → record. A record that cannot be read
+    /// costs only the attribution.
+    async fn revocations(
+        &self,
+        client: &mut Client,
+        resp: &WatchResponse,
+    ) -> HashMap<String, RevocationRecord> {
+        let mut out = HashMap::new();
+        for ev in resp.events() {
+            let (EventType::Delete, Some(kv)) = (ev.event_type(), ev.kv()) else { continue };
+            let Some((_, d)) = self.keys.split(&self.keys.claims(), kv.key()) else { continue };
+            let key = self.keys.revocation(&self.box_name, d);
+            match client.get(key.clone(), None).await {
+                Ok(got) => {
+                    if let Some(r) = got.kvs().first().and_then(|kv| decode::<RevocationRecord>(kv).ok()) {
+                        out.insert(d.to_string(), r);
+                    }
+                }
+                Err(e) => log::debug!("pool: reading {key}: {e}"),
+            }
+        }
+        out
+    }
+
+    /// One answer of the claims watch applied to the table (with who revoked what it
+    /// deletes), and where it resumes from; the end of the serving if the watch was
+    /// cancelled.
+    fn apply_watch(
+        &mut self,
+        resp: &WatchResponse,
+        resume: &mut Option<i64>,
+        revoked: &HashMap<String, RevocationRecord>,
+    ) -> Option<Served> {
         if resp.canceled() {
             // Compacted past where it would resume: read the claims afresh.
             if resp.compact_revision() > 0 {
@@ -600,7 +646,14 @@ impl Run {
                 EventType::Put => {
                     decode::<ClaimRecord>(kv).ok().map(|c| (c.host, kv.create_revision() as u64))
                 }
-                EventType::Delete => None,
+                EventType::Delete => {
+                    if let (Some(r), Some((_, token))) = (revoked.get(d), self.table.current(d))
+                        && r.token == token
+                    {
+                        self.table.note_revoked(d, token, &r.by);
+                    }
+                    None
+                }
             };
             self.table.apply(d, claim, kv.mod_revision());
         }

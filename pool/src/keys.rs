@@ -68,6 +68,11 @@ impl Keys {
         format!("{}/drain/{box_name}/{device}", self.prefix)
     }
 
+    /// `{prefix}/revoked/{box}/{device}`: who revoked the device's last revoked claim.
+    pub fn revocation(&self, box_name: &str, device: &str) -> String {
+        format!("{}/revoked/{box_name}/{device}", self.prefix)
+    }
+
     /// The box a key under `{prefix}/boxes/` names.
     pub fn box_of<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
         let b = std::str::from_utf8(key).ok()?.strip_prefix(&self.boxes())?;

@@ -44,5 +44,5 @@ pub use error::PoolError;
 pub(crate) use error::etcd_error;
 pub use host_agent::{FenceFn, HostAgent, HostAgentOptions, HostEvent, fence_margin};
 pub use keys::{Keys, valid_name};
-pub use records::{BoxRecord, ClaimRecord, DeviceRecord, DrainRecord};
+pub use records::{BoxRecord, ClaimRecord, DeviceRecord, DrainRecord, RevocationRecord};
 pub(crate) use records::{decode, encode, unix_now, unix_now_nanos, warn_bad_record};

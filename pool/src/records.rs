@@ -72,6 +72,18 @@ pub struct DrainRecord {
     pub since: u64,
 }
 
+/// An operator's revocation of a claim (`dxpu pool revoke`), kept beside the claims so that
+/// the box can say who cut the claim's host off.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationRecord {
+    /// Who revoked it: the user, machine, process and command.
+    pub by: String,
+    /// The token of the claim revoked.
+    pub token: u64,
+    /// When (Unix seconds).
+    pub since: u64,
+}
+
 /// Nanoseconds since the Unix epoch (a unique-enough name part).
 pub(crate) fn unix_now_nanos() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
