@@ -68,9 +68,17 @@ fn register_reads_and_dma_allocate_nothing_per_tlp_in_steady_state() {
     for _ in 0..3 {
         lab::model::copy_rates(&mut d, bytes, 1).unwrap();
     }
-    let before = allocations();
-    lab::model::copy_rates(&mut d, bytes, 1).unwrap();
-    let per_copy = allocations() - before;
+    // The least of three rounds: one allocation per TLP shows in every round, while the
+    // timers' work (a retransmission, an acknowledgement's) varies with the machine's load
+    // (42 to 106 in one round of six, under the whole suite).
+    let per_copy = (0..3)
+        .map(|_| {
+            let before = allocations();
+            lab::model::copy_rates(&mut d, bytes, 1).unwrap();
+            allocations() - before
+        })
+        .min()
+        .unwrap_or(u64::MAX);
     assert!(
         per_copy <= 40,
         "{per_copy} allocations moving 8 MiB in 4 KiB TLPs (4096 of them and their completions)"

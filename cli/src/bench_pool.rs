@@ -12,8 +12,8 @@ use pool::storm::{StormParams, StormReport};
 /// Options of `dxpu bench pool`.
 #[derive(Args, Debug)]
 pub(crate) struct PoolBench {
-    /// etcd client URLs, comma-separated (default: a three-member cluster started here from
-    /// the `etcd` binary, Debian's etcd-server).
+    /// etcd endpoints, comma-separated, as URLs or host:port (default: a three-member cluster
+    /// started here from the `etcd` binary, Debian's etcd-server).
     #[arg(long, value_delimiter = ',')]
     etcd: Vec<String>,
     /// Pool sizes as boxes (each of --devices-per-box devices), comma-separated; the largest
@@ -44,7 +44,8 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         cluster = pool::cluster::EtcdCluster::start(3).map_err(|e| e.to_string())?;
         cluster.config()
     } else {
-        let c = pool::PoolConfig::new(args.etcd.clone());
+        let urls: Result<Vec<String>, _> = args.etcd.iter().map(|e| pool::etcd_url(e)).collect();
+        let c = pool::PoolConfig::new(urls.map_err(|e| format!("--etcd: {e}"))?);
         c.validate().map_err(|e| format!("--{e}"))?;
         c
     };

@@ -9,13 +9,13 @@ use pool::{PoolConfig, admin};
 #[derive(Args, Debug)]
 pub(crate) struct PoolArgs {
     /// etcd endpoints, comma-separated, as URLs or host:port (`10.0.0.2:2379,10.0.0.3:2379`),
-    /// as etcdctl's `--endpoints` and `ETCDCTL_ENDPOINTS`.
+    /// as etcdctl takes its `--endpoints`; without the flag, from `DXPU_ETCD_ENDPOINTS`, else
+    /// etcdctl's own `ETCDCTL_ENDPOINTS`, else 127.0.0.1:2379.
     #[arg(
         long,
         visible_alias = "endpoints",
         value_delimiter = ',',
         env = "DXPU_ETCD_ENDPOINTS",
-        default_value = "127.0.0.1:2379",
         global = true
     )]
     etcd: Vec<String>,
@@ -63,8 +63,20 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The endpoints as given, else etcdctl's environment, else etcd's default client address.
+fn endpoints(given: &[String], etcdctl: Option<String>) -> Vec<String> {
+    if !given.is_empty() {
+        return given.to_vec();
+    }
+    match etcdctl.filter(|e| !e.trim().is_empty()) {
+        Some(e) => e.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => vec!["127.0.0.1:2379".to_string()],
+    }
+}
+
 pub(crate) fn run(args: PoolArgs) -> ExitCode {
-    let etcd: Result<Vec<String>, _> = args.etcd.iter().map(|e| pool::etcd_url(e)).collect();
+    let given = endpoints(&args.etcd, std::env::var("ETCDCTL_ENDPOINTS").ok());
+    let etcd: Result<Vec<String>, _> = given.iter().map(|e| pool::etcd_url(e)).collect();
     let etcd = match etcd {
         Ok(e) => e,
         Err(e) => return fail(format!("--etcd: {e}")),
@@ -158,4 +170,21 @@ fn operator(command: &str) -> String {
     let user = ops::caller::user_name(uid).unwrap_or_else(|| format!("uid {uid}"));
     let host = rustix::system::uname().nodename().to_string_lossy().into_owned();
     format!("{user}@{host} pid {} ({command})", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoints;
+
+    #[test]
+    fn endpoints_come_from_the_flag_then_etcdctls_environment_then_the_default() {
+        let flag = vec!["10.0.0.2:2379".to_string()];
+        assert_eq!(endpoints(&flag, Some("10.9.9.9:2379".into())), flag);
+        assert_eq!(
+            endpoints(&[], Some("http://a:2379, b:2379".into())),
+            vec!["http://a:2379".to_string(), "b:2379".to_string()]
+        );
+        assert_eq!(endpoints(&[], Some(" ".into())), vec!["127.0.0.1:2379".to_string()]);
+        assert_eq!(endpoints(&[], None), vec!["127.0.0.1:2379".to_string()]);
+    }
 }

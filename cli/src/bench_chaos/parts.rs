@@ -87,13 +87,30 @@ impl Imp {
     }
 }
 
+/// A port free now, below the kernel's ephemeral range: a port a box binds later must not be
+/// taken meanwhile as the local port of an outgoing connection (a box's own etcd client took
+/// its metrics port once, between this pick and the box's bind).
 pub(super) fn free_port(udp: bool) -> Result<u16, String> {
-    let port = if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let start = 10_000u16.min(low.saturating_sub(1_000)).max(1_024);
+    let span = u64::from(low.saturating_sub(start).max(1));
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let seed = u64::from(std::process::id()).wrapping_mul(0x9e37_79b9) ^ u64::from(nanos);
+    let free = |port: u16| {
+        if udp {
+            std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        } else {
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        }
     };
-    port.map(|a| a.port()).map_err(|e| format!("a free port: {e}"))
+    (0..500u64)
+        .map(|i| start + (seed.wrapping_add(i.wrapping_mul(7_919)) % span) as u16)
+        .find(|&p| free(p))
+        .ok_or_else(|| format!("no free {} port in {start}..{low}", if udp { "UDP" } else { "TCP" }))
 }
 
 /// One box: its configuration and process.
