@@ -278,3 +278,29 @@ fn forty_streams_run_side_by_side() {
     assert!(best.gpu_span_ns < 4e6, "span {} ns for forty 2 ms kernels side by side", best.gpu_span_ns);
     assert_eq!(plan.streams_sharing_channels(lab::replay::STREAM_CHANNELS), 0);
 }
+
+/// A broken trace whose event is recorded after the wait on it names a producer issued after
+/// the waiting work: that wait is not taken (the consumer's call would wait for a later
+/// call's submission, which waits for it), and the replay runs to its end.
+#[test]
+fn a_wait_on_an_event_recorded_later_is_not_taken_and_does_not_stall() {
+    let t = read(vec![
+        runtime("cudaStreamWaitEvent", 10, 2, 3),
+        sync(
+            "Stream Wait Event",
+            10,
+            3,
+            json!({"stream": 13, "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 5}),
+        ),
+        runtime("cudaLaunchKernel", 15, 2, 4),
+        kernel("consumer", 13, 16, 50, 4),
+        runtime("cudaLaunchKernel", 20, 2, 6),
+        kernel("producer", 7, 21, 50, 6),
+        runtime("cudaEventRecord", 30, 2, 5),
+        runtime("cudaDeviceSynchronize", 40, 40, 7),
+        sync("Context Sync", 40, 7, json!({})),
+    ]);
+    let plan = Plan::of(&t);
+    assert_eq!(plan.stated_waits, 0);
+    replay(&plan).unwrap();
+}

@@ -205,7 +205,11 @@ impl Plan {
             else {
                 continue;
             };
-            if stream != rec.stream && !out[consumer].contains(&producer) {
+            // Only work submitted before the waiting work can be waited for: a record that a
+            // broken trace places after the wait would make the consumer's call wait for a
+            // later call's submission, which waits for it (a stall).
+            let call = |a: usize| self.activities[a].call.map_or(usize::MAX, |(c, _)| c);
+            if stream != rec.stream && call(producer) < call(consumer) && !out[consumer].contains(&producer) {
                 out[consumer].push(producer);
             }
         }
