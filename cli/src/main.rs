@@ -29,9 +29,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The version `--version` prints: the package's, and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("DXPU_COMMIT"), ")");
+
 /// dxpu — use a GPU in a GPU box across the network as if it sat in a local PCIe slot.
 #[derive(Parser, Debug)]
-#[command(name = "dxpu", version, about, long_about = None)]
+#[command(name = "dxpu", version = VERSION, about, long_about = None)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,

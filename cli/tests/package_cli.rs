@@ -243,3 +243,16 @@ fn the_libvirt_domain_in_the_docs_validates_against_libvirts_schema() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `dxpu --version` names the commit it was built from: HEAD's, here (a git checkout).
+#[test]
+fn the_version_names_the_commit() {
+    let out = dxpu().arg("--version").output().unwrap();
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(repo()).output();
+    let commit = match head {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => "unknown".to_string(),
+    };
+    assert_eq!(v, format!("dxpu {} (commit {commit})", env!("CARGO_PKG_VERSION")));
+}

@@ -44,7 +44,8 @@ cp "$deb" "$root/tmp/dxpu.deb"
 chroot "$root" dpkg -i /tmp/dxpu.deb
 version=$(chroot "$root" dxpu --version)
 echo "deb test: in the clean root: $version"
-[[ "$version" == "dxpu $(grep -m1 '^version' Cargo.toml | cut -d'"' -f2)" ]] || { echo "deb test: unexpected version '$version'" >&2; exit 1; }
+# The package's version and the commit it was built from (`unknown` outside a git checkout).
+[[ "$version" == "dxpu $(grep -m1 '^version' Cargo.toml | cut -d'"' -f2) (commit "*")" ]] || { echo "deb test: unexpected version '$version'" >&2; exit 1; }
 chroot "$root" dxpu keygen /tmp/k >/dev/null 2>&1
 [[ $(stat -c %a "$root/tmp/k") == 600 ]] || { echo "deb test: keygen's file is not mode 0600" >&2; exit 1; }
 # The host endpoint's user, made by the postinst, and the host unit running as it.
