@@ -43,8 +43,10 @@ pub const MAX_BATCH: usize = 32;
 /// The answers to one line, in bytes; past it, the rest of a batch is answered with an
 /// error instead.
 const MAX_LINE_ANSWER: usize = 4 << 20;
-/// How long a client's thread waits for the endpoint's answer.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client's thread waits for the endpoint's answer: longer than a reload may take
+/// to read its files (`reload::READ_DEADLINE`, 10 s), so that a `ctl reload` of a file that
+/// blocks gets the reload's own answer (its deadline passed), not this one.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a write to a client may block before the client is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
