@@ -245,7 +245,7 @@ fn a_client_that_never_reads_does_not_stall_the_box_and_metrics_match_its_counte
 fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempdir("hmetrics");
-    let BoxAndHost { gpu, host, hs, hm, .. } = box_and_host(&dir, &["gpu0"], &["gpu0"], "");
+    let BoxAndHost { gpu, host, hs, hm, gm, .. } = box_and_host(&dir, &["gpu0"], &["gpu0"], "");
     // The control socket comes before the first attach ends: the device's series once it has.
     until("gpu0 attached", Duration::from_secs(5), || {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
@@ -262,12 +262,21 @@ fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
     assert!(t.contains("dxpu_surprise_removals_total{device=\"gpu0\"} 0"), "{t}");
     assert!(t.contains("dxpu_dma_outside_windows_total{device=\"gpu0\",op=\"read\"}"), "{t}");
     assert!(t.contains("dxpu_device_info{device=\"gpu0\""), "{t}");
-    // Anything but GET /metrics is refused.
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", hm)).unwrap();
-    write!(s, "GET / HTTP/1.1\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    let get = |port: u16, path: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    };
+    // Liveness through the endpoint's loop, on both.
+    for port in [hm, gm] {
+        let text = get(port, "/healthz");
+        assert!(text.starts_with("HTTP/1.1 200") && text.ends_with("ok\n"), "{text}");
+    }
+    // Anything else is refused.
+    let text = get(hm, "/");
+    assert!(text.starts_with("HTTP/1.1 404") && text.contains("/healthz"), "{text}");
     assert_eq!(host.stop().0, 0);
     assert_eq!(gpu.stop().0, 0);
     let _ = std::fs::remove_dir_all(dir);

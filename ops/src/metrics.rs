@@ -329,8 +329,10 @@ async fn serve(listener: std::net::TcpListener, calls: mpsc::Sender<Call>, stop:
 
 type Body = http_body_util::Full<hyper::body::Bytes>;
 
-/// One request: `GET` or `HEAD /metrics` answered with the exposition, other paths 404,
-/// other methods 405 (with `Allow`).
+/// One request: `GET` or `HEAD /metrics` answered with the exposition; `/healthz` with 200
+/// `ok` when the endpoint's loop answers (its `status`), 503 saying why when it does not
+/// (stopping, or stuck past the answer timeout) — a liveness probe that sees the loop, not
+/// only the HTTP server's thread; other paths 404, other methods 405 (with `Allow`).
 async fn answer(
     req: hyper::Request<hyper::body::Incoming>,
     calls: mpsc::Sender<Call>,
@@ -348,16 +350,25 @@ async fn answer(
         r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
-    if req.uri().path() != "/metrics" {
-        return Ok(text(404, "metrics are at /metrics\n"));
+    let path = req.uri().path();
+    if path != "/metrics" && path != "/healthz" {
+        return Ok(text(404, "metrics are at /metrics, liveness at /healthz\n"));
     }
-    let (call, reply) = Call::new("metrics", serde_json::Value::Null);
+    let (call, reply) =
+        Call::new(if path == "/healthz" { "status" } else { "metrics" }, serde_json::Value::Null);
     if calls.send(call).is_err() {
         return Ok(text(503, "the endpoint is stopping\n"));
     }
     // The endpoint's loop answers between its polls: wait for it off this runtime's thread.
     let got =
         tokio::task::spawn_blocking(move || reply.recv_timeout(ANSWER_TIMEOUT).ok()).await.ok().flatten();
+    if path == "/healthz" {
+        return Ok(match got {
+            Some(Ok(_)) => text(200, "ok\n"),
+            Some(Err(e)) => text(503, &format!("{}\n", e.message)),
+            None => text(503, &format!("the endpoint's loop did not answer within {ANSWER_TIMEOUT:?}\n")),
+        });
+    }
     Ok(match got {
         Some(Ok(serde_json::Value::String(t))) => {
             let mut r = hyper::Response::new(Body::from(t));
