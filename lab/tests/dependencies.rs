@@ -304,3 +304,46 @@ fn a_wait_on_an_event_recorded_later_is_not_taken_and_does_not_stall() {
     assert_eq!(plan.stated_waits, 0);
     replay(&plan).unwrap();
 }
+
+/// `cuda_sync` events as a file may carry them wrongly: a value of the wrong type or a stream
+/// sync naming no stream refused naming the event and field; a kind this reader does not know
+/// skipped and counted; an event never recorded (-1) waited for by nothing.
+#[test]
+fn malformed_sync_events_are_refused_or_skipped_saying_so() {
+    let base = || {
+        vec![
+            runtime("cudaLaunchKernel", 0, 5, 1),
+            kernel("k", 7, 4, 20, 1),
+            runtime("cudaStreamSynchronize", 40, 3, 2),
+        ]
+    };
+    let parse_with = |extra: Value| {
+        let mut e = base();
+        e.push(extra);
+        parse(json!({ "traceEvents": e }).to_string().as_bytes(), "bad", Pick::ANY)
+    };
+    let e = parse_with(sync("Stream Sync", 40, 2, json!({"stream": "seven"}))).unwrap_err();
+    assert!(e.to_string().contains("traceEvents[3]") && e.to_string().contains("stream"), "{e}");
+    let e = parse_with(sync("Stream Sync", 40, 2, json!({}))).unwrap_err();
+    assert!(e.to_string().contains("missing or none for a stream synchronization"), "{e}");
+    let e = parse_with(sync(
+        "Event Sync",
+        40,
+        2,
+        json!({"wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 1.5}),
+    ))
+    .unwrap_err();
+    assert!(e.to_string().contains("wait_on_cuda_event_record_corr_id"), "{e}");
+    let t = parse_with(sync("Some Future Sync", 40, 2, json!({"stream": 7}))).unwrap();
+    assert_eq!((t.sync_events, t.skipped), (0, 1));
+    let t = parse_with(sync(
+        "Event Sync",
+        40,
+        2,
+        json!({"wait_on_stream": -1, "wait_on_cuda_event_record_corr_id": -1}),
+    ))
+    .unwrap();
+    assert_eq!(t.sync_events, 1);
+    let plan = Plan::of(&t);
+    assert!(plan.explicit && plan.calls[1].awaits.is_empty(), "{:?}", plan.calls[1]);
+}

@@ -431,7 +431,9 @@ fn handle_request(req: &Value, calls: &mpsc::Sender<Call>, caller: Option<&Arc<C
         return Some(response(id, Err(RpcError::new(INVALID_REQUEST, "\"method\" must be a string"))));
     };
     let params = req.get("params").cloned().unwrap_or(Value::Null);
-    let (mut call, answer) = Call::new(method, params.clone());
+    // What a change was called with, kept for the audit line (a read keeps nothing).
+    let audited = CHANGES.contains(&method).then(|| params.clone());
+    let (mut call, answer) = Call::new(method, params);
     call.caller = caller.cloned();
     if calls.send(call).is_err() {
         return (!notification).then(|| response(id, Err(RpcError::failed("the endpoint is stopping"))));
@@ -439,7 +441,7 @@ fn handle_request(req: &Value, calls: &mpsc::Sender<Call>, caller: Option<&Arc<C
     let r = answer.recv_timeout(ANSWER_TIMEOUT).unwrap_or_else(|_| {
         Err(RpcError::failed(format!("the endpoint did not answer within {ANSWER_TIMEOUT:?}")))
     });
-    if CHANGES.contains(&method) {
+    if let Some(params) = audited {
         // Who changed what, and what came of it: the audit trail.
         let who = caller.map_or("a caller the kernel did not name".to_string(), |c| c.to_string());
         let params = if params.is_null() { String::new() } else { format!(" {params}") };

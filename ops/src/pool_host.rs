@@ -320,8 +320,7 @@ impl Reloading {
         let (path, [driver, poll]) = (self.cfg.path.clone(), self.cfg.overrides.clone());
         let read = move || -> Result<HostFile, RunError> {
             let mut file: HostFile = crate::config::read(&path)?;
-            file.link.driver = driver.or(file.link.driver);
-            file.link.poll = poll.or(file.link.poll);
+            file.override_link(driver.as_deref(), poll.as_deref());
             let at = || path.display().to_string();
             if !file.attachments(None).map_err(|source| RunError::InFile { path: at(), source })?.is_empty() {
                 return Err(RunError::AttachAndPool { path: at() });

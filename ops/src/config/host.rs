@@ -52,6 +52,16 @@ impl HostFile {
 }
 
 impl HostFile {
+    /// The command line's `--driver` and `--poll` (as the file spells them) over the file's.
+    pub fn override_link(&mut self, driver: Option<&str>, poll: Option<&str>) {
+        if let Some(d) = driver {
+            self.link.driver = Some(d.to_string());
+        }
+        if let Some(p) = poll {
+            self.link.poll = Some(p.to_string());
+        }
+    }
+
     /// The settings a reload cannot change: the names of those that differ in `new`.
     pub fn restart_only_changes(&self, new: &HostFile) -> Vec<&'static str> {
         let mut out = Vec::new();

@@ -146,12 +146,7 @@ pub struct HostStart {
 pub fn check(start: &HostStart) -> Result<String, RunError> {
     let at = || start.config.display().to_string();
     let mut file: HostFile = config::read(&start.config)?;
-    if let Some(d) = &start.driver {
-        file.link.driver = Some(d.clone());
-    }
-    if let Some(p) = &start.poll {
-        file.link.poll = Some(p.clone());
-    }
+    file.override_link(start.driver.as_deref(), start.poll.as_deref());
     let in_file = |source| RunError::InFile { path: at(), source };
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     file.metrics.listen()?;
@@ -175,12 +170,7 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
     let at = || start.config.display().to_string();
     let in_file = |source| RunError::InFile { path: at(), source };
     let mut file: HostFile = config::read(&start.config)?;
-    if let Some(d) = &start.driver {
-        file.link.driver = Some(d.clone());
-    }
-    if let Some(p) = &start.poll {
-        file.link.poll = Some(p.clone());
-    }
+    file.override_link(start.driver.as_deref(), start.poll.as_deref());
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     let pool = file.pool().map_err(in_file)?;
     let stop = crate::process::stop_flag()?;

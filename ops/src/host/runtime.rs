@@ -683,12 +683,7 @@ pub fn read_host_file(
 ) -> Result<HostConfig, RunError> {
     let [server, driver, poll] = overrides;
     let mut file: HostFile = config::read(path)?;
-    if let Some(d) = driver {
-        file.link.driver = Some(d.clone());
-    }
-    if let Some(p) = poll {
-        file.link.poll = Some(p.clone());
-    }
+    file.override_link(driver.as_deref(), poll.as_deref());
     let in_file = || path.display().to_string();
     let all =
         file.attachments(server.as_deref()).map_err(|source| RunError::InFile { path: in_file(), source })?;
