@@ -53,7 +53,15 @@ fn a_trace_compared_direct_against_bridged_gives_runs_a_link_and_a_prediction() 
     for o in c.overheads_against_trace() {
         assert!(o > 0.0, "{:?}", c.overheads_against_trace());
     }
-    assert!(c.overheads.iter().any(|&o| o > 0.0), "{:?}", c.overheads);
+    // Against the direct runs, where they kept the traced pace: a direct run descheduled
+    // under the whole suite's load once took 7× the bridged one (overheads -86 and -78 %),
+    // and the report then says NOT FAITHFUL rather than giving the figure.
+    assert!(
+        c.overheads.iter().any(|&o| o > 0.0) || !c.faithfulness.faithful(),
+        "{:?} {:?}",
+        c.overheads,
+        c.faithfulness
+    );
     assert!(c.predicted_overhead_percent() > 0.0, "{}", c.predicted_overhead_percent());
     assert!(c.predicted_bridged.added.total_ns() > 0.0);
     // Blind: the model's rates are those of a copy alone, calibrated before the replays,
