@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bridge::attach::Control;
 use bridge::{Dispatcher, Kept};
-use link::driver::{AnyUdp, Clock, Datagrams, Impaired, ServerRunner, Tapped};
+use link::driver::{AnyUdp, Clock, Datagrams, Impaired, ServerRunner, SpinMeter, SpinTotals, Tapped};
 use link::{DownReason, Endpoint, Event, Session, SessionMap};
 use tlp::{Body, CplStatus, TlpRepr, rules};
 
@@ -47,6 +47,10 @@ pub struct GpuEndpoint {
     /// The pool's claims, if the box serves a pool.
     pub(crate) claims: Option<Claims>,
     pub(crate) journal: Journal,
+    /// What the passes that found nothing took ([`GpuEndpoint::spin_totals`]), and how many
+    /// times the runner had slept when the last pass began.
+    spin: SpinMeter,
+    sleeps: u64,
 }
 
 impl GpuEndpoint {
@@ -105,7 +109,15 @@ impl GpuEndpoint {
             failure_log: None,
             claims: None,
             journal: Journal::default(),
+            spin: SpinMeter::new(),
+            sleeps: 0,
         })
+    }
+
+    /// The time its passes spent finding nothing to do (busy polling's spins), readable from
+    /// another thread while it runs: its thread's CPU time less this is its work.
+    pub fn spin_totals(&self) -> std::sync::Arc<SpinTotals> {
+        self.spin.totals()
     }
 
     /// `ok`, or why export `name` is unhealthy.
@@ -152,6 +164,18 @@ impl GpuEndpoint {
     /// happened.
     pub fn poll(&mut self) -> io::Result<bool> {
         let now = self.runner.clock.now();
+        if self.runner.sleeps() != self.sleeps {
+            self.sleeps = self.runner.sleeps();
+            self.spin.slept();
+        }
+        self.spin.pass_began(now);
+        let active = self.pass(now)?;
+        self.spin.pass_ended(now, active);
+        Ok(active)
+    }
+
+    /// [`GpuEndpoint::poll`]'s pass, at `now`.
+    fn pass(&mut self, now: link::Time) -> io::Result<bool> {
         let mut active = self.receive(now)?;
         if self.answer_kept() {
             // In a host's read the time from here to the send is the round trip's; the

@@ -73,6 +73,10 @@ pub(crate) struct DeviceState {
     pub last_pump: link::Time,
     /// `AttachOptions::answer_slice`.
     pub answer_slice: Option<std::time::Duration>,
+    /// What the passes that found nothing took (a busy-polling caller's spins), and how many
+    /// times the link had slept when the last pass began.
+    pub spin: link::driver::SpinMeter,
+    pub sleeps: u64,
 }
 
 impl DeviceState {

@@ -105,8 +105,19 @@ impl DeviceState {
     }
 
     /// One pass: [`DeviceState::pump_for`], answering the device's requests until
-    /// `answer_until` (one at least; all without it).
+    /// `answer_until` (one at least; all without it); metered ([`DeviceState::spin`]).
     fn pass(&mut self, now: Time, awaited: Option<tlp::Tag>, answer_until: Option<Time>) -> bool {
+        if self.link.sleeps() != self.sleeps {
+            self.sleeps = self.link.sleeps();
+            self.spin.slept();
+        }
+        self.spin.pass_began(now);
+        let worked = self.pass_unmetered(now, awaited, answer_until);
+        self.spin.pass_ended(now, worked);
+        worked
+    }
+
+    fn pass_unmetered(&mut self, now: Time, awaited: Option<tlp::Tag>, answer_until: Option<Time>) -> bool {
         self.last_pump = now;
         if self.fence_raised() {
             // Fenced between calls (the service thread pumps every few ms): act on it now.

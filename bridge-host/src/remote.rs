@@ -85,6 +85,8 @@ impl RemoteDevice {
             stats: HostStats::default(),
             last_pump: clock.now(),
             answer_slice: opts.answer_slice,
+            spin: link::driver::SpinMeter::new(),
+            sleeps: 0,
         };
         state.learn_max_payload();
         let inner = Arc::new(Mutex::new(state));
@@ -387,6 +389,9 @@ fn stats_of(g: &DeviceState) -> HostStats {
     s.malformed_tlps = d.malformed;
     s.largest_payload_received = d.largest_payload;
     s.largest_read_request_received = d.largest_read_request;
+    let spin = g.spin.totals();
+    s.spin_ns = spin.spun().as_nanos() as u64;
+    s.empty_passes = spin.empty_passes();
     s
 }
 

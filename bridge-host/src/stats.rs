@@ -55,6 +55,12 @@ pub struct HostStats {
     pub mmio_reads: LatencyHistogram,
     /// The session's counters.
     pub link: link::Stats,
+    /// Nanoseconds the passes over the link that found nothing took, gap to the next pass
+    /// included (`link::driver::SpinMeter`): a busy-polling caller's spins. Its thread's CPU
+    /// time less this is the endpoint's work.
+    pub spin_ns: u64,
+    /// Passes over the link that found nothing to do.
+    pub empty_passes: u64,
 }
 
 /// Durations in power-of-two buckets of nanoseconds: `buckets[i]` counts those in

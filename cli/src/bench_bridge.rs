@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::args::PinArg;
 use crate::bench::{
-    Buffers, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
+    Buffers, GsoRun, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
 use lab::affinity::{self, Placement};
 use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
@@ -121,10 +121,10 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     let placement = if runs(Section::Mmio) { args.pin.placement(&affinity::allowed()?)? } else { None };
     let mmio =
         if runs(Section::Mmio) { mmio_section(n, spin, &drivers, placement, say)? } else { Vec::new() };
-    let (dma, gso, floors, [copy_floor, staged_floor]) = if runs(Section::Dma) {
+    let (dma, gso, floors, [copy_floor, staged_floor], floor_cpu) = if runs(Section::Dma) {
         dma_section(&args, spin, &drivers, say)?
     } else {
-        (Vec::new(), None, Vec::new(), [None; 2])
+        (Vec::new(), None, Vec::new(), [None; 2], serde_json::Value::Null)
     };
     let workload =
         if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
@@ -138,6 +138,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             "floor_gso_runs_bytes_per_s": floors.iter().map(|&f| bytes_per_s(f)).collect::<Vec<_>>(),
             "floor_gso_copy_bytes_per_s": copy_floor.map(bytes_per_s),
             "floor_gso_staged_bytes_per_s": staged_floor.map(bytes_per_s),
+            "floor_gso_cpu_s_per_gib": floor_cpu,
             "workload": workload,
         });
         outln!("{report}");
@@ -220,7 +221,76 @@ fn mmio_section(
 
 /// Section (b)'s rows, the GSO floor's median and its samples, and the medians of the same
 /// floor from and into buffers of the copy's size: directly (one copy per side) and staged (two).
-type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2]);
+type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2], serde_json::Value);
+
+/// The GSO + GRO floor's samples: with hot buffers, from and into copy-sized ones, and
+/// staged; or why the kernel refused the offloads.
+#[derive(Default)]
+struct Floors {
+    hot: Vec<GsoRun>,
+    copy: Vec<GsoRun>,
+    staged: Vec<GsoRun>,
+    refused: Option<String>,
+}
+
+impl Floors {
+    /// One sample of each, unless the kernel refused the first.
+    fn sample(&mut self, bytes: usize) -> Result<(), String> {
+        if self.refused.is_some() {
+            return Ok(());
+        }
+        match bare_gso_stream(bytes, LINK_MTU) {
+            Ok(r) => {
+                self.hot.push(r);
+                let io = |e: std::io::Error| e.to_string();
+                self.copy.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
+                self.staged.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
+            }
+            Err(e) => self.refused = Some(e.to_string()),
+        }
+        Ok(())
+    }
+}
+
+/// A floor's CPU per GiB as the bridged rows' columns have it (host h→d, box h→d, host d→h,
+/// box d→h): in h→d the host sends and the box receives, in d→h the other way round.
+fn floor_cpu(runs: &[GsoRun]) -> Option<[f64; 4]> {
+    if runs.is_empty() {
+        return None;
+    }
+    let send = Spread::of(runs.iter().map(|r| r.send_cpu_s_per_gib)).median;
+    let receive = Spread::of(runs.iter().map(|r| r.receive_cpu_s_per_gib)).median;
+    Some([send, receive, receive, send])
+}
+
+/// One bridged variant's copies.
+struct Bridged {
+    label: String,
+    driver: DriverKind,
+    authenticated: bool,
+    zero_copy: bool,
+    copied: Copied,
+    link: link::Stats,
+}
+
+/// Copies through a fresh pair of busy-polling endpoints of this variant.
+fn bridged_copies(
+    args: &BridgeBench,
+    (driver, frames, offload): (DriverKind, Frames, link::driver::Offload),
+    spin: Duration,
+) -> Result<(Copied, link::Stats), String> {
+    let poll = PollMode::Busy { spin };
+    let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
+    let mut d = open(&gpu, driver, poll)?;
+    let buf = pinned(&mut d, args.copy_bytes)?;
+    let spun =
+        |d: &mut SimGpuDriver<RemoteDevice>| [Duration::from_nanos(d.pci().stats().spin_ns), gpu.spun()];
+    let c = timed_copies(&mut d, &buf, args.copy_repeat, &spun).map_err(|e| match d.pci().removed() {
+        Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
+        None => e,
+    })?;
+    Ok((c, d.pci().stats().link))
+}
 
 /// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
 fn dma_section(
@@ -252,22 +322,13 @@ fn dma_section(
         "1.00".into(),
     ]);
     // The floor issue 17 measures the bridges against: the kernel's UDP GSO and GRO with the
-    // link's datagram size.
-    // Sampled before the bridged rows and after each of them, and taken as the median: one
-    // run of it spreads 0.6–4.5 GB/s on this machine, from one minute to the next.
-    let mut floors = Vec::new();
-    let mut gso_refused = None;
-    // The same with the copy's bytes read from and written to buffers of the copy's size, as
-    // the bridges must: how much of the gap to the floor is memory traffic, not software.
-    let (mut copy_floors, mut staged_floors) = (Vec::new(), Vec::new());
-    match bare_gso_stream(args.copy_bytes, LINK_MTU) {
-        Ok(r) => {
-            floors.push(r);
-            copy_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
-            staged_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
-        }
-        Err(e) => gso_refused = Some(e.to_string()),
-    }
+    // link's datagram size; and the same with the copy's bytes read from and written to
+    // buffers of the copy's size, as the bridges must (how much of the gap to the floor is
+    // memory traffic, not software), directly and staged. Sampled before the bridged rows and
+    // after each of them, and taken as the median: one run of it spreads 0.6–4.5 GB/s on
+    // this machine, from one minute to the next.
+    let mut floors = Floors::default();
+    floors.sample(args.copy_bytes)?;
     let c = direct_copies(args)?;
     let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
     dma.push(dma_row("direct", "none", h2d, d2h, false));
@@ -281,18 +342,8 @@ fn dma_section(
     // Printed once the floor's samples are in.
     // io_uring also with zero-copy sends, to see whether they win here.
     let mut bridged = Vec::new();
-    for (driver, frames, offload) in variants(drivers) {
-        let poll = PollMode::Busy { spin };
-        let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
-        let mut d = open(&gpu, driver, poll)?;
-        let buf = pinned(&mut d, args.copy_bytes)?;
-        let c = timed_copies(&mut d, &buf, args.copy_repeat).map_err(|e| match d.pci().removed() {
-            Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-            None => e,
-        })?;
-        let link = d.pci().stats().link;
-        drop(d);
-        drop(gpu);
+    for variant @ (driver, frames, offload) in variants(drivers) {
+        let (copied, link) = bridged_copies(args, variant, spin)?;
         let label = if offload.zero_copy_send {
             "  the same, zero-copy sends".to_string()
         } else if frames == Frames::Tagged {
@@ -300,24 +351,27 @@ fn dma_section(
         } else {
             "  the same, frames untagged".to_string()
         };
-        bridged.push((label, driver, frames != Frames::Unauthenticated, offload.zero_copy_send, c, link));
-        if gso_refused.is_none() {
-            floors.push(bare_gso_stream(args.copy_bytes, LINK_MTU).map_err(io)?);
-            copy_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
-            staged_floors.push(bare_gso_stream_with(args.copy_bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
-        }
+        let (authenticated, zero_copy) = (frames != Frames::Unauthenticated, offload.zero_copy_send);
+        bridged.push(Bridged { label, driver, authenticated, zero_copy, copied, link });
+        floors.sample(args.copy_bytes)?;
     }
-    let (gso, copy, staged) =
-        floor_lines(say, &floors, gso_refused.as_deref(), &copy_floors, &staged_floors, mb, bare);
-    let mut cpu = Vec::new();
-    for (label, driver, authenticated, zero_copy, c, link) in bridged {
-        let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
-        let mut row = dma_row("bridged", name(driver), h2d, d2h, authenticated);
-        row["zero_copy_send"] = json!(zero_copy);
-        row["host_cpu_s_per_gib"] = json!({"h2d": c.host_cpu[0], "d2h": c.host_cpu[1]});
-        row["box_cpu_s_per_gib"] = json!({"h2d": c.box_cpu[0], "d2h": c.box_cpu[1]});
-        row["retransmits"] = json!(link.retransmits);
-        row["replay_timeouts"] = json!(link.replay_timeouts);
+    let rates = |runs: &[GsoRun]| runs.iter().map(|r| r.mb_s).collect::<Vec<_>>();
+    let (gso, copy, staged) = floor_lines(
+        say,
+        &rates(&floors.hot),
+        floors.refused.as_deref(),
+        &rates(&floors.copy),
+        &rates(&floors.staged),
+        mb,
+        bare,
+    );
+    let floor_cpus = [floor_cpu(&floors.hot), floor_cpu(&floors.copy), floor_cpu(&floors.staged)];
+    for b in &bridged {
+        let (h2d, d2h) = (b.copied.h2d_mb_s, b.copied.d2h_mb_s);
+        let mut row = dma_row("bridged", name(b.driver), h2d, d2h, b.authenticated);
+        cpu_fields(&mut row, b, floor_cpus);
+        row["retransmits"] = json!(b.link.retransmits);
+        row["replay_timeouts"] = json!(b.link.replay_timeouts);
         if let Some(f) = gso {
             row["vs_gso_floor_ratio"] = json!({"h2d": h2d / f, "d2h": d2h / f});
         }
@@ -328,7 +382,7 @@ fn dma_section(
         say(crate::out::row(
             &[48, 10, 10, 12],
             &[
-                label.clone(),
+                b.label.clone(),
                 format!("{h2d:.0}"),
                 format!("{d2h:.0}"),
                 format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
@@ -337,11 +391,14 @@ fn dma_section(
             + &staged.map_or(String::new(), |c| {
                 format!(", staged {:.2} / {:.2}", h2d / c.median, d2h / c.median)
             }));
-        cpu.push((label, c));
     }
-    cpu_table(say, &cpu);
-
-    Ok((dma, gso, floors, [copy.map(|c| c.median), staged.map(|c| c.median)]))
+    cpu_table(say, &bridged, floor_cpus, mb);
+    let hot = floors.hot.iter().map(|r| r.mb_s).collect();
+    // Each floor's sender and receiver, CPU seconds per GiB (medians of the samples).
+    let cpu = |f: Option<[f64; 4]>| f.map(|[send, receive, _, _]| json!({"send": send, "receive": receive}));
+    let floor_cpu =
+        json!({"hot": cpu(floor_cpus[0]), "copy": cpu(floor_cpus[1]), "staged": cpu(floor_cpus[2])});
+    Ok((dma, gso, hot, [copy.map(|c| c.median), staged.map(|c| c.median)], floor_cpu))
 }
 
 /// The floors' lines — bare sockets with UDP GSO and GRO (or why not), the same from and
@@ -396,7 +453,7 @@ fn direct_copies(args: &BridgeBench) -> Result<Copied, String> {
     let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
         .map_err(|e| e.to_string())?;
     let buf = pinned(&mut d, args.copy_bytes)?;
-    timed_copies(&mut d, &buf, args.copy_repeat)
+    timed_copies(&mut d, &buf, args.copy_repeat, &no_spin)
 }
 
 /// The bridged rows' variants: each driver with the link's tags (the default) and without
@@ -415,21 +472,77 @@ fn variants(drivers: &[DriverKind]) -> Vec<(DriverKind, Frames, link::driver::Of
     variants
 }
 
-/// The CPU seconds each bridged row's copies took per GiB, host and box, each way.
-fn cpu_table(say: &dyn Fn(String), cpu: &[(String, Copied)]) {
-    if !cpu.is_empty() {
-        say(String::new());
-        let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 10, 10], cells));
-        line(
-            &["    CPU seconds per GiB moved", "host h→d", "box h→d", "host d→h", "box d→h"]
-                .map(String::from),
-        );
-        for (label, c) in cpu {
-            let figures =
-                [c.host_cpu[0], c.box_cpu[0], c.host_cpu[1], c.box_cpu[1]].map(|x| format!("{x:.3}"));
-            line(&[[label.to_string()].as_slice(), &figures].concat());
+/// A bridged row's CPU figures: per side and way, with the spins and without (the work), and
+/// the work over each floor's.
+fn cpu_fields(row: &mut serde_json::Value, b: &Bridged, floor_cpus: [Option<[f64; 4]>; 3]) {
+    row["zero_copy_send"] = json!(b.zero_copy);
+    let c = &b.copied;
+    row["host_cpu_s_per_gib"] = json!({"h2d": c.host_cpu[0], "d2h": c.host_cpu[1]});
+    row["box_cpu_s_per_gib"] = json!({"h2d": c.box_cpu[0], "d2h": c.box_cpu[1]});
+    row["host_work_s_per_gib"] = json!({"h2d": c.host_work[0], "d2h": c.host_work[1]});
+    row["box_work_s_per_gib"] = json!({"h2d": c.box_work[0], "d2h": c.box_work[1]});
+    // Per direction, both sides together: on loopback the sender's system call also runs
+    // the receiver's half of the kernel's path (the softirq that queues the datagram), so
+    // a side alone says more about loopback than about the bridge.
+    for (key, floor) in [
+        ("cpu_vs_gso_floor_ratio", floor_cpus[0]),
+        ("cpu_vs_gso_copy_floor_ratio", floor_cpus[1]),
+        ("cpu_vs_gso_staged_floor_ratio", floor_cpus[2]),
+    ] {
+        if let Some(f) = floor {
+            let [h2d, d2h] = both_ways(c.work(), f);
+            row[key] = json!({"h2d": h2d, "d2h": d2h});
         }
     }
+}
+
+/// Both sides' CPU per GiB together in `w` (the tables' four columns) over the same in the
+/// floor's `f`, h→d then d→h.
+fn both_ways(w: [f64; 4], f: [f64; 4]) -> [f64; 2] {
+    [(w[0] + w[1]) / (f[0] + f[1]), (w[2] + w[3]) / (f[2] + f[3])]
+}
+
+/// The CPU seconds per GiB each side spent working — its thread's CPU time less what its
+/// passes that found nothing took — the floors' beside them, and the bridged rows' CPU time
+/// with the spins (busy polling's: the rate's inverse more than the work).
+fn cpu_table(say: &dyn Fn(String), bridged: &[Bridged], floors: [Option<[f64; 4]>; 3], mb: f64) {
+    if bridged.is_empty() {
+        return;
+    }
+    say(String::new());
+    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 10, 10, 14], cells));
+    let head =
+        ["    CPU seconds per GiB, working", "host h→d", "box h→d", "host d→h", "box d→h", "both ÷ floor"];
+    line(&head.map(String::from));
+    let figures = |w: [f64; 4]| w.map(|x| format!("{x:.3}"));
+    let names = [
+        "bare sockets, UDP GSO + GRO (send / receive)".to_string(),
+        format!("  the same, from and into {mb:.0} MB buffers"),
+        "  the same, staged".to_string(),
+    ];
+    for (name, f) in names.iter().zip(floors) {
+        if let Some(f) = f {
+            line(&[[name.clone()].as_slice(), &figures(f), &["".into()]].concat());
+        }
+    }
+    for b in bridged {
+        let w = b.copied.work();
+        let ratio = match (floors[0], floors[2]) {
+            (Some(hot), Some(staged)) => {
+                let ([a, b], [c, d]) = (both_ways(w, hot), both_ways(w, staged));
+                format!("{a:.2} / {b:.2}, staged {c:.2} / {d:.2}")
+            }
+            _ => String::new(),
+        };
+        line(
+            &[[b.label.replace(", busy-poll", ", spins not counted")].as_slice(), &figures(w), &[ratio]]
+                .concat(),
+        );
+        let busy = ["    with the spins".to_string()];
+        line(&[busy.as_slice(), &figures(b.copied.sides()), &["".into()]].concat());
+    }
+    say("(both ÷ floor: host and box together over the floor's sender and receiver, h→d / d→h;".into());
+    say(" on loopback a sender's system call also runs the receiver's half of the kernel's path)".into());
 }
 
 /// (c): the demo workload bridged against direct.
@@ -463,6 +576,30 @@ struct Copied {
     /// polling drives) and the rest of the process (the box endpoint's thread), h→d then d→h.
     host_cpu: [f64; 2],
     box_cpu: [f64; 2],
+    /// The same less what each endpoint's passes that found nothing took (its spins,
+    /// `link::driver::SpinMeter`): the work.
+    host_work: [f64; 2],
+    box_work: [f64; 2],
+}
+
+impl Copied {
+    /// CPU per GiB as the tables' columns: host h→d, box h→d, host d→h, box d→h.
+    fn sides(&self) -> [f64; 4] {
+        [self.host_cpu[0], self.box_cpu[0], self.host_cpu[1], self.box_cpu[1]]
+    }
+    /// The work per GiB, the same way.
+    fn work(&self) -> [f64; 4] {
+        [self.host_work[0], self.box_work[0], self.host_work[1], self.box_work[1]]
+    }
+}
+
+/// What the host's and the box's endpoints have spun so far: each endpoint's
+/// `link::driver::SpinMeter` totals.
+type Spun<'a, P> = &'a dyn Fn(&mut SimGpuDriver<P>) -> [Duration; 2];
+
+/// A directly attached device has no endpoints: nothing spins.
+fn no_spin<P: driver::PciFunction>(_: &mut SimGpuDriver<P>) -> [Duration; 2] {
+    [Duration::ZERO; 2]
 }
 
 /// CPU time of the calling thread and of the whole process so far.
@@ -477,13 +614,14 @@ fn timed_copies<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     buf: &driver::DmaBuf,
     repeat: u32,
+    spun: Spun<'_, P>,
 ) -> Result<Copied, String> {
     let data = testbed::suite::pattern(buf.len, 3);
     let mut back = vec![0xffu8; buf.len];
-    pinned_copy(d, buf, &data, &mut back)?;
+    pinned_copy(d, buf, &data, &mut back, spun)?;
     let mut runs = Vec::new();
     for _ in 0..repeat {
-        runs.push(pinned_copy(d, buf, &data, &mut back)?);
+        runs.push(pinned_copy(d, buf, &data, &mut back, spun)?);
     }
     let median = |f: &dyn Fn(&Copied) -> f64| Spread::of(runs.iter().map(f)).median;
     Ok(Copied {
@@ -491,6 +629,8 @@ fn timed_copies<P: driver::PciFunction>(
         d2h_mb_s: median(&|c| c.d2h_mb_s),
         host_cpu: [median(&|c| c.host_cpu[0]), median(&|c| c.host_cpu[1])],
         box_cpu: [median(&|c| c.box_cpu[0]), median(&|c| c.box_cpu[1])],
+        host_work: [median(&|c| c.host_work[0]), median(&|c| c.host_work[1])],
+        box_work: [median(&|c| c.box_work[0]), median(&|c| c.box_work[1])],
     })
 }
 
@@ -502,12 +642,14 @@ fn pinned<P: driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Resu
 /// The device's DMA engine alone, as CUDA's `bandwidthTest --memory=pinned` measures it: the
 /// bytes already lie in a DMA buffer (`buf`), the device copies them to VRAM at 0 and back,
 /// the clock runs from each command's submission to its fence, and the bytes that came back
-/// (into `back`) are checked against `data` after. Returns the rate and CPU time each way.
+/// (into `back`) are checked against `data` after. Returns the rate and CPU time each way,
+/// and the work: the CPU time less what `spun` says each endpoint spun meanwhile.
 fn pinned_copy<P: driver::PciFunction>(
     d: &mut SimGpuDriver<P>,
     buf: &driver::DmaBuf,
     data: &[u8],
     back: &mut [u8],
+    spun: Spun<'_, P>,
 ) -> Result<Copied, String> {
     use driver::WaitMode;
     use simgpu_abi::op;
@@ -516,14 +658,18 @@ fn pinned_copy<P: driver::PciFunction>(
     let gib = buf.len as f64 / (1u64 << 30) as f64;
     let mut c = Copied::default();
     let mut timed = |d: &mut SimGpuDriver<P>, op: u32, args: [u64; 5], i: usize| -> Result<f64, String> {
-        let (thread0, process0) = cpu_now();
+        let ([host_spun0, box_spun0], (thread0, process0)) = (spun(d), cpu_now());
         let t = Instant::now();
         d.launch(op, args, WaitMode::Poll).map_err(|e| e.to_string())?;
         let rate = mb / t.elapsed().as_secs_f64();
         let (thread1, process1) = cpu_now();
+        let [host_spun1, box_spun1] = spun(d);
         let host = (thread1 - thread0).as_secs_f64();
+        let box_ = ((process1 - process0).as_secs_f64() - host).max(0.0);
         c.host_cpu[i] = host / gib;
-        c.box_cpu[i] = ((process1 - process0).as_secs_f64() - host).max(0.0) / gib;
+        c.box_cpu[i] = box_ / gib;
+        c.host_work[i] = (host - (host_spun1 - host_spun0).as_secs_f64()).max(0.0) / gib;
+        c.box_work[i] = (box_ - (box_spun1 - box_spun0).as_secs_f64()).max(0.0) / gib;
         Ok(rate)
     };
     d.pci().dma_write(buf, 0, data);

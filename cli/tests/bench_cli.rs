@@ -89,6 +89,25 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     let box_cpu = |way: &str| bridged["box_cpu_s_per_gib"][way].as_f64().unwrap();
     assert!(box_cpu("h2d") >= 0.0 && box_cpu("d2h") >= 0.0, "{bridged}");
     assert!(box_cpu("h2d") + box_cpu("d2h") > 0.0, "no box CPU time either way: {bridged}");
+    // The work is the CPU time less the spins: never more, never negative; and the floors'
+    // sender and receiver spent something on every byte.
+    for side in ["host", "box"] {
+        for way in ["h2d", "d2h"] {
+            let cpu = bridged[format!("{side}_cpu_s_per_gib")][way].as_f64().unwrap();
+            let work = bridged[format!("{side}_work_s_per_gib")][way].as_f64().unwrap();
+            assert!((0.0..=cpu + 1e-12).contains(&work), "{side} {way}: work {work} of {cpu}: {bridged}");
+        }
+    }
+    if !v["floor_gso_bytes_per_s"].is_null() {
+        for floor in ["hot", "copy", "staged"] {
+            for end in ["send", "receive"] {
+                let f = v["floor_gso_cpu_s_per_gib"][floor][end].as_f64().unwrap();
+                assert!(f > 0.0, "{floor} {end}: {v}");
+            }
+        }
+        let ratio = bridged["cpu_vs_gso_staged_floor_ratio"]["h2d"].as_f64().unwrap();
+        assert!(ratio > 0.0, "{bridged}");
+    }
     assert!(
         dma.iter().any(|r| r["path"] == "bridged" && r["authenticated"] == false),
         "a bridged row with the frames untagged, for what the tags cost: {dma:?}"

@@ -81,6 +81,8 @@ pub struct LocalBox {
     endpoint: bridge_gpu::EndpointThread,
     /// The endpoint's thread, to pin.
     tid: affinity::Thread,
+    /// What its busy polls spent on nothing ([`LocalBox::spun`]).
+    spin: std::sync::Arc<link::driver::SpinTotals>,
 }
 
 impl LocalBox {
@@ -133,10 +135,11 @@ impl LocalBox {
             impairment,
             tap: None,
         };
-        let (endpoint, tid) = bridge_gpu::EndpointThread::spawn("dxpu-gpu", move || {
+        let (endpoint, (tid, spin)) = bridge_gpu::EndpointThread::spawn("dxpu-gpu", move || {
             affinity::pin_to(cpu).map_err(LabError::cpus("the GPU-box endpoint's thread"))?;
             let ep = GpuEndpoint::new(opts)?;
-            Ok::<_, LabError>((ep, affinity::Thread::here()))
+            let spin = ep.spin_totals();
+            Ok::<_, LabError>((ep, (affinity::Thread::here(), spin)))
         })
         .map_err(|e| match e {
             SpawnError::Make(e) => e,
@@ -144,7 +147,13 @@ impl LocalBox {
             SpawnError::Address(e) => LabError::EndpointThread(SpawnError::Address(e)),
             SpawnError::Ended => LabError::EndpointThread(SpawnError::Ended),
         })?;
-        Ok(LocalBox { addr: endpoint.addr(), key, link: link_cfg, offload, endpoint, tid })
+        Ok(LocalBox { addr: endpoint.addr(), key, link: link_cfg, offload, endpoint, tid, spin })
+    }
+
+    /// The time the endpoint's passes spent finding nothing to do so far (its busy polls'
+    /// spins, `link::driver::SpinMeter`): its thread's CPU time less this is its work.
+    pub fn spun(&self) -> std::time::Duration {
+        self.spin.spun()
     }
 
     /// Lets the endpoint's thread run only on `cpu`; an error once it has ended (its thread

@@ -213,7 +213,7 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
 /// coalesced batches (UDP GRO), plain sockets, no session. Returns MB/s received, or why
 /// the kernel refused the offloads. The sender sends one 64 KB buffer over and over and the
 /// receiver reads into one: both stay in cache, so this is the kernel path's own ceiling.
-pub(crate) fn bare_gso_stream(bytes: usize, segment: usize) -> std::io::Result<f64> {
+pub(crate) fn bare_gso_stream(bytes: usize, segment: usize) -> std::io::Result<GsoRun> {
     bare_gso_stream_with(bytes, segment, Buffers::Hot)
 }
 
@@ -234,8 +234,36 @@ pub(crate) enum Buffers {
     Staged,
 }
 
+/// One run of [`bare_gso_stream_with`]: the rate and the CPU each side spent per byte.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GsoRun {
+    /// MB/s received.
+    pub(crate) mb_s: f64,
+    /// The sending thread's CPU seconds per GiB it sent (a full socket buffer drops on
+    /// loopback, so per byte sent, not received).
+    pub(crate) send_cpu_s_per_gib: f64,
+    /// The receiving thread's CPU seconds per GiB it received: it sleeps in `recv` when
+    /// nothing is there, so this is its work.
+    pub(crate) receive_cpu_s_per_gib: f64,
+}
+
+/// This thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// CPU seconds per GiB: `cpu` spent on `bytes`.
+fn per_gib(cpu: Duration, bytes: u64) -> f64 {
+    if bytes == 0 { 0.0 } else { cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64) }
+}
+
 /// [`bare_gso_stream`] with the sender's and receiver's buffers chosen by `buffers`.
-pub(crate) fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffers) -> std::io::Result<f64> {
+pub(crate) fn bare_gso_stream_with(
+    bytes: usize,
+    segment: usize,
+    buffers: Buffers,
+) -> std::io::Result<GsoRun> {
     let rx = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     link::driver::set_udp_gro(&rx, true)?;
     rx.set_read_timeout(Some(Duration::from_millis(20)))?;
@@ -253,6 +281,7 @@ pub(crate) fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffer
         let mut buf = vec![1u8; span];
         let mut staging = vec![1u8; window];
         let _ = ready_tx.send(());
+        let cpu0 = thread_cpu();
         let mut at = 0;
         while !done2.load(Ordering::Relaxed) {
             let got = match buffers {
@@ -266,13 +295,14 @@ pub(crate) fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffer
                 at = if at + n + window <= span { at + n } else { 0 };
             }
         }
+        thread_cpu() - cpu0
     });
     let _ = ready_rx.recv();
     // A GSO send carries at most 64 segments and 64 KiB of payload.
     let per_send = (65_000 / segment).clamp(1, 64) * segment;
     let payload = vec![0x5au8; if buffers == Buffers::Hot { per_send } else { bytes }];
     let mut staging = vec![0u8; per_send];
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), thread_cpu());
     let mut sent = 0;
     while sent < bytes {
         let n = per_send.min(bytes - sent);
@@ -287,6 +317,7 @@ pub(crate) fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffer
         };
         sent += n;
     }
+    let send_cpu = thread_cpu() - cpu0;
     let mut last = 0;
     let mut last_change = Instant::now();
     while (received.load(Ordering::Relaxed) as usize) < bytes
@@ -302,6 +333,10 @@ pub(crate) fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffer
     let got = received.load(Ordering::Relaxed);
     let seconds = if got as usize >= bytes { t0.elapsed() } else { last_change - t0 }.as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
-    Ok(got as f64 / seconds / 1e6)
+    let receive_cpu = reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
+    Ok(GsoRun {
+        mb_s: got as f64 / seconds / 1e6,
+        send_cpu_s_per_gib: per_gib(send_cpu, bytes as u64),
+        receive_cpu_s_per_gib: per_gib(receive_cpu, got),
+    })
 }

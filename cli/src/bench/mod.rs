@@ -620,7 +620,7 @@ mod floor;
 mod simgpu;
 
 pub(crate) use floor::{
-    Buffers, Rtt, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong,
+    Buffers, GsoRun, Rtt, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong,
     mode_of, us,
 };
 use floor::{LOCAL, summarize};

@@ -6,7 +6,7 @@
 //!
 //! The rooms: `datagrams` (the trait), `portable` and `uring` (the two drivers), `any` (the
 //! one chosen at start-up), `offload` (GSO and GRO), `impair` and `tap` (what can wrap a
-//! driver), `runner` (what drives a session over one), `random` (the kernel's randomness).
+//! driver), `runner` (what drives a session over one), `spin` (what its busy polls spend on nothing), `random` (the kernel's randomness).
 //! This file only names them.
 
 mod any;
@@ -16,6 +16,7 @@ mod offload;
 mod portable;
 mod random;
 mod runner;
+mod spin;
 mod tap;
 mod uring;
 
@@ -27,6 +28,7 @@ pub use offload::{MAX_SEGMENTS, MAX_UNIT_BYTES, Offload, OffloadState, gro_segme
 pub use portable::{PortableUdp, set_udp_gro, set_udp_segment};
 pub use random::{os_random, os_rng, rng_from_os};
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};
+pub use spin::{SPIN_GAP_MAX, SpinMeter, SpinTotals};
 pub use tap::{Direction, Tap, TapFn, Tapped};
 pub use uring::UringUdp;
 

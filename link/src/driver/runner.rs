@@ -62,11 +62,13 @@ struct Idle {
     /// When the first of them looked at the clock: the spin budget runs from there, once
     /// per activity.
     since: Option<Instant>,
+    /// Times it slept in the kernel.
+    sleeps: u64,
 }
 
 impl Idle {
     fn new(mode: PollMode) -> Idle {
-        Idle { mode, polls: 0, since: None }
+        Idle { mode, polls: 0, since: None, sleeps: 0 }
     }
 
     /// TLPs were received or sent: the spin budget starts again. (Control frames — a
@@ -96,6 +98,7 @@ impl Idle {
             }
         }
         let cap = Duration::from_millis(100);
+        self.sleeps += 1;
         sock.wait(Some(next_timer().unwrap_or(cap).min(cap)))?;
         if let PollMode::Busy { .. } = self.mode {
             // Woken: receiving the spinning way again. The budget stays spent until TLPs
@@ -322,6 +325,11 @@ impl<D: Datagrams> SessionRunner<D> {
         self.session.poll_timeout().map(|t| self.clock.until(t))
     }
 
+    /// Times [`SessionRunner::wait`] slept in the kernel (a [`SpinMeter`](super::SpinMeter) skips the gap).
+    pub fn sleeps(&self) -> u64 {
+        self.idle.sleeps
+    }
+
     /// Waits for work the way the mode says (call after an idle `poll`).
     pub fn wait(&mut self) -> io::Result<()> {
         let (session, clock) = (&self.session, self.clock);
@@ -464,6 +472,11 @@ impl<D: Datagrams> ServerRunner<D> {
                 (a, b) => a.or(b),
             }
         })
+    }
+
+    /// Times [`ServerRunner::wait`] slept in the kernel (a [`SpinMeter`](super::SpinMeter) skips the gap).
+    pub fn sleeps(&self) -> u64 {
+        self.idle.sleeps
     }
 
     /// Whether the runner busy-polls ([`PollMode::Busy`]).

@@ -1,0 +1,48 @@
+//! Bridged bulk DMA only, for a profiler: one simgpu behind a GPU-box endpoint on loopback,
+//! pinned copies host→VRAM and back for a while, nothing else in the process.
+//!
+//! `perf record -g cargo run --release -p dxpu-lab --example bulk_profile -- io_uring tagged 10`
+//! (driver `portable` or `io_uring`; frames `tagged`, `untagged` or `encrypted`; seconds).
+//! Prints each copy's rate; the box's thread is named `dxpu-gpu`, the host's runs on `main`.
+
+use std::time::{Duration, Instant};
+
+use bridge_host::RemoteDevice;
+use driver::{PciFunction, SimGpuDriver, WaitMode};
+use lab::harness::{Frames, LocalBox};
+use link::driver::{DriverKind, Impairment, PollMode};
+use simgpu_abi::op;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let driver = match args.get(1).map(String::as_str) {
+        Some("portable") => DriverKind::Portable,
+        _ => DriverKind::IoUring,
+    };
+    let frames = match args.get(2).map(String::as_str) {
+        Some("untagged") => Frames::Unauthenticated,
+        Some("encrypted") => Frames::Encrypted,
+        _ => Frames::Tagged,
+    };
+    let seconds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let bytes = 64usize << 20;
+    let poll = PollMode::Busy { spin: Duration::from_millis(2) };
+    let offload = link::driver::Offload::AUTO;
+    let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
+    let remote = RemoteDevice::attach(gpu.attach_options(driver, poll, Impairment::default()))?;
+    let mut d = SimGpuDriver::open(remote)?;
+    let buf = d.pci().dma_alloc(bytes).ok_or("no DMA memory")?;
+    d.pci().dma_write(&buf, 0, &vec![0x5a; bytes]);
+    let end = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < end {
+        for (name, opcode, args) in [
+            ("h→d", op::COPY_H2V, [buf.bus.get(), 0, bytes as u64, 0, 0]),
+            ("d→h", op::COPY_V2H, [0, buf.bus.get(), bytes as u64, 0, 0]),
+        ] {
+            let t = Instant::now();
+            d.launch(opcode, args, WaitMode::Poll)?;
+            println!("{name} {:.0} MB/s", bytes as f64 / t.elapsed().as_secs_f64() / 1e6);
+        }
+    }
+    Ok(())
+}
