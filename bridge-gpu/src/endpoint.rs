@@ -149,6 +149,7 @@ impl GpuEndpoint {
         s.exports = self.exports.iter().map(|e| (e.name.clone(), e.stats)).collect();
         s.malformed_tlps = self.dispatcher.stats().malformed;
         s.largest_payload_received = self.dispatcher.stats().largest_payload;
+        s.datagrams_too_large = self.runner.sock.offload().too_large;
         s
     }
 
@@ -271,7 +272,7 @@ impl GpuEndpoint {
         let GpuEndpoint { runner, exports, hosts, sessions, stats, journal, .. } = self;
         runner.run_timers(now);
         let mut active = false;
-        for (id, _, s) in runner.endpoint.sessions() {
+        for (id, peer, s) in runner.endpoint.sessions() {
             while let Some(ev) = s.poll_event() {
                 active = true;
                 match ev {
@@ -279,8 +280,11 @@ impl GpuEndpoint {
                         let host = hosts.get(&s.key_id()).cloned().unwrap_or_else(|| "?".into());
                         log::info!(
                             host = host.as_str(), session = format!("{id:#010x}").as_str();
-                            "host {host} connected (session {id:#010x})"
+                            "host {host} connected (session {id:#010x}): frames of at most {} bytes, sent \
+                             with Don't Fragment",
+                            s.mtu()
                         );
+                        warn_if_over_path(&host, peer, s.mtu());
                         stats.sessions_up += 1;
                         sessions.insert(
                             id,
@@ -521,5 +525,23 @@ fn handle_kept(
         // A host-initiated function-level reset clears the BARs; the box owns their
         // placement, so it puts them back where the host expects them.
         restore_bars(e.dev.as_mut(), &e.bars);
+    }
+}
+
+/// Says, once per session, where the session's frames are larger than the route back to its
+/// host carries whole: the host proposes no more than its own route allows, so this is a path
+/// that differs by direction; frames over it are refused by the kernel (Don't Fragment) and
+/// counted (`datagrams_too_large`), never fragmented.
+fn warn_if_over_path(host: &str, peer: std::net::SocketAddr, mtu: usize) {
+    match link::driver::path_mtu(peer) {
+        Ok(p) if p.datagram < mtu => log::warn!(
+            host = host;
+            "host {host} ({peer}): this session's frames of up to {mtu} bytes are more than the route \
+             back carries whole (its MTU is {} bytes: UDP payloads of at most {}); larger ones are \
+             refused, not fragmented — set [link] mtu = {} on the host, or raise the route's MTU",
+            p.mtu, p.datagram, p.datagram
+        ),
+        Ok(_) => {}
+        Err(e) => log::debug!("host {host} ({peer}): the route's MTU is unknown: {e}"),
     }
 }

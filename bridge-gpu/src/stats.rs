@@ -62,4 +62,7 @@ pub struct GpuStats {
     /// The largest data payload a host sent (bytes): at most the Max_Payload_Size the
     /// attach negotiated.
     pub largest_payload_received: u32,
+    /// Datagrams the kernel refused as larger than the path to their host carries whole
+    /// (`EMSGSIZE`: Don't Fragment is set; dropped and replayed, never fragmented).
+    pub datagrams_too_large: u64,
 }

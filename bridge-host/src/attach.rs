@@ -167,8 +167,50 @@ fn open_link(opts: &AttachOptions) -> Result<Link, AttachError> {
     let clock = Clock::new();
     let mut rng = link::driver::os_rng(&mut |m| log::warn!("{m}"));
     let epoch = rng.nonzero_u32();
-    let session = Session::client(opts.link.clone(), clock.now(), epoch, rng);
+    let session = Session::client(fit_to_path(opts)?, clock.now(), epoch, rng);
     Ok(SessionRunner::new(sock, opts.server, session, clock, opts.poll))
+}
+
+/// The link's configuration with an `mtu` the route to the box carries whole. Datagrams
+/// leave with Don't Fragment set (`link::driver`), so a larger one would never arrive: the
+/// session proposes the largest that fits instead, and says so once, at this attach. An
+/// error where not even the least frame fits.
+fn fit_to_path(opts: &AttachOptions) -> Result<link::Config, AttachError> {
+    let mut cfg = opts.link.clone();
+    let server = opts.server;
+    match link::driver::path_mtu(server) {
+        Ok(p) if p.datagram < cfg.mtu => {
+            let asked = cfg.mtu;
+            cfg.mtu = p.datagram;
+            if cfg.validate().is_err() {
+                return Err(opts.link_error(format!(
+                    "the route to {server} has an MTU of {} bytes, so datagrams of at most {} bytes \
+                     arrive whole: less than a link frame needs (354); raise the interface's MTU",
+                    p.mtu, p.datagram
+                )));
+            }
+            log::warn!(
+                peer = server.to_string().as_str();
+                "link to {server}: [link] mtu = {asked} is more than the route carries whole (its MTU is {} \
+                 bytes: UDP payloads of at most {} with the IP and UDP headers); this session's frames \
+                 are at most {} bytes — set mtu = {} to say so, or raise the interface's MTU",
+                p.mtu, p.datagram, p.datagram, p.datagram
+            );
+        }
+        Ok(p) => log::info!(
+            peer = server.to_string().as_str();
+            "link to {server}: frames of at most {} bytes, sent with Don't Fragment (the route's MTU \
+             {} carries {} whole)",
+            cfg.mtu, p.mtu, p.datagram
+        ),
+        Err(e) => log::warn!(
+            peer = server.to_string().as_str();
+            "link to {server}: the route's MTU is unknown ({e}); frames of at most {} bytes, sent with \
+             Don't Fragment: a larger route MTU is needed for them to arrive",
+            cfg.mtu
+        ),
+    }
+    Ok(cfg)
 }
 
 /// Phase 2: the handshake, until the session is up, down, or the caller gives up.

@@ -391,6 +391,7 @@ fn stats_of(g: &DeviceState) -> HostStats {
     s.largest_read_request_received = d.largest_read_request;
     let spin = g.spin.totals();
     s.spin_ns = spin.spun().as_nanos() as u64;
+    s.datagrams_too_large = link::driver::Datagrams::offload(&g.link.sock).too_large;
     s.empty_passes = spin.empty_passes();
     s
 }

@@ -61,6 +61,9 @@ pub struct HostStats {
     pub spin_ns: u64,
     /// Passes over the link that found nothing to do.
     pub empty_passes: u64,
+    /// Datagrams the kernel refused as larger than the path to the box carries whole
+    /// (`EMSGSIZE`: Don't Fragment is set; dropped and replayed, never fragmented).
+    pub datagrams_too_large: u64,
 }
 
 /// Durations in power-of-two buckets of nanoseconds: `buckets[i]` counts those in

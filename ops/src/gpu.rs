@@ -370,6 +370,7 @@ fn stats_json(ep: &mut GpuEndpoint) -> Value {
         "unowned_requests": s.unowned_requests,
         "bad_control": s.bad_control,
         "malformed_tlps": s.malformed_tlps,
+        "datagrams_too_large": s.datagrams_too_large,
         "largest_payload_received_bytes": s.largest_payload_received,
         "handshakes": {
             "cookies_sent": h.cookies_sent, "bad_cookies": h.bad_cookies, "expired_cookies": h.expired_cookies,
@@ -475,6 +476,12 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     );
     x.counter("unowned_requests", "Requests from sessions owning no device", vec![], s.unowned_requests);
     x.counter("malformed_tlps", "TLPs from hosts that did not parse", vec![], s.malformed_tlps);
+    x.counter(
+        "link_datagrams_too_large",
+        "Datagrams the kernel refused as larger than the route carries whole (Don't Fragment set)",
+        vec![],
+        s.datagrams_too_large,
+    );
     for (why, n) in [
         ("unknown_key", h.unknown_key),
         ("auth_failure", h.auth_failures),

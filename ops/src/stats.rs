@@ -71,6 +71,11 @@ pub fn device_metrics(
         ("failed_requests", "Non-posted requests failed (link down, device removed)", s.failed_requests),
         ("stray_completions", "Completions matching no request", s.stray_completions),
         ("unclaimed_mmio", "MMIO to addresses no BAR claims", s.unclaimed_mmio),
+        (
+            "link_datagrams_too_large",
+            "Datagrams the kernel refused as larger than the route carries whole (Don't Fragment set)",
+            s.datagrams_too_large,
+        ),
     ] {
         x.counter(name, help, d.clone(), v);
     }
@@ -99,6 +104,7 @@ pub fn host_stats_json(s: &HostStats) -> Value {
         "interrupts": s.interrupts, "completion_timeouts": s.completion_timeouts,
         "failed_requests": s.failed_requests, "stray_completions": s.stray_completions,
         "unclaimed_mmio": s.unclaimed_mmio, "malformed_tlps": s.malformed_tlps,
+        "datagrams_too_large": s.datagrams_too_large,
         "mmio_reads": s.mmio_reads.count(),
         "mmio_read_p50_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_ns": s.mmio_reads.quantile_ns(0.99),
         "link": link_json(&s.link),

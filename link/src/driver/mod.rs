@@ -5,7 +5,7 @@
 //! busy-poll or blocking mode.
 //!
 //! The rooms: `datagrams` (the trait), `portable` and `uring` (the two drivers), `any` (the
-//! one chosen at start-up), `offload` (GSO and GRO), `impair` and `tap` (what can wrap a
+//! one chosen at start-up), `offload` (GSO and GRO), `path` (Don't Fragment, the route's MTU), `impair` and `tap` (what can wrap a
 //! driver), `runner` (what drives a session over one), `spin` (what its busy polls spend on nothing), `random` (the kernel's randomness).
 //! This file only names them.
 
@@ -13,6 +13,7 @@ mod any;
 mod datagrams;
 mod impair;
 mod offload;
+mod path;
 mod portable;
 mod random;
 mod runner;
@@ -25,6 +26,7 @@ pub use datagrams::Datagrams;
 pub(crate) use datagrams::send_copies;
 pub use impair::{Impaired, Impairment};
 pub use offload::{MAX_SEGMENTS, MAX_UNIT_BYTES, Offload, OffloadState, gro_segments, gso_unit};
+pub use path::{PathMtu, header_bytes, path_mtu};
 pub use portable::{PortableUdp, set_udp_gro, set_udp_segment};
 pub use random::{os_random, os_rng, rng_from_os};
 pub use runner::{Clock, PollMode, ServerRunner, SessionRunner};

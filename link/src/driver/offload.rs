@@ -65,6 +65,12 @@ pub struct OffloadState {
     pub zero_copy_send: bool,
     /// Zero-copy sends whose notification said the kernel copied after all.
     pub zero_copy_copied: u64,
+    /// Don't Fragment set on the socket's datagrams (`driver::path`): one larger than the
+    /// path is refused, never sent in IP fragments.
+    pub dont_fragment: bool,
+    /// Datagrams the kernel refused as larger than the path allows (`EMSGSIZE`, Don't
+    /// Fragment set): dropped, as the network would drop them, for the link to replay.
+    pub too_large: u64,
 }
 
 impl OffloadState {
@@ -76,8 +82,9 @@ impl OffloadState {
             (false, None) => format!("{name} off"),
         };
         let zc = if self.zero_copy_send { ", zero-copy sends" } else { "" };
+        let df = if self.dont_fragment { ", Don't Fragment set" } else { ", Don't Fragment refused" };
         format!(
-            "{}, {}{zc}",
+            "{}, {}{zc}{df}",
             part("UDP GSO", self.gso, &self.gso_off),
             part("UDP GRO", self.gro, &self.gro_off)
         )

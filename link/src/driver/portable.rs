@@ -243,7 +243,8 @@ impl PortableUdp {
     pub fn from_socket_with(socket: UdpSocket, offload: Offload) -> io::Result<PortableUdp> {
         socket.set_nonblocking(true)?;
         enlarge_buffers(&socket);
-        let offload = probe_offload(&socket, offload);
+        let mut offload = probe_offload(&socket, offload);
+        offload.dont_fragment = super::path::set_dont_fragment(&socket);
         let mut rx_ctrl: Box<[ControlBuf]> = vec![ControlBuf::default(); BATCH].into_boxed_slice();
         let mut rx = vec![0u8; BATCH * MAX_DATAGRAM];
         let mut rx_iovs: Vec<libc::iovec> = rx
@@ -340,6 +341,11 @@ impl PortableUdp {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
                 // A datagram to an unreachable port is the network's loss, not ours.
                 io::ErrorKind::ConnectionRefused => return Ok(()),
+                // Larger than the path (Don't Fragment set): dropped, as the network would.
+                _ if super::path::too_large(e.raw_os_error()) => {
+                    self.offload.too_large += 1;
+                    return Ok(());
+                }
                 _ => return Err(e),
             }
         }
@@ -437,6 +443,13 @@ impl PortableUdp {
                         // Sent again below, a datagram per header, and from now on.
                         self.offload.gso = false;
                         self.offload.gso_off = Some(format!("a GSO send was refused: {e}"));
+                        continue;
+                    }
+                    // Larger than the path (Don't Fragment set): dropped, as the network
+                    // would drop it, for the link to replay; the rest go on.
+                    _ if super::path::too_large(e.raw_os_error()) => {
+                        self.offload.too_large += first_count as u64;
+                        done += first_count;
                         continue;
                     }
                     _ => return Err(e),

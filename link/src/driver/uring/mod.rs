@@ -165,6 +165,7 @@ impl UringUdp {
         enlarge_buffers(&socket);
         let mut offload_state = probe_offload(&socket, offload);
         offload_state.zero_copy_send = offload.zero_copy_send;
+        offload_state.dont_fragment = super::path::set_dont_fragment(&socket);
         let offload = offload_state;
         // COOP_TASKRUN with TASKRUN_FLAG: the kernel does not interrupt this thread to post
         // completions (interrupts are slow on virtual machines); it raises a flag in shared
@@ -316,6 +317,10 @@ impl UringUdp {
         if result < 0 {
             // The network's loss: the link layer replays what mattered.
             self.send_errors += 1;
+            // Larger than the path (Don't Fragment set) — a GSO unit's refusal is GSO's.
+            if user_data != BORROWED_GSO_TAG && super::path::too_large(Some(-result)) {
+                self.offload.too_large += 1;
+            }
         }
         if user_data == BORROWED_GSO_TAG && result < 0 && gso_refused(&io::Error::from_raw_os_error(-result))
         {

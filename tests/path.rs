@@ -1,0 +1,76 @@
+//! The path between the endpoints: datagrams leave with Don't Fragment set, a host proposes
+//! no larger frames than the route to its box carries whole, and nothing is ever sent in IP
+//! fragments (where one fragment lost loses the whole datagram).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+
+use bridge_host::RemoteDevice;
+use driver::SimGpuDriver;
+use dxpu_tests::{GpuBox, Netns, gpu_options, host_options, key_a, serial};
+use testbed::workload::{WorkloadSize, run};
+
+/// The kernel's own count of IP fragments made and reassembly requests taken in namespace
+/// `ns` (`/proc/net/snmp`, its `Ip:` lines): `(FragCreates, ReasmReqds)`.
+fn fragment_counters(ns: &str) -> (u64, u64) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ip netns exec {ns}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ip: Vec<&str> = text.lines().filter(|l| l.starts_with("Ip: ")).collect();
+    assert_eq!(ip.len(), 2, "{text}");
+    let (names, values): (Vec<&str>, Vec<&str>) =
+        (ip[0].split_whitespace().collect(), ip[1].split_whitespace().collect());
+    let get = |name: &str| {
+        let i = names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("no {name} in {}", ip[0]));
+        values[i].parse::<u64>().unwrap()
+    };
+    (get("FragCreates"), get("ReasmReqds"))
+}
+
+/// Two namespaces joined by a veth of the usual 1500 bytes, both endpoints configured with
+/// `mtu = 9000`: the host's session proposes 1472-byte frames (the route's MTU less the IP
+/// and UDP headers) and the box agrees, a workload with bulk copies both ways verifies, no
+/// datagram is refused as too large, and neither namespace's kernel made or reassembled a
+/// single IP fragment.
+#[test]
+fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_fragmented() {
+    let _g = serial();
+    let ns = match Netns::create("pmtu", [10, 78, 9]) {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("skipping: network namespaces unavailable here ({e})");
+            return;
+        }
+    };
+    let mut g = gpu_options(SocketAddr::from((ns.addr_a(), 0)));
+    g.link.mtu = 9000;
+    let gpu = GpuBox::start_in(g, Some(ns.a.clone()));
+    let (a0, b0) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    let (b, addr) = (ns.b.clone(), gpu.addr);
+    let (mtu, payload, stats) = std::thread::spawn(move || {
+        netns::enter(&b).unwrap();
+        let mut h = host_options(addr, key_a());
+        h.link.mtu = 9000;
+        let remote = RemoteDevice::attach(h).unwrap();
+        let (mtu, payload) = remote.payload_sizes();
+        let mut d = SimGpuDriver::open(remote).unwrap();
+        run(&mut d, WorkloadSize::scaled(2), &mut |_| {}).unwrap();
+        let remote = d.into_pci();
+        assert!(remote.removed().is_none(), "{:?}", remote.removed());
+        (mtu, payload, remote.stats())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(mtu, 1472, "the session's frames: the veth's 1500 less 28");
+    assert!(payload <= 1024, "a TLP's payload fits a 1472-byte frame: {payload}");
+    assert_eq!(stats.datagrams_too_large, 0, "{stats:?}");
+    assert!(stats.link.frames_received > 1000, "{stats:?}");
+    let (a1, b1) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    assert_eq!((a1.0 - a0.0, a1.1 - a0.1), (0, 0), "the box's namespace fragmented or reassembled");
+    assert_eq!((b1.0 - b0.0, b1.1 - b0.1), (0, 0), "the host's namespace fragmented or reassembled");
+    let stats = gpu.stop();
+    assert_eq!(stats.datagrams_too_large, 0, "{stats:?}");
+}
