@@ -18,7 +18,7 @@ use crate::claims::{AttachCtx, Claims, Journal, Owner};
 use crate::error::GpuError;
 use crate::export::{BOX_ROOT, Deferred, Export, ToHost, device_completion, emit, release, restore_bars};
 use crate::session::SessionInfo;
-use crate::spec::{GpuOptions, HostKey, check_allow};
+use crate::spec::{GpuOptions, HostKey, RetiringKey, check_allow};
 use crate::stats::{ExportIdentity, GpuStats};
 
 /// How long one pass lets a device work before the endpoint serves its links again (a
@@ -51,6 +51,8 @@ pub struct GpuEndpoint {
     /// times the runner had slept when the last pass began.
     spin: SpinMeter,
     sleeps: u64,
+    /// Keys replaced by a reload and still accepted for a while (`hosts.rs`).
+    pub(crate) retiring: Vec<RetiringKey>,
 }
 
 impl GpuEndpoint {
@@ -111,6 +113,7 @@ impl GpuEndpoint {
             journal: Journal::default(),
             spin: SpinMeter::new(),
             sleeps: 0,
+            retiring: Vec::new(),
         })
     }
 
@@ -195,6 +198,10 @@ impl GpuEndpoint {
         }
         self.runner.endpoint.reap();
         self.log_failed_handshakes();
+        if !self.retiring.is_empty() && self.retire_expired_keys() {
+            active = true;
+            self.runner.transmit()?;
+        }
         if self.reconcile_claims() {
             active = true;
             self.runner.transmit()?;

@@ -19,7 +19,7 @@
 //! ATTACH is answered), `endpoint` (the endpoint and its poll loop in named phases: receive,
 //! answer the kept requests, timers and session events, let the devices work), `pool` (the
 //! endpoint serving a pool: claims confirmed, owners cut off), `ops` (what the control
-//! socket reports and changes), `thread` (the endpoint on a thread of its own). This file
+//! socket reports and changes), `hosts` (hosts removed and re-keyed while it runs), `thread` (the endpoint on a thread of its own). This file
 //! only names them.
 #![forbid(unsafe_code)]
 
@@ -28,6 +28,7 @@ mod claims;
 mod endpoint;
 mod error;
 mod export;
+mod hosts;
 mod ops;
 mod pool;
 mod session;

@@ -18,6 +18,15 @@ pub struct HostKey {
     pub key: PresharedKey,
 }
 
+/// A host's key replaced by a reload, still accepted until `until`; then the sessions made
+/// with it end.
+#[derive(Clone, Debug)]
+pub(crate) struct RetiringKey {
+    pub(crate) host: String,
+    pub(crate) key_id: [u8; 8],
+    pub(crate) until: std::time::Instant,
+}
+
 /// What backs an exported device.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DeviceSpec {

@@ -153,6 +153,12 @@ impl<A: Copy + Eq + Hash> Endpoint<A> {
         }
     }
 
+    /// Forgets the key `key_id` names: handshakes presenting it fail from now on (sessions
+    /// made with it go on until their owner ends them).
+    pub fn remove_key(&mut self, key_id: [u8; 8]) {
+        self.keys.retain(|(k, _)| *k != key_id);
+    }
+
     /// Routes one datagram from `from`; returns the ID of the session it went to.
     pub fn handle_datagram(&mut self, now: Time, from: A, bytes: &[u8]) -> Option<u32> {
         self.handle_datagram_with(now, from, bytes, None)

@@ -261,7 +261,8 @@ fn read_options(
 }
 
 /// Applies a file read and validated off the loop: exports added, removed, or changed
-/// (removed and exported again; only their allow list: changed in place), hosts added.
+/// (removed and exported again; only their allow list: changed in place), hosts added,
+/// removed and re-keyed (`apply_hosts`).
 /// Refused, nothing changed, if it changes what needs a restart.
 fn apply(
     ep: &mut GpuEndpoint,
@@ -274,20 +275,8 @@ fn apply(
     if !fixed.is_empty() {
         return Err(needs_restart(fixed.join(", ")));
     }
-    for h in &rt.opts.hosts {
-        match opts.hosts.iter().find(|n| n.name == h.name) {
-            None => return Err(needs_restart(format!("host {} removed", h.name))),
-            Some(n) if n.key.key_id() != h.key.key_id() => {
-                return Err(needs_restart(format!("host {}'s key", h.name)));
-            }
-            Some(_) => {}
-        }
-    }
+    let hosts = apply_hosts(ep, rt, &file, &opts)?;
     let (mut added, mut removed, mut changed, mut unchanged) = (vec![], vec![], vec![], vec![]);
-    for h in opts.hosts.iter().filter(|h| !rt.opts.hosts.iter().any(|o| o.name == h.name)) {
-        ep.add_host(h.clone())?;
-        log::info!("host {} added", h.name);
-    }
     for old in &rt.opts.exports {
         match opts.exports.iter().find(|n| n.name == old.name) {
             None => {
@@ -312,7 +301,44 @@ fn apply(
     }
     rt.file = file;
     rt.opts = opts;
-    Ok(json!({"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}))
+    Ok(
+        json!({"added": added, "removed": removed, "changed": changed, "unchanged": unchanged, "hosts": hosts}),
+    )
+}
+
+/// The hosts a reload changes, each without touching another's sessions: added, removed
+/// (sessions ended, devices released), re-keyed (the old key accepted for the file's
+/// `key_overlap_s` more). What it did, for the reload's answer.
+fn apply_hosts(
+    ep: &mut GpuEndpoint,
+    rt: &GpuRuntime,
+    file: &GpuFile,
+    opts: &GpuOptions,
+) -> Result<Value, RunError> {
+    let in_file = |source| RunError::InFile { path: rt.path.display().to_string(), source };
+    let overlap = file.key_overlap().map_err(in_file)?;
+    let (mut added, mut removed, mut rekeyed) = (vec![], vec![], vec![]);
+    for h in &rt.opts.hosts {
+        match opts.hosts.iter().find(|n| n.name == h.name) {
+            None => {
+                ep.remove_host(&h.name)?;
+                removed.push(h.name.clone());
+            }
+            Some(n) if n.key.key_id() != h.key.key_id() => {
+                ep.rekey_host(&n.name, n.key.clone(), overlap)?;
+                rekeyed.push(n.name.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    for h in opts.hosts.iter().filter(|h| !rt.opts.hosts.iter().any(|o| o.name == h.name)) {
+        ep.add_host(h.clone())?;
+        log::info!("host {} added", h.name);
+        added.push(h.name.clone());
+    }
+    Ok(
+        json!({"added": added, "removed": removed, "rekeyed": rekeyed, "old_keys_accepted_s": overlap.as_secs()}),
+    )
 }
 
 fn unix_seconds(t: std::time::SystemTime) -> f64 {

@@ -7,6 +7,9 @@ use hw::simgpu::SimGpuParams;
 
 use super::{ConfigError, DEFAULT_PORT, GpuFile, bad, key, socket_addr};
 
+/// How long a host's old key is still accepted after a reload changed it, by default.
+const DEFAULT_KEY_OVERLAP_S: u64 = 600;
+
 impl GpuFile {
     /// The settings a reload cannot change (the socket, the link, the pool, the control
     /// socket and metrics server): the names of those that differ in `new`.
@@ -27,8 +30,19 @@ impl GpuFile {
         out
     }
 
+    /// How long a host's old key is still accepted after a reload changed it: `key_overlap_s`
+    /// (default 600 s, at most a week).
+    pub fn key_overlap(&self) -> Result<std::time::Duration, ConfigError> {
+        match self.key_overlap_s {
+            None => Ok(std::time::Duration::from_secs(DEFAULT_KEY_OVERLAP_S)),
+            Some(s) if s <= 7 * 24 * 3600 => Ok(std::time::Duration::from_secs(s)),
+            Some(s) => Err(bad("key_overlap_s", s, "must be 0..=604800 seconds (a week)")),
+        }
+    }
+
     /// The endpoint's options; `listen` overrides the file's.
     pub fn options(&self, listen: Option<&str>) -> Result<GpuOptions, ConfigError> {
+        self.key_overlap()?;
         let listen = match (listen, &self.listen) {
             (Some(l), _) => socket_addr("--listen", l)?,
             (None, Some(l)) => socket_addr("listen", l)?,

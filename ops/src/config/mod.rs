@@ -115,6 +115,9 @@ pub type OpsSections = (ControlSection, MetricsSection);
 #[serde(deny_unknown_fields)]
 pub struct GpuFile {
     pub(crate) listen: Option<String>,
+    /// After a reload changes a host's key, how long its old key is still accepted
+    /// (seconds; the sessions made with it then end).
+    key_overlap_s: Option<u64>,
     #[serde(default)]
     pub(crate) link: LinkSection,
     #[serde(default)]
