@@ -22,6 +22,22 @@ pub(crate) struct PoolArgs {
     /// The pool's key prefix.
     #[arg(long, default_value = "/dxpu", global = true)]
     prefix: String,
+    /// The CA certificate (PEM) that signed etcd's server certificate: TLS to etcd
+    /// (host:port endpoints become https://), as etcdctl's --cacert.
+    #[arg(long, env = "ETCDCTL_CACERT", global = true)]
+    cacert: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for an etcd started with --client-cert-auth.
+    #[arg(long, env = "ETCDCTL_CERT", global = true)]
+    cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "ETCDCTL_KEY", global = true)]
+    key: Option<std::path::PathBuf>,
+    /// The etcd user, as `name` or `name:password`, for an etcd with authentication on.
+    #[arg(long, env = "ETCDCTL_USER", global = true)]
+    user: Option<String>,
+    /// The user's password, where --user gives none.
+    #[arg(long, env = "ETCDCTL_PASSWORD", global = true, hide_env_values = true)]
+    password: Option<String>,
     #[command(subcommand)]
     command: PoolCommand,
 }
@@ -74,14 +90,33 @@ fn endpoints(given: &[String], etcdctl: Option<String>) -> Vec<String> {
     }
 }
 
+/// The TLS files and the user as the flags give them (`--user name:password` as etcdctl
+/// takes it, or `--user name` with `--password`).
+fn security(args: &PoolArgs) -> pool::EtcdSecurity {
+    let (user, password) = match args.user.as_deref().map(|u| u.split_once(':')) {
+        Some(Some((u, p))) => (Some(u.to_string()), Some(p.to_string())),
+        Some(None) => (args.user.clone(), args.password.clone()),
+        None => (None, args.password.clone()),
+    };
+    pool::EtcdSecurity {
+        cacert: args.cacert.clone(),
+        cert: args.cert.clone(),
+        key: args.key.clone(),
+        user,
+        password,
+    }
+}
+
 pub(crate) fn run(args: PoolArgs) -> ExitCode {
     let given = endpoints(&args.etcd, std::env::var("ETCDCTL_ENDPOINTS").ok());
-    let etcd: Result<Vec<String>, _> = given.iter().map(|e| pool::etcd_url(e)).collect();
+    let security = security(&args);
+    let etcd: Result<Vec<String>, _> = given.iter().map(|e| pool::etcd_url_for(e, security.tls())).collect();
     let etcd = match etcd {
         Ok(e) => e,
         Err(e) => return fail(format!("--etcd: {e}")),
     };
     let mut cfg = PoolConfig::new(etcd);
+    cfg.security = security;
     cfg.prefix = args.prefix;
     cfg.request_timeout = std::time::Duration::from_secs(3);
     if let Err(e) = cfg.validate() {

@@ -17,7 +17,9 @@ pub async fn connect(cfg: &PoolConfig) -> Result<etcd::Client, PoolError> {
         require_leader: true,
         keep_alive_interval: etcd::KEEPALIVE_INTERVAL,
     };
-    etcd::Client::connect(&cfg.etcd, opts).await.map_err(|e| etcd_error(cfg, "connecting", e))
+    etcd::Client::connect_secure(&cfg.etcd, opts, &cfg.security)
+        .await
+        .map_err(|e| etcd_error(cfg, "connecting", e))
 }
 
 /// The waits between attempts in a row that fail (etcd unreachable, a box that does not

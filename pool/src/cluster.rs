@@ -28,6 +28,8 @@ pub struct EtcdCluster {
     /// Every flag but names and addresses at etcd's default (keepalive, heartbeat,
     /// election): a cluster as an operator's stock etcd runs.
     stock: bool,
+    /// TLS on the client port, with client certificates required (`--client-cert-auth`).
+    tls: Option<crate::pki::TestPki>,
 }
 
 /// Where the `etcd` binary is, if anywhere (`$DXPU_ETCD`, then `PATH`, then `/usr/bin`).
@@ -50,6 +52,21 @@ impl EtcdCluster {
     /// Starts `n` members on 127.0.0.1 and waits (up to 20 s) until the cluster has a leader.
     pub fn start(n: usize) -> Result<EtcdCluster, PoolError> {
         let c = EtcdCluster::start_with(n, "127.0.0.1", &[])?;
+        c.wait_ready(Duration::from_secs(20))?;
+        Ok(c)
+    }
+
+    /// Starts `n` members whose client port speaks TLS with `pki`'s server certificate and
+    /// requires a client certificate its CA signed (`--client-cert-auth`), and waits until the
+    /// cluster has a leader ([`EtcdCluster::config`] then carries the CA and `pki`'s client
+    /// certificate).
+    pub fn start_tls(n: usize, pki: &crate::pki::TestPki) -> Result<EtcdCluster, PoolError> {
+        let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
+        for m in &mut c.members {
+            m.client_url = m.client_url.replacen("http://", "https://", 1);
+        }
+        c.tls = Some(pki.clone());
+        c.spawn_all()?;
         c.wait_ready(Duration::from_secs(20))?;
         Ok(c)
     }
@@ -110,6 +127,7 @@ impl EtcdCluster {
             token,
             wrap: wrap.iter().map(|w| w.to_string()).collect(),
             stock: false,
+            tls: None,
         })
     }
 
@@ -131,6 +149,10 @@ impl EtcdCluster {
         if !self.stock {
             // Elections in half a second, not the WAN-sized defaults: this is one machine.
             cmd.args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+        }
+        if let Some(p) = &self.tls {
+            cmd.arg("--cert-file").arg(&p.server_cert).arg("--key-file").arg(&p.server_key);
+            cmd.arg("--trusted-ca-file").arg(&p.ca).arg("--client-cert-auth");
         }
         let child = cmd
             .args(["--name", &m.name])
@@ -181,9 +203,16 @@ impl EtcdCluster {
         self.members.iter().map(|m| m.client_url.clone()).collect()
     }
 
-    /// A pool configuration for this cluster (prefix `/dxpu`, 5 s leases).
+    /// A pool configuration for this cluster (prefix `/dxpu`, 5 s leases; over TLS with the
+    /// CA and the client certificate where it speaks TLS).
     pub fn config(&self) -> PoolConfig {
-        PoolConfig::new(self.endpoints())
+        let mut c = PoolConfig::new(self.endpoints());
+        if let Some(p) = &self.tls {
+            c.security.cacert = Some(p.ca.clone());
+            c.security.cert = Some(p.client_cert.clone());
+            c.security.key = Some(p.client_key.clone());
+        }
+        c
     }
 
     /// Kills member `i` with SIGKILL.

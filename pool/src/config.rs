@@ -14,6 +14,8 @@ pub struct PoolConfig {
     pub lease_ttl: Duration,
     /// How long one etcd request may take before it counts as failed.
     pub request_timeout: Duration,
+    /// TLS to etcd and an etcd user (none by default).
+    pub security: crate::EtcdSecurity,
 }
 
 impl PoolConfig {
@@ -24,6 +26,7 @@ impl PoolConfig {
             prefix: "/dxpu".into(),
             lease_ttl: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1),
+            security: crate::EtcdSecurity::default(),
         }
     }
 
@@ -33,13 +36,11 @@ impl PoolConfig {
             return Err(ConfigError::NoEndpoint);
         }
         for u in &self.etcd {
-            if u.starts_with("https://") {
-                return Err(ConfigError::Tls(u.clone()));
-            }
-            if !u.starts_with("http://") || u.len() < 8 {
+            if !(u.starts_with("http://") || u.starts_with("https://")) || u.len() < 8 {
                 return Err(ConfigError::NotAnEndpoint(u.clone()));
             }
         }
+        self.security.validate(&self.etcd).map_err(|e| ConfigError::Security(e.to_string()))?;
         let ttl = self.lease_ttl.as_secs();
         if !(2..=3600).contains(&ttl) || self.lease_ttl.subsec_nanos() != 0 {
             return Err(ConfigError::LeaseTtl(self.lease_ttl));
@@ -51,15 +52,24 @@ impl PoolConfig {
     }
 }
 
-/// An etcd endpoint as a URL: `http://host:port` as given, or `host:port` (etcdctl's
-/// `--endpoints` form) made one. TLS (`https://`) is not supported.
+/// An etcd endpoint as a URL: `http://host:port` or `https://host:port` as given, or
+/// `host:port` (etcdctl's `--endpoints` form) made one — `http://`.
 pub fn etcd_url(s: &str) -> Result<String, ConfigError> {
+    etcd_url_for(s, false)
+}
+
+/// [`etcd_url`], `host:port` made `https://` where `tls` (a CA or certificate given, as
+/// etcdctl does with `--cacert`).
+pub fn etcd_url_for(s: &str, tls: bool) -> Result<String, ConfigError> {
     let s = s.trim();
-    if s.starts_with("https://") {
-        return Err(ConfigError::Tls(s.to_string()));
-    }
-    let url = if s.starts_with("http://") { s.to_string() } else { format!("http://{s}") };
-    let rest = &url["http://".len()..];
+    let url = if s.starts_with("http://") || s.starts_with("https://") {
+        s.to_string()
+    } else if tls {
+        format!("https://{s}")
+    } else {
+        format!("http://{s}")
+    };
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
     let hostport = rest.split('/').next().unwrap_or_default();
     match hostport.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(url),
@@ -73,13 +83,11 @@ pub enum ConfigError {
     /// No etcd endpoint given.
     #[error("etcd: at least one etcd endpoint is needed")]
     NoEndpoint,
-    /// An https:// endpoint.
-    #[error(
-        "etcd = {0:?}: TLS to etcd is not supported yet; give http://host:port or host:port of a member on a trusted network"
-    )]
-    Tls(String),
+    /// The TLS files or the user (`EtcdSecurity::validate`).
+    #[error("{0}")]
+    Security(String),
     /// Neither a URL nor host:port.
-    #[error("etcd = {0:?}: not an etcd endpoint (host:port, or http://host:port)")]
+    #[error("etcd = {0:?}: not an etcd endpoint (host:port, http://host:port or https://host:port)")]
     NotAnEndpoint(String),
     /// A lease outside 2..=3600 whole seconds.
     #[error("lease_ttl_s = {0:?}: must be whole seconds from 2 to 3600")]
@@ -98,7 +106,9 @@ mod tests {
         assert_eq!(etcd_url("10.0.0.2:2379").unwrap(), "http://10.0.0.2:2379");
         assert_eq!(etcd_url("http://h:1").unwrap(), "http://h:1");
         assert_eq!(etcd_url("[::1]:2379").unwrap(), "http://[::1]:2379");
-        for bad in ["https://h:1", "h", "h:0", ":2379", "h:99999", ""] {
+        assert_eq!(etcd_url("https://h:1").unwrap(), "https://h:1");
+        assert_eq!(etcd_url_for("h:1", true).unwrap(), "https://h:1");
+        for bad in ["h", "h:0", ":2379", "h:99999", "", "https://h"] {
             assert!(etcd_url(bad).is_err(), "{bad}");
         }
     }

@@ -50,5 +50,27 @@ pub enum PoolError {
 }
 
 pub(crate) fn etcd_error(cfg: &PoolConfig, what: &str, e: etcd::Error) -> PoolError {
-    PoolError::Etcd { endpoints: cfg.etcd.join(","), what: what.to_string(), error: e.to_string() }
+    let mut error = e.to_string();
+    // What lies at the bottom of a transport's error (the TLS alert, the refused
+    // connection), where the message does not say it already.
+    let mut deepest = None;
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        deepest = Some(s.to_string());
+        source = s.source();
+    }
+    if let Some(d) = deepest.filter(|d| !error.contains(d.as_str())) {
+        error = format!("{error}: {d}");
+    }
+    let transport = matches!(&e, etcd::Error::Transport(_))
+        || matches!(&e, etcd::Error::GRpcStatus(s) if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable));
+    if transport && cfg.security.tls() && !error.contains("certificate") {
+        error.push_str(
+            " (over TLS: etcd must accept this client's certificate — cert and key, signed by the CA of its \
+             --trusted-ca-file — and cacert must be the CA that signed etcd's)",
+        );
+    } else if transport && !cfg.security.tls() && cfg.etcd.iter().all(|u| u.starts_with("http://")) {
+        error.push_str(" (if etcd's client port speaks TLS, give https:// endpoints and cacert)");
+    }
+    PoolError::Etcd { endpoints: cfg.etcd.join(","), what: what.to_string(), error }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// etcd's messages and service clients, as protox and tonic generate them.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
@@ -33,9 +33,17 @@ pub mod proto {
     pub mod etcdserverpb {
         tonic::include_proto!("etcdserverpb");
     }
+    /// etcd's auth records (a role's permission).
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
 }
 
 use proto::etcdserverpb as pb;
+
+mod auth_admin;
+mod connect;
+use proto::etcdserverpb::auth_client::AuthClient;
 use proto::etcdserverpb::kv_client::KvClient;
 use proto::etcdserverpb::lease_client::LeaseClient;
 use proto::etcdserverpb::watch_client::WatchClient;
@@ -62,8 +70,19 @@ pub enum Error {
     #[error("{} ({:?})", .0.message(), .0.code())]
     GRpcStatus(#[from] tonic::Status),
     /// An endpoint that is not a URL the client can use.
-    #[error("endpoint {0:?}: not an http:// URL")]
+    #[error("endpoint {0:?}: not an http:// or https:// URL")]
     BadEndpoint(String),
+    /// The TLS files or the user (`crate::EtcdSecurity`).
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
+    /// etcd refused the user's name or password.
+    #[error("etcd refused user {user:?}: {message} (check user and password; `etcdctl user get {user}`)")]
+    Auth {
+        /// The user.
+        user: String,
+        /// What etcd said.
+        message: String,
+    },
     /// A watch that etcd refused or cancelled (its reason).
     #[error("watch cancelled: {0}")]
     WatchCanceled(String),
@@ -109,60 +128,30 @@ pub struct Client {
     kv: KvClient<Channel>,
     watch: WatchClient<Channel>,
     lease: LeaseClient<Channel>,
+    auth: AuthClient<Channel>,
     opts: ConnectOptions,
+    /// The user and password to authenticate with, and the token etcd gave for them with
+    /// when: shared by the clones, renewed every [`TOKEN_RENEWAL`].
+    user: Option<(String, String)>,
+    token: std::sync::Arc<std::sync::Mutex<Option<HeldToken>>>,
 }
 
+/// An etcd token and when it was given.
+type HeldToken = (MetadataValue<tonic::metadata::Ascii>, std::time::Instant);
+
+/// How long an etcd token is used before the client asks for a new one: well within
+/// etcd's shortest default (a simple token idle for 5 minutes, `--auth-token-ttl`; a JWT
+/// token's own lifetime), so that none expires under a request.
+pub const TOKEN_RENEWAL: Duration = Duration::from_secs(60);
+
 impl Client {
-    /// A client of the cluster at `endpoints` (`http://host:port`). Connections open as
-    /// requests need them (a member down at start is tried again later).
-    pub async fn connect<S: AsRef<str>>(endpoints: &[S], opts: ConnectOptions) -> Result<Client, Error> {
-        let mut list = Vec::new();
-        for e in endpoints {
-            let e = e.as_ref();
-            if !e.starts_with("http://") {
-                return Err(Error::BadEndpoint(e.to_string()));
-            }
-            let ep = Endpoint::from_shared(e.to_string())
-                .map_err(|_| Error::BadEndpoint(e.to_string()))?
-                .timeout(opts.timeout)
-                .connect_timeout(opts.connect_timeout)
-                .http2_keep_alive_interval(opts.keep_alive_interval)
-                .keep_alive_timeout(opts.timeout.max(Duration::from_secs(1)))
-                .keep_alive_while_idle(false);
-            list.push(ep);
-        }
-        if list.is_empty() {
-            return Err(Error::BadEndpoint(String::new()));
-        }
-        let channel = Channel::balance_list(list.into_iter());
-        Ok(Client {
-            kv: KvClient::new(channel.clone()),
-            watch: WatchClient::new(channel.clone()),
-            lease: LeaseClient::new(channel),
-            opts,
-        })
-    }
-
-    /// A request carrying `msg` with the client's metadata (and, where `deadline`, its
-    /// timeout; a stream's lasts as long as it is used).
-    fn request<T>(&self, msg: T, deadline: bool) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        if deadline {
-            r.set_timeout(self.opts.timeout);
-        }
-        if self.opts.require_leader {
-            r.metadata_mut().insert("hasleader", MetadataValue::from_static("true"));
-        }
-        r
-    }
-
     /// The keys at `key` (or under it, [`GetOptions::with_prefix`]).
     pub async fn get(
         &mut self,
         key: impl Into<Vec<u8>>,
         opts: Option<GetOptions>,
     ) -> Result<RangeResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into()), true);
+        let req = self.request(opts.unwrap_or_default().request(key.into()), true).await?;
         Ok(self.kv.range(req).await?.into_inner())
     }
 
@@ -173,7 +162,7 @@ impl Client {
         value: impl Into<Vec<u8>>,
         opts: Option<PutOptions>,
     ) -> Result<PutResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into(), value.into()), true);
+        let req = self.request(opts.unwrap_or_default().request(key.into(), value.into()), true).await?;
         Ok(self.kv.put(req).await?.into_inner())
     }
 
@@ -183,25 +172,25 @@ impl Client {
         key: impl Into<Vec<u8>>,
         opts: Option<DeleteOptions>,
     ) -> Result<DeleteRangeResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into()), true);
+        let req = self.request(opts.unwrap_or_default().request(key.into()), true).await?;
         Ok(self.kv.delete_range(req).await?.into_inner())
     }
 
     /// Runs a transaction.
     pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
-        let req = self.request(txn.req, true);
+        let req = self.request(txn.req, true).await?;
         Ok(self.kv.txn(req).await?.into_inner())
     }
 
     /// A new lease of `ttl` seconds.
     pub async fn lease_grant(&mut self, ttl: i64) -> Result<LeaseGrantResponse, Error> {
-        let req = self.request(pb::LeaseGrantRequest { ttl, id: 0 }, true);
+        let req = self.request(pb::LeaseGrantRequest { ttl, id: 0 }, true).await?;
         Ok(self.lease.lease_grant(req).await?.into_inner())
     }
 
     /// Ends lease `id` (its keys are deleted).
     pub async fn lease_revoke(&mut self, id: i64) -> Result<(), Error> {
-        let req = self.request(pb::LeaseRevokeRequest { id }, true);
+        let req = self.request(pb::LeaseRevokeRequest { id }, true).await?;
         self.lease.lease_revoke(req).await?;
         Ok(())
     }
@@ -214,7 +203,7 @@ impl Client {
     pub async fn lease_keep_alive(&mut self, id: i64) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
         let (tx, rx) = mpsc::channel(4);
         tx.send(pb::LeaseKeepAliveRequest { id }).await.map_err(|_| Error::StreamClosed("keep-alive"))?;
-        let req = self.request(ReceiverStream::new(rx), false);
+        let req = self.request(ReceiverStream::new(rx), false).await?;
         let mut stream = self.lease.lease_keep_alive(req).await?.into_inner();
         let first = tokio::time::timeout(self.opts.timeout, stream.message())
             .await
@@ -239,7 +228,7 @@ impl Client {
         })
         .await
         .map_err(|_| Error::StreamClosed("watch"))?;
-        let req = self.request(ReceiverStream::new(rx), false);
+        let req = self.request(ReceiverStream::new(rx), false).await?;
         let mut stream = self.watch.watch(req).await?.into_inner();
         let first = tokio::time::timeout(self.opts.timeout, stream.message())
             .await

@@ -6,7 +6,9 @@
 //! attach's fencing token is the claim etcd holds. The host side ([`HostAgent`]) claims free
 //! devices with transactions tied to its own lease, hands each claim to its endpoint to
 //! attach, and raises a fence on every pool device before its lease could expire when it
-//! cannot renew it. [`admin`] is what `dxpu pool` runs.
+//! cannot renew it. [`admin`] is what `dxpu pool` runs. Every client reaches etcd as
+//! [`EtcdSecurity`] says: TLS with a CA and a client certificate, an etcd user (`security`;
+//! [`pki`] makes a test CA, [`cluster`] runs a real etcd for the tests).
 //!
 //! Keys, under a prefix (`/dxpu` by default):
 //!
@@ -30,7 +32,9 @@ mod error;
 pub mod etcd;
 mod host_agent;
 mod keys;
+pub mod pki;
 mod records;
+mod security;
 pub mod storm;
 
 pub use box_agent::{BoxAgent, ClaimTable};
@@ -39,10 +43,11 @@ pub use claim::{
 };
 pub(crate) use client::runtime;
 pub use client::{Backoff, block_on, connect};
-pub use config::{ConfigError, PoolConfig, etcd_url};
+pub use config::{ConfigError, PoolConfig, etcd_url, etcd_url_for};
 pub use error::PoolError;
 pub(crate) use error::etcd_error;
 pub use host_agent::{FenceFn, HostAgent, HostAgentOptions, HostEvent, fence_margin};
 pub use keys::{Keys, valid_name};
 pub use records::{BoxRecord, ClaimRecord, DeviceRecord, DrainRecord, RevocationRecord};
 pub(crate) use records::{decode, encode, unix_now, unix_now_nanos, warn_bad_record};
+pub use security::{EtcdSecurity, SecurityError};

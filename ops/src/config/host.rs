@@ -15,7 +15,7 @@ impl HostFile {
     /// `[pool]`, if the file has one.
     pub fn pool(&self) -> Result<Option<HostPool>, ConfigError> {
         let Some(p) = &self.pool else { return Ok(None) };
-        let config = pool_config(&p.etcd, p.lease_ttl_s, &p.prefix)?;
+        let config = pool_config(&p.etcd, &p.etcd_access, p.lease_ttl_s, &p.prefix)?;
         if !pool::valid_name(&p.host) {
             return Err(bad("pool.host", format!("\"{}\"", p.host), "must be 1-64 of A-Z a-z 0-9 - _ ."));
         }

@@ -139,6 +139,8 @@ pub struct GpuFile {
 #[serde(deny_unknown_fields)]
 pub struct GpuPoolSection {
     etcd: Vec<String>,
+    #[serde(flatten)]
+    etcd_access: EtcdAccess,
     #[serde(rename = "box")]
     pub(crate) box_name: String,
     advertise: String,
@@ -153,6 +155,8 @@ pub struct GpuPoolSection {
 #[serde(deny_unknown_fields)]
 pub struct HostPoolSection {
     etcd: Vec<String>,
+    #[serde(flatten)]
+    etcd_access: EtcdAccess,
     host: String,
     key: Option<String>,
     key_file: Option<PathBuf>,
@@ -183,16 +187,56 @@ pub struct HostPool {
     pub(crate) vfio_user_dir: Option<PathBuf>,
 }
 
+/// How `[pool]` reaches etcd where etcd is secured: etcdctl's `--cacert`, `--cert`, `--key`
+/// and `--user` as `etcd_cacert`, `etcd_cert`, `etcd_key`, `etcd_user` (the password in
+/// `etcd_password_file`, never in the file itself).
+#[derive(Deserialize, Debug, Clone, PartialEq, Default)]
+pub(crate) struct EtcdAccess {
+    etcd_cacert: Option<PathBuf>,
+    etcd_cert: Option<PathBuf>,
+    etcd_key: Option<PathBuf>,
+    etcd_user: Option<String>,
+    etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdAccess {
+    /// The TLS files and the user, the password read from its file.
+    fn security(&self) -> Result<pool::EtcdSecurity, ConfigError> {
+        let password = match &self.etcd_password_file {
+            None => None,
+            Some(f) => {
+                let text = std::fs::read_to_string(f).map_err(|e| {
+                    bad("pool.etcd_password_file", format!("{f:?}"), &format!("cannot be read: {e}"))
+                })?;
+                Some(text.trim_end_matches(['\n', '\r']).to_string())
+            }
+        };
+        Ok(pool::EtcdSecurity {
+            cacert: self.etcd_cacert.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+            user: self.etcd_user.clone(),
+            password,
+        })
+    }
+}
+
 fn pool_config(
     etcd: &[String],
+    access: &EtcdAccess,
     ttl: Option<u64>,
     prefix: &Option<String>,
 ) -> Result<pool::PoolConfig, ConfigError> {
+    let security = access.security()?;
     let etcd: Vec<String> = etcd
         .iter()
-        .map(|e| pool::etcd_url(e).map_err(|why| ConfigError::section("pool.etcd", why.to_string())))
+        .map(|e| {
+            pool::etcd_url_for(e, security.tls())
+                .map_err(|why| ConfigError::section("pool.etcd", why.to_string()))
+        })
         .collect::<Result<_, _>>()?;
     let mut c = pool::PoolConfig::new(etcd);
+    c.security = security;
     if let Some(t) = ttl {
         within("pool.lease_ttl_s", Some(t), 2..=3600, "s")?;
         c.lease_ttl = Duration::from_secs(t);
@@ -207,7 +251,7 @@ fn pool_config(
 impl GpuPoolSection {
     /// The box's pool settings, for the devices it exports.
     pub fn pool(&self, exports: &[ExportSpec]) -> Result<GpuPool, ConfigError> {
-        let config = pool_config(&self.etcd, self.lease_ttl_s, &self.prefix)?;
+        let config = pool_config(&self.etcd, &self.etcd_access, self.lease_ttl_s, &self.prefix)?;
         if !pool::valid_name(&self.box_name) {
             return Err(bad(
                 "pool.box",
