@@ -328,3 +328,45 @@ fn each_attach_gets_its_own_bdf() {
     let e = f.attachments(None).unwrap_err().to_string();
     assert!(e.contains("attach[1].bdf") && e.contains("attach[0] is at that BDF already"), "{e}");
 }
+
+/// `[pool]`'s ways to a secured etcd: the TLS files (host:port becomes https://), a user with
+/// the password read from its file; what cannot be used is refused, naming it.
+#[test]
+fn pool_sections_reach_a_secured_etcd_with_files_named_when_they_cannot_be_used() {
+    let dir = std::env::temp_dir().join(format!("dxpu-cfg-etcd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, pw) = (dir.join("ca.pem"), dir.join("password"));
+    std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    let base = "etcd = [\"10.0.0.2:2379\"]\nbox = \"b\"\nadvertise = \"10.0.0.7:7440\"";
+    let g = gpu_pool(&format!(
+        "{base}\netcd_cacert = {:?}\netcd_user = \"dxpu\"\netcd_password_file = {:?}",
+        ca.display().to_string(),
+        pw.display().to_string()
+    ))
+    .unwrap();
+    assert_eq!(g.config.etcd, ["https://10.0.0.2:2379"]);
+    assert_eq!(g.config.security.user.as_deref(), Some("dxpu"));
+    assert_eq!(g.config.security.password.as_deref(), Some("s3cret"), "the file's line, its newline gone");
+    let missing = dir.join("missing.pem");
+    for (extra, says) in [
+        (format!("etcd_cacert = {:?}", missing.display().to_string()), "missing.pem"),
+        (
+            format!("etcd_password_file = {:?}\netcd_user = \"u\"", missing.display().to_string()),
+            "etcd_password_file",
+        ),
+        ("etcd_user = \"u\"".to_string(), "user and password"),
+        (
+            format!(
+                "etcd_cacert = {:?}\netcd_cert = {:?}",
+                ca.display().to_string(),
+                ca.display().to_string()
+            ),
+            "cert and key",
+        ),
+    ] {
+        let e = gpu_pool(&format!("{base}\n{extra}")).err().unwrap_or_else(|| panic!("{extra:?} accepted"));
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
