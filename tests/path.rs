@@ -30,6 +30,73 @@ fn fragment_counters(ns: &str) -> (u64, u64) {
     (get("FragCreates"), get("ReasmReqds"))
 }
 
+/// `tcpdump` on an interface of a namespace, writing a pcap; None (and why, printed) where
+/// tcpdump is missing.
+struct Capture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl Capture {
+    fn start(ns: &str, dev: &str) -> Option<Capture> {
+        let file = std::env::temp_dir().join(format!("dxpu-pmtu-{}.pcap", std::process::id()));
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "tcpdump", "-i", dev, "-U", "-n", "-w"])
+            .arg(&file)
+            .arg("ip")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) if which("tcpdump") => {
+                // tcpdump writes the file's header once it listens.
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while std::fs::metadata(&file).map_or(0, |m| m.len()) < 24 && std::time::Instant::now() < end
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Some(Capture { child, file })
+            }
+            _ => {
+                eprintln!(
+                    "no capture: tcpdump not found (.ci/run installs it); the kernel's counters still count"
+                );
+                None
+            }
+        }
+    }
+
+    /// Stops it: the IP packets captured, and how many of them were fragments (More
+    /// Fragments set, or a fragment offset).
+    fn finish(mut self) -> (usize, usize) {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let _ = std::process::Command::new("kill").arg("-INT").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+        let bytes = std::fs::read(&self.file).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.file);
+        let (mut packets, mut fragments) = (0, 0);
+        // pcap: a 24-byte header, then records of 16 bytes and the captured bytes (Ethernet here).
+        let mut at = 24;
+        while at + 16 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+            let frame = &bytes[at + 16..(at + 16 + len).min(bytes.len())];
+            if frame.len() >= 14 + 20 && frame[12..14] == [0x08, 0x00] {
+                packets += 1;
+                let flags_offset = u16::from_be_bytes([frame[14 + 6], frame[14 + 7]]);
+                if flags_offset & 0x3fff != 0 {
+                    fragments += 1;
+                }
+            }
+            at += 16 + len;
+        }
+        (packets, fragments)
+    }
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
 /// Two namespaces joined by a veth of the usual 1500 bytes, both endpoints configured with
 /// `mtu = 9000`: the host's session proposes 1472-byte frames (the route's MTU less the IP
 /// and UDP headers) and the box agrees, a workload with bulk copies both ways verifies, no
@@ -49,6 +116,9 @@ fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_frag
     g.link.mtu = 9000;
     let gpu = GpuBox::start_in(g, Some(ns.a.clone()));
     let (a0, b0) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    // A capture on the box's end of the veth: every IP packet of the workload, fragments
+    // among them if there were any.
+    let capture = Capture::start(&ns.a, "vpmtua");
     let (b, addr) = (ns.b.clone(), gpu.addr);
     let (mtu, payload, stats) = std::thread::spawn(move || {
         netns::enter(&b).unwrap();
@@ -69,6 +139,11 @@ fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_frag
     assert_eq!(stats.datagrams_too_large, 0, "{stats:?}");
     assert!(stats.link.frames_received > 1000, "{stats:?}");
     let (a1, b1) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    if let Some(c) = capture {
+        let (packets, fragments) = c.finish();
+        assert!(packets > 100, "the capture saw the workload: {packets} packets");
+        assert_eq!(fragments, 0, "IP fragments in the capture, of {packets} packets");
+    }
     assert_eq!((a1.0 - a0.0, a1.1 - a0.1), (0, 0), "the box's namespace fragmented or reassembled");
     assert_eq!((b1.0 - b0.0, b1.1 - b0.1), (0, 0), "the host's namespace fragmented or reassembled");
     let stats = gpu.stop();
