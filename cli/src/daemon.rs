@@ -46,6 +46,11 @@ pub(crate) struct GpuArgs {
     /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
     #[arg(long)]
     check: bool,
+    /// With --check: compare the file with what the daemon on the file's [control] socket
+    /// runs — what a reload would change, or which sections need a restart (then exit 1,
+    /// as the reload would be refused).
+    #[arg(long, requires = "check")]
+    against_running: bool,
 }
 
 /// Options of `dxpu host`.
@@ -85,6 +90,11 @@ pub(crate) struct HostArgs {
     /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
     #[arg(long)]
     check: bool,
+    /// With --check: compare the file with what the daemon on the file's [control] socket
+    /// runs — what a reload would change, or which sections need a restart (then exit 1,
+    /// as the reload would be refused).
+    #[arg(long, requires = "check")]
+    against_running: bool,
 }
 
 /// `--log-format`.
@@ -121,6 +131,9 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
         poll: args.poll.map(|p| p.name().to_string()),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
+    if args.against_running {
+        return against_running(&start.config, ops::gpu::check_against_running(&start), "gpu");
+    }
     if args.check {
         return match ops::gpu::check(&start) {
             Ok(what) => {
@@ -133,6 +146,23 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     match ops::gpu::run(start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail("gpu", e),
+    }
+}
+
+/// `--check --against-running`'s answer: what a reload would do (0), or why it would be
+/// refused (1).
+fn against_running(
+    config: &std::path::Path,
+    r: Result<ops::against::Comparison, ops::error::RunError>,
+    role: &str,
+) -> ExitCode {
+    match r {
+        Ok(c) if c.needs_restart.is_empty() => {
+            outln!("{}: OK against the running daemon: {}", config.display(), c.describe());
+            ExitCode::SUCCESS
+        }
+        Ok(c) => fail(role, format!("{}: {}", config.display(), c.describe())),
+        Err(e) => fail(role, e),
     }
 }
 
@@ -175,6 +205,9 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
         poll: args.poll.map(|p| p.name().to_string()),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
+    if args.against_running {
+        return against_running(&start.config, ops::host::check_against_running(&start), "host");
+    }
     if args.check {
         return match ops::host::check(&start) {
             Ok(what) => {

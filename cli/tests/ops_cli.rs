@@ -296,6 +296,21 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     until("the box logs the reload", Duration::from_secs(5), || gpu.log().contains("reloaded"));
     assert!(gpu.log().contains(r#""unchanged":["gpu0","gpu1"]"#), "{}", gpu.log());
     assert_eq!(session(&gs), s0);
+    // --check --against-running: the file compared with what runs, before any reload.
+    let against = |role: &str, cfg: &Path| {
+        let o = dxpu().args([role, "--check", "--against-running", "--config"]).arg(cfg).output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        (o.status.success(), said)
+    };
+    let (ok, said) = against("gpu", &gcfg);
+    assert!(ok && said.contains("a reload would change nothing"), "{said}");
+    std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
+    let (ok, said) = against("gpu", &gcfg);
+    assert!(ok && said.contains("devices added: gpu2") && said.contains("devices removed: gpu1"), "{said}");
+    let other_port = if port == u16::MAX { port - 1 } else { port + 1 };
+    std::fs::write(&gcfg, gpu_toml(&dir, other_port, gm, &["gpu0", "gpu2"])).unwrap();
+    let (ok, said) = against("gpu", &gcfg);
+    assert!(!ok && said.contains("listen") && said.contains("needs a restart"), "{said}");
 
     // A valid change: gpu1 goes, gpu2 comes; gpu0 (held by the host) is untouched.
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
@@ -335,6 +350,8 @@ fn sighup_applies_a_valid_change_refuses_an_invalid_one_and_leaves_an_unchanged_
     std::fs::write(&gcfg, gpu_toml(&dir, port, gm, &["gpu0", "gpu2"])).unwrap();
     assert_eq!(result(&gs, &["reload"])["unchanged"], json!(["gpu0", "gpu2"]));
     std::fs::write(&hcfg, host_toml(&dir, port, hm, &["gpu0", "gpu2"])).unwrap();
+    let (ok, said) = against("host", &hcfg);
+    assert!(ok && said.contains("attaches added: gpu2@"), "{said}");
     host.signal(rustix::process::Signal::HUP);
     until("the host attaches gpu2", Duration::from_secs(10), || {
         result(&hs, &["devices"])

@@ -99,6 +99,15 @@ pub enum RunError {
     /// A reload could not start, or did not finish in time.
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    /// `--against-running`: the file names no control socket to ask the daemon on.
+    #[error("{path}: no [control] socket: --against-running asks the running daemon there")]
+    NoControlSocket {
+        /// The file.
+        path: String,
+    },
+    /// `--against-running`: the running daemon could not be asked, or said no.
+    #[error("asking the running daemon what runs: {0}")]
+    Running(String),
     /// A reload asked for while the endpoint stops.
     #[error("reload: the endpoint is stopping")]
     Stopping,

@@ -51,8 +51,8 @@ impl GpuRuntime {
 }
 
 /// The box's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
-pub const METHODS: [&str; 8] =
-    ["status", "devices", "sessions", "stats", "export", "unexport", "reload", "rpc_get_methods"];
+pub const METHODS: [&str; 9] =
+    ["status", "devices", "sessions", "stats", "export", "unexport", "reload", "running", "rpc_get_methods"];
 
 /// A box's configuration as read: the file and the options it gives.
 type GpuConfig = (GpuFile, GpuOptions);
@@ -220,6 +220,11 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
             let name = c.str_param("name")?;
             ep.remove_export(&name).map_err(RpcError::failed)?;
             Ok(json!({"unexported": name}))
+        }
+        "running" => {
+            // What runs, for `dxpu gpu --check --against-running`.
+            c.only_params(&[])?;
+            Ok(rt.file.fingerprint(&rt.opts))
         }
         "rpc_get_methods" => {
             c.only_params(&[])?;
@@ -553,6 +558,16 @@ pub fn check(start: &GpuStart) -> Result<String, RunError> {
         opts.hosts.len(),
         if file.pool.is_some() { ", in a pool" } else { "" }
     ))
+}
+
+/// `dxpu gpu --check --against-running`: the file validated as `--check` does, then compared
+/// with what the daemon on its `[control]` socket runs: what a reload would do, or what needs
+/// a restart.
+pub fn check_against_running(start: &GpuStart) -> Result<crate::against::Comparison, RunError> {
+    check(start)?;
+    let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
+    let (file, opts) = read_options(&start.config, &overrides)?;
+    crate::against::against_running(&start.config, file.control.socket.as_deref(), &file.fingerprint(&opts))
 }
 
 /// `dxpu gpu`: reads the file, starts the endpoint (and its pool agent), serves until

@@ -18,6 +18,7 @@
 //! scrapes to them between polls; no client, file or scrape can hold a session up.
 #![forbid(unsafe_code)]
 
+pub mod against;
 pub mod caller;
 pub mod capture;
 pub mod config;

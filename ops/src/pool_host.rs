@@ -166,7 +166,7 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
 }
 
 /// A pool host's control methods (`rpc_get_methods` lists them).
-const METHODS: [&str; 6] = ["status", "devices", "sessions", "stats", "reload", "rpc_get_methods"];
+const METHODS: [&str; 7] = ["status", "devices", "sessions", "stats", "reload", "running", "rpc_get_methods"];
 
 /// `dxpu host` with `[pool]`: claims, attaches and releases until stopped; with `workload`,
 /// runs the workload on every device once `want` are held, releases them and ends.
@@ -243,6 +243,12 @@ pub fn run_host(
         while let Some(c) = calls.try_next() {
             if c.method == "reload" {
                 reload.on_call(c);
+                continue;
+            }
+            if c.method == "running" {
+                // What runs, for `dxpu host --check --against-running`.
+                let r = c.only_params(&[]).map(|()| reload.cfg.running.fingerprint());
+                c.answer(r);
                 continue;
             }
             let r = answer(&c, &held, started_at);

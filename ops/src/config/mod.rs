@@ -658,6 +658,7 @@ fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
 /// The default UDP port of `dxpu gpu`.
 pub const DEFAULT_PORT: u16 = 7440;
 
+mod fingerprint;
 mod gpu;
 mod host;
 #[cfg(test)]

@@ -161,6 +161,15 @@ pub fn check(start: &HostStart) -> Result<String, RunError> {
     }
 }
 
+/// `dxpu host --check --against-running`: the file validated as `--check` does, then compared
+/// with what the daemon on its `[control]` socket runs.
+pub fn check_against_running(start: &HostStart) -> Result<crate::against::Comparison, RunError> {
+    check(start)?;
+    let mut file: HostFile = config::read(&start.config)?;
+    file.override_link(start.driver.as_deref(), start.poll.as_deref());
+    crate::against::against_running(&start.config, file.control.socket.as_deref(), &file.fingerprint())
+}
+
 /// `dxpu host`: reads the file; with `[[attach]]`, attaches each device (each on its own
 /// thread) and serves until SIGINT / SIGTERM, reloading on SIGHUP; with `[pool]`, claims
 /// from the pool (`pool_host`). With `workload`, runs it on every device once attached,

@@ -27,8 +27,8 @@ const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The host's control methods (`rpc_get_methods` lists them; `metrics` is the scrapes').
-pub const METHODS: [&str; 8] =
-    ["status", "devices", "sessions", "stats", "attach", "detach", "reload", "rpc_get_methods"];
+pub const METHODS: [&str; 9] =
+    ["status", "devices", "sessions", "stats", "attach", "detach", "reload", "running", "rpc_get_methods"];
 
 /// One `[[attach]]`: its options and vfio-user socket, by label (the device's name, or
 /// `device@server` where two boxes export the same name).
@@ -603,6 +603,11 @@ impl HostRuntime {
                 let name = c.str_param("name")?;
                 self.detach(&name).map_err(RpcError::failed)?;
                 Ok(json!({ "detached": name }))
+            }
+            "running" => {
+                // What runs, for `dxpu host --check --against-running`.
+                c.only_params(&[])?;
+                Ok(self.file.fingerprint())
             }
             "rpc_get_methods" => {
                 c.only_params(&[])?;
