@@ -245,13 +245,7 @@ pub fn run_host(
                 reload.on_call(c);
                 continue;
             }
-            if c.method == "running" {
-                // What runs, for `dxpu host --check --against-running`.
-                let r = c.only_params(&[]).map(|()| reload.cfg.running.fingerprint());
-                c.answer(r);
-                continue;
-            }
-            let r = answer(&c, &held, started_at);
+            let r = answer(&c, &held, started_at, &reload.cfg.running);
             c.answer(r);
         }
         reload.step();
@@ -425,6 +419,7 @@ fn answer(
     c: &crate::control::Call,
     held: &[Held],
     started: Instant,
+    running: &HostFile,
 ) -> Result<serde_json::Value, crate::control::RpcError> {
     use crate::control::{METHOD_NOT_FOUND, RpcError};
     use serde_json::{Value, json};
@@ -498,6 +493,8 @@ fn answer(
             }
             Ok(Value::String(x.render()))
         }
+        // What runs, for `dxpu host --check --against-running`.
+        "running" => c.only_params(&[]).map(|()| running.fingerprint()),
         "rpc_get_methods" => Ok(serde_json::json!(METHODS)),
         m => Err(RpcError::new(
             METHOD_NOT_FOUND,
