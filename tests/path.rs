@@ -10,6 +10,33 @@ use driver::SimGpuDriver;
 use dxpu_tests::{GpuBox, Netns, gpu_options, host_options, key_a, serial};
 use testbed::workload::{WorkloadSize, run};
 
+/// Every log line of this process, kept for the tests to read ("what the session uses").
+struct Logged(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Logged {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata())
+            && let Ok(mut v) = self.0.lock()
+        {
+            v.push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGED: Logged = Logged(std::sync::Mutex::new(Vec::new()));
+
+/// The lines logged so far that contain `what` (the logger installed on first use).
+fn logged(what: &str) -> Vec<String> {
+    if log::set_logger(&LOGGED).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+    LOGGED.0.lock().map(|v| v.iter().filter(|l| l.contains(what)).cloned().collect()).unwrap_or_default()
+}
+
 /// The kernel's own count of IP fragments made and reassembly requests taken in namespace
 /// `ns` (`/proc/net/snmp`, its `Ip:` lines): `(FragCreates, ReasmReqds)`.
 fn fragment_counters(ns: &str) -> (u64, u64) {
@@ -112,6 +139,7 @@ fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_frag
             return;
         }
     };
+    logged("");
     let mut g = gpu_options(SocketAddr::from((ns.addr_a(), 0)));
     g.link.mtu = 9000;
     let gpu = GpuBox::start_in(g, Some(ns.a.clone()));
@@ -135,6 +163,11 @@ fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_frag
     .join()
     .unwrap();
     assert_eq!(mtu, 1472, "the session's frames: the veth's 1500 less 28");
+    // Said once at the attach, on the host; and by the box when the host connected.
+    let said = logged("[link] mtu = 9000 is more than the route carries whole");
+    assert!(said.len() == 1 && said[0].contains("frames are at most 1472 bytes"), "{said:?}");
+    let said = logged("frames of at most 1472 bytes, sent with Don't Fragment");
+    assert!(said.iter().any(|l| l.contains("host host-a connected")), "{said:?}");
     assert!(payload <= 1024, "a TLP's payload fits a 1472-byte frame: {payload}");
     assert_eq!(stats.datagrams_too_large, 0, "{stats:?}");
     assert!(stats.link.frames_received > 1000, "{stats:?}");
@@ -148,4 +181,62 @@ fn an_mtu_over_the_route_falls_back_to_what_it_carries_whole_and_nothing_is_frag
     assert_eq!((b1.0 - b0.0, b1.1 - b0.1), (0, 0), "the host's namespace fragmented or reassembled");
     let stats = gpu.stop();
     assert_eq!(stats.datagrams_too_large, 0, "{stats:?}");
+}
+
+/// The route's MTU falls under a live session (both ends of the veth go from 9000 to 1500
+/// bytes, as an interface reconfigured or an ICMP "fragmentation needed" would have it):
+/// the session's 8972-byte frames are refused by the kernel (Don't Fragment), so the host
+/// removes the device saying why instead of retrying for ever; the next attach fits its
+/// frames to the route (1472) and the workload verifies; no fragment is made throughout.
+#[test]
+fn a_route_whose_mtu_falls_under_a_session_ends_it_saying_why_and_the_next_attach_fits() {
+    let _g = serial();
+    let ns = match Netns::create("pmtd", [10, 78, 10]) {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("skipping: network namespaces unavailable here ({e})");
+            return;
+        }
+    };
+    let (na, nb) = (ns.a.clone(), ns.b.clone());
+    let set_mtu = move |mtu: &str| {
+        for (n, dev) in [(&na, "vpmtda"), (&nb, "vpmtdb")] {
+            let st =
+                std::process::Command::new("ip").args(["-n", n, "link", "set", dev, "mtu", mtu]).status();
+            assert!(st.unwrap().success(), "ip link set {dev} mtu {mtu}");
+        }
+    };
+    set_mtu("9000");
+    let mut g = gpu_options(SocketAddr::from((ns.addr_a(), 0)));
+    g.link.mtu = 8972;
+    let gpu = GpuBox::start_in(g, Some(ns.a.clone()));
+    let (a0, b0) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    let (b, addr) = (ns.b.clone(), gpu.addr);
+    // The host's side on a thread of its namespace throughout: the route it looks up when a
+    // datagram is refused is the namespace's.
+    let host = std::thread::spawn(move || {
+        netns::enter(&b).unwrap();
+        let opts = move || {
+            let mut h = host_options(addr, key_a());
+            h.link.mtu = 8972;
+            h
+        };
+        let mut d = SimGpuDriver::open(RemoteDevice::attach(opts()).unwrap()).unwrap();
+        assert_eq!(d.pci().payload_sizes().0, 8972, "jumbo frames while the route has them");
+        run(&mut d, WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+        set_mtu("1500");
+        let _ = run(&mut d, WorkloadSize::scaled(1), &mut |_| {});
+        let why = d.pci().removed().expect("the device is removed once its frames no longer fit the route");
+        drop(d);
+        let mut d = SimGpuDriver::open(RemoteDevice::attach(opts()).unwrap()).unwrap();
+        let sizes = d.pci().payload_sizes();
+        run(&mut d, WorkloadSize::scaled(1), &mut |_| {}).unwrap();
+        (why, sizes)
+    });
+    let (why, sizes) = host.join().unwrap();
+    assert!(why.contains("MTU fell to 1500") && why.contains("8972"), "{why}");
+    assert_eq!(sizes.0, 1472, "the next attach fits the route");
+    let (a1, b1) = (fragment_counters(&ns.a), fragment_counters(&ns.b));
+    assert_eq!((a1.0 - a0.0, b1.0 - b0.0), (0, 0), "fragments were made");
+    drop(gpu);
 }

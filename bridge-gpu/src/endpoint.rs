@@ -53,6 +53,8 @@ pub struct GpuEndpoint {
     sleeps: u64,
     /// Keys replaced by a reload and still accepted for a while (`hosts.rs`).
     pub(crate) retiring: Vec<RetiringKey>,
+    /// Datagrams the driver had refused as too large when last looked at.
+    too_large_seen: u64,
 }
 
 impl GpuEndpoint {
@@ -114,6 +116,7 @@ impl GpuEndpoint {
             spin: SpinMeter::new(),
             sleeps: 0,
             retiring: Vec::new(),
+            too_large_seen: 0,
         })
     }
 
@@ -175,6 +178,10 @@ impl GpuEndpoint {
         self.spin.pass_began(now);
         let active = self.pass(now)?;
         self.spin.pass_ended(now, active);
+        if self.runner.sock.too_large() != self.too_large_seen {
+            self.too_large_seen = self.runner.sock.too_large();
+            self.end_sessions_over_their_route();
+        }
         Ok(active)
     }
 
@@ -532,6 +539,38 @@ fn handle_kept(
         // A host-initiated function-level reset clears the BARs; the box owns their
         // placement, so it puts them back where the host expects them.
         restore_bars(e.dev.as_mut(), &e.bars);
+    }
+}
+
+impl GpuEndpoint {
+    /// The driver refused datagrams as larger than the path carries whole (Don't Fragment
+    /// is set): each session whose frames no longer fit the route back to its host (its MTU
+    /// fell since the attach) could never progress again, so it is ended, its device
+    /// released, saying why; the host's next attach fits its frames to the route.
+    fn end_sessions_over_their_route(&mut self) {
+        let GpuEndpoint { runner, exports, sessions, journal, .. } = self;
+        let now = runner.clock.now();
+        for (sid, peer, s) in runner.endpoint.sessions() {
+            let Ok(p) = link::driver::path_mtu(peer) else { continue };
+            if s.is_down() || p.datagram >= s.mtu() {
+                continue;
+            }
+            let why = format!(
+                "the route to its host ({peer}) now carries datagrams of at most {} bytes whole (its MTU \
+                 fell to {}), less than this session's frames of {}",
+                p.datagram,
+                p.mtu,
+                s.mtu()
+            );
+            if let Some(info) = sessions.get_mut(&sid)
+                && let Some(d) = info.device.take()
+            {
+                release(&mut exports[d], &why, journal);
+            }
+            log::warn!(session = format!("{sid:#010x}").as_str(); "session {sid:#010x} ended: {why}");
+            s.close(now);
+        }
+        let _ = runner.transmit();
     }
 }
 

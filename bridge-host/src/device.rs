@@ -77,6 +77,8 @@ pub(crate) struct DeviceState {
     /// times the link had slept when the last pass began.
     pub spin: link::driver::SpinMeter,
     pub sleeps: u64,
+    /// Datagrams the driver had refused as too large when last looked at.
+    pub too_large_seen: u64,
 }
 
 impl DeviceState {

@@ -114,7 +114,41 @@ impl DeviceState {
         self.spin.pass_began(now);
         let worked = self.pass_unmetered(now, awaited, answer_until);
         self.spin.pass_ended(now, worked);
+        if link::driver::Datagrams::too_large(&self.link.sock) != self.too_large_seen {
+            self.route_shrank();
+        }
         worked
+    }
+
+    /// The driver refused datagrams as larger than the path carries whole (Don't Fragment
+    /// is set): where the route's MTU fell below this session's frames since the attach (an
+    /// ICMP "fragmentation needed", an interface's MTU lowered), no DATA frame can pass any
+    /// more while the small ones (acknowledgements, keepalives) do, so the session would
+    /// never go down and never progress: the device is removed, saying why, and an attach
+    /// made again fits its frames to the route (`attach::fit_to_path`).
+    fn route_shrank(&mut self) {
+        self.too_large_seen = link::driver::Datagrams::too_large(&self.link.sock);
+        let server = self.id.server;
+        match self.route_too_small() {
+            Some(why) => self.remove(why),
+            None => log::warn!(
+                peer = server.to_string().as_str();
+                "link to {server}: a datagram was refused as too large, though the route carries this \
+                 session's frames of {} bytes ({} so far)",
+                self.link.session.mtu(), self.too_large_seen
+            ),
+        }
+    }
+
+    /// Why this session's frames no longer fit the route to the box, if they do not.
+    fn route_too_small(&self) -> Option<String> {
+        let (server, mtu) = (self.id.server, self.link.session.mtu());
+        let p = link::driver::path_mtu(server).ok().filter(|p| p.datagram < mtu)?;
+        Some(format!(
+            "the route to {server} now carries datagrams of at most {} bytes whole (its MTU fell to {}), \
+             less than this session's frames of {mtu}: attach again to use frames that fit",
+            p.datagram, p.mtu
+        ))
     }
 
     fn pass_unmetered(&mut self, now: Time, awaited: Option<tlp::Tag>, answer_until: Option<Time>) -> bool {
@@ -174,7 +208,11 @@ impl DeviceState {
         };
         while let Some(e) = self.link.session.poll_event() {
             match e {
-                Event::Down(r) => self.remove(format!("link to {} down: {r}", self.id.server)),
+                Event::Down(r) => {
+                    // The box ends a session whose frames no longer fit the route back; say so.
+                    let route = self.route_too_small().map(|w| format!(" ({w})")).unwrap_or_default();
+                    self.remove(format!("link to {} down: {r}{route}", self.id.server))
+                }
                 Event::Silent { quiet } => {
                     self.stats.link_silences += 1;
                     log::warn!(

@@ -87,6 +87,7 @@ impl RemoteDevice {
             answer_slice: opts.answer_slice,
             spin: link::driver::SpinMeter::new(),
             sleeps: 0,
+            too_large_seen: 0,
         };
         state.learn_max_payload();
         let inner = Arc::new(Mutex::new(state));

@@ -172,4 +172,10 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.offload(),
         }
     }
+    fn too_large(&self) -> u64 {
+        match self {
+            AnyUdp::Uring(u) => u.too_large(),
+            AnyUdp::Portable(p) => p.too_large(),
+        }
+    }
 }

@@ -57,6 +57,12 @@ pub trait Datagrams {
         let _ = peer;
         Ok(())
     }
+    /// Datagrams refused so far as larger than the path carries whole
+    /// ([`OffloadState::too_large`]), without the rest of the state: cheap enough to look
+    /// at on every pass.
+    fn too_large(&self) -> u64 {
+        0
+    }
     /// The bound address.
     fn local_addr(&self) -> io::Result<SocketAddr>;
     /// Which driver this is, for logs and reports.

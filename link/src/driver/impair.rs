@@ -271,6 +271,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
     fn offload(&self) -> super::OffloadState {
         self.inner.offload()
     }
+
+    fn too_large(&self) -> u64 {
+        self.inner.too_large()
+    }
 }
 
 #[cfg(test)]

@@ -632,6 +632,10 @@ impl Datagrams for PortableUdp {
     fn offload(&self) -> OffloadState {
         self.offload.clone()
     }
+
+    fn too_large(&self) -> u64 {
+        self.offload.too_large
+    }
 }
 
 /// Turns on UDP generic segmentation offload for `sock` (`UDP_SEGMENT`, Linux 4.18): from

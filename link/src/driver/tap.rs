@@ -138,6 +138,10 @@ impl<D: Datagrams> Datagrams for Tapped<D> {
     fn offload(&self) -> OffloadState {
         self.inner.offload()
     }
+
+    fn too_large(&self) -> u64 {
+        self.inner.too_large()
+    }
 }
 
 #[cfg(test)]

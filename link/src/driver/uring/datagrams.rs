@@ -239,6 +239,10 @@ impl Datagrams for UringUdp {
     fn offload(&self) -> OffloadState {
         self.offload.clone()
     }
+
+    fn too_large(&self) -> u64 {
+        self.offload.too_large
+    }
 }
 
 /// The runs of `frames` (all to `to`) that go as GSO units (with `gso`), as (first frame, count, segment
