@@ -362,3 +362,48 @@ fn a_pool_host_and_a_pool_box_ride_a_hang_up_and_say_what_they_reloaded() {
     host.kill();
     gpu.kill();
 }
+
+/// README's "A pool in three commands", as written: its files (`contrib/pool/`) against an
+/// etcd of the test's own (the files' 127.0.0.1:2379 and the box's port 7440 moved to free
+/// ones): the box registers its device, and the host claims it, runs the workload, verifies
+/// it and releases the claim (exit 0).
+#[test]
+fn the_readmes_pool_in_three_commands_runs_as_written() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme.split("## A pool in three commands").nth(1).unwrap();
+    let commands = section.split("```sh").nth(1).unwrap().split("```").next().unwrap();
+    for f in ["contrib/pool/box-a.toml", "contrib/pool/host-a.toml"] {
+        assert!(commands.contains(&format!("--config {f}")), "README's pool commands name {f}: {commands}");
+        let check = dxpu()
+            .args([if f.contains("box") { "gpu" } else { "host" }, "--check", "--config"])
+            .arg(root.join(f))
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{f}: {}", String::from_utf8_lossy(&check.stderr));
+    }
+    if pool::cluster::etcd_binary().is_none() {
+        eprintln!("skipped the run: etcd not found (Debian package etcd-server; .ci/run installs it)");
+        return;
+    }
+    let cluster = EtcdCluster::start(1).unwrap();
+    let etcd = cluster.endpoints()[0].trim_start_matches("http://").to_string();
+    let port = free_port();
+    let moved = |f: &str| {
+        std::fs::read_to_string(root.join(f))
+            .unwrap()
+            .replace("127.0.0.1:2379", &etcd)
+            .replace("127.0.0.1:7440", &format!("127.0.0.1:{port}"))
+    };
+    let dir = std::env::temp_dir().join(format!("dxpu-pool-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _gpu = Proc::start(&dir, "box-a", &["gpu"], &moved("contrib/pool/box-a.toml"));
+    until("the box registers its device", Duration::from_secs(20), || ls(&cluster).len() == 1);
+    let host = dir.join("host-a.toml");
+    std::fs::write(&host, moved("contrib/pool/host-a.toml")).unwrap();
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&host).output().unwrap();
+    assert!(out.status.success(), "the host's workload: {}", String::from_utf8_lossy(&out.stderr));
+    until("the claim is released", Duration::from_secs(10), || claimed(&ls(&cluster)).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
