@@ -262,6 +262,19 @@ fn the_host_metrics_pass_promtool_and_count_the_mmio_round_trips() {
     assert!(t.contains("dxpu_surprise_removals_total{device=\"gpu0\"} 0"), "{t}");
     assert!(t.contains("dxpu_dma_outside_windows_total{device=\"gpu0\",op=\"read\"}"), "{t}");
     assert!(t.contains("dxpu_device_info{device=\"gpu0\""), "{t}");
+    // The process's own series, as every Prometheus client names them, on both daemons; and
+    // the box's live sessions (the host's one).
+    let b = scrape(gm);
+    promtool_check(&b);
+    for text in [&t, &b] {
+        // (CPU in whole seconds, as the collector counts it: 0 this early.)
+        assert!(sample(text, "process_cpu_seconds_total").is_some(), "{text}");
+        for series in ["process_resident_memory_bytes", "process_open_fds", "process_threads"] {
+            assert!(sample(text, series).is_some_and(|v| v > 0.0), "{series}:\n{text}");
+        }
+        assert!(sample(text, "process_start_time_seconds").is_some_and(|v| v > 1.6e9), "{text}");
+    }
+    assert_eq!(sample(&b, "dxpu_sessions"), Some(1.0), "{b}");
     let get = |port: u16, path: &str| {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();

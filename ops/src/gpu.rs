@@ -499,6 +499,7 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     let s = ep.stats();
     let h = ep.endpoint_stats();
     x.counter("sessions_up", "Sessions that came up", vec![], s.sessions_up);
+    x.gauge("sessions", "Sessions live now (hosts connected)", vec![], ep.session_reports().len() as f64);
     x.counter(
         "sessions_silent",
         "Times a host's link fell silent for the idle timeout (ridden through if heard again)",

@@ -91,9 +91,13 @@ impl Exposition {
         self.add(name, help, MetricType::HISTOGRAM, labels, Value::Histogram(sum, count, out));
     }
 
-    /// The text exposition format 0.0.4.
+    /// The text exposition format 0.0.4, with the process's own series after dxpu's
+    /// (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`,
+    /// `process_start_time_seconds`, … as every Prometheus client library names them).
     pub fn render(self) -> String {
-        let families: Vec<proto::MetricFamily> = self.families.iter().map(family).collect();
+        use prometheus::core::Collector;
+        let mut families: Vec<proto::MetricFamily> = self.families.iter().map(family).collect();
+        families.extend(prometheus::process_collector::ProcessCollector::for_self().collect());
         prometheus::TextEncoder::new()
             .encode_to_string(&families)
             .unwrap_or_else(|e| format!("# the metrics could not be encoded: {e}\n"))
