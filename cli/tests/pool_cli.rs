@@ -347,6 +347,12 @@ fn a_pool_host_and_a_pool_box_ride_a_hang_up_and_say_what_they_reloaded() {
     assert!(host.log().contains("nothing changed"), "{}", host.log());
     assert!(host.0.try_wait().unwrap().is_none() && gpu.0.try_wait().unwrap().is_none(), "{}", host.log());
     assert_eq!(claimed(&ls(&cluster)), before, "a hang-up changed the claims");
+    // Its devices as `dxpu ctl --json devices` gives them, by docs/cli.md's conventions: the
+    // claim's 64-bit lease ID a string (a JSON number past 2^53 loses digits).
+    let out = dxpu().args(["ctl", "--json", "--socket"]).arg(&sock).arg("devices").output().unwrap();
+    let devices: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    common::conventional("pool host's devices", &devices);
+    assert!(devices[0]["lease"].as_str().is_some_and(|l| i64::from_str_radix(l, 16).is_ok()), "{devices}");
     // A restart-only change: `ctl reload` says so and fails; the host runs on, its claim kept.
     std::fs::write(dir.join("host-h.toml"), host_cfg(2)).unwrap();
     let out = dxpu().args(["ctl", "--socket"]).arg(&sock).arg("reload").output().unwrap();

@@ -446,7 +446,9 @@ fn answer(
                             "device": h.claim.device,
                             "server": peer(h),
                             "token": h.claim.token,
-                            "lease": h.lease,
+                            // etcd's 64-bit lease ID as etcdctl shows it (hex): a JSON number
+                            // past 2^53 comes out changed in most readers.
+                            "lease": format!("{:x}", h.lease),
                             "state": h.state(),
                             "removed": h.removed(),
                             "vfio_user_socket": match &h.use_ {

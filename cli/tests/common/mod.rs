@@ -333,6 +333,15 @@ fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
         }
         Value::Number(n) => {
             let integer = n.is_u64() || n.is_i64();
+            // JSON readers hold numbers as doubles: an integer past 2^53 (a 64-bit ID) comes
+            // out changed (`jq` printed …5700 for a lease …5485); such an ID is a string.
+            if n.as_u64().is_some_and(|x| x > 1 << 53)
+                || n.as_i64().is_some_and(|x| x.unsigned_abs() > 1 << 53)
+            {
+                bad.push(format!(
+                    "{path} = {n}: an integer past 2^53 loses digits in JSON readers; give it as a string"
+                ));
+            }
             if !integer && !names_unit(key) {
                 bad.push(format!("{path} = {n}: a measured number names its unit in its key (docs/cli.md: _seconds, _us, _bytes, _percent, _per_…)"));
             }
