@@ -272,3 +272,21 @@ fn a_short_chaos_soak_accounts_for_every_run() {
     assert!(v["faults"].as_object().unwrap().len() >= 4, "too few kinds of fault: {v:#}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_simgpu_json_is_one_object_by_the_conventions() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, err) = bench_json(&["simgpu", "--commands", "200", "--copy-bytes", "1048576"]);
+    assert!(err.contains("dxpu bench simgpu"), "the lines go to standard error: {err}");
+    let rt = &v["command_round_trip"];
+    assert!(rt["p50_us"].as_f64().unwrap() > 0.0 && rt["p99_us"].as_f64() >= rt["p50_us"].as_f64(), "{v}");
+    assert_eq!(v["copy_bytes"], 1048576);
+    for copy in ["staged_copy", "pinned_copy"] {
+        for way in ["h2d_bytes_per_s", "d2h_bytes_per_s"] {
+            assert!(v[copy][way].as_f64().unwrap() > 0.0, "{copy} {way}: {v}");
+        }
+    }
+    assert!(
+        v["vadd_2e20_fp32_ms"].as_f64().unwrap() > 0.0 && v["matmul_256_fp32_ms"].as_f64().unwrap() > 0.0
+    );
+}

@@ -16,6 +16,9 @@ pub(crate) struct SimGpuBench {
     /// Bytes per copy for the bandwidth figures.
     #[arg(long, default_value_t = 16 << 20)]
     copy_bytes: usize,
+    /// Print one JSON object on standard output (the lines go to standard error).
+    #[arg(long)]
+    json: bool,
 }
 
 /// `dxpu bench simgpu`: the directly attached simgpu, the baseline bridged figures are
@@ -29,7 +32,9 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let dev = hw::SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
     let mem = (args.copy_bytes * 3).max(1 << 20);
     let mut d = SimGpuDriver::open(DirectAttach::new(dev, mem)).map_err(|e| e.to_string())?;
-    outln!("dxpu bench simgpu — directly attached simulated GPU (no bridge)");
+    // With --json the lines go to standard error and the object alone to standard output.
+    let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
+    say("dxpu bench simgpu — directly attached simulated GPU (no bridge)".into());
     let mut lat = Vec::with_capacity(args.commands);
     for _ in 0..args.commands {
         let t0 = Instant::now();
@@ -37,7 +42,11 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
         lat.push(t0.elapsed());
     }
     let r = summarize(lat);
-    outln!("command round trip (NOP + fence, polled): p50 {:.1} µs, p99 {:.1} µs", us(r.p50), us(r.p99));
+    say(format!(
+        "command round trip (NOP + fence, polled): p50 {:.1} µs, p99 {:.1} µs",
+        us(r.p50),
+        us(r.p99)
+    ));
     let data: Vec<u8> = (0..args.copy_bytes).map(|i| i as u8).collect();
     let mut back = vec![0u8; args.copy_bytes];
     // One copy each way first: the host arena's and the sparse VRAM's pages are touched
@@ -55,12 +64,11 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
         return Err("copy round trip mismatch".into());
     }
     let mb = args.copy_bytes as f64 / 1e6;
-    outln!(
-        "copy host→VRAM {:.0} MB/s, VRAM→host {:.0} MB/s ({} MiB each, verified)",
-        mb / h2d.as_secs_f64(),
-        mb / d2h.as_secs_f64(),
+    let (staged_h2d, staged_d2h) = (mb / h2d.as_secs_f64(), mb / d2h.as_secs_f64());
+    say(format!(
+        "copy host→VRAM {staged_h2d:.0} MB/s, VRAM→host {staged_d2h:.0} MB/s ({} MiB each, verified)",
         args.copy_bytes >> 20
-    );
+    ));
     let n = 1u64 << 20;
     let t0 = Instant::now();
     d.launch(op::VADD, [0, n * 4, n * 8, n, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
@@ -69,11 +77,11 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let t0 = Instant::now();
     d.launch(op::MATMUL, [0, 1 << 20, 2 << 20, dims, 0], WaitMode::Poll).map_err(|e| e.to_string())?;
     let mm = t0.elapsed();
-    outln!(
+    say(format!(
         "kernels: VADD of 2^20 fp32 {:.2} ms, MATMUL 256×256×256 fp32 {:.2} ms",
         vadd.as_secs_f64() * 1e3,
         mm.as_secs_f64() * 1e3
-    );
+    ));
     // The device on a thread of its own (the replay's and loopback's baseline), copying from
     // and into a pinned buffer: DMA alone, no staging copy by the driver.
     let dev = hw::SimGpu::new(Bdf::new(1, 0, 0), SimGpuParams::default());
@@ -82,10 +90,21 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let mut d = SimGpuDriver::open(attach).map_err(|e| e.to_string())?;
     lab::model::copy_rates(&mut d, args.copy_bytes, 1).map_err(|e| e.to_string())?;
     let (h2d, d2h) = lab::model::copy_rates(&mut d, args.copy_bytes, 5).map_err(|e| e.to_string())?;
-    outln!(
+    say(format!(
         "pinned copy, device on its own thread: host→VRAM {:.0} MB/s, VRAM→host {:.0} MB/s (median of 5)",
         h2d / 1e6,
         d2h / 1e6
-    );
+    ));
+    if args.json {
+        let v = serde_json::json!({
+            "command_round_trip": {"p50_us": us(r.p50), "p99_us": us(r.p99), "samples": args.commands},
+            "copy_bytes": args.copy_bytes,
+            "staged_copy": {"h2d_bytes_per_s": staged_h2d * 1e6, "d2h_bytes_per_s": staged_d2h * 1e6},
+            "pinned_copy": {"h2d_bytes_per_s": h2d, "d2h_bytes_per_s": d2h},
+            "vadd_2e20_fp32_ms": vadd.as_secs_f64() * 1e3,
+            "matmul_256_fp32_ms": mm.as_secs_f64() * 1e3,
+        });
+        outln!("{v}");
+    }
     Ok(())
 }
