@@ -17,6 +17,7 @@ use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
 use driver::SimGpuDriver;
 use link::driver::{DriverKind, Impairment, PollMode};
+use serde_json::json;
 use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
 use crate::bench::us;
@@ -38,6 +39,9 @@ pub(crate) struct VfioUserBench {
     /// UDP driver of both endpoints (auto means portable here).
     #[arg(long, value_enum, default_value_t = crate::args::DriverArg::Portable)]
     driver: crate::args::DriverArg,
+    /// Print one JSON object on standard output (the table goes to standard error).
+    #[arg(long)]
+    json: bool,
 }
 
 const IOVA: u64 = 0x4000_0000;
@@ -94,12 +98,15 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         DriverKind::Auto => DriverKind::Portable,
         d => d,
     };
-    outln!(
-        "dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, {} driver",
-        if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
-    );
-    outln!();
-    let line = |cells: &[String]| outln!("{}", crate::out::row(&[56, 8, 8, 10], cells));
+    // With --json the table goes to standard error and the object alone to standard output.
+    let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
+    let driver_name = if driver == DriverKind::IoUring { "io_uring" } else { "portable" };
+    say(format!(
+        "dxpu bench vfio-user — the vfio-user server without a VMM: UDP loopback, {driver_name} driver"
+    ));
+    say(String::new());
+    let (mut mmio, mut dma) = (Vec::new(), Vec::new());
+    let line = |cells: &[String]| say(crate::out::row(&[56, 8, 8, 10], cells));
     line(&[
         format!("(a) register read round trip, {n} reads"),
         "p50 µs".into(),
@@ -115,6 +122,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let mut d = SimGpuDriver::open(remote).map_err(|e| e.to_string())?;
         let (b50, b99) = mmio_rtt(&mut d, n);
+        mmio.push(json!({"path": "bridged", "poll": if busy { "busy" } else { "blocking" }, "p50_us": us(b50), "p99_us": us(b99)}));
         line(&[
             format!("bridged (RemoteDevice), {mode}"),
             format!("{:.1}", us(b50)),
@@ -127,6 +135,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         let served = Served::start(&gpu, driver, poll)?;
         let mut v = served.client(true, args.copy_bytes + (1 << 20))?;
         let (p50, p99) = mmio_rtt(&mut v, n);
+        mmio.push(json!({"path": "vfio_user", "poll": if busy { "busy" } else { "blocking" }, "p50_us": us(p50), "p99_us": us(p99)}));
         line(&[
             format!("  through the vfio-user server (REGION_READ), {mode}"),
             format!("{:.1}", us(p50)),
@@ -141,8 +150,8 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             rates.push((mode, b, shared, messages));
         }
     }
-    outln!();
-    let line = |cells: &[String]| outln!("{}", crate::out::row(&[56, 10, 10], cells));
+    say(String::new());
+    let line = |cells: &[String]| say(crate::out::row(&[56, 10, 10], cells));
     line(&[
         format!(
             "(b) DMA, {:.0} MB per copy ({:.0} MB by messages)",
@@ -153,13 +162,24 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
         "d→h MB/s".into(),
     ]);
     for (mode, b, s, m) in rates {
-        for (what, (h2d, d2h)) in [
-            (format!("bridged (RemoteDevice), {mode}"), b),
-            ("  vfio-user, guest memory shared as a file".into(), s),
-            ("  vfio-user, guest memory by DMA_READ/DMA_WRITE".into(), m),
+        for (what, path, (h2d, d2h)) in [
+            (format!("bridged (RemoteDevice), {mode}"), "bridged", b),
+            ("  vfio-user, guest memory shared as a file".into(), "vfio_user_shared", s),
+            ("  vfio-user, guest memory by DMA_READ/DMA_WRITE".into(), "vfio_user_messages", m),
         ] {
             line(&[what, format!("{h2d:.0}"), format!("{d2h:.0}")]);
+            dma.push(json!({"path": path, "h2d_bytes_per_s": h2d * 1e6, "d2h_bytes_per_s": d2h * 1e6}));
         }
+    }
+    if args.json {
+        let v = json!({
+            "driver": driver_name,
+            "mmio": mmio,
+            "dma": dma,
+            "copy_bytes": args.copy_bytes,
+            "message_copy_bytes": args.message_copy_bytes,
+        });
+        outln!("{v}");
     }
     Ok(())
 }

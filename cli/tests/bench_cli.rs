@@ -290,3 +290,36 @@ fn bench_simgpu_json_is_one_object_by_the_conventions() {
         v["vadd_2e20_fp32_ms"].as_f64().unwrap() > 0.0 && v["matmul_256_fp32_ms"].as_f64().unwrap() > 0.0
     );
 }
+
+#[test]
+fn bench_vfio_user_json_is_one_object_by_the_conventions() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, err) = bench_json(&[
+        "vfio-user",
+        "--iterations",
+        "200",
+        "--copy-bytes",
+        "1048576",
+        "--message-copy-bytes",
+        "262144",
+    ]);
+    assert!(err.contains("dxpu bench vfio-user"), "the table goes to standard error: {err}");
+    let mmio = v["mmio"].as_array().unwrap();
+    for (path, poll) in
+        [("bridged", "busy"), ("vfio_user", "busy"), ("bridged", "blocking"), ("vfio_user", "blocking")]
+    {
+        let r = mmio
+            .iter()
+            .find(|r| r["path"] == path && r["poll"] == poll)
+            .unwrap_or_else(|| panic!("{path} {poll}: {v}"));
+        assert!(r["p50_us"].as_f64().unwrap() > 0.0 && r["p99_us"].as_f64() >= r["p50_us"].as_f64(), "{r}");
+    }
+    let dma = v["dma"].as_array().unwrap();
+    for path in ["bridged", "vfio_user_shared", "vfio_user_messages"] {
+        let r = dma.iter().find(|r| r["path"] == path).unwrap_or_else(|| panic!("{path}: {v}"));
+        assert!(
+            r["h2d_bytes_per_s"].as_f64().unwrap() > 0.0 && r["d2h_bytes_per_s"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+}
