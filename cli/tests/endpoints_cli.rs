@@ -186,6 +186,17 @@ fn bad_configuration_is_refused_naming_the_key() {
         err.contains("device gpu0") && (err.contains("/dev/vfio") || err.contains("0000:41:00.0")),
         "{err}"
     );
+    // --check opens what the start will: the same device refused, with the next step.
+    if !std::path::Path::new("/dev/vfio/vfio").exists() {
+        let out = dxpu().args(["gpu", "--check", "--config"]).arg(&cfg).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "--check passed a VFIO device this machine cannot open: {err}"
+        );
+        assert!(err.contains("device gpu0: 0000:41:00.0") && err.contains("modprobe vfio-pci"), "{err}");
+    }
     let out = dxpu().args(["gpu", "--config", "/nonexistent/gpu.toml"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpu.toml"));

@@ -116,6 +116,63 @@ pub fn available() -> bool {
     Path::new("/dev/vfio/vfio").exists()
 }
 
+/// What stands between the PCI device `addr` and its opening through VFIO, with the next step
+/// to take: the first of no VFIO on this machine, no such device, a device not bound to
+/// vfio-pci, its IOMMU group's node missing or closed to this user. `Ok` where each is in
+/// place (`dxpu gpu --check` asks this of every `vfio` device before it says OK).
+pub fn check_ready(addr: &str) -> Result<(), VfioNotReady> {
+    let not = |why: String| Err(VfioNotReady(format!("{addr}: {why}")));
+    if !available() {
+        return not("no /dev/vfio/vfio on this machine: load the vfio-pci module (modprobe vfio-pci), \
+                    on a kernel with an IOMMU on (intel_iommu=on or amd_iommu=on)"
+            .into());
+    }
+    let dev = Path::new("/sys/bus/pci/devices").join(addr);
+    if !dev.exists() {
+        return not("no such PCI device (lspci -D lists this machine's)".into());
+    }
+    let driver = std::fs::read_link(dev.join("driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if driver.as_deref() != Some("vfio-pci") {
+        let now = driver.map_or("no driver".to_string(), |d| format!("driver {d}"));
+        return not(format!(
+            "bound to {now}, not vfio-pci: echo vfio-pci > {p}/driver_override; echo {addr} > \
+             {p}/driver/unbind; echo {addr} > /sys/bus/pci/drivers_probe",
+            p = dev.display()
+        ));
+    }
+    let Some(group) = std::fs::read_link(dev.join("iommu_group"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+    else {
+        return not("no IOMMU group: the IOMMU is off (intel_iommu=on or amd_iommu=on)".into());
+    };
+    // Asked, not opened: a group is opened by one process at a time, and the box that runs
+    // now holds it while `--check` asks.
+    let node = Path::new("/dev/vfio").join(&group);
+    let rw = rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK;
+    if let Err(e) = rustix::fs::access(&node, rw) {
+        return not(format!(
+            "{}: {e} (the box's service runs as root, or give its user the group with a udev rule)",
+            node.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Why a VFIO device cannot be opened, and what to do ([`check_ready`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VfioNotReady(pub String);
+
+impl std::fmt::Display for VfioNotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for VfioNotReady {}
+
 impl VfioDevice {
     /// Opens the device at `sysfs_path` (e.g. `/sys/bus/pci/devices/0000:41:00.0`), bound to
     /// vfio-pci, answering as `id` on the host's bus. `log` hears what the backend can and

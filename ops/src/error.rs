@@ -99,6 +99,14 @@ pub enum RunError {
     /// A reload could not start, or did not finish in time.
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    /// `--check`: a device the start would open cannot be (`hw::vfio::check_ready`).
+    #[error("device {device}: {why}")]
+    DeviceNotReady {
+        /// The export's name.
+        device: String,
+        /// Why, and what to do.
+        why: String,
+    },
     /// `--against-running`: the file names no control socket to ask the daemon on.
     #[error("{path}: no [control] socket: --against-running asks the running daemon there")]
     NoControlSocket {

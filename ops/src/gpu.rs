@@ -552,6 +552,13 @@ pub fn check(start: &GpuStart) -> Result<String, RunError> {
         p.pool(&opts.exports)
             .map_err(|source| RunError::InFile { path: start.config.display().to_string(), source })?;
     }
+    // What the start will open: each VFIO device, bound to vfio-pci and reachable.
+    for e in &opts.exports {
+        if let bridge_gpu::DeviceSpec::Vfio(addr) = &e.device {
+            hw::vfio::check_ready(addr)
+                .map_err(|why| RunError::DeviceNotReady { device: e.name.clone(), why: why.to_string() })?;
+        }
+    }
     Ok(format!(
         "listen {}, {} device(s), {} host(s){}",
         opts.listen,
