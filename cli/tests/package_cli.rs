@@ -143,6 +143,8 @@ const JSON_CHECKED: &[(&str, &str)] = &[
     ("bench bridge", "bench_cli.rs"),
     ("bench pool", "bench_cli.rs"),
     ("bench chaos", "bench_cli.rs"),
+    ("bench simgpu", "bench_cli.rs"),
+    ("bench vfio-user", "bench_cli.rs"),
 ];
 
 /// The subcommands (paths such as `["bench", "link"]`) whose help offers `--json`.
@@ -179,6 +181,7 @@ fn the_convention_check_finds_each_kind_of_break() {
         "direct_seconds": 1.5, "runs": 3, "rtt_us": {"p50": 7.5}, "vendor_id": "0x1af4", "class": "0x030200",
         "session": "0x0000beef", "since_unix_seconds": 1.8e9, "tlps": {"MRd64": 4}, "aead_ns": {"64": 1.5},
         "rtt_samples": 5, "loss_ratio": 0.01, "tlps_per_datagram": 1.5, "items": [{"h2d_bytes_per_s": 1e9}],
+        "register_reads": u64::MAX, "lease": "694d8b1c2f3e4a55",
     });
     assert!(!breaks(good));
     for bad in [
@@ -191,6 +194,7 @@ fn the_convention_check_finds_each_kind_of_break() {
         json!({"session": "0xbeef"}),
         json!({"since_unix_seconds": 12.0}),
         json!({"items": [{"loss": 0.5}]}),
+        json!({"lease": 7_587_888_889_962_134_533u64}),
     ] {
         assert!(breaks(bad.clone()), "{bad} passed");
     }
