@@ -46,7 +46,7 @@ pub(crate) struct GpuArgs {
     /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
     #[arg(long)]
     check: bool,
-    /// With --check: compare the file with what the daemon on the file's [control] socket
+    /// With --check: compare the file with what the daemon on its control section's socket
     /// runs — what a reload would change, or which sections need a restart (then exit 1,
     /// as the reload would be refused).
     #[arg(long, requires = "check")]
@@ -90,7 +90,7 @@ pub(crate) struct HostArgs {
     /// `nginx -t`; the units' ExecReload runs it before SIGHUP).
     #[arg(long)]
     check: bool,
-    /// With --check: compare the file with what the daemon on the file's [control] socket
+    /// With --check: compare the file with what the daemon on its control section's socket
     /// runs — what a reload would change, or which sections need a restart (then exit 1,
     /// as the reload would be refused).
     #[arg(long, requires = "check")]
