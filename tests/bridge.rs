@@ -437,3 +437,26 @@ fn an_idle_busy_polling_box_sleeps_between_keepalives() {
     d.launch(op::NOP, [0; 5], WaitMode::Poll).unwrap();
     assert!(d.pci().removed().is_none());
 }
+
+/// An attach to a port nothing listens on says so — its machine answers ICMP port
+/// unreachable — and differs from one to a box that never answers (a port whose datagrams
+/// vanish: here one held open by a socket that never reads), which says nothing came back.
+#[test]
+fn an_attach_to_a_closed_port_says_nothing_listens_and_a_silent_box_says_nothing_came_back() {
+    let _g = serial();
+    let closed = std::net::SocketAddr::from(([127, 0, 0, 1], dxpu_tests::free_udp_port()));
+    let mut o = host_options(closed, key_a());
+    o.attach_timeout = std::time::Duration::from_millis(500);
+    let e = RemoteDevice::attach(o).err().expect("nothing to attach to").to_string();
+    // As docs/troubleshooting.md quotes it.
+    let quoted =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/troubleshooting.md")).unwrap();
+    let said = e.replace(&closed.to_string(), "10.0.0.7:7440");
+    assert!(quoted.contains(&format!("`{said}`")), "docs/troubleshooting.md does not quote: {said}");
+    assert!(e.contains("nothing listens on") && e.contains("port unreachable"), "{e}");
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut o = host_options(silent.local_addr().unwrap(), key_a());
+    o.attach_timeout = std::time::Duration::from_millis(500);
+    let e = RemoteDevice::attach(o).err().expect("a box that never answers").to_string();
+    assert!(e.contains("nothing came back") && !e.contains("port unreachable"), "{e}");
+}

@@ -237,7 +237,20 @@ fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
         }));
     }
     if !up {
-        return Err(opts.link_error(format!("no handshake within {:?}", opts.attach_timeout)));
+        let server = opts.server;
+        let why = if link::driver::Datagrams::port_unreachable(&link.sock) > 0 {
+            format!(
+                "nothing listens on {server}: its machine answered ICMP port unreachable (is dxpu gpu \
+                 running there, listening on that port?)"
+            )
+        } else {
+            format!(
+                "no handshake within {:?}: nothing came back from {server} (the box down, a firewall \
+                 dropping UDP to it, or the wrong address)",
+                opts.attach_timeout
+            )
+        };
+        return Err(opts.link_error(why));
     }
     Ok(())
 }

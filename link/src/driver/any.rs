@@ -178,4 +178,10 @@ impl Datagrams for AnyUdp {
             AnyUdp::Portable(p) => p.too_large(),
         }
     }
+    fn port_unreachable(&self) -> u64 {
+        match self {
+            AnyUdp::Uring(u) => u.port_unreachable(),
+            AnyUdp::Portable(p) => p.port_unreachable(),
+        }
+    }
 }

@@ -63,6 +63,10 @@ pub trait Datagrams {
     fn too_large(&self) -> u64 {
         0
     }
+    /// ICMP "port unreachable" heard so far ([`OffloadState::port_unreachable`]).
+    fn port_unreachable(&self) -> u64 {
+        0
+    }
     /// The bound address.
     fn local_addr(&self) -> io::Result<SocketAddr>;
     /// Which driver this is, for logs and reports.

@@ -275,6 +275,10 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
     fn too_large(&self) -> u64 {
         self.inner.too_large()
     }
+
+    fn port_unreachable(&self) -> u64 {
+        self.inner.port_unreachable()
+    }
 }
 
 #[cfg(test)]

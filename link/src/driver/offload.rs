@@ -71,6 +71,9 @@ pub struct OffloadState {
     /// Datagrams the kernel refused as larger than the path allows (`EMSGSIZE`, Don't
     /// Fragment set): dropped, as the network would drop them, for the link to replay.
     pub too_large: u64,
+    /// ICMP "port unreachable" heard back (`ECONNREFUSED`): nothing listened where a
+    /// datagram went.
+    pub port_unreachable: u64,
 }
 
 impl OffloadState {

@@ -340,7 +340,10 @@ impl PortableUdp {
             match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
                 // A datagram to an unreachable port is the network's loss, not ours.
-                io::ErrorKind::ConnectionRefused => return Ok(()),
+                io::ErrorKind::ConnectionRefused => {
+                    self.offload.port_unreachable += 1;
+                    return Ok(());
+                }
                 // Larger than the path (Don't Fragment set): dropped, as the network would.
                 _ if super::path::too_large(e.raw_os_error()) => {
                     self.offload.too_large += 1;
@@ -436,6 +439,7 @@ impl PortableUdp {
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
                     // A datagram to an unreachable port is the network's loss, not ours.
                     io::ErrorKind::ConnectionRefused => {
+                        self.offload.port_unreachable += 1;
                         done += first_count;
                         continue;
                     }
@@ -523,7 +527,11 @@ impl Datagrams for PortableUdp {
                 // (`ErrorKind` would decode it first).
                 let e = io::Error::last_os_error();
                 return match e.raw_os_error() {
-                    Some(libc::EAGAIN | libc::EINTR | libc::ECONNREFUSED) => Ok(0),
+                    Some(libc::ECONNREFUSED) => {
+                        self.offload.port_unreachable += 1;
+                        Ok(0)
+                    }
+                    Some(libc::EAGAIN | libc::EINTR) => Ok(0),
                     _ => Err(e),
                 };
             }
@@ -569,7 +577,11 @@ impl Datagrams for PortableUdp {
                         self.rx_busy = total > 0;
                         Ok(total)
                     }
-                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
+                    io::ErrorKind::ConnectionRefused => {
+                        self.offload.port_unreachable += 1;
+                        continue;
+                    }
+                    io::ErrorKind::Interrupted => continue,
                     _ => Err(e),
                 };
             }
@@ -635,6 +647,10 @@ impl Datagrams for PortableUdp {
 
     fn too_large(&self) -> u64 {
         self.offload.too_large
+    }
+
+    fn port_unreachable(&self) -> u64 {
+        self.offload.port_unreachable
     }
 }
 

@@ -243,6 +243,10 @@ impl Datagrams for UringUdp {
     fn too_large(&self) -> u64 {
         self.offload.too_large
     }
+
+    fn port_unreachable(&self) -> u64 {
+        self.offload.port_unreachable
+    }
 }
 
 /// The runs of `frames` (all to `to`) that go as GSO units (with `gso`), as (first frame, count, segment

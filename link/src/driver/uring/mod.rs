@@ -321,6 +321,9 @@ impl UringUdp {
             if user_data != BORROWED_GSO_TAG && super::path::too_large(Some(-result)) {
                 self.offload.too_large += 1;
             }
+            if -result == libc::ECONNREFUSED {
+                self.offload.port_unreachable += 1;
+            }
         }
         if user_data == BORROWED_GSO_TAG && result < 0 && gso_refused(&io::Error::from_raw_os_error(-result))
         {
@@ -526,8 +529,12 @@ impl UringUdp {
             self.unsubmitted = 0;
         }
         match error {
-            Some(e) if e.kind() != io::ErrorKind::ConnectionRefused => Err(e),
-            _ => Ok(received),
+            Some(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                self.offload.port_unreachable += 1;
+                Ok(received)
+            }
+            Some(e) => Err(e),
+            None => Ok(received),
         }
     }
 
