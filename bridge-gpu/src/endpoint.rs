@@ -53,8 +53,10 @@ pub struct GpuEndpoint {
     sleeps: u64,
     /// Keys replaced by a reload and still accepted for a while (`hosts.rs`).
     pub(crate) retiring: Vec<RetiringKey>,
-    /// Datagrams the driver had refused as too large when last looked at.
+    /// Datagrams the driver had refused as too large when last looked at, and when the
+    /// sessions' routes were last looked at for them.
     too_large_seen: u64,
+    route_checked: Option<link::Time>,
 }
 
 impl GpuEndpoint {
@@ -117,6 +119,7 @@ impl GpuEndpoint {
             sleeps: 0,
             retiring: Vec::new(),
             too_large_seen: 0,
+            route_checked: None,
         })
     }
 
@@ -178,8 +181,12 @@ impl GpuEndpoint {
         self.spin.pass_began(now);
         let active = self.pass(now)?;
         self.spin.pass_ended(now, active);
-        if self.runner.sock.too_large() != self.too_large_seen {
+        // At most every ROUTE_CHECK: a look at each session's route is a system call each.
+        if self.runner.sock.too_large() != self.too_large_seen
+            && self.route_checked.is_none_or(|t| now - t >= ROUTE_CHECK)
+        {
             self.too_large_seen = self.runner.sock.too_large();
+            self.route_checked = Some(now);
             self.end_sessions_over_their_route();
         }
         Ok(active)
@@ -542,35 +549,25 @@ fn handle_kept(
     }
 }
 
+/// How often refused datagrams make the box look at its sessions' routes, at most.
+const ROUTE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl GpuEndpoint {
     /// The driver refused datagrams as larger than the path carries whole (Don't Fragment
     /// is set): each session whose frames no longer fit the route back to its host (its MTU
     /// fell since the attach) could never progress again, so it is ended, its device
     /// released, saying why; the host's next attach fits its frames to the route.
     fn end_sessions_over_their_route(&mut self) {
-        let GpuEndpoint { runner, exports, sessions, journal, .. } = self;
-        let now = runner.clock.now();
-        for (sid, peer, s) in runner.endpoint.sessions() {
-            let Ok(p) = link::driver::path_mtu(peer) else { continue };
-            if s.is_down() || p.datagram >= s.mtu() {
-                continue;
-            }
-            let why = format!(
+        self.end_sessions_where(|peer, s| {
+            let p = link::driver::path_mtu(peer).ok().filter(|p| p.datagram < s.mtu())?;
+            Some(format!(
                 "the route to its host ({peer}) now carries datagrams of at most {} bytes whole (its MTU \
                  fell to {}), less than this session's frames of {}",
                 p.datagram,
                 p.mtu,
                 s.mtu()
-            );
-            if let Some(info) = sessions.get_mut(&sid)
-                && let Some(d) = info.device.take()
-            {
-                release(&mut exports[d], &why, journal);
-            }
-            log::warn!(session = format!("{sid:#010x}").as_str(); "session {sid:#010x} ended: {why}");
-            s.close(now);
-        }
-        let _ = runner.transmit();
+            ))
+        });
     }
 }
 

@@ -83,17 +83,28 @@ impl GpuEndpoint {
 
     /// Ends every session made with key `key_id`, releasing the device it holds; how many.
     fn end_sessions_of_key(&mut self, key_id: [u8; 8], why: &str) -> usize {
+        self.end_sessions_where(|_, s| (s.key_id() == key_id).then(|| why.to_string()))
+    }
+
+    /// Ends each live session for which `why` gives a reason (from its host's address and
+    /// the session): the device it holds released and reset, the session closed (its host
+    /// sees the link go down), the reason logged. How many.
+    pub(crate) fn end_sessions_where(
+        &mut self,
+        mut why: impl FnMut(std::net::SocketAddr, &link::Session) -> Option<String>,
+    ) -> usize {
         let GpuEndpoint { runner, exports, sessions, journal, .. } = self;
         let now = runner.clock.now();
         let mut ended = 0;
-        for (sid, _, s) in runner.endpoint.sessions() {
-            if s.key_id() != key_id || s.is_down() {
+        for (sid, peer, s) in runner.endpoint.sessions() {
+            if s.is_down() {
                 continue;
             }
+            let Some(why) = why(peer, s) else { continue };
             if let Some(info) = sessions.get_mut(&sid)
                 && let Some(d) = info.device.take()
             {
-                release(&mut exports[d], why, journal);
+                release(&mut exports[d], &why, journal);
             }
             log::warn!(session = format!("{sid:#010x}").as_str(); "session {sid:#010x} ended: {why}");
             s.close(now);

@@ -77,8 +77,10 @@ pub(crate) struct DeviceState {
     /// times the link had slept when the last pass began.
     pub spin: link::driver::SpinMeter,
     pub sleeps: u64,
-    /// Datagrams the driver had refused as too large when last looked at.
+    /// Datagrams the driver had refused as too large when last looked at, and when the
+    /// route was last looked at for them.
     pub too_large_seen: u64,
+    pub route_checked: Option<link::Time>,
 }
 
 impl DeviceState {

@@ -23,6 +23,9 @@ use crate::stats::{HostStats, KindCounts};
 /// them (then the next pass, if time is left): 32 KiB, four jumbo frames.
 const ANSWER_CHUNK: usize = 32 << 10;
 
+/// How often refused datagrams make the host look at the route to the box, at most.
+const ROUTE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Bytes of the interrupt window MSI-X writes land in.
 const MSI_WINDOW: u64 = 0x10_0000;
 
@@ -114,7 +117,12 @@ impl DeviceState {
         self.spin.pass_began(now);
         let worked = self.pass_unmetered(now, awaited, answer_until);
         self.spin.pass_ended(now, worked);
-        if link::driver::Datagrams::too_large(&self.link.sock) != self.too_large_seen {
+        // At most every ROUTE_CHECK: under a stream of refusals, a look at the route (a
+        // system call) and a log line per refusal would be a flood.
+        if link::driver::Datagrams::too_large(&self.link.sock) != self.too_large_seen
+            && self.route_checked.is_none_or(|t| now - t >= ROUTE_CHECK)
+        {
+            self.route_checked = Some(now);
             self.route_shrank();
         }
         worked

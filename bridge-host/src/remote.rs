@@ -88,6 +88,7 @@ impl RemoteDevice {
             spin: link::driver::SpinMeter::new(),
             sleeps: 0,
             too_large_seen: 0,
+            route_checked: None,
         };
         state.learn_max_payload();
         let inner = Arc::new(Mutex::new(state));

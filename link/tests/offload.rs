@@ -357,7 +357,8 @@ fn a_datagram_over_the_path_is_refused_and_counted_never_fragmented_and_the_driv
             let path = link::driver::path_mtu(to).unwrap();
             assert_eq!((path.mtu, path.datagram), (1500, 1472), "{d:?}: a veth's route");
             let fragments = || {
-                let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap();
+                // This thread's namespace's counters: /proc/net is the main thread's.
+                let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
                 let ip: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Ip: ")).collect();
                 let names: Vec<&str> = ip[0].split_whitespace().collect();
                 let i = names.iter().position(|n| *n == "FragCreates").unwrap();
