@@ -8,15 +8,11 @@ use std::time::Duration;
 
 use clap::Args;
 use driver::DriverStats;
-use driver::SimGpuDriver;
-use hw::SimGpu;
-use hw::simgpu::SimGpuParams;
 use lab::model::{self, LinkParams, Profile};
 use serde_json::{Value, json};
-use testbed::direct::{DirectAttach, PlatformCounts};
+use testbed::direct::PlatformCounts;
 
 use crate::args::WorkloadArg;
-use lab::harness::Spread;
 
 /// Options of `dxpu model`.
 #[derive(Args, Debug, Clone)]
@@ -158,39 +154,6 @@ pub(crate) fn profile_from_json(v: &Value) -> Result<Profile, String> {
         direct_h2d_bytes_per_s: rate("direct_h2d_bytes_per_s")?,
         direct_d2h_bytes_per_s: rate("direct_d2h_bytes_per_s")?,
     })
-}
-
-/// A workload's transaction profile: one run, after a warm-up, on the synchronous direct
-/// platform (which sees what the device waits on); its rates unknown.
-pub(crate) fn count_profile(workload: testbed::workload::Workload) -> Result<Profile, String> {
-    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-    let mut d = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
-        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
-    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload (warm-up): {e}"))?;
-    let before = (d.pci().counts(), d.stats());
-    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload: {e}"))?;
-    Ok(Profile::from_counts(d.pci().counts().since(&before.0), d.stats().since(&before.1)))
-}
-
-/// A workload's profile and its direct time: the median of `repeat` runs after a warm-up on
-/// the synchronous direct platform, `dxpu loopback`'s default baseline.
-pub(crate) fn count_direct(
-    workload: testbed::workload::Workload,
-    repeat: u32,
-) -> Result<(Profile, Spread), String> {
-    let mut profile = count_profile(workload)?;
-    let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-    let mut d = SimGpuDriver::open(DirectAttach::new(dev, 256 << 20))
-        .map_err(|e| format!("opening the direct simgpu: {e}"))?;
-    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) =
-        model::copy_rates(&mut d, 16 << 20, 3).map_err(|e| format!("direct copies: {e}"))?;
-    workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload (warm-up): {e}"))?;
-    let mut seconds = Vec::new();
-    for _ in 0..repeat.max(1) {
-        let r = workload.run(&mut d, &mut |_| {}).map_err(|e| format!("direct workload: {e}"))?;
-        seconds.push(r.seconds);
-    }
-    Ok((profile, Spread::of(seconds.into_iter())))
 }
 
 /// `--bandwidth-gbit` unless given: the path bandwidth the link's configuration assumes.
@@ -584,7 +547,7 @@ fn run(args: &ModelArgs) -> Result<ModelReport, String> {
         None => {
             let w = args.workload.unwrap_or(WorkloadArg::Demo);
             let (profile, direct) =
-                count_direct(w.workload(args.scale, args.batch, args.layers)?, args.repeat)?;
+                lab::loopback::count_direct(w.workload(args.scale, args.batch, args.layers)?, args.repeat)?;
             predict_all(w.name().to_string(), profile, direct.median, args)
         }
     }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use driver::{DriverError, PciFunction, SimGpuDriver};
+use driver::{PciFunction, SimGpuDriver};
 use hw::SimGpu;
 use hw::simgpu::SimGpuParams;
 use link::driver::{DriverKind, Impairment, PollMode};
@@ -89,8 +89,9 @@ fn posted_write_ns<P: PciFunction>(d: &mut SimGpuDriver<P>, n: u32) -> f64 {
 fn measure<P: PciFunction>(d: &mut SimGpuDriver<P>, platform: &'static str) -> Result<Side, LabError> {
     let (rtt, _) = mmio_rtt(d, RTT_SAMPLES);
     let write_ns = posted_write_ns(d, 2000);
-    let fence_rtt = testbed::workload::fence_rtt(d, RTT_SAMPLES).map_err(driver_error(platform, "fences"))?;
-    let (h2d, d2h) = model::copy_rates(d, RATE_BYTES, 3).map_err(driver_error(platform, "copies"))?;
+    let fence_rtt =
+        testbed::workload::fence_rtt(d, RTT_SAMPLES).map_err(LabError::driver(platform, "fences"))?;
+    let (h2d, d2h) = model::copy_rates(d, RATE_BYTES, 3).map_err(LabError::driver(platform, "copies"))?;
     Ok(Side { runs: Vec::new(), rtt, write_ns, fence_rtt, h2d, d2h })
 }
 
@@ -220,7 +221,7 @@ impl Platforms {
             }
         };
         let pci = ConcurrentAttach::new_with(dev, HOST_MEMORY, pin_device).map_err(LabError::Direct)?;
-        let direct = SimGpuDriver::open(pci).map_err(driver_error("direct", "opening the simgpu"))?;
+        let direct = SimGpuDriver::open(pci).map_err(LabError::driver("direct", "opening the simgpu"))?;
 
         progress("both endpoints over UDP loopback: attaching");
         let poll = opts.poll;
@@ -232,7 +233,8 @@ impl Platforms {
         o.answer_slice = Some(crate::replay::HOST_ANSWER_SLICE);
         o.completion_timeout += 4 * (opts.impairment.delay + opts.impairment.jitter);
         let remote = bridge_host::RemoteDevice::attach(o)?;
-        let bridged = SimGpuDriver::open(remote).map_err(driver_error("bridged", "opening the simgpu"))?;
+        let bridged =
+            SimGpuDriver::open(remote).map_err(LabError::driver("bridged", "opening the simgpu"))?;
         Ok(Platforms { direct, bridged, gpu, placement, poll })
     }
 
@@ -392,10 +394,6 @@ fn spin_of(poll: PollMode) -> Duration {
         PollMode::Busy { spin } => spin,
         _ => Duration::ZERO,
     }
-}
-
-fn driver_error(platform: &'static str, what: &'static str) -> impl FnOnce(DriverError) -> LabError {
-    move |source| LabError::Driver { platform, what, source }
 }
 
 fn replay_error(platform: &'static str) -> impl FnOnce(ReplayError) -> LabError {

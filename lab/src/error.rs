@@ -39,6 +39,16 @@ pub enum LabError {
         /// The driver's error.
         source: driver::DriverError,
     },
+    /// A workload failed on a platform (its result wrong, or its driver refused).
+    #[error("{platform} workload{run}: {source}")]
+    Workload {
+        /// `direct` or `bridged`.
+        platform: &'static str,
+        /// Which run, as ` (2 of 15)` or ` (warm-up)`; empty for the only one.
+        run: String,
+        /// The workload's error.
+        source: testbed::workload::WorkloadError,
+    },
     /// A replay failed on a platform.
     #[error("{platform} replay: {source}")]
     Replay {
@@ -53,6 +63,14 @@ impl LabError {
     /// A [`LabError::Cpus`] for `what`'s thread.
     pub fn cpus(what: &'static str) -> impl FnOnce(CpuError) -> LabError {
         move |source| LabError::Cpus { what, source }
+    }
+
+    /// A [`LabError::Driver`] for `what` on `platform`.
+    pub fn driver(
+        platform: &'static str,
+        what: &'static str,
+    ) -> impl FnOnce(driver::DriverError) -> LabError {
+        move |source| LabError::Driver { platform, what, source }
     }
 }
 

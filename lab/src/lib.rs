@@ -3,6 +3,8 @@
 //! arguments, tables and JSON.
 //!
 //! - [`affinity`]: which CPUs the spinning threads run on;
+//! - [`loopback`]: a workload run through both endpoints and directly attached, in turns,
+//!   with the link measured and the workload's transaction profile counted;
 //! - [`harness`]: a GPU-box endpoint with one simgpu on a thread of its own, and a figure's
 //!   median and spread over runs;
 //! - [`model`]: the performance model, a bridged time predicted from a transaction profile,
@@ -18,6 +20,7 @@ pub mod affinity;
 pub mod compare;
 pub mod error;
 pub mod harness;
+pub mod loopback;
 pub mod model;
 pub mod plan;
 pub mod replay;

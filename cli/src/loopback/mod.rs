@@ -1,263 +1,42 @@
-//! `dxpu loopback`: both endpoints and a simulated GPU on one machine, over real UDP
-//! loopback. The simgpu driver runs a workload (the demo, or one shaped like AI work)
-//! through the bridges (every result checked against the CPU) and the same workload on a
-//! directly attached simgpu, in turns, `--repeat` times each, and the report compares their
-//! medians (with the spread): on a shared two-core machine one run of each told the
-//! overhead anywhere from 9 to 155 %. The direct runs count the workload's transaction
-//! profile, and the performance model (`lab::model`) predicts the bridged time from it
-//! and the link's round trip and bulk rates, measured before the runs.
+//! `dxpu loopback`: its arguments, its progress and its report. What it runs — a workload
+//! through both endpoints over real UDP loopback and on a directly attached simgpu, in turns,
+//! `--repeat` times each, the link measured and the profile counted — is
+//! `lab::loopback::run`; the report compares the medians (with the spread), the model's
+//! prediction beside them.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bridge_host::{HostStats, RemoteDevice};
-use driver::SimGpuDriver;
-use hw::SimGpu;
-use hw::simgpu::SimGpuParams;
-use lab::model::{self, LinkParams};
+use bridge_host::RemoteDevice;
+use lab::harness::{Frames, LocalBox};
+use lab::loopback::{BaselineKind, Outcome};
 use link::driver::DriverKind;
 use serde_json::json;
-use testbed::concurrent::ConcurrentAttach;
-use testbed::direct::DirectAttach;
-use testbed::workload::{Workload, WorkloadReport};
 
 use crate::args::WorkloadArg;
-use lab::affinity::{self, Placement};
-use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
-
-/// Bridged runs made through one attachment before the next (see `run`).
-const RUNS_PER_SESSION: u32 = 3;
-
-/// Bytes of the copies that measure bulk rates before the runs.
-const RATE_BYTES: usize = 16 << 20;
 
 pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {
         return Err(format!("--scale {}: must be 1..=32", args.scale));
     }
-    // The caller's thread gets its CPUs back however this returns.
-    let _restore = affinity::Restore::here()?;
-    let placement = args.endpoints.placement("the host's driver", progress)?;
-    // Bridged turns: the box's thread (the device) on the device's CPU, the workload's on
-    // the host's. Direct turns: the device computes on the device's CPU — the synchronous
-    // baseline in the workload's thread, the concurrent one in its own beside the driver on
-    // the host's — and the idle box's thread waits on the host's CPU: it spins for its
-    // budget after every keepalive, which would be taken from the direct device's CPU.
-    let bridged_turn = |gpu: &LocalBox| match placement {
-        Some(p) => gpu.pin(p.device).map_err(String::from).and_then(|()| Ok(affinity::pin(&[p.host])?)),
-        None => Ok(()),
-    };
-    let direct_turn = |gpu: &LocalBox| match placement {
-        Some(p) => gpu.pin(p.host).map_err(String::from).and_then(|()| {
-            Ok(affinity::pin(&[match args.baseline {
-                BaselineArg::Synchronous => p.device,
-                BaselineArg::Concurrent => p.host,
-            }])?)
-        }),
-        None => Ok(()),
-    };
-    // Attaching from the host's CPU: the host endpoint's service thread starts there too.
-    let on_host = || affinity::pin_to(placement.map(|p| p.host));
-    // A box and an attachment of their own for every RUNS_PER_SESSION bridged runs, each
-    // attachment warmed by one run not counted: sessions differ from one to the next (on
-    // this machine some run whole copies at half the rate of others), and a figure over one
-    // session says more about that session than about the bridges.
-    let attach = |progress: &mut dyn FnMut(&str)| attach_box(args, placement, progress);
-    on_host()?;
-    let (gpu, mut d) = attach(progress)?;
-    let driver_name = d.pci().driver_name().to_string();
-    let (offload, sizes) = (d.pci().offload(), d.pci().payload_sizes());
-    progress("timing MMIO reads and bulk copies");
-    let rtt = mmio_rtt(&mut d, args.rtt_samples);
-    // Bulk rates differ from one session to the next (docs/performance.md, "slow
-    // sessions"): measured on every attachment the runs use, the model takes their medians.
-    let rates_of = |d: &mut SimGpuDriver<RemoteDevice>| {
-        model::copy_rates(d, RATE_BYTES, 1).map_err(|e| format!("bridged copies: {e}"))
-    };
-    let mut session_rates = vec![rates_of(&mut d)?];
-    direct_turn(&gpu)?;
-    let mut direct = Baseline::open(args.baseline, placement.map(|p| p.device))?;
-    let direct_rtt = direct.mmio_rtt(args.rtt_samples);
-    let direct_rates = direct.copy_rates()?;
     let w = args.workload.ok_or("no workload chosen")?;
-    let size = w.workload(args.scale, args.batch, args.layers)?;
-    let mut profile = crate::model::count_profile(size)?;
-    (profile.direct_h2d_bytes_per_s, profile.direct_d2h_bytes_per_s) = direct_rates;
-    // The first attachment is warmed by the round-trip samples' session and one run.
-    bridged_turn(&gpu)?;
-    warm_up(&mut d, size, "bridged", progress)?;
-    direct_turn(&gpu)?;
-    direct.run(size, &mut |s| progress(&format!("direct (warm-up): {s}")))?;
-    // In turns, so that what the machine does meanwhile falls on both alike.
-    let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
-    let mut current = Some((gpu, d));
-    let mut host = HostStats::default();
-    // TLPs each way over every attachment's whole session (what a capture of it holds).
-    let mut captured = (0u64, 0u64);
-    for i in 1..=args.repeat {
-        let of = if args.repeat > 1 { format!(" ({i} of {})", args.repeat) } else { String::new() };
-        on_host()?;
-        let (gpu, mut d) = match current.take() {
-            Some(c) => c,
-            None => {
-                let (gpu, mut d) = attach(progress)?;
-                warm_up(&mut d, size, "bridged", progress)?;
-                session_rates.push(rates_of(&mut d)?);
-                (gpu, d)
-            }
-        };
-        bridged_turn(&gpu)?;
-        let before = d.pci().stats();
-        bridged.push(
-            size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
-                .map_err(|e| format!("bridged workload{of}: {e}"))?,
-        );
-        // What one run sent and received: the last one's.
-        host = one_run(&before, &d.pci().stats());
-        direct_turn(&gpu)?;
-        direct_runs.push(
-            direct
-                .run(size, &mut |s| progress(&format!("direct{of}: {s}")))
-                .map_err(|e| format!("direct workload{of}: {e}"))?,
-        );
-        if i % RUNS_PER_SESSION == 0 || i == args.repeat {
-            let last = d.into_pci().detach_counted();
-            captured.0 += last.link.tlps_sent;
-            captured.1 += last.link.tlps_received;
-            drop(gpu);
-        } else {
-            current = Some((gpu, d));
-        }
-    }
-    let link = LinkParams {
-        rtt_ns: rtt.0.as_nanos() as f64,
-        h2d_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.0)).median,
-        d2h_bytes_per_s: Spread::of(session_rates.iter().map(|r| r.1)).median,
-        ..LinkParams::LOCAL
+    let options = lab::loopback::Options {
+        workload: w.workload(args.scale, args.batch, args.layers)?,
+        baseline: match args.baseline {
+            BaselineArg::Synchronous => BaselineKind::Synchronous,
+            BaselineArg::Concurrent => BaselineKind::Concurrent,
+        },
+        repeat: args.repeat,
+        rtt_samples: args.rtt_samples,
+        driver: args.endpoints.driver.kind(),
+        poll: args.endpoints.poll_mode(),
+        impairment: args.impair.impairment(0),
+        frames: Frames::from_encrypt(args.encrypt),
+        tap: args.tap.clone(),
+        placement: args.endpoints.placement("the host's driver", progress)?,
     };
-    Ok(Outcome {
-        bridged,
-        direct: direct_runs,
-        rtt,
-        direct_rtt,
-        host,
-        driver: driver_name,
-        offload,
-        sizes,
-        profile,
-        link,
-        workload: w,
-        placement,
-        captured,
-    })
-}
-
-/// A box of its own on loopback and gpu0 attached through the host endpoint, for `run`'s
-/// bridged turns.
-fn attach_box(
-    args: &LoopbackArgs,
-    placement: Option<Placement>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<(LocalBox, SimGpuDriver<RemoteDevice>), String> {
-    let (driver, poll) = (args.endpoints.driver.kind(), args.endpoints.poll_mode());
-    let imp = |seed| args.impair.impairment(seed);
-    let gpu = LocalBox::start_offload(
-        driver,
-        poll,
-        imp(11),
-        Frames::from_encrypt(args.encrypt),
-        link::driver::Offload::AUTO,
-        placement.map(|p| p.device),
-    )?;
-    progress("attaching gpu0 through the host endpoint");
-    let mut o = gpu.attach_options(driver, poll, imp(12));
-    o.tap = args.tap.clone();
-    // Distance adds to every round trip: keep the timeout above it.
-    o.completion_timeout += 4 * args.impair.held();
-    let remote = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
-    let d = SimGpuDriver::open(remote).map_err(|e| format!("opening the remote simgpu: {e}"))?;
-    Ok((gpu, d))
-}
-
-/// The directly attached simgpu the bridged runs are compared with.
-enum Baseline {
-    /// The device runs inside the driver's calls (`testbed::direct`).
-    Synchronous(Box<SimGpuDriver<DirectAttach<SimGpu>>>),
-    /// The device runs on a thread of its own (`testbed::concurrent`).
-    Concurrent(Box<SimGpuDriver<ConcurrentAttach<SimGpu>>>),
-}
-
-impl Baseline {
-    /// The concurrent baseline's device thread is pinned to `cpu` where given.
-    fn open(kind: BaselineArg, cpu: Option<usize>) -> Result<Baseline, String> {
-        let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
-        let opened = |e: driver::DriverError| format!("opening the direct simgpu: {e}");
-        Ok(match kind {
-            BaselineArg::Synchronous => Baseline::Synchronous(Box::new(
-                SimGpuDriver::open(DirectAttach::new(dev, 256 << 20)).map_err(opened)?,
-            )),
-            BaselineArg::Concurrent => {
-                let pin = move || {
-                    if let Err(e) = affinity::pin_to(cpu) {
-                        log::warn!("the direct device's thread: {e}");
-                    }
-                };
-                let pci = ConcurrentAttach::new_with(dev, 256 << 20, pin)
-                    .map_err(|e| format!("starting the direct simgpu's thread: {e}"))?;
-                Baseline::Concurrent(Box::new(SimGpuDriver::open(pci).map_err(opened)?))
-            }
-        })
-    }
-
-    fn run(&mut self, w: Workload, progress: &mut dyn FnMut(&str)) -> Result<WorkloadReport, String> {
-        match self {
-            Baseline::Synchronous(d) => w.run(d, progress),
-            Baseline::Concurrent(d) => w.run(d, progress),
-        }
-        .map_err(|e| format!("direct workload: {e}"))
-    }
-
-    fn mmio_rtt(&mut self, n: usize) -> (Duration, Duration) {
-        match self {
-            Baseline::Synchronous(d) => mmio_rtt(d, n),
-            Baseline::Concurrent(d) => mmio_rtt(d, n),
-        }
-    }
-
-    fn copy_rates(&mut self) -> Result<(f64, f64), String> {
-        match self {
-            Baseline::Synchronous(d) => model::copy_rates(d, RATE_BYTES, 3),
-            Baseline::Concurrent(d) => model::copy_rates(d, RATE_BYTES, 3),
-        }
-        .map_err(|e| format!("direct copies: {e}"))
-    }
-}
-
-/// One run of the workload through `d`, verified and not counted.
-fn warm_up<P: driver::PciFunction>(
-    d: &mut SimGpuDriver<P>,
-    size: Workload,
-    what: &str,
-    progress: &mut dyn FnMut(&str),
-) -> Result<(), String> {
-    size.run(d, &mut |s| progress(&format!("{what} (warm-up): {s}")))
-        .map(|_| ())
-        .map_err(|e| format!("{what} workload (warm-up): {e}"))
-}
-
-/// The counters the report shows, as far as they moved from `before` to `after`.
-fn one_run(before: &HostStats, after: &HostStats) -> HostStats {
-    let diff = |a: &BTreeMap<&'static str, u64>, b: &BTreeMap<&'static str, u64>| {
-        b.iter().map(|(k, v)| (*k, v - a.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect()
-    };
-    let mut h = after.clone();
-    h.tlps_sent = diff(&before.tlps_sent, &after.tlps_sent);
-    h.tlps_received = diff(&before.tlps_received, &after.tlps_received);
-    h.interrupts = after.interrupts - before.interrupts;
-    h.link.retransmits = after.link.retransmits - before.link.retransmits;
-    h
+    Ok(lab::loopback::run(&options, progress)?)
 }
 
 /// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
@@ -478,11 +257,9 @@ impl Drop for Steps {
 }
 
 mod args;
-mod outcome;
 mod report;
 
 pub(crate) use args::{BaselineArg, DEFAULT_REPEAT, LoopbackArgs};
-use outcome::Outcome;
 
 pub(crate) use report::report_json;
 use report::{print_report, print_summary};

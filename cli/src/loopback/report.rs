@@ -8,7 +8,9 @@ use serde_json::json;
 use testbed::workload;
 
 use super::args::{BaselineArg, LoopbackArgs};
-use super::outcome::{Outcome, tlp_totals, us};
+use lab::loopback::{Outcome, tlp_totals};
+
+use crate::bench::us;
 use lab::harness::Spread;
 
 /// Every workload's overhead beside the model's prediction, one line each.
