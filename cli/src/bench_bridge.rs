@@ -17,10 +17,10 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 
 use crate::args::PinArg;
-use crate::bench::{
+use lab::affinity::{self, Placement};
+use lab::floor::{
     Buffers, GsoRun, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
-use lab::affinity::{self, Placement};
 use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.

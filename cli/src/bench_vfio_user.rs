@@ -20,8 +20,8 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
-use crate::bench::us;
 use crate::bench_bridge::copy;
+use lab::floor::us;
 use lab::harness::{LocalBox, mmio_rtt};
 
 /// Options of `dxpu bench vfio-user`.

@@ -5,12 +5,16 @@
 //! - [`affinity`]: which CPUs the spinning threads run on;
 //! - [`loopback`]: a workload run through both endpoints and directly attached, in turns,
 //!   with the link measured and the workload's transaction profile counted;
+//! - [`floor`]: what the benches compare the bridges with: bare UDP ping-pongs and streams
+//!   (with GSO and GRO), plain sockets and a link driver alone;
 //! - [`harness`]: a GPU-box endpoint with one simgpu on a thread of its own, and a figure's
 //!   median and spread over runs;
 //! - [`model`]: the performance model, a bridged time predicted from a transaction profile,
 //!   and [`model::LinkParams`], the link as every prediction here sees it;
 //! - [`trace`], [`plan`], [`replay`]: PyTorch profiler traces read, made a dependency graph
 //!   (evaluated at a link: the model of a traced job), and replayed on the simgpu;
+//! - [`session`]: the link's sessions alone: a request's round trip, a stream of writes,
+//!   their CPU per frame, and a frame's tag, CRC and encryption;
 //! - [`error`]: what goes wrong in an experiment, and where;
 //! - [`compare`]: a trace replayed directly attached and through both endpoints in turns,
 //!   the link measured, and the model's prediction beside what was measured.
@@ -19,9 +23,11 @@
 pub mod affinity;
 pub mod compare;
 pub mod error;
+pub mod floor;
 pub mod harness;
 pub mod loopback;
 pub mod model;
 pub mod plan;
 pub mod replay;
+pub mod session;
 pub mod trace;

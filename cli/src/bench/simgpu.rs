@@ -5,7 +5,7 @@ use std::time::Instant;
 use clap::Args;
 use tlp::Bdf;
 
-use super::floor::{summarize, us};
+use lab::floor::{summarize, us};
 
 /// Options of `dxpu bench simgpu`.
 #[derive(Args, Debug)]

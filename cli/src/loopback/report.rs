@@ -10,7 +10,7 @@ use testbed::workload;
 use super::args::{BaselineArg, LoopbackArgs};
 use lab::loopback::{Outcome, tlp_totals};
 
-use crate::bench::us;
+use lab::floor::us;
 use lab::harness::Spread;
 
 /// Every workload's overhead beside the model's prediction, one line each.

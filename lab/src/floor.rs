@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 use link::driver::{AnyUdp, Datagrams, DriverKind, PollMode, PortableUdp};
 
 /// Where the benches bind: loopback, any port.
-pub(crate) const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
+pub const LOCAL: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
 
 /// How a bench's endpoints wait: spinning (`busy`) or sleeping in the kernel.
-pub(crate) fn mode_of(busy: bool) -> PollMode {
+pub fn mode_of(busy: bool) -> PollMode {
     if busy { PollMode::Busy { spin: Duration::from_secs(3600) } } else { PollMode::Blocking }
 }
 
-pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
+/// The `p` quantile (0..=1) of `sorted`, nearest rank; zero for none.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -24,30 +25,30 @@ pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-pub(crate) struct Rtt {
-    pub(crate) p50: Duration,
-    pub(crate) p99: Duration,
+/// A round trip's median and 99th percentile.
+pub struct Rtt {
+    /// The median.
+    pub p50: Duration,
+    /// The 99th percentile.
+    pub p99: Duration,
 }
 
-pub(crate) fn summarize(mut v: Vec<Duration>) -> Rtt {
+/// The median and 99th percentile of `v`.
+pub fn summarize(mut v: Vec<Duration>) -> Rtt {
     v.sort();
     Rtt { p50: percentile(&v, 0.50), p99: percentile(&v, 0.99) }
 }
 
-pub(crate) fn us(d: Duration) -> f64 {
+/// `d` in microseconds.
+pub fn us(d: Duration) -> f64 {
     d.as_nanos() as f64 / 1000.0
 }
 
-/// (a) Bare UDP ping-pong with 64-byte datagrams. With `connected`, the client's socket is
+/// Bare UDP ping-pong with 64-byte datagrams. With `connected`, the client's socket is
 /// connected to the server, as a session's client socket is (the server's serves any peer,
 /// as a session server's does): the floor with the same socket set-up as the sessions. The
 /// echoing thread runs on `echo_cpu` where given (the caller's stays where it is).
-pub(crate) fn bare_pingpong(
-    busy: bool,
-    connected: bool,
-    n: usize,
-    echo_cpu: Option<usize>,
-) -> std::io::Result<Rtt> {
+pub fn bare_pingpong(busy: bool, connected: bool, n: usize, echo_cpu: Option<usize>) -> std::io::Result<Rtt> {
     let server = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let client = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     let (sa, ca) = (server.local_addr()?, client.local_addr()?);
@@ -58,7 +59,7 @@ pub(crate) fn bare_pingpong(
     }
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        lab::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
+        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut buf = [0u8; 2048];
         for _ in 0..total {
             loop {
@@ -102,7 +103,7 @@ pub(crate) fn bare_pingpong(
 
 /// The same ping-pong through one of the link's drivers (no session): the floor of that
 /// driver in that mode, the echoing thread on `echo_cpu` where given.
-pub(crate) fn driver_pingpong(
+pub fn driver_pingpong(
     driver: DriverKind,
     busy: bool,
     n: usize,
@@ -116,7 +117,7 @@ pub(crate) fn driver_pingpong(
     client.connect(sa)?;
     let total = n + n / 10;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        lab::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
+        crate::affinity::pin_to(echo_cpu).map_err(std::io::Error::other)?;
         let mut echoed = 0;
         let mut from_to = Vec::new();
         while echoed < total {
@@ -161,9 +162,9 @@ pub(crate) fn driver_pingpong(
     Ok(summarize(rtts))
 }
 
-/// (c) The same datagrams (count and size) through bare sockets with sendmmsg/recvmmsg, the
+/// Datagrams of one size through bare sockets with sendmmsg/recvmmsg, the
 /// sender's socket connected (as a session client's is).
-pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
+pub fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, u64)> {
     // A datagram per sendmmsg/recvmmsg slot: the offloads have a row of their own.
     let off = link::driver::Offload::OFF;
     let mut rx = PortableUdp::bind_with(SocketAddr::from(LOCAL), off)?;
@@ -204,7 +205,7 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
     let seconds = if received.load(Ordering::Relaxed) >= datagrams { t0.elapsed() } else { last_change - t0 }
         .as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    reader.join().map_err(|_| std::io::Error::other("reader panicked"))??;
+    reader.join().map_err(|_| std::io::Error::other("the GSO floor's receiving thread panicked"))??;
     Ok((seconds, received.load(Ordering::Relaxed)))
 }
 
@@ -213,13 +214,13 @@ pub(crate) fn bare_stream(datagrams: u64, size: usize) -> std::io::Result<(f64, 
 /// coalesced batches (UDP GRO), plain sockets, no session. Returns MB/s received, or why
 /// the kernel refused the offloads. The sender sends one 64 KB buffer over and over and the
 /// receiver reads into one: both stay in cache, so this is the kernel path's own ceiling.
-pub(crate) fn bare_gso_stream(bytes: usize, segment: usize) -> std::io::Result<GsoRun> {
+pub fn bare_gso_stream(bytes: usize, segment: usize) -> std::io::Result<GsoRun> {
     bare_gso_stream_with(bytes, segment, Buffers::Hot)
 }
 
 /// Where [`bare_gso_stream_with`]'s sender reads and its receiver writes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Buffers {
+pub enum Buffers {
     /// One 64 KB buffer each side, reused: cache-resident.
     Hot,
     /// A `bytes`-long source read from start to end and a `bytes`-long destination written
@@ -236,15 +237,15 @@ pub(crate) enum Buffers {
 
 /// One run of [`bare_gso_stream_with`]: the rate and the CPU each side spent per byte.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct GsoRun {
+pub struct GsoRun {
     /// MB/s received.
-    pub(crate) mb_s: f64,
+    pub mb_s: f64,
     /// The sending thread's CPU seconds per GiB it sent (a full socket buffer drops on
     /// loopback, so per byte sent, not received).
-    pub(crate) send_cpu_s_per_gib: f64,
+    pub send_cpu_s_per_gib: f64,
     /// The receiving thread's CPU seconds per GiB it received: it sleeps in `recv` when
     /// nothing is there, so this is its work.
-    pub(crate) receive_cpu_s_per_gib: f64,
+    pub receive_cpu_s_per_gib: f64,
 }
 
 /// This thread's CPU time so far.
@@ -259,11 +260,7 @@ fn per_gib(cpu: Duration, bytes: u64) -> f64 {
 }
 
 /// [`bare_gso_stream`] with the sender's and receiver's buffers chosen by `buffers`.
-pub(crate) fn bare_gso_stream_with(
-    bytes: usize,
-    segment: usize,
-    buffers: Buffers,
-) -> std::io::Result<GsoRun> {
+pub fn bare_gso_stream_with(bytes: usize, segment: usize, buffers: Buffers) -> std::io::Result<GsoRun> {
     let rx = UdpSocket::bind(SocketAddr::from(LOCAL))?;
     link::driver::set_udp_gro(&rx, true)?;
     rx.set_read_timeout(Some(Duration::from_millis(20)))?;
@@ -333,10 +330,30 @@ pub(crate) fn bare_gso_stream_with(
     let got = received.load(Ordering::Relaxed);
     let seconds = if got as usize >= bytes { t0.elapsed() } else { last_change - t0 }.as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    let receive_cpu = reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
+    let receive_cpu =
+        reader.join().map_err(|_| std::io::Error::other("the GSO floor's receiving thread panicked"))?;
     Ok(GsoRun {
         mb_s: got as f64 / seconds / 1e6,
         send_cpu_s_per_gib: per_gib(send_cpu, bytes as u64),
         receive_cpu_s_per_gib: per_gib(receive_cpu, got),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_percentile_takes_the_nearest_rank_and_none_is_zero() {
+        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+        assert_eq!(percentile(&ms(&[7]), 0.99), Duration::from_millis(7));
+        assert_eq!(percentile(&ms(&[1, 2, 3, 4, 5]), 0.5), Duration::from_millis(3));
+        assert_eq!(percentile(&ms(&[1, 2, 3, 4, 5]), 1.0), Duration::from_millis(5));
+        let r = summarize(ms(&[9, 1, 5, 3, 7]));
+        assert_eq!((r.p50, r.p99), (Duration::from_millis(5), Duration::from_millis(9)));
+        assert_eq!(us(Duration::from_nanos(2500)), 2.5);
+        assert_eq!(per_gib(Duration::from_secs(1), 0), 0.0);
+        assert_eq!(per_gib(Duration::from_secs(2), 1 << 31), 1.0);
+    }
 }
