@@ -7,7 +7,7 @@
 //!     streamed through bare sockets;
 //! (c) the demo workload bridged against a directly attached simgpu.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bridge_host::RemoteDevice;
 use clap::Args;
@@ -18,6 +18,7 @@ use serde_json::json;
 
 use crate::args::PinArg;
 use lab::affinity::{self, Placement};
+use lab::bulk::{Copied, bridged_copies, direct_copies};
 use lab::floor::{
     Buffers, GsoRun, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
 };
@@ -273,25 +274,6 @@ struct Bridged {
     link: link::Stats,
 }
 
-/// Copies through a fresh pair of busy-polling endpoints of this variant.
-fn bridged_copies(
-    args: &BridgeBench,
-    (driver, frames, offload): (DriverKind, Frames, link::driver::Offload),
-    spin: Duration,
-) -> Result<(Copied, link::Stats), String> {
-    let poll = PollMode::Busy { spin };
-    let gpu = LocalBox::start_offload(driver, poll, Impairment::default(), frames, offload, None)?;
-    let mut d = open(&gpu, driver, poll)?;
-    let buf = pinned(&mut d, args.copy_bytes)?;
-    let spun =
-        |d: &mut SimGpuDriver<RemoteDevice>| [Duration::from_nanos(d.pci().stats().spin_ns), gpu.spun()];
-    let c = timed_copies(&mut d, &buf, args.copy_repeat, &spun).map_err(|e| match d.pci().removed() {
-        Some(why) => format!("{e}: the host endpoint reported the device removed: {why}"),
-        None => e,
-    })?;
-    Ok((c, d.pci().stats().link))
-}
-
 /// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
 fn dma_section(
     args: &BridgeBench,
@@ -329,7 +311,7 @@ fn dma_section(
     // this machine, from one minute to the next.
     let mut floors = Floors::default();
     floors.sample(args.copy_bytes)?;
-    let c = direct_copies(args)?;
+    let c = direct_copies(args.copy_bytes, args.copy_repeat)?;
     let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
     dma.push(dma_row("direct", "none", h2d, d2h, false));
     line(&[
@@ -343,7 +325,7 @@ fn dma_section(
     // io_uring also with zero-copy sends, to see whether they win here.
     let mut bridged = Vec::new();
     for variant @ (driver, frames, offload) in variants(drivers) {
-        let (copied, link) = bridged_copies(args, variant, spin)?;
+        let (copied, link) = bridged_copies(args.copy_bytes, args.copy_repeat, variant, spin)?;
         let label = if offload.zero_copy_send {
             "  the same, zero-copy sends".to_string()
         } else if frames == Frames::Tagged {
@@ -444,16 +426,6 @@ fn floor_lines(
         }
     }
     (gso, copy, staged)
-}
-
-/// The directly attached simgpu's copies each way: its pages touched once first, as `bench
-/// simgpu` does, so the figure is the copy's, not the kernel zeroing fresh pages.
-fn direct_copies(args: &BridgeBench) -> Result<Copied, String> {
-    let dev = hw::SimGpu::new(tlp::Bdf::new(1, 0, 0), hw::simgpu::SimGpuParams::default());
-    let mut d = SimGpuDriver::open(testbed::direct::DirectAttach::new(dev, args.copy_bytes + (1 << 20)))
-        .map_err(|e| e.to_string())?;
-    let buf = pinned(&mut d, args.copy_bytes)?;
-    timed_copies(&mut d, &buf, args.copy_repeat, &no_spin)
 }
 
 /// The bridged rows' variants: each driver with the link's tags (the default) and without
@@ -565,146 +537,4 @@ fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_js
         overhead.max
     ));
     Ok(crate::loopback::report_json(&la, &o))
-}
-
-/// One copy each way, as [`pinned_copy`] measured it.
-#[derive(Clone, Copy, Debug, Default)]
-struct Copied {
-    h2d_mb_s: f64,
-    d2h_mb_s: f64,
-    /// CPU seconds per GiB moved: the calling thread (the host endpoint, which the driver's
-    /// polling drives) and the rest of the process (the box endpoint's thread), h→d then d→h.
-    host_cpu: [f64; 2],
-    box_cpu: [f64; 2],
-    /// The same less what each endpoint's passes that found nothing took (its spins,
-    /// `link::driver::SpinMeter`): the work.
-    host_work: [f64; 2],
-    box_work: [f64; 2],
-}
-
-impl Copied {
-    /// CPU per GiB as the tables' columns: host h→d, box h→d, host d→h, box d→h.
-    fn sides(&self) -> [f64; 4] {
-        [self.host_cpu[0], self.box_cpu[0], self.host_cpu[1], self.box_cpu[1]]
-    }
-    /// The work per GiB, the same way.
-    fn work(&self) -> [f64; 4] {
-        [self.host_work[0], self.box_work[0], self.host_work[1], self.box_work[1]]
-    }
-}
-
-/// What the host's and the box's endpoints have spun so far: each endpoint's
-/// `link::driver::SpinMeter` totals.
-type Spun<'a, P> = &'a dyn Fn(&mut SimGpuDriver<P>) -> [Duration; 2];
-
-/// A directly attached device has no endpoints: nothing spins.
-fn no_spin<P: driver::PciFunction>(_: &mut SimGpuDriver<P>) -> [Duration; 2] {
-    [Duration::ZERO; 2]
-}
-
-/// CPU time of the calling thread and of the whole process so far.
-fn cpu_now() -> (Duration, Duration) {
-    use rustix::time::{ClockId, clock_gettime};
-    let d = |t: rustix::time::Timespec| Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
-    (d(clock_gettime(ClockId::ThreadCPUTime)), d(clock_gettime(ClockId::ProcessCPUTime)))
-}
-
-/// One untimed [`pinned_copy`], then `repeat` timed: the median of each figure.
-fn timed_copies<P: driver::PciFunction>(
-    d: &mut SimGpuDriver<P>,
-    buf: &driver::DmaBuf,
-    repeat: u32,
-    spun: Spun<'_, P>,
-) -> Result<Copied, String> {
-    let data = testbed::suite::pattern(buf.len, 3);
-    let mut back = vec![0xffu8; buf.len];
-    pinned_copy(d, buf, &data, &mut back, spun)?;
-    let mut runs = Vec::new();
-    for _ in 0..repeat {
-        runs.push(pinned_copy(d, buf, &data, &mut back, spun)?);
-    }
-    let median = |f: &dyn Fn(&Copied) -> f64| Spread::of(runs.iter().map(f)).median;
-    Ok(Copied {
-        h2d_mb_s: median(&|c| c.h2d_mb_s),
-        d2h_mb_s: median(&|c| c.d2h_mb_s),
-        host_cpu: [median(&|c| c.host_cpu[0]), median(&|c| c.host_cpu[1])],
-        box_cpu: [median(&|c| c.box_cpu[0]), median(&|c| c.box_cpu[1])],
-        host_work: [median(&|c| c.host_work[0]), median(&|c| c.host_work[1])],
-        box_work: [median(&|c| c.box_work[0]), median(&|c| c.box_work[1])],
-    })
-}
-
-/// A DMA buffer of `bytes` for [`pinned_copy`].
-fn pinned<P: driver::PciFunction>(d: &mut SimGpuDriver<P>, bytes: usize) -> Result<driver::DmaBuf, String> {
-    d.pci().dma_alloc(bytes).ok_or_else(|| format!("no {bytes} B of DMA memory for the copy"))
-}
-
-/// The device's DMA engine alone, as CUDA's `bandwidthTest --memory=pinned` measures it: the
-/// bytes already lie in a DMA buffer (`buf`), the device copies them to VRAM at 0 and back,
-/// the clock runs from each command's submission to its fence, and the bytes that came back
-/// (into `back`) are checked against `data` after. Returns the rate and CPU time each way,
-/// and the work: the CPU time less what `spun` says each endpoint spun meanwhile.
-fn pinned_copy<P: driver::PciFunction>(
-    d: &mut SimGpuDriver<P>,
-    buf: &driver::DmaBuf,
-    data: &[u8],
-    back: &mut [u8],
-    spun: Spun<'_, P>,
-) -> Result<Copied, String> {
-    use driver::WaitMode;
-    use simgpu_abi::op;
-    let (bus, len) = (buf.bus.get(), buf.len as u64);
-    let mb = buf.len as f64 / 1e6;
-    let gib = buf.len as f64 / (1u64 << 30) as f64;
-    let mut c = Copied::default();
-    let mut timed = |d: &mut SimGpuDriver<P>, op: u32, args: [u64; 5], i: usize| -> Result<f64, String> {
-        let ([host_spun0, box_spun0], (thread0, process0)) = (spun(d), cpu_now());
-        let t = Instant::now();
-        d.launch(op, args, WaitMode::Poll).map_err(|e| e.to_string())?;
-        let rate = mb / t.elapsed().as_secs_f64();
-        let (thread1, process1) = cpu_now();
-        let [host_spun1, box_spun1] = spun(d);
-        let host = (thread1 - thread0).as_secs_f64();
-        let box_ = ((process1 - process0).as_secs_f64() - host).max(0.0);
-        c.host_cpu[i] = host / gib;
-        c.box_cpu[i] = box_ / gib;
-        c.host_work[i] = (host - (host_spun1 - host_spun0).as_secs_f64()).max(0.0) / gib;
-        c.box_work[i] = (box_ - (box_spun1 - box_spun0).as_secs_f64()).max(0.0) / gib;
-        Ok(rate)
-    };
-    d.pci().dma_write(buf, 0, data);
-    let h2d = timed(d, op::COPY_H2V, [bus, 0, len, 0, 0], 0)?;
-    back.fill(0xff);
-    d.pci().dma_write(buf, 0, back);
-    let d2h = timed(d, op::COPY_V2H, [0, bus, len, 0, 0], 1)?;
-    d.pci().dma_read(buf, 0, back);
-    if back != data {
-        return Err("DMA copy came back different".into());
-    }
-    c.h2d_mb_s = h2d;
-    c.d2h_mb_s = d2h;
-    Ok(c)
-}
-
-/// Copies `bytes` host→VRAM and back through `d` with the driver's `memcpy` (through its
-/// staging buffer), checks them, and returns MB/s each way.
-pub(crate) fn copy<P: driver::PciFunction>(
-    d: &mut SimGpuDriver<P>,
-    bytes: usize,
-) -> Result<(f64, f64), String> {
-    let mb = bytes as f64 / 1e6;
-    let data = testbed::suite::pattern(bytes, 3);
-    let t = Instant::now();
-    d.memcpy_to_device(0, &data).map_err(|e| e.to_string())?;
-    let h2d = mb / t.elapsed().as_secs_f64();
-    let mut back = vec![0u8; bytes];
-    // Touched before the clock starts: a fresh allocation's pages fault in on first write.
-    back.fill(0xff);
-    let t = Instant::now();
-    d.memcpy_from_device(0, &mut back).map_err(|e| e.to_string())?;
-    let d2h = mb / t.elapsed().as_secs_f64();
-    if back != data {
-        return Err("DMA copy came back different".into());
-    }
-    Ok((h2d, d2h))
 }

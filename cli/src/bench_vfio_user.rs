@@ -20,7 +20,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
 use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
-use crate::bench_bridge::copy;
+use lab::bulk::copy;
 use lab::floor::us;
 use lab::harness::{LocalBox, mmio_rtt};
 

@@ -32,7 +32,7 @@ pub enum LabError {
     /// A platform's driver refused or its device reported an error.
     #[error("{platform} {what}: {source}")]
     Driver {
-        /// `direct` or `bridged`.
+        /// `direct` or `bridged`; `bulk` for a copy measured on either.
         platform: &'static str,
         /// What was being done.
         what: &'static str,
@@ -48,6 +48,26 @@ pub enum LabError {
         run: String,
         /// The workload's error.
         source: testbed::workload::WorkloadError,
+    },
+    /// No DMA memory of that size was left for a copy's buffer.
+    #[error("no {bytes} B of DMA memory for the copy")]
+    NoDmaMemory {
+        /// The buffer's size.
+        bytes: usize,
+    },
+    /// A copy to the device and back returned other bytes than were sent.
+    #[error("a copy of {bytes} B to the device and back came back different")]
+    CopyCorrupted {
+        /// The copy's size.
+        bytes: usize,
+    },
+    /// The host endpoint removed the device while a measurement ran.
+    #[error("{during}: the host endpoint reported the device removed: {why}")]
+    Removed {
+        /// What failed.
+        during: Box<LabError>,
+        /// Why the host endpoint removed it.
+        why: String,
     },
     /// A replay failed on a platform.
     #[error("{platform} replay: {source}")]

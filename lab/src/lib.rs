@@ -5,6 +5,8 @@
 //! - [`affinity`]: which CPUs the spinning threads run on;
 //! - [`loopback`]: a workload run through both endpoints and directly attached, in turns,
 //!   with the link measured and the workload's transaction profile counted;
+//! - [`bulk`]: bulk copies measured, pinned (the DMA engine alone, each side's CPU and
+//!   work) and staged (the driver's `memcpy`), bridged or direct;
 //! - [`floor`]: what the benches compare the bridges with: bare UDP ping-pongs and streams
 //!   (with GSO and GRO), plain sockets and a link driver alone;
 //! - [`harness`]: a GPU-box endpoint with one simgpu on a thread of its own, and a figure's
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod affinity;
+pub mod bulk;
 pub mod compare;
 pub mod error;
 pub mod floor;
