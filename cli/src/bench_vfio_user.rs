@@ -8,17 +8,14 @@
 //! (b) DMA: copies host↔VRAM through guest memory shared as a file, and through guest
 //!     memory the server reaches with DMA_READ / DMA_WRITE messages, against the bridges.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bridge_host::RemoteDevice;
-use bridge_host::vfio_user::VfioUserServer;
 use clap::Args;
 use driver::SimGpuDriver;
+use lab::served::Served;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde_json::json;
-use testbed::vfio_user_client::{GuestMemory, VfioUserClient};
 
 use lab::bulk::copy;
 use lab::floor::us;
@@ -42,53 +39,6 @@ pub(crate) struct VfioUserBench {
     /// Print one JSON object on standard output (the table goes to standard error).
     #[arg(long)]
     json: bool,
-}
-
-const IOVA: u64 = 0x4000_0000;
-
-/// A server for a remote simgpu on its own thread, stopped on drop.
-struct Served {
-    path: std::path::PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Served {
-    fn start(gpu: &LocalBox, driver: DriverKind, poll: PollMode) -> Result<Served, String> {
-        let mut o = gpu.attach_options(driver, poll, Impairment::default());
-        o.dma_memory = 0;
-        o.service_interval = None;
-        let dev = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
-        let path = std::env::temp_dir().join(format!("dxpu-bench-vfio-user-{}.sock", std::process::id()));
-        let mut server = VfioUserServer::bind(&path, dev, poll).map_err(|e| e.to_string())?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("dxpu-vfio-user".into())
-            .spawn(move || {
-                if let Err(e) = server.serve(&s) {
-                    eprintln!("vfio-user server: {e}");
-                }
-                server.into_device().detach();
-            })
-            .map_err(|e| e.to_string())?;
-        Ok(Served { path, stop, thread: Some(thread) })
-    }
-
-    fn client(&self, shared: bool, len: usize) -> Result<SimGpuDriver<VfioUserClient>, String> {
-        let c = VfioUserClient::open(&self.path, GuestMemory { shared, iova: IOVA, len })
-            .map_err(|e| e.to_string())?;
-        SimGpuDriver::open(c).map_err(|e| e.to_string())
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {

@@ -69,6 +69,14 @@ pub enum LabError {
         /// Why the host endpoint removed it.
         why: String,
     },
+    /// The vfio-user server or a client of it failed.
+    #[error("vfio-user, {what}: {source}")]
+    VfioUser {
+        /// What was being done.
+        what: &'static str,
+        /// The system's error.
+        source: std::io::Error,
+    },
     /// A replay failed on a platform.
     #[error("{platform} replay: {source}")]
     Replay {

@@ -15,8 +15,10 @@
 //!   and [`model::LinkParams`], the link as every prediction here sees it;
 //! - [`trace`], [`plan`], [`replay`]: PyTorch profiler traces read, made a dependency graph
 //!   (evaluated at a link: the model of a traced job), and replayed on the simgpu;
+//! - [`served`]: a remote simgpu served over vfio-user, and clients as QEMU's;
 //! - [`session`]: the link's sessions alone: a request's round trip, a stream of writes,
 //!   their CPU per frame, and a frame's tag, CRC and encryption;
+//! - [`simgpu`]: the directly attached simgpu's own figures;
 //! - [`error`]: what goes wrong in an experiment, and where;
 //! - [`compare`]: a trace replayed directly attached and through both endpoints in turns,
 //!   the link measured, and the model's prediction beside what was measured.
@@ -32,5 +34,7 @@ pub mod loopback;
 pub mod model;
 pub mod plan;
 pub mod replay;
+pub mod served;
 pub mod session;
+pub mod simgpu;
 pub mod trace;

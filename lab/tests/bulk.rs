@@ -42,3 +42,14 @@ fn the_drivers_staged_copy_comes_back_whole() {
     let (h2d, d2h) = copy(&mut d, 3 << 20).unwrap();
     assert!(h2d > 0.0 && d2h > 0.0);
 }
+
+#[test]
+fn the_direct_simgpus_own_figures_are_measured_and_no_command_gives_a_zero_round_trip() {
+    let f = lab::simgpu::measure(1 << 20, 20).unwrap();
+    assert!(f.command_rtt.p50 > Duration::ZERO && f.command_rtt.p50 <= f.command_rtt.p99);
+    assert!(f.staged_mb_s.0 > 0.0 && f.staged_mb_s.1 > 0.0);
+    assert!(f.pinned_bytes_per_s.0 > 0.0 && f.pinned_bytes_per_s.1 > 0.0);
+    assert!(f.vadd > Duration::ZERO && f.matmul > Duration::ZERO);
+    let none = lab::simgpu::measure(1 << 20, 0).unwrap();
+    assert_eq!(none.command_rtt.p50, Duration::ZERO);
+}
