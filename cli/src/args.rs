@@ -21,14 +21,6 @@ pub(crate) enum DriverArg {
 }
 
 impl DriverArg {
-    /// The name, as the configuration file spells it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            DriverArg::Auto => "auto",
-            DriverArg::IoUring => "io_uring",
-            DriverArg::Portable => "portable",
-        }
-    }
     pub(crate) fn kind(self) -> DriverKind {
         match self {
             DriverArg::Auto => DriverKind::Auto,

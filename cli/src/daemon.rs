@@ -120,6 +120,17 @@ fn fail(cmd: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// `--driver` and `--poll` as the daemons lay them over their files' `[link]`.
+fn link_override(driver: Option<DriverArg>, poll: Option<PollArg>) -> ops::config::LinkOverride {
+    ops::config::LinkOverride {
+        driver: driver.map(DriverArg::kind),
+        poll: poll.map(|p| match p {
+            PollArg::Blocking => ops::config::PollChoice::Blocking,
+            PollArg::Busy => ops::config::PollChoice::Busy,
+        }),
+    }
+}
+
 pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     if let Err(e) = ops::process::init_logging_as(&args.log_level, args.log_format.ops()) {
         return fail("gpu", e);
@@ -127,8 +138,7 @@ pub(crate) fn run_gpu(args: GpuArgs) -> ExitCode {
     let start = ops::gpu::GpuStart {
         config: args.config,
         listen: args.listen,
-        driver: args.driver.map(|d| d.name().to_string()),
-        poll: args.poll.map(|p| p.name().to_string()),
+        link: link_override(args.driver, args.poll),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
     if args.against_running {
@@ -201,8 +211,7 @@ pub(crate) fn run_host(args: HostArgs) -> ExitCode {
     let start = ops::host::HostStart {
         config: args.config,
         server: args.server,
-        driver: args.driver.map(|d| d.name().to_string()),
-        poll: args.poll.map(|p| p.name().to_string()),
+        link: link_override(args.driver, args.poll),
         capture: args.capture.map(|f| (f, args.capture_limit)),
     };
     if args.against_running {

@@ -9,7 +9,7 @@ use std::time::{Instant, UNIX_EPOCH};
 use bridge_gpu::{ExportReport, GpuEndpoint, GpuOptions, SessionReport};
 use serde_json::{Value, json};
 
-use crate::config::{self, GpuFile};
+use crate::config::{self, GpuFile, LinkOverride};
 use crate::control::{Call, Calls, ControlServer, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::error::RunError;
 use crate::metrics::{Exposition, MetricsServer, labels, link_metrics};
@@ -22,10 +22,10 @@ pub struct GpuRuntime {
     pub(crate) path: PathBuf,
     /// The file as last applied.
     pub(crate) file: GpuFile,
-    /// `--listen`, `--driver`, `--poll` as given (they override every reading of the file).
+    /// `--listen` as given (it overrides every reading of the file).
     pub(crate) listen: Option<String>,
-    pub(crate) driver: Option<String>,
-    pub(crate) poll: Option<String>,
+    /// `--driver` and `--poll` as given (over every reading of the file).
+    pub(crate) link: LinkOverride,
     /// The options last applied.
     pub(crate) opts: GpuOptions,
     pub(crate) started: Instant,
@@ -35,14 +35,12 @@ impl GpuRuntime {
     /// Reads the file as `dxpu gpu` starts (with the command line's overrides): the run time
     /// [`serve`] keeps, and the options to make the endpoint with.
     pub fn start(start: &GpuStart) -> Result<(GpuRuntime, GpuOptions), RunError> {
-        let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
-        let (file, opts) = read_options(&start.config, &overrides)?;
+        let (file, opts) = read_options(&start.config, start.listen.as_deref(), start.link)?;
         let rt = GpuRuntime {
             path: start.config.clone(),
             file,
             listen: start.listen.clone(),
-            driver: start.driver.clone(),
-            poll: start.poll.clone(),
+            link: start.link,
             opts: opts.clone(),
             started: Instant::now(),
         };
@@ -162,9 +160,9 @@ fn start_read(rt: &GpuRuntime, reloading: bool) -> Option<PendingRead<GpuConfig,
     if reloading {
         crate::notify::reloading();
     }
-    let (path, overrides) = (rt.path.clone(), [rt.listen.clone(), rt.driver.clone(), rt.poll.clone()]);
+    let (path, listen, link) = (rt.path.clone(), rt.listen.clone(), rt.link);
     match PendingRead::start(rt.path.display().to_string(), READ_DEADLINE, move || {
-        read_options(&path, &overrides)
+        read_options(&path, listen.as_deref(), link)
     }) {
         Ok(r) => Some(r),
         Err(e) => {
@@ -249,18 +247,13 @@ fn poll_name(o: &GpuOptions) -> &'static str {
 /// `--poll`), and the options it gives (validated exactly as at start). Runs off the loop.
 fn read_options(
     path: &std::path::Path,
-    overrides: &[Option<String>; 3],
+    listen: Option<&str>,
+    link: LinkOverride,
 ) -> Result<(GpuFile, GpuOptions), RunError> {
-    let [listen, driver, poll] = overrides;
     let mut file: GpuFile = config::read(path)?;
-    if let Some(d) = driver {
-        file.link.driver = Some(d.clone());
-    }
-    if let Some(p) = poll {
-        file.link.poll = Some(p.clone());
-    }
+    file.link.over = link;
     let opts = file
-        .options(listen.as_deref())
+        .options(listen)
         .map_err(|source| RunError::InFile { path: path.display().to_string(), source })?;
     Ok((file, opts))
 }
@@ -527,18 +520,15 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     x
 }
 
-/// How `dxpu gpu` was started: the file and the command line's overrides (as the file
-/// spells the values).
+/// How `dxpu gpu` was started: the file and the command line's overrides.
 #[derive(Clone, Debug, Default)]
 pub struct GpuStart {
     /// The configuration file.
     pub config: PathBuf,
     /// `--listen`.
     pub listen: Option<String>,
-    /// `--driver` (`auto`, `io_uring`, `portable`).
-    pub driver: Option<String>,
-    /// `--poll` (`blocking`, `busy`).
-    pub poll: Option<String>,
+    /// `--driver` and `--poll`.
+    pub link: LinkOverride,
     /// `--capture FILE` and its size bound.
     pub capture: Option<(PathBuf, u64)>,
 }
@@ -546,8 +536,7 @@ pub struct GpuStart {
 /// `dxpu gpu --check`: the file read and validated as a start would (key files, the pool
 /// section), nothing started; what it would serve.
 pub fn check(start: &GpuStart) -> Result<String, RunError> {
-    let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
-    let (file, opts) = read_options(&start.config, &overrides)?;
+    let (file, opts) = read_options(&start.config, start.listen.as_deref(), start.link)?;
     if let Some(p) = &file.pool {
         p.pool(&opts.exports)
             .map_err(|source| RunError::InFile { path: start.config.display().to_string(), source })?;
@@ -573,8 +562,7 @@ pub fn check(start: &GpuStart) -> Result<String, RunError> {
 /// a restart.
 pub fn check_against_running(start: &GpuStart) -> Result<crate::against::Comparison, RunError> {
     check(start)?;
-    let overrides = [start.listen.clone(), start.driver.clone(), start.poll.clone()];
-    let (file, opts) = read_options(&start.config, &overrides)?;
+    let (file, opts) = read_options(&start.config, start.listen.as_deref(), start.link)?;
     crate::against::against_running(&start.config, file.control.socket.as_deref(), &file.fingerprint(&opts))
 }
 

@@ -15,7 +15,7 @@ use bridge_host::vfio_user::ServedDevice;
 use bridge_host::{Fence, RemoteDevice};
 use pool::{BoxAgent, Claim, DeviceRecord, HostAgent, HostEvent};
 
-use crate::config::{GpuPool, HostFile, HostPool};
+use crate::config::{GpuPool, HostFile, HostPool, LinkOverride};
 use crate::error::{BoxStartError, RunError};
 use crate::reload::{PendingRead, READ_DEADLINE, ReadState};
 
@@ -295,8 +295,8 @@ pub fn run_host(
 pub struct PoolReload {
     /// The configuration file.
     pub path: PathBuf,
-    /// `--driver` and `--poll`, as the file spells them, over the file's.
-    pub overrides: [Option<String>; 2],
+    /// `--driver` and `--poll` over the file's.
+    pub link: LinkOverride,
     /// The file as the host runs it (the overrides applied).
     pub running: HostFile,
     /// The flag SIGHUP raises.
@@ -317,10 +317,10 @@ impl Reloading {
             return;
         }
         crate::notify::reloading();
-        let (path, [driver, poll]) = (self.cfg.path.clone(), self.cfg.overrides.clone());
+        let (path, link) = (self.cfg.path.clone(), self.cfg.link);
         let read = move || -> Result<HostFile, RunError> {
             let mut file: HostFile = crate::config::read(&path)?;
-            file.override_link(driver.as_deref(), poll.as_deref());
+            file.override_link(link);
             let at = || path.display().to_string();
             if !file.attachments(None).map_err(|source| RunError::InFile { path: at(), source })?.is_empty() {
                 return Err(RunError::AttachAndPool { path: at() });

@@ -92,7 +92,7 @@ fn attach_control_and_reload_in_process_one_device_unaffected_by_the_others() {
     let the_box = start_box(&dir, port, box_stop.clone());
     let path = dir.join("host.toml");
     std::fs::write(&path, host_file(port, None, &["gpu0", "gpu1"])).unwrap();
-    let overrides = [None, None, None];
+    let overrides: ops::host::Overrides = (None, Default::default());
     let (file, all) = read_host_file(&path, &overrides).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let mut rt = HostRuntime::new(path.clone(), file, overrides.clone(), entries(all), stop.clone());

@@ -7,8 +7,8 @@ use std::time::Duration;
 use bridge_host::AttachOptions;
 
 use super::{
-    AttachSection, ConfigError, DEFAULT_PORT, HostFile, HostPool, ServedSocket, bad, id_of, key,
-    physical_memory_mib, pool_config, socket_addr,
+    AttachSection, ConfigError, DEFAULT_PORT, HostFile, HostPool, LinkOverride, ServedSocket, bad, id_of,
+    key, physical_memory_mib, pool_config, socket_addr,
 };
 
 impl HostFile {
@@ -52,14 +52,9 @@ impl HostFile {
 }
 
 impl HostFile {
-    /// The command line's `--driver` and `--poll` (as the file spells them) over the file's.
-    pub fn override_link(&mut self, driver: Option<&str>, poll: Option<&str>) {
-        if let Some(d) = driver {
-            self.link.driver = Some(d.to_string());
-        }
-        if let Some(p) = poll {
-            self.link.poll = Some(p.to_string());
-        }
+    /// The command line's `--driver` and `--poll` over the file's.
+    pub fn override_link(&mut self, over: LinkOverride) {
+        self.link.over = over;
     }
 
     /// The settings a reload cannot change: the names of those that differ in `new`.
@@ -163,7 +158,7 @@ impl HostFile {
                 }
                 o.dma_memory = 0;
                 o.service_interval = None;
-                if self.link.driver.is_none() {
+                if !self.link.names_driver() {
                     o.driver = link::driver::DriverKind::Portable;
                 }
             }

@@ -39,6 +39,9 @@ pub struct LinkSection {
     pub(crate) driver: Option<String>,
     /// `blocking` or `busy`.
     pub(crate) poll: Option<String>,
+    /// The command line's `--driver` and `--poll`, over `driver` and `poll`.
+    #[serde(skip)]
+    pub(crate) over: LinkOverride,
     spin_us: Option<u64>,
     /// UDP GSO / GRO (on where the kernel has them), zero-copy sends (io_uring; off).
     gso: Option<bool>,
@@ -493,6 +496,33 @@ pub fn poll_mode(key: &str, v: &str, spin: Duration) -> Result<PollMode, ConfigE
     }
 }
 
+/// How an endpoint waits for work, as `--poll` names it (how long a busy one spins is the
+/// file's `link.spin_us`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollChoice {
+    /// Sleep in the kernel whenever there is nothing to do.
+    Blocking,
+    /// Spin on the rings for `link.spin_us` after the last work before sleeping.
+    Busy,
+}
+
+/// The command line's `--driver` and `--poll`, laid over every reading of the file's
+/// `[link]` (at the start, by `--check`, and at each reload).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkOverride {
+    /// `--driver`.
+    pub driver: Option<DriverKind>,
+    /// `--poll`.
+    pub poll: Option<PollChoice>,
+}
+
+impl LinkSection {
+    /// Whether the file or the command line names a driver.
+    pub(crate) fn names_driver(&self) -> bool {
+        self.driver.is_some() || self.over.driver.is_some()
+    }
+}
+
 /// What the `[link]` section says, on top of the defaults.
 pub struct LinkSettings {
     pub(crate) config: link::Config,
@@ -605,9 +635,16 @@ impl LinkSection {
         c.validate().map_err(|link::ConfigError::Invalid { key, value, problem }| {
             bad(&format!("link.{key}"), value, problem)
         })?;
-        let driver = driver_kind("link.driver", self.driver.as_deref().unwrap_or("auto"))?;
+        let driver = match self.over.driver {
+            Some(d) => d,
+            None => driver_kind("link.driver", self.driver.as_deref().unwrap_or("auto"))?,
+        };
         let spin = Duration::from_micros(self.spin_us.unwrap_or(1000));
-        let poll = poll_mode("link.poll", self.poll.as_deref().unwrap_or("blocking"), spin)?;
+        let poll = match self.over.poll {
+            Some(PollChoice::Blocking) => PollMode::Blocking,
+            Some(PollChoice::Busy) => PollMode::Busy { spin },
+            None => poll_mode("link.poll", self.poll.as_deref().unwrap_or("blocking"), spin)?,
+        };
         let auto = link::driver::Offload::AUTO;
         let offload = link::driver::Offload {
             gso: self.gso.unwrap_or(auto.gso),

@@ -370,3 +370,27 @@ fn pool_sections_reach_a_secured_etcd_with_files_named_when_they_cannot_be_used(
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_command_lines_driver_and_poll_lie_over_the_files_as_values_not_text() {
+    use link::driver::{DriverKind, PollMode};
+    let text = |link: &str| {
+        format!(
+            "[link]\n{link}\n[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\nvfio_user_socket = \"{}\"",
+            std::env::temp_dir().join("gpu0.sock").display()
+        )
+    };
+    let first = |f: &HostFile| f.attachments(None).unwrap().remove(0).0;
+    // A driver the file gets wrong is refused, unless the command line names one.
+    let mut f: HostFile = toml::from_str(&text("driver = \"dpdk\"\nspin_us = 250")).unwrap();
+    assert!(f.attachments(None).unwrap_err().to_string().contains("link.driver"));
+    f.override_link(LinkOverride { driver: Some(DriverKind::IoUring), poll: Some(PollChoice::Busy) });
+    let o = first(&f);
+    // Named on the command line, io_uring serves the VMM too (the file alone: portable), and a
+    // busy poll spins for the file's spin_us.
+    assert_eq!(o.driver, DriverKind::IoUring);
+    assert_eq!(o.poll, PollMode::Busy { spin: std::time::Duration::from_micros(250) });
+    let plain: HostFile = toml::from_str(&text("")).unwrap();
+    assert_eq!(first(&plain).driver, DriverKind::Portable);
+    assert_eq!(first(&plain).poll, PollMode::Blocking);
+}

@@ -19,4 +19,4 @@ mod runtime;
 pub use crate::Workload;
 pub use crate::stats::{device_metrics, host_exposition, host_stats_json};
 pub use process::{HostStart, check, check_against_running, run, serve};
-pub use runtime::{Entry, HostConfig, HostRuntime, METHODS, entries, read_host_file};
+pub use runtime::{Entry, HostConfig, HostRuntime, METHODS, Overrides, entries, read_host_file};

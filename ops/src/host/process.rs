@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::runtime::{HostConfig, HostRuntime, entries, read_host_file};
 use crate::Workload;
-use crate::config::{self, HostFile};
+use crate::config::{self, HostFile, LinkOverride};
 use crate::control::{Calls, ControlServer, RpcError};
 use crate::error::RunError;
 use crate::metrics::MetricsServer;
@@ -125,18 +125,15 @@ fn start_reload(rt: &HostRuntime) -> Option<PendingRead<HostConfig, RunError>> {
     }
 }
 
-/// How `dxpu host` was started: the file and the command line's overrides (as the file
-/// spells the values).
+/// How `dxpu host` was started: the file and the command line's overrides.
 #[derive(Clone, Debug, Default)]
 pub struct HostStart {
     /// The configuration file.
     pub config: PathBuf,
     /// `--server`: the box for every `[[attach]]`.
     pub server: Option<String>,
-    /// `--driver` (`auto`, `io_uring`, `portable`).
-    pub driver: Option<String>,
-    /// `--poll` (`blocking`, `busy`).
-    pub poll: Option<String>,
+    /// `--driver` and `--poll`.
+    pub link: LinkOverride,
     /// `--capture FILE` and its size bound.
     pub capture: Option<(PathBuf, u64)>,
 }
@@ -146,7 +143,7 @@ pub struct HostStart {
 pub fn check(start: &HostStart) -> Result<String, RunError> {
     let at = || start.config.display().to_string();
     let mut file: HostFile = config::read(&start.config)?;
-    file.override_link(start.driver.as_deref(), start.poll.as_deref());
+    file.override_link(start.link);
     let in_file = |source| RunError::InFile { path: at(), source };
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     file.metrics.listen()?;
@@ -166,7 +163,7 @@ pub fn check(start: &HostStart) -> Result<String, RunError> {
 pub fn check_against_running(start: &HostStart) -> Result<crate::against::Comparison, RunError> {
     check(start)?;
     let mut file: HostFile = config::read(&start.config)?;
-    file.override_link(start.driver.as_deref(), start.poll.as_deref());
+    file.override_link(start.link);
     crate::against::against_running(&start.config, file.control.socket.as_deref(), &file.fingerprint())
 }
 
@@ -179,7 +176,7 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
     let at = || start.config.display().to_string();
     let in_file = |source| RunError::InFile { path: at(), source };
     let mut file: HostFile = config::read(&start.config)?;
-    file.override_link(start.driver.as_deref(), start.poll.as_deref());
+    file.override_link(start.link);
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     let pool = file.pool().map_err(in_file)?;
     let stop = crate::process::stop_flag()?;
@@ -193,17 +190,13 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
             return Err(RunError::AttachAndPool { path: at() });
         }
         let ops = (file.control.clone(), file.metrics.clone());
-        let reload = crate::pool_host::PoolReload {
-            path: start.config.clone(),
-            overrides: [start.driver.clone(), start.poll.clone()],
-            running: file,
-            hup,
-        };
+        let reload =
+            crate::pool_host::PoolReload { path: start.config.clone(), link: start.link, running: file, hup };
         let ok = crate::pool_host::run_host(hp, stop, workload, ops, reload);
         log::info!("stopped");
         return Ok(ok);
     }
-    let overrides = [start.server.clone(), start.driver.clone(), start.poll.clone()];
+    let overrides = (start.server.clone(), start.link);
     let capture = match &start.capture {
         Some((f, limit)) => Some(crate::capture::Capture::create(f, *limit)?),
         None => None,

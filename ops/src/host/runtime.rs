@@ -13,7 +13,7 @@ use bridge_host::vfio_user::ServedDevice;
 use bridge_host::{AttachOptions, RemoteDevice, RemovalWatch};
 use serde_json::{Value, json};
 
-use crate::config::{self, HostFile, ServedSocket};
+use crate::config::{self, HostFile, LinkOverride, ServedSocket};
 use crate::control::{Call, METHOD_NOT_FOUND, RpcError, uptime_since};
 use crate::metrics::{Exposition, labels};
 
@@ -140,7 +140,7 @@ pub struct HostRuntime {
     pub(crate) path: PathBuf,
     pub(crate) file: HostFile,
     /// `--server`, `--driver`, `--poll` as given (a reload applies them again).
-    pub(super) overrides: [Option<String>; 3],
+    pub(super) overrides: Overrides,
     pub(crate) entries: Vec<Entry>,
     slots: BTreeMap<String, SlotLife>,
     /// Attempts whose slot was detached or reconfigured meanwhile: what they attach is
@@ -200,7 +200,7 @@ impl HostRuntime {
     pub fn new(
         path: PathBuf,
         file: HostFile,
-        overrides: [Option<String>; 3],
+        overrides: Overrides,
         entries: Vec<Entry>,
         stop: Arc<AtomicBool>,
     ) -> HostRuntime {
@@ -677,18 +677,19 @@ impl HostRuntime {
     }
 }
 
+/// The command line's `--server`, and its `--driver` and `--poll`, over every reading of the
+/// host's file.
+pub type Overrides = (Option<String>, LinkOverride);
+
 /// A host's configuration as read: the file and its attachments (options, vfio-user socket).
 pub type HostConfig = (HostFile, Vec<(AttachOptions, Option<ServedSocket>)>);
 
 /// Reads and validates the host's configuration file, with the command line's overrides:
 /// the file and its attachments. Runs off the main loop (`crate::reload::PendingRead`).
-pub fn read_host_file(
-    path: &std::path::Path,
-    overrides: &[Option<String>; 3],
-) -> Result<HostConfig, RunError> {
-    let [server, driver, poll] = overrides;
+pub fn read_host_file(path: &std::path::Path, overrides: &Overrides) -> Result<HostConfig, RunError> {
+    let (server, link) = overrides;
     let mut file: HostFile = config::read(path)?;
-    file.override_link(driver.as_deref(), poll.as_deref());
+    file.override_link(*link);
     let in_file = || path.display().to_string();
     let all =
         file.attachments(server.as_deref()).map_err(|source| RunError::InFile { path: in_file(), source })?;
