@@ -1,6 +1,6 @@
 //! Nothing is allocated per TLP on the datapath: both endpoints in this process, a counting
 //! allocator under them, and register reads and DMA copies in steady state (after one round
-//! that fills the pools: frame buffers, the box's outbox, the link's spare frames).
+//! that fills the pools: frame buffers, the box's backlog, the link's spare frames).
 //!
 //! The counting allocator is the one `unsafe` of the tests crate (docs/architecture.md): a
 //! global allocator is unsafe by contract; it only counts and hands every call to the

@@ -16,7 +16,7 @@ use tlp::{Body, CplStatus, TlpRepr, rules};
 use crate::attach::attach;
 use crate::claims::{AttachCtx, Claims, Journal, Owner};
 use crate::error::GpuError;
-use crate::export::{BOX_ROOT, Deferred, Export, ToHost, device_completion, emit, release, restore_bars};
+use crate::export::{BOX_ROOT, Deferred, Export, ToSession, device_completion, emit, release, restore_bars};
 use crate::session::SessionInfo;
 use crate::spec::{GpuOptions, HostKey, RetiringKey, check_allow};
 use crate::stats::{ExportIdentity, GpuStats};
@@ -226,7 +226,7 @@ impl GpuEndpoint {
     /// Receives what the socket has. The dispatcher hands over the hosts' posted writes
     /// (into BARs) and the completions for the devices' DMA reads where they lie in the
     /// receive buffer: their payload is copied once, into the device. What the device sends
-    /// meanwhile waits in its outbox (the session is busy with the datagram). Non-posted
+    /// meanwhile waits in its backlog (the session is busy with the datagram). Non-posted
     /// requests and control messages are kept for [`GpuEndpoint::answer_kept`].
     fn receive(&mut self, now: link::Time) -> io::Result<bool> {
         let GpuEndpoint { runner, exports, sessions, stats, dispatcher, .. } = self;
@@ -355,7 +355,7 @@ impl GpuEndpoint {
     }
 
     /// Lets each attached device work while its upstream has room, after moving what its
-    /// outbox holds into its owner's session; returns whether any device worked or sent.
+    /// backlog holds into its owner's session; returns whether any device worked or sent.
     ///
     /// Bounded per pass, in steps and in time ([`DEVICE_TURN`]), so that one busy device
     /// does not starve the socket: a step may be a band of a long kernel, and the link's
@@ -373,7 +373,8 @@ impl GpuEndpoint {
                     break;
                 }
                 let did = e.dev.poll();
-                ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }.take_from(e.dev.as_mut());
+                ToSession { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }
+                    .take_from(e.dev.as_mut());
                 if !did {
                     break;
                 }
@@ -541,7 +542,7 @@ fn handle_kept(
     e.stats.host_requests += 1;
     let cfg_write = matches!(t.body, Body::CfgWrite { .. });
     e.dev.request(&t);
-    ToHost { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }.take_from(e.dev.as_mut());
+    ToSession { s, out: &mut e.out, stats: &mut e.stats, device: &e.name }.take_from(e.dev.as_mut());
     if cfg_write {
         // A host-initiated function-level reset clears the BARs; the box owns their
         // placement, so it puts them back where the host expects them.

@@ -1,8 +1,8 @@
 //! The exports: each device the box serves, what backs it, its BARs as the box placed them,
-//! its owner, and its outbox (what the device sent that the owner's session could not take
+//! its owner, and its backlog (what the device sent that the owner's session could not take
 //! yet, and the device's reads awaiting completion); what the device sent, taken after each
-//! call into the owner's session ([`ToHost`]) or, while that session is busy, into the
-//! outbox ([`Deferred`]); opening a device, sizing and placing its BARs, and giving it back
+//! call into the owner's session ([`ToSession`]) or, while that session is busy, into the
+//! backlog ([`Deferred`]); opening a device, sizing and placing its BARs, and giving it back
 //! ([`release`]).
 
 use std::collections::{HashSet, VecDeque};
@@ -36,14 +36,14 @@ pub(crate) struct Export {
     pub(crate) bars: [BarInfo; 6],
     pub(crate) base: u64,
     pub(crate) owner: Option<Owner>,
-    pub(crate) out: Outbox,
+    pub(crate) out: Backlog,
     pub(crate) stats: ExportStats,
 }
 
 /// What the device sent that the session could not take yet, and the device's reads
 /// awaiting completion.
 #[derive(Default)]
-pub(crate) struct Outbox {
+pub(crate) struct Backlog {
     pub(crate) queue: VecDeque<Vec<u8>>,
     pub(crate) reads: HashSet<u16>,
     /// Buffers of TLPs the session took, for the next ones queued: a long copy that
@@ -51,20 +51,20 @@ pub(crate) struct Outbox {
     spare: Vec<Vec<u8>>,
 }
 
-/// Buffers the outbox keeps for reuse while its device is attached, at most: a 4 MiB copy's
+/// Buffers the backlog keeps for reuse while its device is attached, at most: a 4 MiB copy's
 /// 4 KiB writes, which a device queues at once when the link's credits hold them (256 left
 /// 35 allocations per 8 MiB moved; `tests/alloc.rs`). Let go when the device is given back.
-const OUTBOX_SPARE: usize = 1024;
+const BACKLOG_SPARE: usize = 1024;
 
 /// Where what the device sent goes: the owner's session.
-pub(crate) struct ToHost<'a> {
+pub(crate) struct ToSession<'a> {
     pub(crate) s: &'a mut Session,
-    pub(crate) out: &'a mut Outbox,
+    pub(crate) out: &'a mut Backlog,
     pub(crate) stats: &'a mut ExportStats,
     pub(crate) device: &'a str,
 }
 
-impl ToHost<'_> {
+impl ToSession<'_> {
     /// Takes everything `dev` sent, in order.
     pub(crate) fn take_from(&mut self, dev: &mut dyn Device) {
         while let Some(ref t) = dev.upstream() {
@@ -95,9 +95,9 @@ impl ToHost<'_> {
 }
 
 /// Where what the device sent goes while its session is busy (handling the datagram the
-/// TLP came in): the outbox, in order, for the next flush.
+/// TLP came in): the backlog, in order, for the next flush.
 pub(crate) struct Deferred<'a> {
-    pub(crate) out: &'a mut Outbox,
+    pub(crate) out: &'a mut Backlog,
     pub(crate) stats: &'a mut ExportStats,
 }
 
@@ -118,7 +118,7 @@ pub(crate) fn device_completion(t: &TlpRepr<'_>, dev: &mut dyn Device, up: &mut 
     up.take_from(dev);
 }
 
-impl Outbox {
+impl Backlog {
     /// Queues `tlp`, emitted into a spare buffer where there is one.
     fn push(&mut self, tlp: &TlpRepr<'_>) {
         let mut b = self.spare.pop().unwrap_or_default();
@@ -165,7 +165,7 @@ impl Outbox {
             match s.send_tlp(b) {
                 Ok(()) | Err(SendError::TooLarge { .. } | SendError::InvalidTlp(_)) => {
                     if let Some(b) = self.queue.pop_front()
-                        && self.spare.len() < OUTBOX_SPARE
+                        && self.spare.len() < BACKLOG_SPARE
                     {
                         self.spare.push(b);
                     }
@@ -298,7 +298,7 @@ impl Export {
             bars,
             base,
             owner: None,
-            out: Outbox::default(),
+            out: Backlog::default(),
             stats: ExportStats::default(),
         })
     }

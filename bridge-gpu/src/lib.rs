@@ -14,7 +14,7 @@
 //!
 //! The rooms, each below the ones that use it: `spec` (what the endpoint is told), `error`,
 //! `stats` (what it counts), `claims` (what a pool says of claims, the ownership journal),
-//! `export` (each exported device: its BARs, owner and outbox, its upstream port, opening
+//! `export` (each exported device: its BARs, owner and backlog, its upstream port, opening
 //! and releasing it), `session` (what the box knows of a host's session), `attach` (how an
 //! ATTACH is answered), `endpoint` (the endpoint and its poll loop in named phases: receive,
 //! answer the kept requests, timers and session events, let the devices work), `pool` (the

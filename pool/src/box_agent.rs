@@ -226,7 +226,7 @@ impl BoxAgent {
             advertise: devices.first().map_or_else(String::new, |(_, r)| r.advertise.clone()),
             since: crate::unix_now(),
         };
-        let run = Run {
+        let run = BoxAgentState {
             cfg,
             keys: Keys::new("/"),
             box_name: box_name.to_string(),
@@ -311,7 +311,7 @@ impl Drop for BoxAgent {
     }
 }
 
-struct Run {
+struct BoxAgentState {
     cfg: PoolConfig,
     keys: Keys,
     box_name: String,
@@ -327,7 +327,7 @@ struct Run {
     stream_resumes: Arc<AtomicU64>,
 }
 
-impl Run {
+impl BoxAgentState {
     async fn main(
         mut self,
         mut lookups: mpsc::UnboundedReceiver<(String, u64)>,
@@ -681,7 +681,7 @@ fn known_through(resp: &WatchResponse) -> Option<(i64, bool)> {
     }
 }
 
-/// How [`Run::serve`] ended.
+/// How [`BoxAgentState::serve`] ended.
 enum Served {
     /// The agent stops.
     Stopped,

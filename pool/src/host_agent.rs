@@ -101,7 +101,7 @@ impl HostAgent {
                 .spawn(move || watch_deadline(&deadline, &stopping, &fired, &fence, &tx))
                 .map_err(|e| PoolError::Config(format!("starting the fence thread: {e}")))?
         };
-        let run = Run {
+        let run = HostAgentState {
             cfg,
             opts,
             events: tx,
@@ -180,7 +180,7 @@ fn watch_deadline(
     }
 }
 
-struct Run {
+struct HostAgentState {
     cfg: PoolConfig,
     opts: HostAgentOptions,
     events: std_mpsc::Sender<HostEvent>,
@@ -199,7 +199,7 @@ enum End {
     Fenced,
 }
 
-impl Run {
+impl HostAgentState {
     fn set_deadline(&self, at: Option<(i64, Instant)>) {
         let mut g = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
         g.at = at.map(|(l, t)| (l, t, false));

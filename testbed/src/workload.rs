@@ -87,13 +87,13 @@ impl Workload {
     }
 }
 
-struct Run<'a, P: PciFunction> {
+struct StepTimer<'a, P: PciFunction> {
     d: &'a mut SimGpuDriver<P>,
     steps: Vec<Step>,
     progress: &'a mut dyn FnMut(&str),
 }
 
-impl<P: PciFunction> Run<'_, P> {
+impl<P: PciFunction> StepTimer<'_, P> {
     fn step<T>(
         &mut self,
         name: &str,
@@ -115,7 +115,7 @@ pub fn run<P: PciFunction>(
     progress: &mut dyn FnMut(&str),
 ) -> Result<WorkloadReport, WorkloadError> {
     let start = Instant::now();
-    let mut r = Run { d, steps: Vec::new(), progress };
+    let mut r = StepTimer { d, steps: Vec::new(), progress };
     let n = size.vector_len;
     let bytes = size.copy_bytes;
     let data = pattern(bytes, 0x5eed);

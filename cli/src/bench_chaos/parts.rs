@@ -157,7 +157,7 @@ impl BoxProc {
 }
 
 /// A workload run: one `dxpu host --workload` process.
-pub(super) struct Run {
+pub(super) struct WorkloadRun {
     pub(super) id: u64,
     pub(super) child: Child,
     pub(super) log: PathBuf,

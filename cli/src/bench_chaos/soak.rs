@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::parts::{
-    BoxProc, CONCURRENT_RUNS, ChaosBench, Imp, KEY_A, KEY_B, PROBE_LIMIT, RUN_LIMIT, Rng, Run, Tally,
+    BoxProc, CONCURRENT_RUNS, ChaosBench, Imp, KEY_A, KEY_B, PROBE_LIMIT, RUN_LIMIT, Rng, Tally, WorkloadRun,
     free_port, reason, scrape,
 };
 
@@ -20,7 +20,7 @@ pub(super) struct Soak {
     pub(super) etcd: Vec<String>,
     pub(super) cluster: pool::cluster::EtcdCluster,
     pub(super) boxes: Vec<BoxProc>,
-    pub(super) runs: Vec<Run>,
+    pub(super) runs: Vec<WorkloadRun>,
     pub(super) next_run: u64,
     pub(super) box_b_back: Option<Instant>,
     /// While box-b is stopped (SIGSTOP, an outage the hosts ride through): when it continues.
@@ -192,7 +192,7 @@ impl Soak {
             std::fs::write(&config, t).map_err(|e| format!("{}: {e}", config.display()))?;
             let log = self.dir.join(format!("run-{}.log", self.next_run));
             let child = self.spawn(&["host", "--workload"], &config, &log)?;
-            self.runs.push(Run {
+            self.runs.push(WorkloadRun {
                 id: self.next_run,
                 child,
                 log,

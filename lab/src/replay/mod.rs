@@ -160,7 +160,7 @@ impl Replayer {
         // The device (and a bridge's box) awake when the job starts, as a GPU in use is: a
         // fence first.
         d.sync(WaitMode::Poll).map_err(driver("the fence before the replay"))?;
-        let mut run = Run::new(self, plan);
+        let mut run = Replaying::new(self, plan);
         run.go(d)?;
         let out = run.measure(d);
         self.sem_base += na as u64 + 1;
@@ -187,7 +187,7 @@ impl Replayer {
 }
 
 /// One replay in progress.
-struct Run<'a> {
+struct Replaying<'a> {
     r: &'a Replayer,
     plan: &'a Plan,
     /// Real ns (the device's clock) at the trace's first call.
@@ -244,8 +244,8 @@ const LEND_MARGIN_NS: u64 = 10_000;
 const CALL: u8 = 0;
 const ORPHAN: u8 = 1;
 
-impl<'a> Run<'a> {
-    fn new(r: &'a Replayer, plan: &'a Plan) -> Run<'a> {
+impl<'a> Replaying<'a> {
+    fn new(r: &'a Replayer, plan: &'a Plan) -> Replaying<'a> {
         let nc = plan.calls.len();
         let mut dependents = vec![Vec::new(); nc];
         let mut pending = vec![0; nc];
@@ -262,7 +262,7 @@ impl<'a> Run<'a> {
             .chain(plan.activities.iter().map(|a| a.trace_start_ns))
             .min()
             .unwrap_or(0);
-        Run {
+        Replaying {
             r,
             plan,
             origin: 0,

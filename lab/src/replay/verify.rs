@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 
 use driver::{PciFunction, SimGpuDriver, WaitMode};
 
-use super::{MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Run, copy_bytes, driver, to_device};
+use super::{
+    MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Replaying, copy_bytes, driver, to_device,
+};
 use crate::plan::Stated;
 
-impl Run<'_> {
+impl Replaying<'_> {
     /// The run's times and where they went, checked against the plan.
     pub(super) fn measure<P: PciFunction>(
         &mut self,
