@@ -10,6 +10,7 @@
 #![deny(unsafe_code)]
 
 pub mod function;
+pub mod pinned;
 pub mod simgpu;
 pub mod vfio;
 
@@ -17,4 +18,5 @@ pub use function::{
     BusAddr, DmaArena, DmaBuf, Interrupts, MAX_VECTORS, MSI_BASE, MsixTableInfo, PciFunction, WaitStep,
     find_capability, msix_table, wait_interrupt,
 };
+pub use pinned::Pinned;
 pub use simgpu::{Command, DriverError, DriverStats, Patience, SimGpuDriver, WaitMode};

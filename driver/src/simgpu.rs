@@ -11,6 +11,7 @@ use simgpu_abi::{
 };
 
 use crate::function::{BusAddr, DmaBuf, PciFunction, find_capability};
+use crate::pinned::{Pinned, PinnedPool};
 
 /// Why the driver could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -180,8 +181,8 @@ pub struct SimGpuDriver<P: PciFunction> {
     /// queued since the device was last idle, `staging_used` bytes of it.
     staging: Option<DmaBuf>,
     staging_used: usize,
-    /// Host buffers the device reads and writes directly, by index ([`Self::pinned`]).
-    pinned: Vec<Option<DmaBuf>>,
+    /// Pinned buffers given back, for the next ([`Self::pin`]).
+    pinned: PinnedPool,
     stats: DriverStats,
     /// The command channels the device has (`reg::CHANNELS`; 1 on a device without more).
     channels: usize,
@@ -319,7 +320,7 @@ impl<P: PciFunction> SimGpuDriver<P> {
             patience: Patience::default(),
             staging: None,
             staging_used: 0,
-            pinned: Vec::new(),
+            pinned: PinnedPool::default(),
             stats: DriverStats::default(),
             channels: 1,
             extra: Vec::new(),
@@ -555,25 +556,42 @@ impl<P: PciFunction> SimGpuDriver<P> {
         Ok(DmaBuf { bus: b.bus + at as u64, len })
     }
 
-    /// Host buffer `index` (0..16), of at least `len` bytes: DMA memory the caller fills and
-    /// the device copies from, or the device copies into, as CUDA's pinned host memory.
-    /// Kept by the driver and reused (grown when too small), so that a workload run again
-    /// does not use up the platform's DMA memory; its contents are whatever was last there.
-    pub fn pinned(&mut self, index: usize, len: usize) -> Result<DmaBuf, DriverError> {
-        if index >= 16 {
-            return Err(DriverError::Unusable("pinned buffer index above 15"));
-        }
-        if self.pinned.len() <= index {
-            self.pinned.resize(index + 1, None);
-        }
-        match self.pinned[index] {
-            Some(b) if b.len >= len => Ok(DmaBuf { bus: b.bus, len }),
-            _ => {
-                let b = self.pci.dma_alloc(len).ok_or(DriverError::NoMemory(len))?;
-                self.pinned[index] = Some(b);
-                Ok(b)
+    /// `len` bytes of pinned host memory: DMA memory the caller fills and the device copies
+    /// from, or the device copies into, as CUDA's pinned host memory. Held by the caller and
+    /// given back with [`Self::unpin`], for the next pin to reuse (the platform's DMA memory
+    /// is never taken back); its contents are whatever was last there.
+    pub fn pin(&mut self, len: usize) -> Result<Pinned, DriverError> {
+        let pci = &mut self.pci;
+        self.pinned.take(len, |len| pci.dma_alloc(len)).ok_or(DriverError::NoMemory(len))
+    }
+
+    /// Gives `p` back, for a later [`Self::pin`].
+    pub fn unpin(&mut self, p: Pinned) {
+        self.pinned.give_back(p);
+    }
+
+    /// Runs `f` with buffers pinned of `lens` bytes, given back however it returns; a pin
+    /// refused is `on_error`'s error.
+    pub fn with_pinned<const N: usize, T, E>(
+        &mut self,
+        lens: [usize; N],
+        on_error: impl Fn(DriverError) -> E,
+        f: impl FnOnce(&mut Self, &[Pinned; N]) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut held = Vec::with_capacity(N);
+        for len in lens {
+            match self.pin(len) {
+                Ok(p) => held.push(p),
+                Err(e) => {
+                    held.into_iter().for_each(|p| self.unpin(p));
+                    return Err(on_error(e));
+                }
             }
         }
+        let Ok(pins) = <[Pinned; N]>::try_from(held) else { unreachable!("N pinned") };
+        let out = f(self, &pins);
+        pins.into_iter().for_each(|p| self.unpin(p));
+        out
     }
 
     /// Sets how long a wait (ring space, fences) may last with nothing heard from the

@@ -184,7 +184,16 @@ pub fn copy_rates<P: PciFunction>(
     bytes: usize,
     repeat: usize,
 ) -> Result<(f64, f64), DriverError> {
-    let buf = d.pinned(15, bytes)?;
+    d.with_pinned([bytes], |e| e, |d, [buf]| rates(d, buf, bytes, repeat))
+}
+
+/// [`copy_rates`] through `buf`.
+fn rates<P: PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    buf: &driver::Pinned,
+    bytes: usize,
+    repeat: usize,
+) -> Result<(f64, f64), DriverError> {
     let mut rate = |opcode: u32, args: [u64; 5]| -> Result<f64, DriverError> {
         let mut v = Vec::with_capacity(repeat.max(1));
         for _ in 0..repeat.max(1) {

@@ -77,7 +77,7 @@ fn training_waits_only_where_the_host_reads_a_result() {
 fn a_copys_window_of_reads_is_one_dependency_and_an_overlapped_wait_none() {
     let mut d = open();
     let before = (d.pci().counts(), d.stats());
-    let buf = d.pinned(0, 4 << 20).unwrap();
+    let buf = d.pin(4 << 20).unwrap();
     // 4 MiB in 4 KiB reads, 256 in flight: four windows, one round trip to start them.
     d.enqueue(Command { opcode: op::COPY_H2V, args: [buf.bus.get(), 0, 4 << 20, 0, 0] }).unwrap();
     let first = d.fence(WaitMode::Poll).unwrap();

@@ -690,6 +690,7 @@ mod schemas {
         let mut r = Replayer::new(&mut d, &plan).unwrap();
         let run = r.run(&mut d, &plan).unwrap();
         assert_eq!(run.activity_end_ns.len(), 2);
+        r.release(&mut d);
         // With the edge the plan used to make (k1 after k2, which the later call submits),
         // the replay stalls — and says which call holds what back, and for what.
         let mut bad = plan.clone();

@@ -205,23 +205,24 @@ pub fn inference<P: PciFunction>(
     let name = format!("{} requests: batch {b}, {l} layers (MATMUL + VADD), fence by interrupt", s.requests);
     let (outputs, _) = timed(&mut steps, progress, name.clone(), || {
         let e = driver_err(&name);
-        let (inb, outb) = (d.pinned(0, io).map_err(&e)?, d.pinned(1, io).map_err(&e)?);
-        let mut outputs = Vec::with_capacity(s.requests);
-        for x in &inputs {
-            d.pci().dma_write(&inb, 0, &f32_bytes(x));
-            d.enqueue(cmd(op::COPY_H2V, inb.bus.get(), INF_ACT[0], io as u64, 0)).map_err(&e)?;
-            for i in 0..l {
-                let (from, to) = (INF_ACT[i % 2], INF_ACT[(i + 1) % 2]);
-                let wa = INF_WEIGHTS + (i * w * w * 4) as u64;
-                d.enqueue(cmd(op::MATMUL, from, wa, INF_TMP, dims(b, w, w))).map_err(&e)?;
-                let ba = INF_BIASES + (i * b * w * 4) as u64;
-                d.enqueue(cmd(op::VADD, INF_TMP, ba, to, (b * w) as u64)).map_err(&e)?;
+        d.with_pinned([io, io], &e, |d, [inb, outb]| {
+            let mut outputs = Vec::with_capacity(s.requests);
+            for x in &inputs {
+                d.pci().dma_write(inb, 0, &f32_bytes(x));
+                d.enqueue(cmd(op::COPY_H2V, inb.bus.get(), INF_ACT[0], io as u64, 0)).map_err(&e)?;
+                for i in 0..l {
+                    let (from, to) = (INF_ACT[i % 2], INF_ACT[(i + 1) % 2]);
+                    let wa = INF_WEIGHTS + (i * w * w * 4) as u64;
+                    d.enqueue(cmd(op::MATMUL, from, wa, INF_TMP, dims(b, w, w))).map_err(&e)?;
+                    let ba = INF_BIASES + (i * b * w * 4) as u64;
+                    d.enqueue(cmd(op::VADD, INF_TMP, ba, to, (b * w) as u64)).map_err(&e)?;
+                }
+                d.enqueue(cmd(op::COPY_V2H, INF_ACT[l % 2], outb.bus.get(), io as u64, 0)).map_err(&e)?;
+                d.sync(WaitMode::Interrupt).map_err(&e)?;
+                outputs.push(f32s(&read_pinned(d, outb, io)));
             }
-            d.enqueue(cmd(op::COPY_V2H, INF_ACT[l % 2], outb.bus.get(), io as u64, 0)).map_err(&e)?;
-            d.sync(WaitMode::Interrupt).map_err(&e)?;
-            outputs.push(f32s(&read_pinned(d, &outb, io)));
-        }
-        Ok(outputs)
+            Ok(outputs)
+        })
     })?;
     let seconds = start.elapsed().as_secs_f64();
     for (r, (x, got)) in inputs.iter().zip(&outputs).enumerate() {
@@ -294,49 +295,54 @@ pub fn training<P: PciFunction>(
     let (wbytes, mw) = (w * w * 4, (b * w) as u64);
     let ((losses, checkpoints), _) = timed(&mut steps, progress, name.clone(), || {
         let e = driver_err(&name);
-        let (lossb, ckptb) = (d.pinned(0, 4).map_err(&e)?, d.pinned(1, wbytes).map_err(&e)?);
-        let (mut losses, mut checkpoints) = (Vec::new(), Vec::new());
-        for step in 0..s.steps {
-            let k = step % TR_BATCHES;
-            for j in 0..mb {
-                let i = k * mb + j;
-                let (p, ee, g) =
-                    (TR_P + j as u64 * 0x10_0000, TR_E + j as u64 * 0x10_0000, TR_G + j as u64 * 0x10_0000);
-                d.enqueue(cmd(op::MATMUL, at(i, 0), TR_WEIGHTS, p, dims(b, w, w))).map_err(&e)?;
-                d.enqueue(cmd(op::VADD, p, at(i, 2), ee, mw)).map_err(&e)?;
-                d.enqueue(cmd(op::MATMUL, at(i, 1), ee, g, dims(w, w, b))).map_err(&e)?;
-            }
-            // The reduction of the micro-batches' gradients, in order.
-            let mut sum = TR_G;
-            for j in 1..mb {
-                d.enqueue(cmd(op::VADD, sum, TR_G + j as u64 * 0x10_0000, TR_GSUM, (w * w) as u64))
+        d.with_pinned([4, wbytes], &e, |d, [lossb, ckptb]| {
+            let (mut losses, mut checkpoints) = (Vec::new(), Vec::new());
+            for step in 0..s.steps {
+                let k = step % TR_BATCHES;
+                for j in 0..mb {
+                    let i = k * mb + j;
+                    let (p, ee, g) = (
+                        TR_P + j as u64 * 0x10_0000,
+                        TR_E + j as u64 * 0x10_0000,
+                        TR_G + j as u64 * 0x10_0000,
+                    );
+                    d.enqueue(cmd(op::MATMUL, at(i, 0), TR_WEIGHTS, p, dims(b, w, w))).map_err(&e)?;
+                    d.enqueue(cmd(op::VADD, p, at(i, 2), ee, mw)).map_err(&e)?;
+                    d.enqueue(cmd(op::MATMUL, at(i, 1), ee, g, dims(w, w, b))).map_err(&e)?;
+                }
+                // The reduction of the micro-batches' gradients, in order.
+                let mut sum = TR_G;
+                for j in 1..mb {
+                    d.enqueue(cmd(op::VADD, sum, TR_G + j as u64 * 0x10_0000, TR_GSUM, (w * w) as u64))
+                        .map_err(&e)?;
+                    sum = TR_GSUM;
+                }
+                d.enqueue(cmd(op::SAXPY, sum, TR_WEIGHTS, (w * w) as u64, (-TR_LR).to_bits() as u64))
                     .map_err(&e)?;
-                sum = TR_GSUM;
+                let (loss, ckpt) = ((step + 1) % s.loss_every == 0, (step + 1) % s.checkpoint_every == 0);
+                if loss {
+                    d.enqueue(cmd(op::REDUCE_SUM, TR_E, mw, TR_LOSS, 0)).map_err(&e)?;
+                    d.enqueue(cmd(op::COPY_V2H, TR_LOSS, lossb.bus.get(), 4, 0)).map_err(&e)?;
+                }
+                if ckpt {
+                    d.enqueue(cmd(op::COPY_V2H, TR_WEIGHTS, ckptb.bus.get(), wbytes as u64, 0))
+                        .map_err(&e)?;
+                }
+                if !(loss || ckpt || step + 1 == s.steps) {
+                    // Nothing of this step is read here: the next step's commands go behind it.
+                    d.flush();
+                    continue;
+                }
+                d.sync(WaitMode::Poll).map_err(&e)?;
+                if loss {
+                    losses.push(f32s(&read_pinned(d, lossb, 4))[0]);
+                }
+                if ckpt {
+                    checkpoints.push(f32s(&read_pinned(d, ckptb, wbytes)));
+                }
             }
-            d.enqueue(cmd(op::SAXPY, sum, TR_WEIGHTS, (w * w) as u64, (-TR_LR).to_bits() as u64))
-                .map_err(&e)?;
-            let (loss, ckpt) = ((step + 1) % s.loss_every == 0, (step + 1) % s.checkpoint_every == 0);
-            if loss {
-                d.enqueue(cmd(op::REDUCE_SUM, TR_E, mw, TR_LOSS, 0)).map_err(&e)?;
-                d.enqueue(cmd(op::COPY_V2H, TR_LOSS, lossb.bus.get(), 4, 0)).map_err(&e)?;
-            }
-            if ckpt {
-                d.enqueue(cmd(op::COPY_V2H, TR_WEIGHTS, ckptb.bus.get(), wbytes as u64, 0)).map_err(&e)?;
-            }
-            if !(loss || ckpt || step + 1 == s.steps) {
-                // Nothing of this step is read here: the next step's commands go behind it.
-                d.flush();
-                continue;
-            }
-            d.sync(WaitMode::Poll).map_err(&e)?;
-            if loss {
-                losses.push(f32s(&read_pinned(d, &lossb, 4))[0]);
-            }
-            if ckpt {
-                checkpoints.push(f32s(&read_pinned(d, &ckptb, wbytes)));
-            }
-        }
-        Ok((losses, checkpoints))
+            Ok((losses, checkpoints))
+        })
     })?;
     let mut wf = vec![0u8; wbytes];
     let name = "read back the weights".to_string();
@@ -417,25 +423,26 @@ pub fn data_loading<P: PciFunction>(
     );
     let (_, stream_s) = timed(&mut steps, progress, name.clone(), || {
         let e = driver_err(&name);
-        let bufs = [d.pinned(0, bytes).map_err(&e)?, d.pinned(1, bytes).map_err(&e)?];
-        d.enqueue(cmd(op::FILL, DL_ACC, bytes as u64, 0, 0)).map_err(&e)?;
-        let mut fences = Vec::with_capacity(s.batches);
-        for (i, batch) in dataset.iter().enumerate() {
-            // The buffer batch i − 2 was copied from is free once its fence is in.
-            if i >= 2 {
-                d.wait(fences[i - 2], WaitMode::Poll).map_err(&e)?;
+        d.with_pinned([bytes, bytes], &e, |d, bufs| {
+            d.enqueue(cmd(op::FILL, DL_ACC, bytes as u64, 0, 0)).map_err(&e)?;
+            let mut fences = Vec::with_capacity(s.batches);
+            for (i, batch) in dataset.iter().enumerate() {
+                // The buffer batch i − 2 was copied from is free once its fence is in.
+                if i >= 2 {
+                    d.wait(fences[i - 2], WaitMode::Poll).map_err(&e)?;
+                }
+                let (buf, slot) = (&bufs[i % 2], DL_SLOTS[i % 2]);
+                d.pci().dma_write(buf, 0, batch);
+                d.enqueue(cmd(op::COPY_H2V, buf.bus.get(), slot, bytes as u64, 0)).map_err(&e)?;
+                d.enqueue(cmd(op::REDUCE_SUM, slot, n as u64, DL_SUMS + 4 * i as u64, 0)).map_err(&e)?;
+                d.enqueue(cmd(op::SAXPY, slot, DL_ACC, n as u64, alpha.to_bits() as u64)).map_err(&e)?;
+                fences.push(d.fence(WaitMode::Poll).map_err(&e)?);
             }
-            let (buf, slot) = (bufs[i % 2], DL_SLOTS[i % 2]);
-            d.pci().dma_write(&buf, 0, batch);
-            d.enqueue(cmd(op::COPY_H2V, buf.bus.get(), slot, bytes as u64, 0)).map_err(&e)?;
-            d.enqueue(cmd(op::REDUCE_SUM, slot, n as u64, DL_SUMS + 4 * i as u64, 0)).map_err(&e)?;
-            d.enqueue(cmd(op::SAXPY, slot, DL_ACC, n as u64, alpha.to_bits() as u64)).map_err(&e)?;
-            fences.push(d.fence(WaitMode::Poll).map_err(&e)?);
-        }
-        for f in fences.iter().skip(s.batches.saturating_sub(2)) {
-            d.wait(*f, WaitMode::Poll).map_err(&e)?;
-        }
-        Ok(())
+            for f in fences.iter().skip(s.batches.saturating_sub(2)) {
+                d.wait(*f, WaitMode::Poll).map_err(&e)?;
+            }
+            Ok(())
+        })
     })?;
     let name = "read back the sums and the accumulator".to_string();
     let ((sums, acc), _) = timed(&mut steps, progress, name.clone(), || {

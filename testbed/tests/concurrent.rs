@@ -73,8 +73,8 @@ fn long_copies_each_way_beside_a_driver_that_reads_and_writes_throughout() {
     use simgpu_abi::op;
     const BYTES: usize = 8 << 20;
     let mut d = open();
-    let src = d.pinned(0, BYTES).unwrap();
-    let dst = d.pinned(1, BYTES).unwrap();
+    let src = d.pin(BYTES).unwrap();
+    let dst = d.pin(BYTES).unwrap();
     let own = d.pci().dma_alloc(4096).unwrap();
     // Written by the device after the copy out, in ring order: the driver's sign it is done.
     let done = d.pci().dma_alloc(64).unwrap();

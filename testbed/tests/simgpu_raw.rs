@@ -574,7 +574,7 @@ mod channels {
         assert_eq!(d.channels(), CHANNELS);
         d.open_channel(1, 64).unwrap();
         d.open_channel(2, 64).unwrap();
-        let slots = d.pinned(0, 4096).unwrap();
+        let slots = d.pin(4096).unwrap();
         d.pci().dma_write(&slots, 0, &[0; 4096]);
         let t0 = now_ns();
         for (ch, at) in [(1usize, 0u64), (2, 64)] {
@@ -600,7 +600,7 @@ mod channels {
         let mut d = open_concurrent();
         d.open_channel(1, 64).unwrap();
         d.open_channel(3, 64).unwrap();
-        let slots = d.pinned(0, 4096).unwrap();
+        let slots = d.pin(4096).unwrap();
         d.pci().dma_write(&slots, 0, &[0; 4096]);
         let semaphore = 0x100_0000u64;
         d.launch(op::FILL, [semaphore, 64, 0, 0, 0], WaitMode::Poll).unwrap();
@@ -633,10 +633,10 @@ mod channels {
     fn a_copy_lasts_at_least_its_least_duration_and_moves_its_bytes() {
         let mut d = open_concurrent();
         d.open_channel(1, 64).unwrap();
-        let src = d.pinned(1, 64 << 10).unwrap();
+        let src = d.pin(64 << 10).unwrap();
         let data = pattern(64 << 10, 9);
         d.pci().dma_write(&src, 0, &data);
-        let slots = d.pinned(0, 4096).unwrap();
+        let slots = d.pin(4096).unwrap();
         d.pci().dma_write(&slots, 0, &[0; 4096]);
         let copy = Command { opcode: op::COPY_H2V, args: [src.bus.get(), 0x20_0000, 64 << 10, 5_000_000, 0] };
         d.enqueue_on(1, copy).unwrap();

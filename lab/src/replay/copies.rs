@@ -16,7 +16,7 @@
 //! checked when a call that waits for it sees it done, if no later copy out has been given
 //! its place since; after the run, the last in each place.
 
-use driver::{Command, DmaBuf, PciFunction, SimGpuDriver};
+use driver::{Command, PciFunction, Pinned, SimGpuDriver};
 use simgpu_abi::op;
 
 use super::error::{ReplayError, driver};
@@ -26,9 +26,6 @@ use crate::trace::{ActivityKind, CopyKind};
 /// Host memory a copy may take at most, each way: larger traced copies move their first
 /// this many bytes (and keep their traced duration).
 pub const MAX_COPY_BYTES: u64 = 96 << 20;
-/// Pinned buffers of the copies' host memory each way ([`SimGpuDriver::pinned`]).
-const PINNED_H2D: usize = 13;
-const PINNED_D2H: usize = 14;
 
 /// Bytes of a copy's beginning, and of its end, that are checked.
 pub(super) const CHECKED: u64 = 4096;
@@ -49,7 +46,7 @@ fn pattern(seed: u32, len: u64) -> Vec<u8> {
 /// The copies' buffers, patterns and places.
 pub(super) struct Copies {
     /// Host memory copies in read from: `pattern_in`.
-    h2d: Option<DmaBuf>,
+    h2d: Option<Pinned>,
     pattern_in: Vec<u8>,
     /// VRAM offsets copies in land at: one per copy of a run, or a few in turn.
     places_in: Vec<u64>,
@@ -57,7 +54,7 @@ pub(super) struct Copies {
     out_source: u64,
     pattern_out: Vec<u8>,
     /// Host memory copies out land in: `out_places` places of `out_slot` bytes.
-    d2h: Option<DmaBuf>,
+    d2h: Option<Pinned>,
     out_slot: u64,
     out_places: usize,
     /// The offsets copies read from go round this many pages: a prime that divides neither
@@ -133,7 +130,7 @@ impl Copies {
         let h2d = match most_in {
             Some(_) => {
                 let h = d
-                    .pinned(PINNED_H2D, pattern_in.len())
+                    .pin(pattern_in.len())
                     .map_err(driver(format!("{} bytes of host memory to copy from", pattern_in.len())))?;
                 d.pci().dma_write(&h, 0, &pattern_in);
                 Some(h)
@@ -145,9 +142,7 @@ impl Copies {
         let d2h = match most_out {
             Some(_) => {
                 let bytes = out_slot as usize * out_places;
-                let h = d
-                    .pinned(PINNED_D2H, bytes)
-                    .map_err(driver(format!("{bytes} bytes of host memory to copy into")))?;
+                let h = d.pin(bytes).map_err(driver(format!("{bytes} bytes of host memory to copy into")))?;
                 d.memcpy_to_device(out_source, &pattern_out)
                     .map_err(driver("writing the copies out's source into VRAM"))?;
                 Some(h)
@@ -169,6 +164,13 @@ impl Copies {
     }
 
     /// Copy `nth` of its way (of run `run`) of `bytes` (capped).
+    /// Gives the pinned buffers back to `d`.
+    pub(super) fn release<P: PciFunction>(self, d: &mut SimGpuDriver<P>) {
+        for p in [self.h2d, self.d2h].into_iter().flatten() {
+            d.unpin(p);
+        }
+    }
+
     pub(super) fn at(&self, run: u64, activity: usize, nth: u64, bytes: u64, to_dev: bool) -> CopyAt {
         let per = if to_dev { self.per_run.0 } else { self.per_run.1 };
         CopyAt { activity, nth, k: run.wrapping_mul(per).wrapping_add(nth), n: bytes.min(MAX_COPY_BYTES) }
@@ -190,23 +192,23 @@ impl Copies {
 
     /// The command of a copy in, `dur` ns as traced.
     pub(super) fn command_in(&self, c: &CopyAt, dur: u64) -> Command {
-        let src = self.h2d.map_or(0, |b| b.bus.get()) + self.offset(c) as u64;
+        let src = self.h2d.as_ref().map_or(0, |b| b.bus.get()) + self.offset(c) as u64;
         Command { opcode: op::COPY_H2V, args: [src, self.places_in[self.place_in(c)], c.n, dur, 0] }
     }
 
     /// The command of a copy out, `dur` ns as traced.
     pub(super) fn command_out(&self, c: &CopyAt, dur: u64) -> Command {
         let src = self.out_source + self.offset(c) as u64;
-        let dst = self.d2h.map_or(0, |b| b.bus.get()) + self.place_out(c) as u64 * self.out_slot;
+        let dst = self.d2h.as_ref().map_or(0, |b| b.bus.get()) + self.place_out(c) as u64 * self.out_slot;
         Command { opcode: op::COPY_V2H, args: [src, dst, c.n, dur, 0] }
     }
 
     /// Reads copy out `c`'s bytes where it landed, as a driver copies a staged copy into
     /// the caller's pageable memory.
     pub(super) fn read_out<P: PciFunction>(&self, d: &mut SimGpuDriver<P>, c: &CopyAt) {
-        if let Some(buf) = self.d2h {
+        if let Some(buf) = &self.d2h {
             let mut out = vec![0u8; c.n as usize];
-            d.pci().dma_read(&buf, self.place_out(c) * self.out_slot as usize, &mut out);
+            d.pci().dma_read(buf, self.place_out(c) * self.out_slot as usize, &mut out);
         }
     }
 
@@ -231,11 +233,11 @@ impl Copies {
 
     /// Checks copy out `c` where it landed in host memory.
     pub(super) fn check_out<P: PciFunction>(&self, d: &mut SimGpuDriver<P>, c: &CopyAt) -> Option<String> {
-        let buf = self.d2h?;
+        let buf = self.d2h.as_ref()?;
         let (at, src) = (self.place_out(c) * self.out_slot as usize, self.offset(c));
         Self::parts(c).into_iter().find_map(|(from, m, part)| {
             let mut got = vec![0u8; m];
-            d.pci().dma_read(&buf, at + from, &mut got);
+            d.pci().dma_read(buf, at + from, &mut got);
             Self::mismatch(&self.pattern_out[src + from..src + from + m], &got, c, "out", part)
         })
     }

@@ -22,7 +22,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::time::Duration;
 
-use driver::{Command, DmaBuf, PciFunction, SimGpuDriver, WaitMode};
+use driver::{Command, PciFunction, Pinned, SimGpuDriver, WaitMode};
 use simgpu_abi::{CHANNELS, op, sem};
 
 use crate::plan::{DeviceEdge, Plan};
@@ -36,9 +36,6 @@ mod copies;
 mod error;
 mod verify;
 
-/// Pinned buffers the replay takes ([`SimGpuDriver::pinned`]): the release words, and the
-/// copies' host memory each way.
-const PINNED_SLOTS: usize = 12;
 /// Bytes of each activity's release word (value, begin, end), padded.
 const SLOT: usize = 32;
 /// Entries of each channel's ring.
@@ -103,7 +100,8 @@ pub const RATE_COPY_BYTES: u64 = 1 << 20;
 /// and where its semaphores' values go on from.
 pub struct Replayer {
     channel_of: HashMap<u32, usize>,
-    slots: DmaBuf,
+    /// Each activity's release word, pinned ([`SimGpuDriver::pin`]).
+    slots: Pinned,
     /// The copies' buffers, patterns and places.
     copies: Copies,
     /// Runs made.
@@ -133,9 +131,7 @@ impl Replayer {
             }
             channel_of.insert(*s, ch);
         }
-        let slots = d
-            .pinned(PINNED_SLOTS, plan.activities.len().max(1) * SLOT)
-            .map_err(driver("the release words"))?;
+        let slots = d.pin(plan.activities.len().max(1) * SLOT).map_err(driver("the release words"))?;
         let semaphores = d.vram_size().saturating_sub(4096);
         let copies = Copies::new(d, plan, semaphores)?;
         let mut waited_across = vec![false; plan.activities.len()];
@@ -147,6 +143,12 @@ impl Replayer {
             }
         }
         Ok(Replayer { channel_of, slots, copies, runs: 0, semaphores, sem_base: 0, waited_across })
+    }
+
+    /// Gives the replay's pinned buffers back to `d`, the device it was set up on.
+    pub fn release<P: PciFunction>(self, d: &mut SimGpuDriver<P>) {
+        d.unpin(self.slots);
+        self.copies.release(d);
     }
 
     /// Replays `plan` once.
