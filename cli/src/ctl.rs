@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 /// Options of `dxpu ctl`.
 #[derive(Args, Debug)]
 pub(crate) struct CtlArgs {
-    /// The endpoint's control socket (its `[control] socket`). Default: /run/dxpu/gpu.sock if
-    /// it exists, else /run/dxpu/host.sock.
+    /// The endpoint's control socket (its `[control] socket`). Default: /run/dxpu/gpu/control.sock if
+    /// it exists, else /run/dxpu/host/control.sock.
     #[arg(long, short)]
     socket: Option<PathBuf>,
     /// Print the result as JSON (an error as `{"error": {"code", "message"}}`, exit status 1).
@@ -88,8 +88,8 @@ fn params(method: &str, args: &[String]) -> Result<Value, String> {
 
 pub(crate) fn run(args: CtlArgs) -> ExitCode {
     let socket = args.socket.clone().unwrap_or_else(|| {
-        let gpu = PathBuf::from("/run/dxpu/gpu.sock");
-        if gpu.exists() { gpu } else { PathBuf::from("/run/dxpu/host.sock") }
+        let gpu = PathBuf::from("/run/dxpu/gpu/control.sock");
+        if gpu.exists() { gpu } else { PathBuf::from("/run/dxpu/host/control.sock") }
     });
     let p = match params(&args.method, &args.args) {
         Ok(p) => p,

@@ -184,7 +184,7 @@ fn files_of(name: &str) -> &'static [(&'static str, &'static str)] {
         "dxpu-gpu" => &[
             ("/etc/dxpu/gpu.toml", "the configuration, as packaged (gpu.toml(5))"),
             ("/etc/dxpu/keys/", "the hosts' pre-shared keys (key_file), mode 0600"),
-            ("/run/dxpu/gpu.sock", "the control socket, as packaged ([control] socket)"),
+            ("/run/dxpu/gpu/control.sock", "the control socket, as packaged ([control] socket)"),
         ],
         "dxpu-host" => &[
             ("/etc/dxpu/host.toml", "the configuration, as packaged (host.toml(5))"),
@@ -193,19 +193,19 @@ fn files_of(name: &str) -> &'static [(&'static str, &'static str)] {
                 "the pre-shared keys (key_file), mode 0600, owned by the service's user dxpu",
             ),
             ("/usr/lib/sysusers.d/dxpu.conf", "the service's user dxpu, made when the package is installed"),
-            ("/run/dxpu/host.sock", "the control socket, as packaged ([control] socket)"),
-            ("/run/dxpu/*.sock", "vfio-user sockets served to virtual machines (vfio_user_socket)"),
+            ("/run/dxpu/host/control.sock", "the control socket, as packaged ([control] socket)"),
+            ("/run/dxpu/host/*.sock", "vfio-user sockets served to virtual machines (vfio_user_socket)"),
         ],
         "dxpu-ctl" => &[
-            ("/run/dxpu/gpu.sock", "the box's control socket, taken when it exists"),
-            ("/run/dxpu/host.sock", "the host's control socket, taken otherwise"),
+            ("/run/dxpu/gpu/control.sock", "the box's control socket, taken when it exists"),
+            ("/run/dxpu/host/control.sock", "the host's control socket, taken otherwise"),
         ],
         "dxpu" => &[
             (
                 "/etc/dxpu/gpu.toml, /etc/dxpu/host.toml",
                 "the endpoints' configurations (gpu.toml(5), host.toml(5))",
             ),
-            ("/run/dxpu/gpu.sock, /run/dxpu/host.sock", "their control sockets, as packaged"),
+            ("/run/dxpu/gpu/control.sock, /run/dxpu/host/control.sock", "their control sockets, as packaged"),
         ],
         _ => &[],
     }
@@ -238,7 +238,7 @@ fn examples_of(name: &str) -> &'static [(&'static str, &'static str)] {
         "dxpu-ctl" => &[
             ("dxpu ctl devices", "who holds which device"),
             (
-                "dxpu ctl --socket /run/dxpu/host.sock detach gpu1",
+                "dxpu ctl --socket /run/dxpu/host/control.sock detach gpu1",
                 "detach one device while the others run on",
             ),
             ("dxpu ctl --json stats", "the counters, as JSON"),
@@ -287,16 +287,50 @@ enum Role {
 /// (the first TOML block under its endpoint's heading): one source for the docs and the
 /// page, and a test parses it as the endpoint would.
 fn config_example(role: Role) -> &'static str {
-    const OPERATIONS: &str = include_str!("../../docs/operations.md");
-    let heading = match role {
-        Role::Gpu => "## `dxpu gpu`",
-        Role::Host => "## `dxpu host`",
-    };
-    OPERATIONS
-        .split_once(heading)
+    block_after(
+        OPERATIONS,
+        match role {
+            Role::Gpu => "## `dxpu gpu`",
+            Role::Host => "## `dxpu host`",
+        },
+    )
+}
+
+const OPERATIONS: &str = include_str!("../../docs/operations.md");
+const POOL: &str = include_str!("../../docs/pool.md");
+
+/// The first TOML block after `marker` in `doc` (empty if there is none).
+fn block_after(doc: &'static str, marker: &str) -> &'static str {
+    doc.split_once(marker)
         .and_then(|(_, rest)| rest.split_once("```toml\n"))
         .and_then(|(_, block)| block.split_once("```"))
         .map_or("", |(toml, _)| toml)
+}
+
+/// The sections a file of `role` may add, each as the docs show it: `[control]`,
+/// `[metrics]`, `[pool]`, and `[pool]`'s keys for a secured etcd.
+fn optional_sections(role: Role) -> [(&'static str, &'static str); 4] {
+    [
+        (
+            "[control]: the control socket (docs/operations.md)",
+            block_after(OPERATIONS, "## The control socket and `dxpu ctl`"),
+        ),
+        ("[metrics]: the Prometheus endpoint (docs/operations.md)", block_after(OPERATIONS, "## Metrics")),
+        (
+            "[pool]: devices from a pool on etcd (docs/pool.md)",
+            block_after(
+                POOL,
+                match role {
+                    Role::Gpu => "`[[host]]` / `[[device]]` as usual plus",
+                    Role::Host => "(no `[[attach]]`: the pool says what to attach)",
+                },
+            ),
+        ),
+        (
+            "[pool] with a secured etcd: TLS, client certificates, a user (docs/pool.md)",
+            block_after(POOL, "## A secured etcd"),
+        ),
+    ]
 }
 
 /// gpu.toml(5) or host.toml(5).
@@ -325,6 +359,7 @@ fn config_page(role: Role) -> String {
          endpoint at start (or is refused on reload) with the key, the value and the reason. \
          \\fB{bin} --check --config FILE\\fR validates a file without starting.\n\
          .SH KEYS\nEvery key, with its default where it has one:\n.PP\n.nf\n{example}\n.fi\n\
+         {sections}\
          .SH FILES\n.TP\n\\fI/etc/dxpu/{name}\\fR\nwhere the package's unit reads it\n\
          .SH \"SEE ALSO\"\n{cmd}(1), dxpu-ctl(1){also}; docs/operations.md in the source (the \
          control socket, metrics, capture and pool sections)\n",
@@ -336,6 +371,10 @@ fn config_page(role: Role) -> String {
         version = env!("CARGO_PKG_VERSION"),
         bin = cmd.replace('-', " "),
         example = roff_text(config_example(role).trim_end()),
+        sections = optional_sections(role)
+            .iter()
+            .map(|(title, toml)| format!(".SS \"{title}\"\n.nf\n{}\n.fi\n", roff_text(toml.trim_end())))
+            .collect::<String>(),
     )
 }
 
@@ -367,6 +406,22 @@ mod tests {
         let page = config_page(Role::Gpu);
         assert!(page.starts_with(".TH GPU.TOML 5") && page.contains("key_update_frames"), "{page}");
         assert!(config_page(Role::Host).contains("completion_timeout_ms"));
+        // Every section a file may add, each with its keys, on both pages.
+        for role in [Role::Gpu, Role::Host] {
+            let page = config_page(role);
+            for (title, toml) in optional_sections(role) {
+                let section = title.split_once(':').map_or(title, |(s, _)| s);
+                assert!(
+                    !toml.trim().is_empty() && toml.contains(section.split(' ').next().unwrap_or("")),
+                    "{title}: {toml}"
+                );
+                assert!(page.contains(&format!(".SS \"{title}\"")), "{title}");
+            }
+            for key in ["socket =", "listen =", "etcd =", "etcd_cacert", "lease_ttl_s"] {
+                assert!(page.contains(key), "{key} not in the page");
+            }
+        }
+        assert!(config_page(Role::Gpu).contains("advertise") && config_page(Role::Host).contains("want ="));
         // Lines of the example that begin with a dot or a quote cannot be taken for requests.
         assert_eq!(roff_text(".x\n'y\nz\\ -1"), "\\&.x\n\\&'y\nz\\e \\-1");
         let _ = std::fs::remove_dir_all(dir);

@@ -138,7 +138,7 @@ fn shims(m: &Machine, all: &[&Machine], dxpu: &Path, sockets: &[(String, String)
         "dpkg",
         format!(
             "[ \"$#\" -eq 2 ] && [ \"$1\" = -i ] && [ -f \"$2\" ] || {{ echo \"dpkg (quickstart test): only -i FILE, and the file must exist: $*\" >&2; exit 1; }}\n\
-             mkdir -p {r}/etc/dxpu {r}/run/dxpu {r}/var/tmp && chmod 1777 {r}/var/tmp\n\
+             mkdir -p {r}/etc/dxpu {r}/run/dxpu/gpu {r}/run/dxpu/host {r}/var/tmp && chmod 1777 {r}/var/tmp\n\
              echo \"dpkg (quickstart test): $2 stands for the package tests/deb installs\"\n"
         ),
     );
@@ -301,7 +301,7 @@ fn the_quickstart_runs_as_written_on_two_machines() {
     // The services' control sockets, from the page's configuration files, for `systemctl`
     // to wait on as systemd waits for a notify unit's READY=1.
     let mut sockets = Vec::new();
-    for blk in blocks.iter().filter(|b| b.lang == "toml") {
+    for blk in blocks.iter().filter(|b| b.lang == "toml" && b.file.is_some()) {
         let m = all.iter().find(|m| blk.machines.first().is_some_and(|n| n == m.name)).unwrap();
         let unit = if blk.file.as_deref().is_some_and(|f| f.ends_with("gpu.toml")) {
             "dxpu-gpu"
@@ -361,8 +361,8 @@ fn the_quickstart_runs_as_written_on_two_machines() {
         "the capture decodes: {said}"
     );
     let ctl = |m: &Machine, sock: &str, method: &str| ctl(m, &dxpu, sock, method);
-    let gpu_sock = rewrite("/run/dxpu/gpu.sock", b, &all);
-    let host_sock = rewrite("/run/dxpu/host.sock", h, &all);
+    let gpu_sock = rewrite("/run/dxpu/gpu/control.sock", b, &all);
+    let host_sock = rewrite("/run/dxpu/host/control.sock", h, &all);
     let devs = ctl(b, &gpu_sock, "devices");
     assert_eq!(
         (devs[0]["state"].as_str(), devs[0]["owner"].as_str()),
@@ -445,10 +445,13 @@ fn the_firewall_is_in_the_path(b: &Machine, h: &Machine, dxpu: &Path, gpu_sock: 
 fn reloads(h: &Machine, all: &[&Machine], dxpu: &Path, host_sock: &str) {
     let file = rewrite("/etc/dxpu/host.toml", h, all);
     let page = std::fs::read_to_string(&file).unwrap();
-    // As the page says: a vfio-user socket added to the [[attach]].
-    let sock0 = rewrite("/run/dxpu/gpu0.sock", h, all);
-    let with_socket =
-        page.replace("device = \"gpu0\"", &format!("device = \"gpu0\"\nvfio_user_socket = {sock0:?}"));
+    // As the page says: a vfio-user socket added to the [[attach]], with its mode and QEMU's
+    // group (root's here: the test has no libvirt-qemu).
+    let doc = std::fs::read_to_string(repo().join("docs/quickstart.md")).unwrap();
+    let vm =
+        blocks(&doc).into_iter().find(|b| b.text.contains("vfio_user_socket_group")).expect("the VM lines");
+    let lines = rewrite(&vm.text, h, all).replace("\"libvirt-qemu\"", "\"root\"");
+    let with_socket = page.replace("device = \"gpu0\"", &format!("device = \"gpu0\"\n{}", lines.trim_end()));
     assert_ne!(with_socket, page, "the page's [[attach]] names gpu0");
     std::fs::write(&file, &with_socket).unwrap();
     run(h, "systemctl reload dxpu-host", dxpu);

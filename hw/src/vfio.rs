@@ -154,7 +154,7 @@ pub fn check_ready(addr: &str) -> Result<(), VfioNotReady> {
     let rw = rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK;
     if let Err(e) = rustix::fs::access(&node, rw) {
         return not(format!(
-            "{}: {e} (the box's service runs as root, or give its user the group with a udev rule)",
+            "{}: {e} (the box's service runs as user dxpu: the package's udev rule 60-dxpu-vfio.rules gives VFIO's groups to the group dxpu — `udevadm trigger --subsystem-match=vfio` applies it to a group made before it was installed — or run --check as the service's user)",
             node.display()
         ));
     }

@@ -165,7 +165,7 @@ impl Calls {
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {source}")]
 pub struct StartError {
-    /// What failed (`control socket /run/dxpu/gpu.sock`, `metrics.listen 127.0.0.1:9100`).
+    /// What failed (`control socket /run/dxpu/gpu/control.sock`, `metrics.listen 127.0.0.1:9100`).
     pub what: String,
     /// The system's error.
     #[source]
@@ -516,11 +516,28 @@ pub fn call(path: &Path, method: &str, params: Value, timeout: Duration) -> Resu
     serde_json::from_slice(&line).map_err(|e| CallError::NotJson { socket: at, why: e.to_string() })
 }
 
+/// What to check where a control socket could not be reached.
+fn connect_hint(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::PermissionDenied => format!(
+            " (this process runs as {}; the socket is its service's, mode 0600, and the packaged services run as user {}: run this as root or as that user)",
+            crate::config::running_as(),
+            crate::config::SERVICE_USER
+        ),
+        ErrorKind::NotFound => {
+            " (no such socket: is the service running, with `[control] socket` set to this path?)".to_string()
+        }
+        ErrorKind::ConnectionRefused => " (nothing serves it: the service has stopped)".to_string(),
+        _ => String::new(),
+    }
+}
+
 /// Why a control call got no answer to read.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// The socket could not be reached.
-    #[error("control socket {socket}: {source}")]
+    /// The socket could not be reached (the error says what to check).
+    #[error("control socket {socket}: {source}{}", connect_hint(.source))]
     Connect {
         /// The socket's path.
         socket: String,
@@ -581,6 +598,21 @@ mod tests {
 
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn a_socket_not_reached_says_what_to_check() {
+        let gone = std::env::temp_dir().join(format!("dxpu-no-socket-{}.sock", std::process::id()));
+        let e = call(&gone, "status", Value::Null, Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("no such socket") && e.contains("[control] socket"), "{e}");
+        // A socket file nobody serves any more.
+        let stale = std::env::temp_dir().join(format!("dxpu-stale-{}.sock", std::process::id()));
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        let e = call(&stale, "status", Value::Null, Duration::from_secs(1)).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&stale);
+        assert!(e.contains("nothing serves it"), "{e}");
+        let denied = connect_hint(&std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert!(denied.contains("runs as uid") && denied.contains("user dxpu"), "{denied}");
+    }
 
     fn err_code(v: &Option<Value>) -> Option<i64> {
         v.as_ref()?.get("error")?.get("code")?.as_i64()

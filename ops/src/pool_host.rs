@@ -158,8 +158,7 @@ fn attach(hp: &HostPool, claim: &Claim, fence: Fence, stop: &Arc<AtomicBool>) ->
     let wait = o.poll;
     let d = RemoteDevice::attach(o).map_err(|e| e.to_string())?;
     let Some(path) = socket else { return Ok(Use::Local(d)) };
-    let access = bridge_host::SocketAccess::default();
-    let served = ServedDevice::spawn(&claim.device, &path, access, d, wait)
+    let served = ServedDevice::spawn(&claim.device, &path, hp.socket_access, d, wait)
         .map_err(|e| format!("{}: vfio-user: {e}", path.display()))?;
     log::info!("{}: served on {}", claim.name(), path.display());
     Ok(Use::Served(served))

@@ -47,7 +47,23 @@ impl HostFile {
             filter: pool::Filter { vendor_id: p.vendor_id, device_id: p.device_id, boxes: p.boxes.clone() },
             cool_down: Duration::from_secs(2),
         };
-        Ok(Some(HostPool { config, agent, template: o, vfio_user_dir: p.vfio_user_dir.clone() }))
+        let given = [&p.vfio_user_socket_group, &p.vfio_user_socket_owner].iter().any(|v| v.is_some());
+        if p.vfio_user_dir.is_none() && (given || p.vfio_user_socket_mode.is_some()) {
+            return Err(bad("pool.vfio_user_socket_mode", "given", "only with vfio_user_dir"));
+        }
+        let socket_access = socket_access(
+            "pool",
+            p.vfio_user_socket_mode,
+            p.vfio_user_socket_group.as_deref(),
+            p.vfio_user_socket_owner.as_deref(),
+        )?;
+        Ok(Some(HostPool {
+            config,
+            agent,
+            template: o,
+            vfio_user_dir: p.vfio_user_dir.clone(),
+            socket_access,
+        }))
     }
 }
 
@@ -263,26 +279,35 @@ impl AttachSection {
                 None
             }
             Some(p) => {
-                let mode = a.vfio_user_socket_mode.unwrap_or(0o600);
-                if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
-                    return Err(bad(
-                        &format!("{at}.vfio_user_socket_mode"),
-                        format!("0o{mode:o}"),
-                        "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
-                    ));
-                }
-                let gid = a
-                    .vfio_user_socket_group
-                    .as_deref()
-                    .map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true))
-                    .transpose()?;
-                let uid = a
-                    .vfio_user_socket_owner
-                    .as_deref()
-                    .map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false))
-                    .transpose()?;
-                Some(ServedSocket { path: p.clone(), access: bridge_host::SocketAccess { mode, uid, gid } })
+                let access = socket_access(
+                    at,
+                    a.vfio_user_socket_mode,
+                    a.vfio_user_socket_group.as_deref(),
+                    a.vfio_user_socket_owner.as_deref(),
+                )?;
+                Some(ServedSocket { path: p.clone(), access })
             }
         })
     }
+}
+
+/// A vfio-user socket's mode (0o600 unless given: the owner's read and write at least,
+/// others nothing), group and owner, as `{at}.vfio_user_socket_mode`, `_group`, `_owner` say.
+fn socket_access(
+    at: &str,
+    mode: Option<u32>,
+    group: Option<&str>,
+    owner: Option<&str>,
+) -> Result<bridge_host::SocketAccess, ConfigError> {
+    let mode = mode.unwrap_or(0o600);
+    if mode > 0o777 || mode & 0o007 != 0 || mode & 0o600 != 0o600 {
+        return Err(bad(
+            &format!("{at}.vfio_user_socket_mode"),
+            format!("0o{mode:o}"),
+            "must give the owner read and write and others nothing (0o600, 0o660): the socket is the VM's door to the device",
+        ));
+    }
+    let gid = group.map(|g| id_of(&format!("{at}.vfio_user_socket_group"), g, true)).transpose()?;
+    let uid = owner.map(|u| id_of(&format!("{at}.vfio_user_socket_owner"), u, false)).transpose()?;
+    Ok(bridge_host::SocketAccess { mode, uid, gid })
 }

@@ -171,6 +171,10 @@ pub struct HostPoolSection {
     lease_ttl_s: Option<u64>,
     prefix: Option<String>,
     pub(crate) vfio_user_dir: Option<PathBuf>,
+    /// Each served socket's mode (0o600 unless given), group and owner, as `[[attach]]`'s.
+    vfio_user_socket_mode: Option<u32>,
+    vfio_user_socket_group: Option<String>,
+    vfio_user_socket_owner: Option<String>,
 }
 
 /// What `[pool]` of `dxpu gpu` says.
@@ -188,6 +192,8 @@ pub struct HostPool {
     /// Attach options every claimed device starts from (server and device set per claim).
     pub(crate) template: AttachOptions,
     pub(crate) vfio_user_dir: Option<PathBuf>,
+    /// The mode, owner and group of each socket in `vfio_user_dir`.
+    pub(crate) socket_access: bridge_host::SocketAccess,
 }
 
 /// How `[pool]` reaches etcd where etcd is secured: etcdctl's `--cacert`, `--cert`, `--key`
@@ -417,7 +423,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// the file. `/dev/zero` and the like end at the limit.
 pub fn read_bounded(path: &Path, limit: u64) -> Result<String, ConfigError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| ConfigError::file(path, e))?;
+    let f = std::fs::File::open(path).map_err(|e| ConfigError::file(path, with_user_hint(&e, path)))?;
     let mut bytes = Vec::new();
     f.take(limit + 1).read_to_end(&mut bytes).map_err(|e| ConfigError::file(path, e))?;
     if bytes.len() as u64 > limit {
@@ -439,6 +445,7 @@ fn key(section: &str, inline: &Option<String>, file: &Option<PathBuf>) -> Result
         (None, Some(f)) => {
             let name = format!("{section}.key_file");
             warn_if_others_can_read(&name, f);
+            warn_if_the_service_cannot_read(&name, f);
             (read_bounded(f, 4096).map_err(|e| bad(&name, f.display(), &e.to_string()))?, name)
         }
         (Some(_), Some(_)) => return Err(ConfigError::section(section, "give key or key_file, not both")),
@@ -468,6 +475,54 @@ fn warn_if_others_can_read(key_name: &str, f: &Path) {
             "{key_name} = {}: readable by others (mode {:03o}); `chmod 600` it",
             f.display(),
             m.permissions().mode() & 0o777
+        );
+    }
+}
+
+/// The user the packaged services run as (packaging/dxpu-*.service).
+pub const SERVICE_USER: &str = "dxpu";
+
+/// Who this process runs as: `uid N (name)`.
+pub fn running_as() -> String {
+    let uid = rustix::process::geteuid().as_raw();
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// An error reading `f`, with what to do where it is a permission refused: who this process
+/// runs as, and that the packaged services run as [`SERVICE_USER`].
+pub fn with_user_hint(e: &std::io::Error, f: &Path) -> String {
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return e.to_string();
+    }
+    format!(
+        "{e}: this process runs as {}; the packaged services run as user {SERVICE_USER}, which must own it: `chown {SERVICE_USER}:{SERVICE_USER} {}` and mode 0600, in a directory it may enter (docs/operations.md)",
+        running_as(),
+        f.display()
+    )
+}
+
+/// Run as root (a `--check` by hand, say) where the packaged services' user exists, a key
+/// file that user cannot read is said: the service would be refused it at start.
+fn warn_if_the_service_cannot_read(key_name: &str, f: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let Ok(Some(user)) = nix::unistd::User::from_name(SERVICE_USER) else { return };
+    let Ok(m) = std::fs::metadata(f) else { return };
+    let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
+    let readable = (m.uid() == uid && m.mode() & 0o400 != 0)
+        || (m.gid() == gid && m.mode() & 0o040 != 0)
+        || m.mode() & 0o004 != 0;
+    if !readable {
+        log::warn!(
+            "{key_name} = {}: the packaged service's user {SERVICE_USER} cannot read it (owner uid {}, mode {:03o}); `chown {SERVICE_USER}:{SERVICE_USER}` it unless this endpoint runs as root",
+            f.display(),
+            m.uid(),
+            m.mode() & 0o777
         );
     }
 }

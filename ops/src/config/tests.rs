@@ -394,3 +394,33 @@ fn the_command_lines_driver_and_poll_lie_over_the_files_as_values_not_text() {
     assert_eq!(first(&plain).driver, DriverKind::Portable);
     assert_eq!(first(&plain).poll, PollMode::Blocking);
 }
+
+#[test]
+fn a_pool_hosts_vfio_user_sockets_take_a_mode_and_group_as_an_attachs_do() {
+    let base = format!(
+        "etcd = [\"http://127.0.0.1:2379\"]\nhost = \"h\"\nkey = \"{KEY}\"\nwant = 1\nvfio_user_dir = \"{}\"",
+        std::env::temp_dir().display()
+    );
+    let p = host_pool(&format!("{base}\nvfio_user_socket_mode = 0o660\nvfio_user_socket_group = \"root\""))
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.socket_access, bridge_host::SocketAccess { mode: 0o660, uid: None, gid: Some(0) });
+    let plain = host_pool(&base).unwrap().unwrap();
+    assert_eq!(plain.socket_access, bridge_host::SocketAccess::default());
+    let e = host_pool(&format!("{base}\nvfio_user_socket_mode = 0o666")).err().unwrap();
+    assert!(e.contains("pool.vfio_user_socket_mode") && e.contains("0o666"), "{e}");
+    let no_dir = base.lines().filter(|l| !l.starts_with("vfio_user_dir")).collect::<Vec<_>>().join("\n");
+    let e = host_pool(&format!("{no_dir}\nvfio_user_socket_mode = 0o660")).err().unwrap();
+    assert!(e.contains("only with vfio_user_dir"), "{e}");
+}
+
+#[test]
+fn a_file_refused_for_permission_says_who_runs_and_what_to_do() {
+    let e = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    let said = with_user_hint(&e, std::path::Path::new("/etc/dxpu/keys/host-a.key"));
+    assert!(said.contains("this process runs as uid "), "{said}");
+    assert!(said.contains("chown dxpu:dxpu /etc/dxpu/keys/host-a.key") && said.contains("0600"), "{said}");
+    // Other errors are left as they are.
+    let e = std::io::Error::from(std::io::ErrorKind::NotFound);
+    assert_eq!(with_user_hint(&e, std::path::Path::new("/x")), e.to_string());
+}
