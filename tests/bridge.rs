@@ -460,3 +460,25 @@ fn an_attach_to_a_closed_port_says_nothing_listens_and_a_silent_box_says_nothing
     let e = RemoteDevice::attach(o).err().expect("a box that never answers").to_string();
     assert!(e.contains("nothing came back") && !e.contains("port unreachable"), "{e}");
 }
+
+/// Where the link's own handshake timeout ends the session before the attach's time is up
+/// (a handshake_timeout shorter than attach_timeout, as with the defaults' 5 s each and a
+/// slow start), the attach still says why from what came back, not that a handshake timed out.
+#[test]
+fn a_handshake_that_times_out_first_still_says_nothing_listens_or_nothing_came_back() {
+    let _g = serial();
+    let closed = std::net::SocketAddr::from(([127, 0, 0, 1], dxpu_tests::free_udp_port()));
+    let mut o = host_options(closed, key_a());
+    o.link.handshake_timeout = std::time::Duration::from_millis(300);
+    o.link.handshake_retry = std::time::Duration::from_millis(100);
+    o.attach_timeout = std::time::Duration::from_secs(3);
+    let e = RemoteDevice::attach(o).err().expect("nothing to attach to").to_string();
+    assert!(e.contains("nothing listens on") && e.contains("port unreachable"), "{e}");
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut o = host_options(silent.local_addr().unwrap(), key_a());
+    o.link.handshake_timeout = std::time::Duration::from_millis(300);
+    o.link.handshake_retry = std::time::Duration::from_millis(100);
+    o.attach_timeout = std::time::Duration::from_secs(3);
+    let e = RemoteDevice::attach(o).err().expect("a box that never answers").to_string();
+    assert!(e.contains("no handshake within 300ms: nothing came back"), "{e}");
+}

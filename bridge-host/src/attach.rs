@@ -229,14 +229,16 @@ fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
     if opts.cancelled() {
         return Err(AttachError::Cancelled);
     }
-    if let Some(r) = down {
+    // The session's own handshake timeout (the link's, often shorter than the attach's) is
+    // the same silence as no answer within the attach's time: said by what came back.
+    if let Some(r) = down.filter(|r| *r != DownReason::HandshakeTimeout) {
         return Err(opts.link_error(match r {
             DownReason::AuthFailed => "authentication failed: the box does not hold this host's key".into(),
             DownReason::Refused => "the box refused the session: it has no room for another".into(),
             other => other.to_string(),
         }));
     }
-    if !up {
+    if !up || down.is_some() {
         let server = opts.server;
         let why = if link::driver::Datagrams::port_unreachable(&link.sock) > 0 {
             format!(
@@ -247,7 +249,11 @@ fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
             format!(
                 "no handshake within {:?}: nothing came back from {server} (the box down, a firewall \
                  dropping UDP to it, or the wrong address)",
-                opts.attach_timeout
+                if down.is_some() {
+                    opts.attach_timeout.min(opts.link.handshake_timeout)
+                } else {
+                    opts.attach_timeout
+                }
             )
         };
         return Err(opts.link_error(why));

@@ -574,3 +574,23 @@ fn the_changes_are_logged_with_their_callers(host_log: &str, box_log: &str) {
     assert!(box_log.lines().any(unexported), "{box_log}");
     assert!(!box_log.contains("control: devices"), "a call that changes nothing is logged: {box_log}");
 }
+
+/// `dxpu host --workload` takes its devices' first attempts: one that fails is said, and not
+/// promised another attempt it will not get.
+#[test]
+fn a_workload_host_whose_box_is_not_there_says_so_and_promises_no_retry() {
+    let dir = tempdir("workload-no-box");
+    let hcfg = dir.join("host.toml");
+    let port = free_udp_port();
+    std::fs::write(
+        &hcfg,
+        format!("[[attach]]\nserver = \"127.0.0.1:{port}\"\ndevice = \"gpu0\"\nkey = \"{KEY_A}\"\n"),
+    )
+    .unwrap();
+    let out = dxpu().args(["host", "--workload", "--config"]).arg(&hcfg).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("nothing listens on") && said.contains("not tried again"), "{said}");
+    assert!(!said.contains("trying again"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}

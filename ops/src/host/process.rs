@@ -203,6 +203,7 @@ pub fn run(start: HostStart, workload: Option<Workload<'_>>) -> Result<bool, Run
     };
     let mut rt = HostRuntime::new(start.config.clone(), file, overrides, entries(all), stop.clone());
     rt.tap = capture.as_ref().and_then(|c| c.tap());
+    rt.retries = workload.is_none();
     // Every device attaches on a thread of its own: one box that does not answer costs its
     // device, not the others.
     rt.attach_all();

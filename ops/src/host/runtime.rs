@@ -150,6 +150,9 @@ pub struct HostRuntime {
     started: Instant,
     /// A capture's tap, given to every attach.
     pub(crate) tap: Option<link::driver::Tap>,
+    /// Whether a failed attach is tried again (not for `--workload`, which takes the first
+    /// attempts' outcome).
+    pub(crate) retries: bool,
 }
 
 /// Labels each attachment: the device's name, or `device@server` where it repeats.
@@ -215,6 +218,7 @@ impl HostRuntime {
             stop,
             started: Instant::now(),
             tap: None,
+            retries: true,
         }
     }
 
@@ -289,6 +293,8 @@ impl HostRuntime {
                             let wait = life.waits.next_wait();
                             if stopping {
                                 log::info!("{why}");
+                            } else if !self.retries {
+                                log::error!("{why} (not tried again: --workload takes the first attempt)");
                             } else {
                                 log::error!(
                                     "{why}; trying again in {:.1} s (attempt {} failed)",
