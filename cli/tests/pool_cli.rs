@@ -236,6 +236,8 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     // One device is enough here.
     let cut = config.find("[[device]]\nname = \"gpu1\"").unwrap();
     config.truncate(cut);
+    let box_sock = dir.join("box.sock");
+    config += &format!("[control]\nsocket = {:?}\n", box_sock.display().to_string());
     let _b = Proc::start(&dir, "box-v", &["gpu"], &config);
     until("the box registers", Duration::from_secs(20), || ls(&cluster).len() == 1);
     let watch_out = dir.join("watch.jsonl");
@@ -254,7 +256,8 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     let ctl_sock = dir.join("host.sock");
     let host = format!("[control]\nsocket = {:?}\n", ctl_sock.display().to_string())
         + &host_toml(&cluster, 1)
-        + &format!("vfio_user_dir = {:?}\n", sockets.display().to_string());
+        + &format!("vfio_user_dir = {:?}\n", sockets.display().to_string())
+        + "vfio_user_socket_mode = 0o660\nvfio_user_socket_group = \"root\"\n";
     let h = Proc::start(&dir, "host-v", &["host"], &host);
     let sock = sockets.join("box-v-gpu0.sock");
     until("the claimed device's socket appears", Duration::from_secs(20), || sock.exists());
@@ -273,6 +276,12 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     assert_eq!(devs[0]["vfio_user_socket"], sock.display().to_string());
     assert_eq!(ctl(&["detach", "box-v/gpu0"])["error"]["code"], -32000);
     assert_eq!(ctl(&["sessions"])[0]["peer"], format!("127.0.0.1:{port}"));
+    // The socket as [pool] says: mode 0660, the group given.
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let m = std::fs::metadata(&sock).unwrap();
+        assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o660, 0), "{sock:?}");
+    }
     let out = dxpu()
         .args(["pool", "--etcd", &cluster.endpoints().join(","), "revoke", "box-v/gpu0"])
         .output()
@@ -294,6 +303,32 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     });
     until("its socket comes back", Duration::from_secs(10), || sock.exists());
     assert!(h.log().contains("removed"), "{}", h.log());
+    // Both agents' series: the host's two claims and their time, a release, its device up;
+    // the box's lease kept alive. (The TTL is 2 s: a renewal every 0.67 s.)
+    let scrape = |s: &Path| -> String {
+        let out = dxpu().args(["ctl", "--json", "--socket"]).arg(s).arg("metrics").output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_str()
+            .map(str::to_string)
+            .or_else(|| v["result"].as_str().map(str::to_string))
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+    };
+    let hm = scrape(&ctl_sock);
+    assert!(value(&hm, "dxpu_pool_claims_total{role=\"host\"}") >= 2.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_claim_seconds_total{role=\"host\"}") > 0.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_releases_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_leases_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_lease_renewals_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert_eq!(value(&hm, "dxpu_device_up{device=\"box-v/gpu0\"}"), 1.0, "{hm}");
+    let bm = scrape(&box_sock);
+    assert!(value(&bm, "dxpu_pool_lease_renewals_total{role=\"box\"}") >= 1.0, "{bm}");
+    assert_eq!(value(&bm, "dxpu_pool_fences_total{role=\"box\"}"), 0.0, "{bm}");
     watch.kill();
     let changes: Vec<serde_json::Value> = std::fs::read_to_string(&watch_out)
         .unwrap()

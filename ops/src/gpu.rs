@@ -29,6 +29,8 @@ pub struct GpuRuntime {
     /// The options last applied.
     pub(crate) opts: GpuOptions,
     pub(crate) started: Instant,
+    /// The pool agent's counters, where the box is in a pool.
+    pub(crate) pool_stats: Option<std::sync::Arc<pool::AgentStats>>,
 }
 
 impl GpuRuntime {
@@ -43,6 +45,7 @@ impl GpuRuntime {
             link: start.link,
             opts: opts.clone(),
             started: Instant::now(),
+            pool_stats: None,
         };
         Ok((rt, opts))
     }
@@ -517,6 +520,9 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
     ] {
         x.counter("handshakes_refused", "Handshakes refused, by reason", labels(&[("reason", why)]), n);
     }
+    if let Some(p) = &rt.pool_stats {
+        crate::stats::pool_agent_metrics(&mut x, "box", &p.counts());
+    }
     x
 }
 
@@ -592,6 +598,7 @@ pub fn run(start: GpuStart) -> Result<(), RunError> {
         }),
         None => None,
     };
+    rt.pool_stats = agent.as_ref().map(pool::BoxAgent::stats);
     let served = serve(&mut ep, &mut rt, &stop, &hup);
     // The devices leave the pool at once (their lease revoked) rather than at its expiry.
     if let Some(a) = agent {

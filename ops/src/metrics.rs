@@ -25,7 +25,7 @@ pub fn labels(pairs: &[(&str, &str)]) -> Labels {
 
 #[derive(Debug, Clone)]
 enum Value {
-    Counter(u64),
+    Counter(f64),
     Gauge(f64),
     /// Sum, count, and per bucket its upper bound and (not cumulative) count.
     Histogram(f64, u64, Vec<(f64, u64)>),
@@ -59,6 +59,11 @@ impl Exposition {
 
     /// A counter, `dxpu_{name}_total` on the wire.
     pub fn counter(&mut self, name: &str, help: &str, labels: Labels, v: u64) {
+        self.add(&format!("{name}_total"), help, MetricType::COUNTER, labels, Value::Counter(v as f64));
+    }
+
+    /// A counter of seconds (or another unit that comes in fractions), `dxpu_{name}_total`.
+    pub fn counter_f64(&mut self, name: &str, help: &str, labels: Labels, v: f64) {
         self.add(&format!("{name}_total"), help, MetricType::COUNTER, labels, Value::Counter(v));
     }
 
@@ -108,7 +113,7 @@ impl Exposition {
     pub fn counter_value(&self, name: &str, labels: &Labels) -> Option<u64> {
         let f = self.families.iter().find(|f| f.name == format!("dxpu_{name}_total"))?;
         f.samples.iter().find(|(l, _)| l == labels).and_then(|(_, v)| match v {
-            Value::Counter(c) => Some(*c),
+            Value::Counter(c) => Some(*c as u64),
             _ => None,
         })
     }
@@ -138,7 +143,7 @@ fn family(f: &Family) -> proto::MetricFamily {
             match v {
                 Value::Counter(c) => {
                     let mut c2 = proto::Counter::default();
-                    c2.set_value(*c as f64);
+                    c2.set_value(*c);
                     m.set_counter(c2);
                 }
                 Value::Gauge(g) => {

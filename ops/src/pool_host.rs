@@ -213,6 +213,7 @@ pub fn run_host(
     crate::notify::ready("claiming from the pool");
     let mut held: Vec<Held> = Vec::new();
     let mut ok = true;
+    let mut attach_failures: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let started = Instant::now();
     let workload_wait = Duration::from_secs(30);
     let mut watchdog = crate::notify::Watchdog::from_env();
@@ -224,6 +225,7 @@ pub fn run_host(
                     match attach(&hp, &claim, fence_for(&fences, lease), &stop) {
                         Ok(use_) => held.push(Held { claim, lease, use_ }),
                         Err(e) => {
+                            *attach_failures.entry(claim.name()).or_default() += 1;
                             log::warn!("pool: {}: not attached: {e}; released", claim.name());
                             agent.release(claim, true);
                         }
@@ -244,7 +246,8 @@ pub fn run_host(
                 reload.on_call(c);
                 continue;
             }
-            let r = answer(&c, &held, started_at, &reload.cfg.running);
+            let counts = PoolCounts { agent: agent.stats().counts(), attach_failures: &attach_failures };
+            let r = answer(&c, &held, started_at, &reload.cfg.running, &counts);
             c.answer(r);
         }
         reload.step();
@@ -414,11 +417,19 @@ impl Held {
 }
 
 /// A pool host's control calls: what it holds, read-only (claims decide its devices).
+/// What a pool host counts beside its devices: its agent's counters, and the attaches that
+/// failed, by claim (`box/device`).
+struct PoolCounts<'a> {
+    agent: pool::AgentCounts,
+    attach_failures: &'a std::collections::BTreeMap<String, u64>,
+}
+
 fn answer(
     c: &crate::control::Call,
     held: &[Held],
     started: Instant,
     running: &HostFile,
+    counts: &PoolCounts<'_>,
 ) -> Result<serde_json::Value, crate::control::RpcError> {
     use crate::control::{METHOD_NOT_FOUND, RpcError};
     use serde_json::{Value, json};
@@ -491,7 +502,22 @@ fn answer(
             for h in held {
                 let state = if h.removed().is_some() { "removed" } else { "attached" };
                 crate::stats::device_metrics(&mut x, &h.claim.name(), &peer(h), state, 0, Some(&h.stats()));
+                x.gauge(
+                    "device_up",
+                    "The device is attached and its link up (1), or not (0)",
+                    crate::metrics::labels(&[("device", &h.claim.name())]),
+                    if state == "attached" { 1.0 } else { 0.0 },
+                );
             }
+            for (name, n) in counts.attach_failures {
+                x.counter(
+                    "attach_failures",
+                    "Attach attempts that failed (the box unreachable or refusing)",
+                    crate::metrics::labels(&[("device", name)]),
+                    *n,
+                );
+            }
+            crate::stats::pool_agent_metrics(&mut x, "host", &counts.agent);
             Ok(Value::String(x.render()))
         }
         // What runs, for `dxpu host --check --against-running`.

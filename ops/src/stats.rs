@@ -6,6 +6,37 @@ use serde_json::{Value, json};
 
 use crate::metrics::{Exposition, labels, link_metrics};
 
+/// A pool agent's series, `role` `box` or `host`: its leases, their renewals and failed
+/// renewals, fences, claims and their time, releases, and etcd's errors.
+pub fn pool_agent_metrics(x: &mut Exposition, role: &str, c: &pool::AgentCounts) {
+    let l = || labels(&[("role", role)]);
+    x.counter("pool_leases", "Leases the pool agent was granted", l(), c.leases);
+    x.counter("pool_lease_renewals", "Lease renewals etcd answered", l(), c.renewals);
+    x.counter(
+        "pool_lease_renewal_failures",
+        "Lease renewals that failed (etcd unreachable or slow, or its stream broken)",
+        l(),
+        c.renewal_failures,
+    );
+    x.counter(
+        "pool_fences",
+        "Leases lost: a host's claims under one fenced, or a box's registration ended",
+        l(),
+        c.fences,
+    );
+    x.counter("pool_etcd_errors", "Requests to etcd that failed", l(), c.etcd_errors);
+    if role == "host" {
+        x.counter("pool_claims", "Devices claimed", l(), c.claims);
+        x.counter_f64(
+            "pool_claim_seconds",
+            "Seconds the claims made took, together (over pool_claims_total: the mean)",
+            l(),
+            c.claim_ns as f64 / 1e9,
+        );
+        x.counter("pool_releases", "Claims given back", l(), c.releases);
+    }
+}
+
 /// A host endpoint's exposition, before its devices.
 pub fn host_exposition() -> Exposition {
     let mut x = Exposition::default();

@@ -124,7 +124,8 @@ fn attach_control_and_reload_in_process_one_device_unaffected_by_the_others() {
         .find(|d| d["name"] == "gpu9")
         .cloned();
     let d9 = d9.unwrap();
-    assert!(d9["error"].as_str().unwrap().contains("handshake"), "{d9}");
+    // Nothing listens on the dead box's port: its machine says so (ICMP port unreachable).
+    assert!(d9["error"].as_str().unwrap().contains("nothing listens on"), "{d9}");
     assert!(rt.status_line().starts_with("1 of 2 device(s) attached; gpu9 down ("), "{}", rt.status_line());
 
     // A reload that changes what needs a restart is refused, nothing changed.

@@ -186,6 +186,7 @@ pub struct BoxAgent {
     registered: Arc<AtomicBool>,
     registrations: Arc<AtomicU64>,
     stream_resumes: Arc<AtomicU64>,
+    stats: Arc<crate::AgentStats>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -216,6 +217,7 @@ impl BoxAgent {
         let stopping = Arc::new(AtomicBool::new(false));
         let registered = Arc::new(AtomicBool::new(false));
         let (registrations, stream_resumes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let stats = Arc::new(crate::AgentStats::default());
         let rt = crate::runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
         let pid = std::process::id();
         let owner = BoxRecord {
@@ -238,6 +240,7 @@ impl BoxAgent {
             registered: registered.clone(),
             registrations: registrations.clone(),
             stream_resumes: stream_resumes.clone(),
+            stats: stats.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("dxpu-pool-box".into())
@@ -252,6 +255,7 @@ impl BoxAgent {
             registered,
             registrations,
             stream_resumes,
+            stats,
             thread: Some(thread),
         })
     }
@@ -270,6 +274,11 @@ impl BoxAgent {
     /// How many times the watch and keep-alive were reopened on the same lease.
     pub fn stream_resumes(&self) -> u64 {
         self.stream_resumes.load(Ordering::Relaxed)
+    }
+
+    /// The agent's counters: leases, renewals, registrations ended (fences), etcd's errors.
+    pub fn stats(&self) -> Arc<crate::AgentStats> {
+        self.stats.clone()
     }
 
     /// The claims, for `bridge_gpu::GpuEndpoint::set_claims`.
@@ -325,6 +334,7 @@ struct BoxAgentState {
     /// Leases registered under, and streams resumed on the same lease.
     registrations: Arc<AtomicU64>,
     stream_resumes: Arc<AtomicU64>,
+    stats: Arc<crate::AgentStats>,
 }
 
 impl BoxAgentState {
@@ -376,7 +386,15 @@ impl BoxAgentState {
         let cfg = self.cfg.clone();
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
-        let lease = client.lease_grant(ttl).await.map_err(|e| etcd_error(&cfg, "granting a lease", e))?.id();
+        let lease = client
+            .lease_grant(ttl)
+            .await
+            .map_err(|e| {
+                self.stats.etcd_error();
+                etcd_error(&cfg, "granting a lease", e)
+            })?
+            .id();
+        self.stats.lease();
         if let Err(e) = self.register(&mut client, lease).await {
             // Nothing of ours lives under it.
             let _ = client.lease_revoke(lease).await;
@@ -395,8 +413,12 @@ impl BoxAgentState {
         loop {
             match self.serve(&mut client, lease, &mut resume, &mut broken, lookups, health).await {
                 Served::Stopped => return Ok(()),
-                Served::LeaseGone(e) => return Err(e),
+                Served::LeaseGone(e) => {
+                    self.stats.fenced();
+                    return Err(e);
+                }
                 Served::StreamBroken(e) => {
+                    self.stats.etcd_error();
                     // The devices stay registered: their keys live as long as the lease.
                     if broken.is_multiple_of(10) {
                         log::warn!("pool: {e}; resuming with lease {lease:x}");
@@ -523,15 +545,19 @@ impl BoxAgentState {
         loop {
             tokio::select! {
                 _ = renew.tick() => {
-                    if let Err(e) = keeper.keep_alive().await {
-                        return Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e));
-                    }
-                    match tokio::time::timeout(cfg.request_timeout, alive.message()).await {
-                        Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                        Ok(Ok(Some(_))) => return Served::LeaseGone(PoolError::NotFound(format!("lease {lease:x} expired; registering again"))),
-                        Ok(Ok(None)) => return Served::StreamBroken(PoolError::NotFound("the lease stream ended".into())),
-                        Ok(Err(e)) => return Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e)),
-                        Err(_) => return Served::StreamBroken(PoolError::NotFound(format!("no lease renewal within {:?}", cfg.request_timeout))),
+                    let failed = match keeper.keep_alive().await {
+                        Err(e) => Some(Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e))),
+                        Ok(()) => match tokio::time::timeout(cfg.request_timeout, alive.message()).await {
+                            Ok(Ok(Some(r))) if r.ttl() > 0 => None,
+                            Ok(Ok(Some(_))) => Some(Served::LeaseGone(PoolError::NotFound(format!("lease {lease:x} expired; registering again")))),
+                            Ok(Ok(None)) => Some(Served::StreamBroken(PoolError::NotFound("the lease stream ended".into()))),
+                            Ok(Err(e)) => Some(Served::StreamBroken(etcd_error(&cfg, "renewing the lease", e))),
+                            Err(_) => Some(Served::StreamBroken(PoolError::NotFound(format!("no lease renewal within {:?}", cfg.request_timeout)))),
+                        },
+                    };
+                    self.stats.renewed(failed.is_none());
+                    if let Some(s) = failed {
+                        return s;
                     }
                 }
                 msg = watch.message() => {

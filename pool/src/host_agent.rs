@@ -68,6 +68,7 @@ struct Deadline {
 /// The host's agent: one thread with the etcd client, one watchdog thread for the fence.
 pub struct HostAgent {
     events: std_mpsc::Receiver<HostEvent>,
+    stats: Arc<crate::AgentStats>,
     cmds: mpsc::UnboundedSender<Cmd>,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -92,13 +93,14 @@ impl HostAgent {
         let stopping = Arc::new(AtomicBool::new(false));
         let deadline = Arc::new(Mutex::new(Deadline::default()));
         let fired = Arc::new(tokio::sync::Notify::new());
+        let stats = Arc::new(crate::AgentStats::default());
         let rt = crate::runtime().map_err(|e| PoolError::Config(format!("tokio runtime: {e}")))?;
         let watchdog = {
-            let (deadline, stopping, fired, tx) =
-                (deadline.clone(), stopping.clone(), fired.clone(), tx.clone());
+            let (deadline, stopping, fired, tx, stats) =
+                (deadline.clone(), stopping.clone(), fired.clone(), tx.clone(), stats.clone());
             std::thread::Builder::new()
                 .name("dxpu-pool-fence".into())
-                .spawn(move || watch_deadline(&deadline, &stopping, &fired, &fence, &tx))
+                .spawn(move || watch_deadline(&deadline, &stopping, &fired, &fence, &tx, &stats))
                 .map_err(|e| PoolError::Config(format!("starting the fence thread: {e}")))?
         };
         let run = HostAgentState {
@@ -110,12 +112,18 @@ impl HostAgent {
             held: HashMap::new(),
             avoid: HashMap::new(),
             records: RecordCache::default(),
+            stats: stats.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("dxpu-pool-host".into())
             .spawn(move || rt.block_on(run.main(rx)))
             .map_err(|e| PoolError::Config(format!("starting the pool thread: {e}")))?;
-        Ok(HostAgent { events, cmds, stopping, thread: Some(thread), watchdog: Some(watchdog) })
+        Ok(HostAgent { events, stats, cmds, stopping, thread: Some(thread), watchdog: Some(watchdog) })
+    }
+
+    /// The agent's counters (leases, renewals, fences, claims, etcd's errors).
+    pub fn stats(&self) -> Arc<crate::AgentStats> {
+        self.stats.clone()
     }
 
     /// What the agent has to say (claims, fences), in order.
@@ -161,6 +169,7 @@ fn watch_deadline(
     fired: &tokio::sync::Notify,
     fence: &FenceFn,
     events: &std_mpsc::Sender<HostEvent>,
+    stats: &crate::AgentStats,
 ) {
     while !stopping.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(5));
@@ -174,6 +183,7 @@ fn watch_deadline(
             let why = format!("pool lease {lease:x} not renewed in time");
             log::error!("pool: {why}: fencing every device claimed under it");
             fence(lease, &why);
+            stats.fenced();
             let _ = events.send(HostEvent::Fenced { lease, why });
             fired.notify_one();
         }
@@ -192,6 +202,7 @@ struct HostAgentState {
     avoid: HashMap<(String, String), Instant>,
     /// The device records read so far.
     records: RecordCache,
+    stats: Arc<crate::AgentStats>,
 }
 
 enum End {
@@ -245,8 +256,12 @@ impl HostAgentState {
         let lease = client
             .lease_grant(ttl.as_secs() as i64)
             .await
-            .map_err(|e| etcd_error(&cfg, "granting a lease", e))?
+            .map_err(|e| {
+                self.stats.etcd_error();
+                etcd_error(&cfg, "granting a lease", e)
+            })?
             .id();
+        self.stats.lease();
         // The TTL runs at etcd from when it granted the lease, which is after `asked`.
         self.set_deadline(Some((lease, asked + ttl - fence_margin(ttl))));
         log::info!("pool: host {} holds lease {lease:x} ({} s)", self.opts.host, ttl.as_secs());
@@ -259,7 +274,12 @@ impl HostAgentState {
         loop {
             tokio::select! {
                 _ = renew.tick() => {
-                    match self.renew(&mut client, lease, &mut keep).await {
+                    let renewed = self.renew(&mut client, lease, &mut keep).await;
+                    self.stats.renewed(renewed.is_ok());
+                    if renewed.is_err() {
+                        self.stats.etcd_error();
+                    }
+                    match renewed {
                         Ok(true) => {}
                         Ok(false) => {
                             // etcd says the lease is gone: fence now.
@@ -280,15 +300,18 @@ impl HostAgentState {
                     }
                     let avoid: HashSet<_> = self.avoid.keys().chain(self.held.keys()).cloned().collect();
                     let mut pick = |n: usize| next(&mut rng) as usize % n.max(1);
+                    let asked = Instant::now();
                     match claim_one(&mut client, &cfg, ClaimRequest { host: &self.opts.host, lease, filter: &self.opts.filter, avoid: &avoid, records: &self.records }, &mut pick, None).await {
                         Ok(Some(claim)) => {
                             claim_errors = 0;
+                            self.stats.claimed(asked.elapsed());
                             log::info!("pool: claimed {} (token {})", claim.name(), claim.token);
                             self.held.insert((claim.box_name.clone(), claim.device.clone()), claim.clone());
                             let _ = self.events.send(HostEvent::Claimed { claim, lease });
                         }
                         Ok(None) => {}
                         Err(e) => {
+                            self.stats.etcd_error();
                             if claim_errors.is_multiple_of(25) {
                                 log::warn!("pool: no new claim: {e}");
                             }
@@ -367,13 +390,17 @@ impl HostAgentState {
         let mut left = Vec::new();
         for c in claims {
             match release(client, &self.cfg, &c, None).await {
-                Ok(deleted) => log::info!(
-                    "pool: released {} (token {}){}",
-                    c.name(),
-                    c.token,
-                    if deleted { "" } else { ": it was no longer held" }
-                ),
+                Ok(deleted) => {
+                    self.stats.released(1);
+                    log::info!(
+                        "pool: released {} (token {}){}",
+                        c.name(),
+                        c.token,
+                        if deleted { "" } else { ": it was no longer held" }
+                    )
+                }
                 Err(e) => {
+                    self.stats.etcd_error();
                     log::warn!("pool: releasing {}: {e}", c.name());
                     left.push(c);
                 }

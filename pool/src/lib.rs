@@ -35,6 +35,7 @@ mod keys;
 pub mod pki;
 mod records;
 mod security;
+mod stats;
 pub mod storm;
 
 pub use box_agent::{BoxAgent, ClaimTable};
@@ -51,3 +52,4 @@ pub use keys::{Keys, valid_name};
 pub use records::{BoxRecord, ClaimRecord, DeviceRecord, DrainRecord, RevocationRecord};
 pub(crate) use records::{decode, encode, unix_now, unix_now_nanos, warn_bad_record};
 pub use security::{EtcdSecurity, SecurityError};
+pub use stats::{AgentCounts, AgentStats};
