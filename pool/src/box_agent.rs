@@ -386,15 +386,7 @@ impl BoxAgentState {
         let cfg = self.cfg.clone();
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
-        let lease = client
-            .lease_grant(ttl)
-            .await
-            .map_err(|e| {
-                self.stats.etcd_error();
-                etcd_error(&cfg, "granting a lease", e)
-            })?
-            .id();
-        self.stats.lease();
+        let lease = self.stats.grant_lease(&mut client, &cfg).await?;
         if let Err(e) = self.register(&mut client, lease).await {
             // Nothing of ours lives under it.
             let _ = client.lease_revoke(lease).await;

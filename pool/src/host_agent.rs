@@ -253,15 +253,7 @@ impl HostAgentState {
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl;
         let asked = Instant::now();
-        let lease = client
-            .lease_grant(ttl.as_secs() as i64)
-            .await
-            .map_err(|e| {
-                self.stats.etcd_error();
-                etcd_error(&cfg, "granting a lease", e)
-            })?
-            .id();
-        self.stats.lease();
+        let lease = self.stats.grant_lease(&mut client, &cfg).await?;
         // The TTL runs at etcd from when it granted the lease, which is after `asked`.
         self.set_deadline(Some((lease, asked + ttl - fence_margin(ttl))));
         log::info!("pool: host {} holds lease {lease:x} ({} s)", self.opts.host, ttl.as_secs());
