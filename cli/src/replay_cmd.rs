@@ -76,18 +76,26 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Comparison, 
     Ok(lab::compare::compare(trace, &opts, progress)?)
 }
 
+/// `key` (the median), `key_min` and `key_max`: a spread over runs, as every command gives one.
+fn spread_keys(m: &mut serde_json::Map<String, Value>, key: &str, s: Spread) {
+    m.insert(key.to_string(), json!(s.median));
+    m.insert(format!("{key}_min"), json!(s.min));
+    m.insert(format!("{key}_max"), json!(s.max));
+}
+
 fn side_json(s: &Side) -> Value {
-    let ms = |f: &dyn Fn(&ReplayRun) -> f64| {
-        let sp = spread(&s.runs, |r| f(r) / 1e6);
-        json!({"median": sp.median, "min": sp.min, "max": sp.max})
-    };
-    json!({
-        "job_ms": ms(&|r| r.job_ns),
-        "gpu_span_ms": ms(&|r| r.gpu_span_ns),
-        "fetch_wait_ms": ms(&|r| r.fetch_wait_ns),
-        "copy_extra_ms": ms(&|r| r.copy_extra_ns),
-        "sync_notify_ms": ms(&|r| r.sync_notify_ns),
-        "host_late_ms": ms(&|r| r.host_late_ns),
+    let mut m = serde_json::Map::new();
+    for (key, f) in [
+        ("job_seconds", (|r: &ReplayRun| r.job_ns) as fn(&ReplayRun) -> f64),
+        ("gpu_span_seconds", |r| r.gpu_span_ns),
+        ("fetch_wait_seconds", |r| r.fetch_wait_ns),
+        ("copy_extra_seconds", |r| r.copy_extra_ns),
+        ("sync_notify_seconds", |r| r.sync_notify_ns),
+        ("host_late_seconds", |r| r.host_late_ns),
+    ] {
+        spread_keys(&mut m, key, spread(&s.runs, |r| f(r) / 1e9));
+    }
+    let Value::Object(rest) = json!({
         "rtt_us": s.rtt.as_secs_f64() * 1e6,
         "posted_write_us": s.write_ns / 1e3,
         "fence_rtt_us": s.fence_rtt.as_secs_f64() * 1e6,
@@ -99,28 +107,31 @@ fn side_json(s: &Side) -> Value {
         // landed and found their own.
         "copies_made": s.runs.last().map(|r| [r.copies_made.0, r.copies_made.1]),
         "copies_checked": s.runs.last().map(|r| [r.copies_checked.0, r.copies_checked.1]),
-    })
+    }) else {
+        unreachable!("an object")
+    };
+    m.extend(rest);
+    Value::Object(m)
 }
 
 fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
-    let d = spread(&r.direct.runs, |r| r.job_ns / 1e6);
-    let b = spread(&r.bridged.runs, |r| r.job_ns / 1e6);
+    let d = spread(&r.direct.runs, |r| r.job_ns / 1e9);
+    let b = spread(&r.bridged.runs, |r| r.job_ns / 1e9);
     let o = Spread::of(r.overheads.iter().copied());
     let predicted_overhead = r.predicted_overhead_percent();
     let mut m = trace_json(&args.trace.display().to_string(), &r.trace);
     m.insert("plan".into(), plan_json(&r.plan));
     m.insert("copies_capped".into(), json!(r.bridged.runs.first().map_or(0, |run| run.copies_capped)));
     m.insert("repeat".into(), json!(args.repeat));
-    m.insert("direct_ms".into(), json!(d.median));
-    m.insert("bridged_ms".into(), json!(b.median));
-    m.insert("overhead_percent".into(), json!(o.median));
-    m.insert("overhead_percent_min".into(), json!(o.min));
-    m.insert("overhead_percent_max".into(), json!(o.max));
-    let t = Spread::of(r.overheads_against_trace().into_iter());
-    m.insert("trace_job_ms".into(), json!(r.trace_job_ns / 1e6));
-    m.insert(
-        "overhead_against_trace_percent".into(),
-        json!({"median": t.median, "min": t.min, "max": t.max}),
+    // The job's time in seconds and every spread as siblings, as loopback and bench model give them.
+    spread_keys(&mut m, "direct_seconds", d);
+    spread_keys(&mut m, "bridged_seconds", b);
+    spread_keys(&mut m, "overhead_percent", o);
+    m.insert("trace_job_seconds".into(), json!(r.trace_job_ns / 1e9));
+    spread_keys(
+        &mut m,
+        "overhead_against_trace_percent",
+        Spread::of(r.overheads_against_trace().into_iter()),
     );
     let f = &r.faithfulness;
     m.insert("faithful".into(), json!(f.faithful()));
@@ -136,8 +147,8 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
     m.insert(
         "model".into(),
         json!({
-            "predicted_direct_ms": r.predicted_direct.job_ns / 1e6,
-            "predicted_bridged_ms": r.predicted_bridged.job_ns / 1e6,
+            "predicted_direct_seconds": r.predicted_direct.job_ns / 1e9,
+            "predicted_bridged_seconds": r.predicted_bridged.job_ns / 1e9,
             "predicted_overhead_percent": predicted_overhead,
             "added": added_json(&r.predicted_bridged.added),
             "link": {"added_rtt_us": r.link.rtt_ns / 1e3, "submit_us": r.link.submit_ns() / 1e3,

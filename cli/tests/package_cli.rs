@@ -182,6 +182,7 @@ fn the_convention_check_finds_each_kind_of_break() {
         "session": "0x0000beef", "since_unix_seconds": 1.8e9, "tlps": {"MRd64": 4}, "aead_ns": {"64": 1.5},
         "rtt_samples": 5, "loss_ratio": 0.01, "tlps_per_datagram": 1.5, "items": [{"h2d_bytes_per_s": 1e9}],
         "register_reads": u64::MAX, "lease": "694d8b1c2f3e4a55",
+        "overhead_percent": 1.0, "overhead_percent_min": 0.5, "overhead_percent_max": 2.0,
     });
     assert!(!breaks(good));
     for bad in [
@@ -195,6 +196,10 @@ fn the_convention_check_finds_each_kind_of_break() {
         json!({"since_unix_seconds": 12.0}),
         json!({"items": [{"loss": 0.5}]}),
         json!({"lease": 7_587_888_889_962_134_533u64}),
+        // One shape of spread, the job's time in one unit.
+        json!({"job_seconds": {"median": 1.0, "min": 0.5, "max": 2.0}}),
+        json!({"overhead_percent_min": 0.5, "overhead_percent_max": 2.0}),
+        json!({"direct_ms": 1.5}),
     ] {
         assert!(breaks(bad.clone()), "{bad} passed");
     }

@@ -303,32 +303,7 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     });
     until("its socket comes back", Duration::from_secs(10), || sock.exists());
     assert!(h.log().contains("removed"), "{}", h.log());
-    // Both agents' series: the host's two claims and their time, a release, its device up;
-    // the box's lease kept alive. (The TTL is 2 s: a renewal every 0.67 s.)
-    let scrape = |s: &Path| -> String {
-        let out = dxpu().args(["ctl", "--json", "--socket"]).arg(s).arg("metrics").output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v.as_str()
-            .map(str::to_string)
-            .or_else(|| v["result"].as_str().map(str::to_string))
-            .unwrap_or_else(|| panic!("{v}"))
-    };
-    let value = |text: &str, series: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
-    };
-    let hm = scrape(&ctl_sock);
-    assert!(value(&hm, "dxpu_pool_claims_total{role=\"host\"}") >= 2.0, "{hm}");
-    assert!(value(&hm, "dxpu_pool_claim_seconds_total{role=\"host\"}") > 0.0, "{hm}");
-    assert!(value(&hm, "dxpu_pool_releases_total{role=\"host\"}") >= 1.0, "{hm}");
-    assert!(value(&hm, "dxpu_pool_leases_total{role=\"host\"}") >= 1.0, "{hm}");
-    assert!(value(&hm, "dxpu_pool_lease_renewals_total{role=\"host\"}") >= 1.0, "{hm}");
-    assert_eq!(value(&hm, "dxpu_device_up{device=\"box-v/gpu0\"}"), 1.0, "{hm}");
-    let bm = scrape(&box_sock);
-    assert!(value(&bm, "dxpu_pool_lease_renewals_total{role=\"box\"}") >= 1.0, "{bm}");
-    assert_eq!(value(&bm, "dxpu_pool_fences_total{role=\"box\"}"), 0.0, "{bm}");
+    pool_series(&ctl_sock, &box_sock);
     watch.kill();
     let changes: Vec<serde_json::Value> = std::fs::read_to_string(&watch_out)
         .unwrap()
@@ -346,6 +321,35 @@ fn a_claimed_device_gets_its_vfio_user_socket_loses_it_when_revoked_and_watch_sh
     assert_eq!(&claims[..3], &[("put", "host-a"), ("delete", "host-a"), ("put", "host-a")], "{changes:?}");
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Both pool agents' series: the host's two claims and their time, a release, its device up;
+/// the box's lease kept alive. (The TTL is 2 s: a renewal every 0.67 s.)
+fn pool_series(ctl_sock: &Path, box_sock: &Path) {
+    let scrape = |s: &Path| -> String {
+        let out = dxpu().args(["ctl", "--json", "--socket"]).arg(s).arg("metrics").output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_str()
+            .map(str::to_string)
+            .or_else(|| v["result"].as_str().map(str::to_string))
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+    };
+    let hm = scrape(ctl_sock);
+    assert!(value(&hm, "dxpu_pool_claims_total{role=\"host\"}") >= 2.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_claim_seconds_total{role=\"host\"}") > 0.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_releases_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_leases_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert!(value(&hm, "dxpu_pool_lease_renewals_total{role=\"host\"}") >= 1.0, "{hm}");
+    assert_eq!(value(&hm, "dxpu_device_up{device=\"box-v/gpu0\"}"), 1.0, "{hm}");
+    let bm = scrape(box_sock);
+    assert!(value(&bm, "dxpu_pool_lease_renewals_total{role=\"box\"}") >= 1.0, "{bm}");
+    assert_eq!(value(&bm, "dxpu_pool_fences_total{role=\"box\"}"), 0.0, "{bm}");
 }
 
 /// SIGHUP (what `systemctl reload` sends) to a pool box and a pool host: each keeps running

@@ -287,6 +287,10 @@ const QUANTITY_TOKENS: &[&str] = &[
     "rss",
     "loss",
 ];
+/// The job's times, given as `…_seconds` by every command that measures a job.
+const JOB_TIMES: &[&str] =
+    &["direct", "bridged", "job", "trace_job", "predicted_direct", "predicted_bridged"];
+
 /// Keys whose objects are keyed by data (TLP kinds, devices' names, reasons), not by names.
 const DATA_MAPS: &[&str] = &[
     "tlps",
@@ -314,6 +318,28 @@ fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
     let tokens: Vec<&str> = key.split('_').collect();
     match v {
         Value::Object(m) => {
+            // A spread over runs is `key` (the median), `key_min` and `key_max`, in every
+            // command: not an object of its own, and never a bound without its median.
+            if m.contains_key("median") && (m.contains_key("min") || m.contains_key("max")) {
+                bad.push(format!(
+                    "{path}: a spread is `{key}`, `{key}_min`, `{key}_max` beside each other, not an object"
+                ));
+            }
+            for k in m.keys() {
+                let stem = k.strip_suffix("_min").or_else(|| k.strip_suffix("_max"));
+                if stem.is_some_and(|s| !m.contains_key(s)) {
+                    bad.push(format!(
+                        "{path}.{k}: a spread's bound stands beside its median (`{}`)",
+                        stem.unwrap_or("")
+                    ));
+                }
+                // The job's time is the same idea in every command: seconds.
+                if let Some(s) = k.strip_suffix("_ms")
+                    && JOB_TIMES.contains(&s)
+                {
+                    bad.push(format!("{path}.{k}: the job's time is `{s}_seconds` in every command"));
+                }
+            }
             for (k, child) in m {
                 let p = format!("{path}.{k}");
                 let data = how == Keyed::Name && (DATA_MAPS.contains(&key) || key.starts_with("tlps"));
