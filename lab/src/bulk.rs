@@ -47,7 +47,7 @@ pub fn direct_copies(bytes: usize, repeat: u32) -> Result<Copied, LabError> {
     timed_copies(&mut d, &buf, repeat, &no_spin)
 }
 
-/// One copy each way, as [`pinned_copy`] measured it.
+/// One copy each way, as [`bridged_copies`] and [`direct_copies`] measure it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Copied {
     /// MB/s host→device.
