@@ -227,6 +227,9 @@ fn loopback_json_report_has_its_keys() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     conventional("loopback", &v);
     assert_eq!(v["verified"], true);
+    // Progress on standard error, as docs/cli.md says, with the object alone on standard output.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("demo: 3 runs each way") && said.contains("demo: verified"), "{said}");
     assert!(v["tlps"]["MRd64"].as_u64().unwrap() > 0);
     assert!(v["tlps"]["CplD"].as_u64().unwrap() > 0);
     let p50 = v["mmio_read_rtt_us"]["p50"].as_f64().unwrap();

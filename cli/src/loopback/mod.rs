@@ -183,10 +183,9 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
 
 /// What `dxpu loopback` says while it runs, on standard error: every step with `--verbose`;
 /// else on a terminal a bar that shows the workload, the run and the step, cleared before
-/// the report; else (a log, a pipe) a line as each workload starts and ends; nothing with
-/// `--json`.
+/// the report; else (a log, a pipe) a line as each workload starts and ends — with `--json`
+/// as without it.
 enum Steps {
-    Quiet,
     Every(Instant),
     Bar(indicatif::ProgressBar),
     Lines(Instant),
@@ -195,10 +194,9 @@ enum Steps {
 impl Steps {
     fn new(args: &LoopbackArgs, start: Instant) -> Steps {
         use std::io::IsTerminal;
+        // With --json too: the object goes to standard output, the progress to standard error.
         if args.verbose {
             Steps::Every(start)
-        } else if args.json {
-            Steps::Quiet
         } else if std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new_spinner();
             bar.set_style(
@@ -222,7 +220,7 @@ impl Steps {
                     w.name()
                 )
             }
-            Steps::Quiet | Steps::Every(_) => {}
+            Steps::Every(_) => {}
         }
     }
 
@@ -230,7 +228,7 @@ impl Steps {
         match self {
             Steps::Every(t) => eprintln!("[{:6.2} s] {m}", t.elapsed().as_secs_f64()),
             Steps::Bar(b) => b.set_message(m.to_string()),
-            Steps::Quiet | Steps::Lines(_) => {}
+            Steps::Lines(_) => {}
         }
     }
 
