@@ -107,6 +107,9 @@ fn side_json(s: &Side) -> Value {
         // landed and found their own.
         "copies_made": s.runs.last().map(|r| [r.copies_made.0, r.copies_made.1]),
         "copies_checked": s.runs.last().map(|r| [r.copies_checked.0, r.copies_checked.1]),
+        // What the device's copy engines counted moving in the last run, each way: the
+        // copies' bytes, or the run failed its verification.
+        "copied_bytes": s.runs.last().map(|r| [r.bytes_copied.0, r.bytes_copied.1]),
     }) else {
         unreachable!("an object")
     };

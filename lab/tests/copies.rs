@@ -17,11 +17,15 @@ use testbed::concurrent::ConcurrentAttach;
 const T0: u64 = 1_700_000_000_000_000;
 
 /// A platform that flips a byte of what the host writes to, or reads from, its own memory:
-/// of writes of at least `writes_from` bytes, of reads of exactly `reads_of`.
+/// of writes of at least `writes_from` bytes, of reads of exactly `reads_of`; and whose
+/// device's count of bytes copied to host memory falls `short` behind at each reading (as a
+/// device that moved less than it was asked would).
 struct Corrupting<P> {
     inner: P,
     writes_from: usize,
     reads_of: usize,
+    short: u64,
+    counted: u64,
 }
 
 impl<P: PciFunction> PciFunction for Corrupting<P> {
@@ -32,7 +36,12 @@ impl<P: PciFunction> PciFunction for Corrupting<P> {
         self.inner.config_write(offset, value)
     }
     fn mmio_read(&mut self, addr: BusAddr, len: usize) -> u64 {
-        self.inner.mmio_read(addr, len)
+        let v = self.inner.mmio_read(addr, len);
+        if addr.0 % simgpu_abi::BAR0_SIZE == simgpu_abi::reg::COPIED_TO_HOST {
+            self.counted += 1;
+            return v.saturating_sub(self.short * self.counted);
+        }
+        v
     }
     fn mmio_write(&mut self, addr: BusAddr, len: usize, value: u64) {
         self.inner.mmio_write(addr, len, value)
@@ -74,14 +83,26 @@ impl<P: PciFunction> PciFunction for Corrupting<P> {
     }
 }
 
-fn device(writes_from: usize, reads_of: usize) -> SimGpuDriver<Corrupting<ConcurrentAttach<SimGpu>>> {
+fn device(
+    writes_from: usize,
+    reads_of: usize,
+    short: u64,
+) -> SimGpuDriver<Corrupting<ConcurrentAttach<SimGpu>>> {
     let dev = SimGpu::new(tlp::Bdf::new(1, 0, 0), SimGpuParams::default());
     let inner = ConcurrentAttach::new(dev, 256 << 20).unwrap();
-    SimGpuDriver::open(Corrupting { inner, writes_from, reads_of }).unwrap()
+    SimGpuDriver::open(Corrupting { inner, writes_from, reads_of, short, counted: 0 }).unwrap()
 }
 
 fn replay(plan: &Plan, writes_from: usize, reads_of: usize, runs: usize) -> Result<ReplayRun, ReplayError> {
-    let mut d = device(writes_from, reads_of);
+    replay_short(plan, (writes_from, reads_of, 0), runs)
+}
+
+fn replay_short(
+    plan: &Plan,
+    (writes_from, reads_of, short): (usize, usize, u64),
+    runs: usize,
+) -> Result<ReplayRun, ReplayError> {
+    let mut d = device(writes_from, reads_of, short);
     let mut r = Replayer::new(&mut d, plan)?;
     let mut last = r.run(&mut d, plan);
     for _ in 1..runs {
@@ -129,6 +150,21 @@ fn every_copy_in_and_each_copy_out_waited_for_is_read_back_its_own() {
     let run = replay(&plan, usize::MAX, usize::MAX, 3).unwrap();
     assert_eq!(run.copies_made, (ins.len(), outs.len()));
     assert_eq!(run.copies_checked, (ins.len(), outs.len()), "{run:?}");
+    // The device's own count of the bytes its copy engines moved, each way.
+    assert_eq!(run.bytes_copied, (ins.iter().sum::<u64>(), outs.iter().sum::<u64>()));
+}
+
+#[test]
+fn a_device_that_moved_fewer_bytes_than_the_copies_is_refused() {
+    let plan = Plan::of(&copies(&[1 << 20], &[1 << 20, 4096]));
+    match replay_short(&plan, (usize::MAX, usize::MAX, 4096), 1) {
+        Err(ReplayError::Verification(why)) => assert!(
+            why.contains("copy engines moved 1048576 bytes to VRAM")
+                && why.contains("the run's copies are 1048576 and 1052672"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

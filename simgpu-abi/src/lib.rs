@@ -44,6 +44,12 @@ pub mod reg {
     pub const COMPLETED: u64 = 0x058;
     /// RO: the number of command channels ([`super::CHANNELS`]).
     pub const CHANNELS: u64 = 0x060;
+    /// RO: bytes the copy engines moved from host memory into VRAM since reset, counted as
+    /// they land (each read's completion written into VRAM), every channel together.
+    pub const COPIED_TO_VRAM: u64 = 0x068;
+    /// RO: bytes the copy engines sent from VRAM to host memory since reset (the writes
+    /// posted), every channel together.
+    pub const COPIED_TO_HOST: u64 = 0x070;
 }
 
 /// Command channels: each has a block of registers at [`chreg::BASE`] + channel ×

@@ -335,6 +335,7 @@ impl SimGpu {
             Cp::CopyOut { next_vram, end_vram, host_at_next } => {
                 let n = (end_vram - next_vram).min(COPY_OUT_STEP) as usize;
                 self.dma_write(host_at_next, DmaSource::Vram(next_vram), n);
+                self.regs.copied_to_host += n as u64;
                 let next_vram = next_vram + n as u64;
                 if next_vram >= end_vram {
                     self.finish_command(ch);

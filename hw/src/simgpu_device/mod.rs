@@ -265,6 +265,9 @@ struct Regs {
     int_status: u64,
     fence: u64,
     completed: u64,
+    /// Bytes the copy engines landed in VRAM and sent to host memory (`reg::COPIED_TO_*`).
+    copied_to_vram: u64,
+    copied_to_host: u64,
 }
 
 impl SimGpu {
@@ -329,6 +332,8 @@ impl SimGpu {
             reg::VRAM_SIZE => self.vram.size(),
             reg::COMPLETED => self.regs.completed,
             reg::CHANNELS => CHANNELS as u64,
+            reg::COPIED_TO_VRAM => self.regs.copied_to_vram,
+            reg::COPIED_TO_HOST => self.regs.copied_to_host,
             _ => 0,
         }
     }
@@ -684,7 +689,10 @@ impl Device for SimGpu {
                 let end = (at + bytes.len()).min(self.ch[ch].fetched.len());
                 self.ch[ch].fetched[at..end].copy_from_slice(&bytes[..end - at]);
             }
-            ReadPurpose::Copy { .. } => self.write_vram(o.next, bytes),
+            ReadPurpose::Copy { .. } => {
+                self.write_vram(o.next, bytes);
+                self.regs.copied_to_vram += bytes.len() as u64;
+            }
         }
         o.next += n;
         o.remaining -= n;

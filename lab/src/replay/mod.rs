@@ -85,6 +85,10 @@ pub struct ReplayRun {
     /// Of those, the copies whose bytes were read back where they landed and found their
     /// own (a copy's place taken by a later copy before it could be read is not): each way.
     pub copies_checked: (usize, usize),
+    /// Bytes the device's copy engines counted moving (host → VRAM, VRAM → host) during the
+    /// run (`reg::COPIED_TO_VRAM`, `reg::COPIED_TO_HOST`): each way the copies' bytes, or
+    /// the run fails verification.
+    pub bytes_copied: (u64, u64),
 }
 
 /// Channels the replay gives streams (all but the driver's channel 0): a trace with more
@@ -163,6 +167,7 @@ impl Replayer {
         // fence first.
         d.sync(WaitMode::Poll).map_err(driver("the fence before the replay"))?;
         let mut run = Replaying::new(self, plan);
+        run.copied_before = copied(d);
         run.go(d)?;
         let out = run.measure(d);
         self.sem_base += na as u64 + 1;
@@ -186,6 +191,12 @@ impl Replayer {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// The device's count of the bytes its copy engines moved, host → VRAM and VRAM → host
+/// (`reg::COPIED_TO_VRAM`, `reg::COPIED_TO_HOST`).
+fn copied<P: PciFunction>(d: &mut SimGpuDriver<P>) -> (u64, u64) {
+    (d.read_reg(simgpu_abi::reg::COPIED_TO_VRAM), d.read_reg(simgpu_abi::reg::COPIED_TO_HOST))
 }
 
 /// One replay in progress.
@@ -214,6 +225,10 @@ struct Replaying<'a> {
     /// Copies in and out submitted so far; each copy's place and bytes; the copy out last
     /// given each place in host memory.
     copies_made: (u64, u64),
+    /// The bytes of the copies submitted, each way.
+    bytes_submitted: (u64, u64),
+    /// The device's count of bytes its copy engines moved, each way, before the run ([`copied`]).
+    copied_before: (u64, u64),
     copy_at: Vec<Option<CopyAt>>,
     out_given: [Option<usize>; OUT_PLACES],
     /// Copies checked where they landed, each way; what was wrong with any.
@@ -282,6 +297,8 @@ impl<'a> Replaying<'a> {
             seq: vec![0; plan.activities.len()],
             chan_seq: [0; CHANNELS],
             copies_made: (0, 0),
+            bytes_submitted: (0, 0),
+            copied_before: (0, 0),
             copy_at: vec![None; plan.activities.len()],
             out_given: [None; OUT_PLACES],
             copies_checked: (0, 0),
@@ -554,12 +571,14 @@ impl<'a> Replaying<'a> {
             Some((k, bytes)) if to_device(k) => {
                 let c = r.copies.at(r.runs, a, self.copies_made.0, bytes, true);
                 self.copies_made.0 += 1;
+                self.bytes_submitted.0 += c.n;
                 self.copy_at[a] = Some(c);
                 r.copies.command_in(&c, dur)
             }
             Some((_, bytes)) => {
                 let c = r.copies.at(r.runs, a, self.copies_made.1, bytes, false);
                 self.copies_made.1 += 1;
+                self.bytes_submitted.1 += c.n;
                 self.copy_at[a] = Some(c);
                 self.out_given[r.copies.place_out(&c)] = Some(a);
                 r.copies.command_out(&c, dur)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use driver::{PciFunction, SimGpuDriver, WaitMode};
 
 use super::{
-    MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Replaying, copy_bytes, driver, to_device,
+    MAX_COPY_BYTES, RATE_COPY_BYTES, ReplayError, ReplayRun, Replaying, copied, copy_bytes, driver, to_device,
 };
 use crate::plan::Stated;
 
@@ -18,6 +18,10 @@ impl Replaying<'_> {
     ) -> Result<ReplayRun, ReplayError> {
         let plan = self.plan;
         let words: Vec<(u64, u64, u64)> = (0..plan.activities.len()).map(|a| self.word(d, a)).collect();
+        // Every activity has released its word (or is a problem below): the device's count of
+        // what its copy engines moved, before the checks' own read-backs add to it.
+        let (after, before) = (copied(d), self.copied_before);
+        let bytes_copied = (after.0.wrapping_sub(before.0), after.1.wrapping_sub(before.1));
         let (first, origin) = (self.first, self.origin);
         let trace_t = move |real: u64| first as f64 + real.saturating_sub(origin) as f64;
         let mut problems = Vec::new();
@@ -89,6 +93,13 @@ impl Replaying<'_> {
                 Stated::Activity { .. } => {}
             }
         }
+        if bytes_copied != self.bytes_submitted {
+            problems.push(format!(
+                "the device's copy engines moved {} bytes to VRAM and {} to host memory; the run's copies are {} and {}",
+                bytes_copied.0, bytes_copied.1, self.bytes_submitted.0, self.bytes_submitted.1
+            ));
+        }
+        out.bytes_copied = bytes_copied;
         problems.extend(self.check_copies(d, &words)?);
         out.copies_checked = self.copies_checked;
         out.copies_made = (self.copies_made.0 as usize, self.copies_made.1 as usize);
