@@ -169,6 +169,7 @@ impl HostFile {
                         &format!("its directory {} does not exist", dir.display()),
                     ));
                 }
+                super::check_writable(&name, p, dir)?;
                 if out.iter().any(|(_, s)| s.as_ref().is_some_and(|s| s.path == *p)) {
                     return Err(bad(&name, p.display(), "another [[attach]] is served on it already"));
                 }

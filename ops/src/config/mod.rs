@@ -482,6 +482,23 @@ fn warn_if_others_can_read(key_name: &str, f: &Path) {
 /// The user the packaged services run as (packaging/dxpu-*.service).
 pub const SERVICE_USER: &str = "dxpu";
 
+/// Whether this process may make `path` in `dir` (write and enter it): said as `key`'s
+/// error, with who runs and who the packaged services run as, where it may not.
+pub(crate) fn check_writable(key: &str, path: &Path, dir: &Path) -> Result<(), ConfigError> {
+    let wx = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
+    rustix::fs::access(dir, wx).map_err(|e| {
+        bad(
+            key,
+            path.display(),
+            &format!(
+                "its directory {} is not this process's to write ({e}): it runs as {}; the packaged services run as user {SERVICE_USER}, whose units make their own directories under /run/dxpu at start",
+                dir.display(),
+                running_as()
+            ),
+        )
+    })
+}
+
 /// Who this process runs as: `uid N (name)`.
 pub fn running_as() -> String {
     let uid = rustix::process::geteuid().as_raw();

@@ -424,3 +424,20 @@ fn a_file_refused_for_permission_says_who_runs_and_what_to_do() {
     let e = std::io::Error::from(std::io::ErrorKind::NotFound);
     assert_eq!(with_user_hint(&e, std::path::Path::new("/x")), e.to_string());
 }
+
+#[test]
+fn a_vfio_user_socket_in_a_directory_this_process_cannot_write_is_refused_saying_who_runs() {
+    // A directory no process may write: /proc/sys is mounted read-only in containers.
+    let dir = std::path::Path::new("/proc/sys");
+    if rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_ok() {
+        eprintln!("skipped: /proc/sys is writable here; no read-only directory to try");
+        return;
+    }
+    let f: HostFile = toml::from_str(&format!(
+        "[[attach]]\nserver = \"127.0.0.1:7440\"\ndevice = \"gpu0\"\nkey = \"{KEY}\"\nvfio_user_socket = \"/proc/sys/gpu0.sock\""
+    ))
+    .unwrap();
+    let e = f.attachments(None).unwrap_err().to_string();
+    assert!(e.contains("attach[0].vfio_user_socket") && e.contains("not this process's to write"), "{e}");
+    assert!(e.contains("runs as uid") && e.contains("user dxpu"), "{e}");
+}
