@@ -183,6 +183,7 @@ fn the_convention_check_finds_each_kind_of_break() {
         "rtt_samples": 5, "loss_ratio": 0.01, "tlps_per_datagram": 1.5, "items": [{"h2d_bytes_per_s": 1e9}],
         "register_reads": u64::MAX, "lease": "694d8b1c2f3e4a55",
         "overhead_percent": 1.0, "overhead_percent_min": 0.5, "overhead_percent_max": 2.0,
+        "rtt_p50_le_us": 16, "mmio_read_p99_le_ns": 1024, "mmio_read_rtt_us": {"p50": 7.5, "p99": 9.0},
     });
     assert!(!breaks(good));
     for bad in [
@@ -200,6 +201,7 @@ fn the_convention_check_finds_each_kind_of_break() {
         json!({"job_seconds": {"median": 1.0, "min": 0.5, "max": 2.0}}),
         json!({"overhead_percent_min": 0.5, "overhead_percent_max": 2.0}),
         json!({"direct_ms": 1.5}),
+        json!({"mmio_read_p50_ns": 512}),
     ] {
         assert!(breaks(bad.clone()), "{bad} passed");
     }

@@ -137,7 +137,7 @@ pub fn host_stats_json(s: &HostStats) -> Value {
         "unclaimed_mmio": s.unclaimed_mmio, "malformed_tlps": s.malformed_tlps,
         "datagrams_too_large": s.datagrams_too_large,
         "mmio_reads": s.mmio_reads.count(),
-        "mmio_read_p50_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_ns": s.mmio_reads.quantile_ns(0.99),
+        "mmio_read_p50_le_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_le_ns": s.mmio_reads.quantile_ns(0.99),
         "link": link_json(&s.link),
     })
 }

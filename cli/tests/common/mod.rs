@@ -361,6 +361,16 @@ fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
             }
         }
         Value::Number(n) => {
+            // The endpoints' round trips and register reads are counted in power-of-two
+            // buckets: a percentile of them is a bucket's upper edge, and its key says so.
+            let percentile = tokens
+                .iter()
+                .any(|t| t.len() > 1 && t.starts_with('p') && t[1..].chars().all(|c| c.is_ascii_digit()));
+            if percentile && tokens.iter().any(|t| *t == "rtt" || *t == "mmio") && !tokens.contains(&"le") {
+                bad.push(format!(
+                    "{path} = {n}: a bucket's upper edge says so: `_pNN_le_<unit>` (docs/cli.md)"
+                ));
+            }
             let integer = n.is_u64() || n.is_i64();
             // JSON readers hold numbers as doubles: an ID past 2^53 (a 64-bit lease, a seed)
             // comes out changed (`jq` printed …5700 for a lease …5485); such an ID is a
