@@ -267,3 +267,72 @@ fn the_version_names_the_commit() {
     };
     assert_eq!(v, format!("dxpu {} (commit {commit})", env!("CARGO_PKG_VERSION")));
 }
+
+/// Every error docs/troubleshooting.md quotes (its tables' first column, in backquotes) is
+/// what the code says: each stretch of it between the page's example values (an address, a
+/// device or host name, `…`) is found in the sources' string literals.
+#[test]
+fn the_troubleshooting_page_quotes_the_errors_as_the_code_says_them() {
+    let page = std::fs::read_to_string(repo().join("docs/troubleshooting.md")).unwrap();
+    let mut sources = String::new();
+    for dir in ["ops/src", "bridge-host/src", "bridge-gpu/src", "link/src", "pool/src", "cli/src", "hw/src"] {
+        collect(&repo().join(dir), &mut sources);
+    }
+    // String literals continued over lines (`\` at a line's end) read as one line.
+    let mut joined = String::new();
+    let mut lines = sources.lines().peekable();
+    while let Some(l) = lines.next() {
+        match l.strip_suffix('\\') {
+            Some(head) => {
+                joined.push_str(head);
+                if let Some(next) = lines.peek_mut() {
+                    *next = next.trim_start();
+                }
+            }
+            None => {
+                joined.push_str(l);
+                joined.push('\n');
+            }
+        }
+    }
+    let mut quoted = 0;
+    let mut missing = Vec::new();
+    for line in page.lines().filter(|l| l.starts_with("| `")) {
+        let Some(text) = line[3..].split('`').next() else { continue };
+        let mut rest = text.to_string();
+        for example in ["10.0.0.7:7440", "gpu0", "host-a", "host-b", "5s", " N ", "…"] {
+            rest = rest.replace(example, "\u{0}");
+        }
+        // Each stretch less the punctuation that joins it to an example value (`: `, `'`).
+        let trim = |p: &str| p.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != ')').to_string();
+        // A stretch is taken clause by clause (`: ` joins what the code formats from parts);
+        // a clause's first word may be the code's (`it {why}`, where `why` says the rest).
+        let clauses: Vec<String> =
+            rest.split('\u{0}').flat_map(|p| p.split(": ").map(trim).collect::<Vec<_>>()).collect();
+        for clause in clauses.into_iter().filter(|c| c.len() >= 12) {
+            quoted += 1;
+            let tail = clause.split_once(' ').map_or("", |(_, t)| t);
+            let found = joined.contains(&clause) || (tail.len() >= 12 && joined.contains(tail));
+            if !found {
+                missing.push(format!("{clause:?} (from `{text}`)"));
+            }
+        }
+    }
+    assert!(quoted >= 10, "only {quoted} stretches quoted: has the page's table changed shape?");
+    assert!(
+        missing.is_empty(),
+        "docs/troubleshooting.md quotes what no source says:\n{}",
+        missing.join("\n")
+    );
+}
+
+fn collect(dir: &Path, out: &mut String) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            collect(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push_str(&std::fs::read_to_string(&p).unwrap());
+        }
+    }
+}
