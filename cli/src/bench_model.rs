@@ -71,16 +71,9 @@ impl Point {
 
     fn json(&self) -> Value {
         let (time, points) = self.miss();
-        json!({
+        let mut v = json!({
             "delay_us": self.delay_us,
             "rtt_us": self.rtt_us,
-            "overhead_percent": self.overhead.median,
-            "overhead_percent_min": self.overhead.min,
-            "overhead_percent_max": self.overhead.max,
-            "bridged_seconds": self.bridged.median,
-            "bridged_seconds_min": self.bridged.min,
-            "bridged_seconds_max": self.bridged.max,
-            "direct_seconds": self.direct.median,
             "predicted_overhead_percent": self.predicted_overhead,
             "predicted_bridged_seconds": self.predicted_bridged,
             "model_miss_time_percent": time,
@@ -89,7 +82,11 @@ impl Point {
             "h2d_bytes_per_s": self.link.h2d_bytes_per_s,
             "d2h_bytes_per_s": self.link.d2h_bytes_per_s,
             "profile": crate::model::profile_json(&self.profile),
-        })
+        });
+        crate::out::spread(&mut v, "overhead_percent", self.overhead);
+        crate::out::spread(&mut v, "bridged_seconds", self.bridged);
+        crate::out::spread(&mut v, "direct_seconds", self.direct);
+        v
     }
 }
 

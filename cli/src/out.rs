@@ -40,6 +40,17 @@ macro_rules! out {
 /// A table as every dxpu command prints one (docs/cli.md, *Output conventions*): the header in
 /// capitals, columns two spaces apart and as wide as their widest cell, numbers aligned right
 /// and text left, `-` for a value that is absent.
+/// A spread over runs into the object `v`, as every command gives one (docs/cli.md): the
+/// median under `key`, its bounds under `key_min` and `key_max`. Nothing where `v` is not an
+/// object.
+pub(crate) fn spread(v: &mut serde_json::Value, key: &str, s: lab::harness::Spread) {
+    if let Some(m) = v.as_object_mut() {
+        m.insert(key.to_string(), s.median.into());
+        m.insert(format!("{key}_min"), s.min.into());
+        m.insert(format!("{key}_max"), s.max.into());
+    }
+}
+
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     // A column is numeric when it holds a number and nothing else but `-`.

@@ -76,26 +76,8 @@ fn run(args: &ReplayArgs, progress: &mut dyn FnMut(&str)) -> Result<Comparison, 
     Ok(lab::compare::compare(trace, &opts, progress)?)
 }
 
-/// `key` (the median), `key_min` and `key_max`: a spread over runs, as every command gives one.
-fn spread_keys(m: &mut serde_json::Map<String, Value>, key: &str, s: Spread) {
-    m.insert(key.to_string(), json!(s.median));
-    m.insert(format!("{key}_min"), json!(s.min));
-    m.insert(format!("{key}_max"), json!(s.max));
-}
-
 fn side_json(s: &Side) -> Value {
-    let mut m = serde_json::Map::new();
-    for (key, f) in [
-        ("job_seconds", (|r: &ReplayRun| r.job_ns) as fn(&ReplayRun) -> f64),
-        ("gpu_span_seconds", |r| r.gpu_span_ns),
-        ("fetch_wait_seconds", |r| r.fetch_wait_ns),
-        ("copy_extra_seconds", |r| r.copy_extra_ns),
-        ("sync_notify_seconds", |r| r.sync_notify_ns),
-        ("host_late_seconds", |r| r.host_late_ns),
-    ] {
-        spread_keys(&mut m, key, spread(&s.runs, |r| f(r) / 1e9));
-    }
-    let Value::Object(rest) = json!({
+    let mut v = json!({
         "rtt_us": s.rtt.as_secs_f64() * 1e6,
         "posted_write_us": s.write_ns / 1e3,
         "fence_rtt_us": s.fence_rtt.as_secs_f64() * 1e6,
@@ -110,11 +92,18 @@ fn side_json(s: &Side) -> Value {
         // What the device's copy engines counted moving in the last run, each way: the
         // copies' bytes, or the run failed its verification.
         "copied_bytes": s.runs.last().map(|r| [r.bytes_copied.0, r.bytes_copied.1]),
-    }) else {
-        unreachable!("an object")
-    };
-    m.extend(rest);
-    Value::Object(m)
+    });
+    for (key, f) in [
+        ("job_seconds", (|r: &ReplayRun| r.job_ns) as fn(&ReplayRun) -> f64),
+        ("gpu_span_seconds", |r| r.gpu_span_ns),
+        ("fetch_wait_seconds", |r| r.fetch_wait_ns),
+        ("copy_extra_seconds", |r| r.copy_extra_ns),
+        ("sync_notify_seconds", |r| r.sync_notify_ns),
+        ("host_late_seconds", |r| r.host_late_ns),
+    ] {
+        crate::out::spread(&mut v, key, spread(&s.runs, |r| f(r) / 1e9));
+    }
+    v
 }
 
 fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
@@ -126,16 +115,7 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
     m.insert("plan".into(), plan_json(&r.plan));
     m.insert("copies_capped".into(), json!(r.bridged.runs.first().map_or(0, |run| run.copies_capped)));
     m.insert("repeat".into(), json!(args.repeat));
-    // The job's time in seconds and every spread as siblings, as loopback and bench model give them.
-    spread_keys(&mut m, "direct_seconds", d);
-    spread_keys(&mut m, "bridged_seconds", b);
-    spread_keys(&mut m, "overhead_percent", o);
     m.insert("trace_job_seconds".into(), json!(r.trace_job_ns / 1e9));
-    spread_keys(
-        &mut m,
-        "overhead_against_trace_percent",
-        Spread::of(r.overheads_against_trace().into_iter()),
-    );
     let f = &r.faithfulness;
     m.insert("faithful".into(), json!(f.faithful()));
     m.insert("direct_span_ratio".into(), json!(f.span_ratio));
@@ -165,7 +145,17 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
             },
         }),
     );
-    Value::Object(m)
+    // The job's time in seconds and every spread as siblings, as loopback and bench model give them.
+    let mut v = Value::Object(m);
+    crate::out::spread(&mut v, "direct_seconds", d);
+    crate::out::spread(&mut v, "bridged_seconds", b);
+    crate::out::spread(&mut v, "overhead_percent", o);
+    crate::out::spread(
+        &mut v,
+        "overhead_against_trace_percent",
+        Spread::of(r.overheads_against_trace().into_iter()),
+    );
+    v
 }
 
 fn print_report(r: &Comparison, args: &ReplayArgs) {

@@ -588,7 +588,14 @@ impl<P: PciFunction> SimGpuDriver<P> {
                 }
             }
         }
-        let Ok(pins) = <[Pinned; N]>::try_from(held) else { unreachable!("N pinned") };
+        // N pinned, one per length: the conversion holds; were it not to, all go back.
+        let pins: [Pinned; N] = match held.try_into() {
+            Ok(pins) => pins,
+            Err(held) => {
+                held.into_iter().for_each(|p| self.unpin(p));
+                return Err(on_error(DriverError::Unusable("pinned buffers: fewer than asked")));
+            }
+        };
         let out = f(self, &pins);
         pins.into_iter().for_each(|p| self.unpin(p));
         out

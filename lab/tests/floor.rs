@@ -24,7 +24,7 @@ fn streams_count_what_arrived_and_each_sides_cpu() {
         let r = match bare_gso_stream_with(8 << 20, 8972, buffers) {
             Ok(r) => r,
             // A kernel without UDP GSO/GRO refuses the options: nothing to measure there.
-            Err(e) if e.raw_os_error() == Some(libc_enoprotoopt()) => {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOPROTOOPT.raw_os_error()) => {
                 eprintln!("skipped: the kernel refused UDP GSO/GRO: {e}");
                 return;
             }
@@ -33,9 +33,4 @@ fn streams_count_what_arrived_and_each_sides_cpu() {
         assert!(r.mb_s > 0.0, "{buffers:?}: {r:?}");
         assert!(r.send_cpu_s_per_gib > 0.0 && r.receive_cpu_s_per_gib > 0.0, "{buffers:?}: {r:?}");
     }
-}
-
-/// ENOPROTOOPT, as Linux numbers it.
-fn libc_enoprotoopt() -> i32 {
-    92
 }

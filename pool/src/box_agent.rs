@@ -386,7 +386,7 @@ impl BoxAgentState {
         let cfg = self.cfg.clone();
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl.as_secs() as i64;
-        let lease = self.stats.grant_lease(&mut client, &cfg).await?;
+        let lease = crate::client::grant_lease(&mut client, &cfg, &self.stats).await?;
         if let Err(e) = self.register(&mut client, lease).await {
             // Nothing of ours lives under it.
             let _ = client.lease_revoke(lease).await;

@@ -7,6 +7,24 @@ use crate::config::PoolConfig;
 use crate::error::{PoolError, etcd_error};
 use crate::etcd;
 
+/// A lease of `cfg`'s TTL from etcd, counted in `stats` (or its error).
+pub(crate) async fn grant_lease(
+    client: &mut etcd::Client,
+    cfg: &PoolConfig,
+    stats: &crate::AgentStats,
+) -> Result<i64, PoolError> {
+    match client.lease_grant(cfg.lease_ttl.as_secs() as i64).await {
+        Ok(r) => {
+            stats.lease();
+            Ok(r.id())
+        }
+        Err(e) => {
+            stats.etcd_error();
+            Err(etcd_error(cfg, "granting a lease", e))
+        }
+    }
+}
+
 /// Connects to the cluster: requests fail after `request_timeout`, and fail rather than wait
 /// where the member has no leader (a cluster without quorum answers at once); HTTP/2 pings
 /// at etcd's pace (`etcd::KEEPALIVE_INTERVAL`).

@@ -253,7 +253,7 @@ impl HostAgentState {
         let mut client = crate::connect(&cfg).await?;
         let ttl = cfg.lease_ttl;
         let asked = Instant::now();
-        let lease = self.stats.grant_lease(&mut client, &cfg).await?;
+        let lease = crate::client::grant_lease(&mut client, &cfg, &self.stats).await?;
         // The TTL runs at etcd from when it granted the lease, which is after `asked`.
         self.set_deadline(Some((lease, asked + ttl - fence_margin(ttl))));
         log::info!("pool: host {} holds lease {lease:x} ({} s)", self.opts.host, ttl.as_secs());

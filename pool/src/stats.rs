@@ -62,24 +62,6 @@ impl AgentStats {
         self.etcd_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A lease of `cfg`'s TTL from etcd, counted (or its error).
-    pub(crate) async fn grant_lease(
-        &self,
-        client: &mut crate::etcd::Client,
-        cfg: &crate::PoolConfig,
-    ) -> Result<i64, crate::PoolError> {
-        match client.lease_grant(cfg.lease_ttl.as_secs() as i64).await {
-            Ok(r) => {
-                self.lease();
-                Ok(r.id())
-            }
-            Err(e) => {
-                self.etcd_error();
-                Err(crate::etcd_error(cfg, "granting a lease", e))
-            }
-        }
-    }
-
     /// The counters now.
     pub fn counts(&self) -> AgentCounts {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);

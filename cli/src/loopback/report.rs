@@ -10,6 +10,7 @@ use testbed::workload;
 use super::args::{BaselineArg, LoopbackArgs};
 use lab::loopback::{Outcome, tlp_totals};
 
+use crate::out::spread;
 use lab::floor::us;
 use lab::harness::Spread;
 
@@ -188,13 +189,14 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         .enumerate()
         .map(|(i, s)| {
             let (b, d) = o.step(i);
-            json!({"name": s.name, "bridged_seconds": b.median, "bridged_seconds_min": b.min,
-                   "bridged_seconds_max": b.max, "direct_seconds": d.median,
-                   "direct_seconds_min": d.min, "direct_seconds_max": d.max})
+            let mut v = json!({ "name": s.name });
+            spread(&mut v, "bridged_seconds", b);
+            spread(&mut v, "direct_seconds", d);
+            v
         })
         .collect();
     let (pred, crossing) = o.prediction();
-    json!({
+    let mut v = json!({
         "verified": true,
         "workload": o.workload.name(),
         "profile": crate::model::profile_json(&o.profile),
@@ -224,17 +226,8 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "dma_d2h_bytes_per_s": bd * 1e9 / 8.0,
         "direct_dma_h2d_bytes_per_s": dh * 1e9 / 8.0,
         "direct_dma_d2h_bytes_per_s": dd * 1e9 / 8.0,
-        "direct_seconds": direct.median,
-        "direct_seconds_min": direct.min,
-        "direct_seconds_max": direct.max,
-        "bridged_seconds": bridged.median,
-        "bridged_seconds_min": bridged.min,
-        "bridged_seconds_max": bridged.max,
         "bridged_runs_seconds": o.bridged.iter().map(|r| r.seconds).collect::<Vec<_>>(),
         "direct_runs_seconds": o.direct.iter().map(|r| r.seconds).collect::<Vec<_>>(),
-        "overhead_percent": overhead.median,
-        "overhead_percent_min": overhead.min,
-        "overhead_percent_max": overhead.max,
         "interrupts": o.host.interrupts,
         "retransmits": o.host.link.retransmits,
         "link_driver": o.driver,
@@ -251,5 +244,9 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "delay_us": args.impair.delay_us,
         "loss_ratio": args.impair.loss,
         "encrypted": args.encrypt,
-    })
+    });
+    spread(&mut v, "direct_seconds", direct);
+    spread(&mut v, "bridged_seconds", bridged);
+    spread(&mut v, "overhead_percent", overhead);
+    v
 }

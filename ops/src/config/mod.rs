@@ -515,7 +515,7 @@ pub fn with_user_hint(e: &std::io::Error, f: &Path) -> String {
         return e.to_string();
     }
     format!(
-        "{e}: this process runs as {}; the packaged services run as user {SERVICE_USER}, which must own it: `chown {SERVICE_USER}:{SERVICE_USER} {}` and mode 0600, in a directory it may enter (docs/operations.md)",
+        "{e}: this process runs as {}; the packaged services run as user {SERVICE_USER}, which must be able to read it and enter its directory: `chown {SERVICE_USER}:{SERVICE_USER} {}` (a key file: mode 0600; docs/operations.md)",
         running_as(),
         f.display()
     )
