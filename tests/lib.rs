@@ -39,6 +39,7 @@ pub fn test_link(key: PresharedKey) -> link::Config {
 
 pub fn gpu_options(listen: SocketAddr) -> GpuOptions {
     GpuOptions {
+        box_name: "box-a".into(),
         listen,
         link: test_link(key_a()),
         hosts: vec![

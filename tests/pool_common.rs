@@ -55,6 +55,7 @@ impl PoolBox {
     ) -> PoolBox {
         let listen = SocketAddr::from((ns.as_ref().map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.1), 0));
         let opts = GpuOptions {
+            box_name: name.to_string(),
             listen,
             link: test_link(host_key(HOSTS[0])),
             hosts: HOSTS.iter().map(|h| HostKey { name: h.to_string(), key: host_key(h) }).collect(),

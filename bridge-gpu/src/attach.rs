@@ -119,6 +119,12 @@ pub(crate) fn finish_attach(
         .saturating_sub(link::wire::HEADER_LEN + link::wire::FC_LEN + link::wire::TRAILER_LEN + 2 + 20);
     let max_payload =
         [4096u16, 2048, 1024, 512, 256, 128].into_iter().find(|m| *m as usize <= room).unwrap_or(128);
-    let c = Control::Attached { device: device.to_string(), box_id: e.dev.id(), max_payload, bars: e.bars };
+    let c = Control::Attached {
+        device: device.to_string(),
+        box_id: e.dev.id(),
+        max_payload,
+        bars: e.bars,
+        origin: Some(e.origin.clone()),
+    };
     reply(s, c);
 }

@@ -37,6 +37,8 @@ pub struct GpuEndpoint {
     pub(crate) hosts: HashMap<[u8; 8], String>,
     /// The hosts and their keys, in the order given (and added).
     pub(crate) keys: Vec<HostKey>,
+    /// The box's name, for the devices exported later too.
+    pub(crate) box_name: String,
     pub(crate) sessions: SessionMap<SessionInfo>,
     pub(crate) stats: GpuStats,
     /// Routes what the hosts send by class (`bridge::dispatch`), each TLP labelled with its
@@ -86,7 +88,7 @@ impl GpuEndpoint {
         }
         let mut exports = Vec::new();
         for (i, spec) in opts.exports.iter().enumerate() {
-            exports.push(Export::open(spec, i as u8 + 1)?);
+            exports.push(Export::open(spec, i as u8 + 1, &opts.box_name)?);
         }
         let mut cfg = opts.link.clone();
         cfg.psk = first.key.clone();
@@ -109,6 +111,7 @@ impl GpuEndpoint {
             exports,
             hosts,
             keys: opts.hosts.clone(),
+            box_name: opts.box_name.clone(),
             sessions: SessionMap::default(),
             stats: GpuStats::default(),
             dispatcher: Dispatcher::new(),

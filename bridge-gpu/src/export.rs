@@ -7,7 +7,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use bridge::attach::BarInfo;
+use bridge::attach::{BarInfo, Origin};
 use hw::{Device, SimGpu};
 use link::{SendError, Session};
 use tlp::{Bdf, Body, ConfigTarget, CplStatus, Request, Tag, TlpRepr, rules};
@@ -27,6 +27,8 @@ pub(crate) struct Export {
     pub(crate) slot: u8,
     /// What backs it, in words (`simgpu, 64 MiB VRAM`, `VFIO 0000:41:00.0`).
     pub(crate) backing: String,
+    /// Its IDs, the box's name and its PCI address there, told to the host at attach.
+    pub(crate) origin: Origin,
     /// Its IDs as read at start.
     pub(crate) identity: ExportIdentity,
     /// Why the device is unhealthy (it no longer answers config reads), if it is: not
@@ -267,7 +269,7 @@ pub(crate) fn restore_bars(dev: &mut dyn Device, bars: &[BarInfo; 6]) {
 impl Export {
     /// Opens the device `spec` names in `slot` of the box (its device number on the box's
     /// bus, and its own 1 TiB of the box's bus address space), sizes and places its BARs.
-    pub(crate) fn open(spec: &ExportSpec, slot: u8) -> Result<Export, GpuError> {
+    pub(crate) fn open(spec: &ExportSpec, slot: u8, box_name: &str) -> Result<Export, GpuError> {
         let id = Bdf::new(slot, 0, 0);
         let mut dev = open_device(spec, id)?;
         let base = (slot as u64) << 40;
@@ -287,11 +289,18 @@ impl Export {
             allow: spec.allow.clone(),
         };
         let health = unanswered(dev.as_mut(), "at start");
+        let origin = Origin {
+            vendor_id: identity.vendor_id,
+            device_id: identity.device_id,
+            box_name: box_name.to_string(),
+            pci_address: pci_address(&spec.device, id),
+        };
         Ok(Export {
             name: spec.name.clone(),
             allow: spec.allow.clone(),
             slot,
             backing,
+            origin,
             identity,
             health,
             dev,
@@ -301,6 +310,17 @@ impl Export {
             out: Backlog::default(),
             stats: ExportStats::default(),
         })
+    }
+}
+
+/// The device's PCI address on the box in sysfs's form (`0000:41:00.0`): a VFIO device's
+/// own (its domain added when the configuration left it out), a simulated one's BDF on the
+/// box's bus in domain 0.
+fn pci_address(device: &DeviceSpec, id: Bdf) -> String {
+    match device {
+        DeviceSpec::Vfio(a) if a.matches(':').count() >= 2 => a.to_ascii_lowercase(),
+        DeviceSpec::Vfio(a) => format!("0000:{}", a.to_ascii_lowercase()),
+        DeviceSpec::Sim(_) => format!("0000:{id}"),
     }
 }
 

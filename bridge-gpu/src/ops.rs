@@ -23,6 +23,9 @@ pub struct ExportReport {
     pub id: Bdf,
     /// What backs it (`simgpu, 64 MiB VRAM`, `VFIO 0000:41:00.0`).
     pub backing: String,
+    /// Its PCI address on the box, sysfs's form (`0000:41:00.0`; a simulated device's BDF on
+    /// the box's bus in domain 0).
+    pub pci_address: String,
     /// Its IDs and the hosts that may attach it.
     pub identity: ExportIdentity,
     /// The host that holds it, with its session and pool claim token.
@@ -118,7 +121,7 @@ impl GpuEndpoint {
         let slot = (1..=u8::MAX).find(|s| !self.exports.iter().any(|e| e.slot == *s)).ok_or_else(|| {
             GpuError::Config(format!("export {}: the box's bus has no free device number", spec.name))
         })?;
-        let e = Export::open(spec, slot)?;
+        let e = Export::open(spec, slot, &self.box_name)?;
         self.exports.push(e);
         Ok(())
     }
@@ -202,6 +205,7 @@ fn report(e: &Export) -> ExportReport {
         name: e.name.clone(),
         id: e.dev.id(),
         backing: e.backing.clone(),
+        pci_address: e.origin.pci_address.clone(),
         identity: e.identity.clone(),
         owner: e.owner.as_ref().map(|o| (o.host.clone(), o.sid, o.token)),
         health: e.health.clone(),

@@ -50,6 +50,9 @@ pub struct ExportSpec {
 /// How the endpoint runs.
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
+    /// The box's name (its pool name, else its host name), told to each host at attach so
+    /// that the host's metrics name the box (`bridge::attach::Origin`).
+    pub box_name: String,
     /// UDP address to listen on.
     pub listen: SocketAddr,
     /// Session settings (its key is replaced by the host keys).

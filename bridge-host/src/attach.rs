@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bridge::attach::{BarInfo, Control};
+use bridge::attach::{BarInfo, Control, Origin};
 use link::driver::{
     AnyUdp, Clock, Datagrams, DriverKind, Impaired, Impairment, Offload, PollMode, SessionRunner, Tap, Tapped,
 };
@@ -119,6 +119,16 @@ pub(crate) struct Attached {
     /// The largest payload the box said a link frame carries.
     pub max_payload: u16,
     pub view: ConfigView,
+    /// What the device is and where it sits, as the box said (none from an earlier box).
+    pub origin: Option<Origin>,
+}
+
+/// The box's ATTACHED, as phase 3 reads it.
+struct Granted {
+    box_id: Bdf,
+    max_payload: u16,
+    bars: [BarInfo; 6],
+    origin: Option<Origin>,
 }
 
 /// Closes the session of an attach that failed after the handshake (the box forgets it at
@@ -144,12 +154,12 @@ impl AttachOptions {
 pub(crate) fn attach(opts: &AttachOptions) -> Result<Attached, AttachError> {
     let mut link = open_link(opts)?;
     handshake(&mut link, opts)?;
-    let (box_id, max_payload, bars) = request_device(&mut link, opts)?;
+    let Granted { box_id, max_payload, bars, origin } = request_device(&mut link, opts)?;
     let view = match ConfigView::place(bars, max_payload as u32) {
         Ok(v) => v,
         Err(why) => return Err(give_up(&mut link, opts.link_error(why.to_string()))),
     };
-    Ok(Attached { link, box_id, max_payload, view })
+    Ok(Attached { link, box_id, max_payload, view, origin })
 }
 
 /// Phase 1: the socket and a client session toward the box.
@@ -263,7 +273,7 @@ fn handshake(link: &mut Link, opts: &AttachOptions) -> Result<(), AttachError> {
 
 /// Phase 3: ATTACH, and the box's ATTACHED (its BDF, Max_Payload_Size, BARs) or REFUSED.
 /// Nothing else is expected on the session yet; anything else that arrives is dropped.
-fn request_device(link: &mut Link, opts: &AttachOptions) -> Result<(Bdf, u16, [BarInfo; 6]), AttachError> {
+fn request_device(link: &mut Link, opts: &AttachOptions) -> Result<Granted, AttachError> {
     let _ = link
         .session
         .send_tlp(&Control::Attach { device: opts.device.clone(), token: opts.token }.to_tlp(opts.host_id));
@@ -283,7 +293,9 @@ fn request_device(link: &mut Link, opts: &AttachOptions) -> Result<(Bdf, u16, [B
         return Err(give_up(link, AttachError::Cancelled));
     }
     match answer {
-        Some(Control::Attached { box_id, max_payload, bars, .. }) => Ok((box_id, max_payload, bars)),
+        Some(Control::Attached { box_id, max_payload, bars, origin, .. }) => {
+            Ok(Granted { box_id, max_payload, bars, origin })
+        }
         Some(Control::Refused { reason, .. }) => {
             let e = AttachError::Refused { server: opts.server, device: opts.device.clone(), reason };
             Err(give_up(link, e))

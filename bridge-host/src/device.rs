@@ -44,6 +44,8 @@ pub(crate) struct Identity {
     pub device_id: Bdf,
     /// Its BDF on the box.
     pub box_id: Bdf,
+    /// Its IDs, the box's name and its PCI address there, as the box said at attach.
+    pub origin: Option<bridge::attach::Origin>,
 }
 
 /// One attached device.

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bridge::Dispatcher;
-use bridge::attach::Control;
+use bridge::attach::{Control, Origin};
 use driver::{DmaBuf, Interrupts, PciFunction, WaitStep, wait_interrupt};
 use link::driver::Clock;
 use tlp::Bdf;
@@ -48,7 +48,7 @@ impl RemoteDevice {
             .then(|| memmap2::MmapMut::map_anon(opts.dma_memory))
             .transpose()
             .map_err(|error| AttachError::Memory { len: opts.dma_memory, error })?;
-        let Attached { link, box_id, max_payload, view } = crate::attach::attach(&opts)?;
+        let Attached { link, box_id, max_payload, view, origin } = crate::attach::attach(&opts)?;
         log::info!(
             device = opts.device.as_str(), peer = opts.server.to_string().as_str();
             "attached {} at {} (box {box_id}, host view {}), Max_Payload_Size {max_payload} B",
@@ -65,6 +65,7 @@ impl RemoteDevice {
                 host_id: opts.host_id,
                 device_id: opts.device_id,
                 box_id,
+                origin,
             },
             view,
             windows: DmaWindows::new(arena, format!("{} ({})", opts.device, opts.device_id)),
@@ -152,6 +153,12 @@ impl RemoteDevice {
     /// The device's BDF on the box.
     pub fn box_id(&self) -> Bdf {
         lock(&self.inner).id.box_id
+    }
+
+    /// What the device is and where it sits (its IDs, the box's name, its PCI address there),
+    /// as the box said at attach; none from a box of an earlier version.
+    pub fn origin(&self) -> Option<Origin> {
+        lock(&self.inner).id.origin.clone()
     }
 
     /// Grants the device a DMA window: `mem` at bus address `bus`, readable and/or writable
@@ -379,6 +386,11 @@ impl RemovalWatch {
     /// The device's BDF on the box.
     pub fn box_id(&self) -> Bdf {
         lock(&self.0).id.box_id
+    }
+
+    /// What the device is and where it sits, as [`RemoteDevice::origin`].
+    pub fn origin(&self) -> Option<Origin> {
+        lock(&self.0).id.origin.clone()
     }
 }
 

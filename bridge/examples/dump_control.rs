@@ -2,7 +2,7 @@
 //! `attach_control` fuzz target (`cargo run -p dxpu-bridge --example dump_control DIR`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use bridge::attach::{BarInfo, Control};
+use bridge::attach::{BarInfo, Control, Origin};
 use tlp::Bdf;
 
 fn main() {
@@ -12,7 +12,25 @@ fn main() {
     bars[0] = BarInfo { address: 1 << 40, size: 1 << 16, memory: true, is_64: true, prefetchable: false };
     let msgs = [
         Control::Attach { device: "gpu0".into(), token: None },
-        Control::Attached { device: "gpu0".into(), box_id: Bdf::new(1, 0, 0), max_payload: 1024, bars },
+        Control::Attached {
+            device: "gpu0".into(),
+            box_id: Bdf::new(1, 0, 0),
+            max_payload: 1024,
+            bars,
+            origin: None,
+        },
+        Control::Attached {
+            device: "gpu0".into(),
+            box_id: Bdf::new(1, 0, 0),
+            max_payload: 1024,
+            bars,
+            origin: Some(Origin {
+                vendor_id: 0x10de,
+                device_id: 0x2330,
+                box_name: "box-a".into(),
+                pci_address: "0000:41:00.0".into(),
+            }),
+        },
         Control::Refused { device: "gpu0".into(), reason: "'gpu0' is attached to host 'a'".into() },
         Control::Detach { device: "gpu0".into() },
     ];

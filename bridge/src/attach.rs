@@ -9,7 +9,7 @@
 //! | op | message | direction | fields |
 //! |---|---|---|---|
 //! | 1 | ATTACH | host → box | device name, then optionally `1 u8 ‖ fencing token u64` |
-//! | 2 | ATTACHED | box → host | device name, box BDF u16, Max_Payload_Size u16, 6 × BAR |
+//! | 2 | ATTACHED | box → host | device name, box BDF u16, Max_Payload_Size u16, 6 × BAR, then optionally `1 u8 ‖ Vendor ID u16 ‖ Device ID u16 ‖ box name ‖ PCI address` |
 //! | 3 | REFUSED | box → host | device name, reason |
 //! | 4 | DETACH | host → box | device name |
 //!
@@ -19,6 +19,13 @@
 //! The fencing token is the etcd revision of the host's claim on the device (`docs/pool.md`):
 //! a box serving a pool attaches only a host whose claim etcd holds with that revision. A
 //! host outside a pool sends none; the byte after the name is then padding (0) or absent.
+//!
+//! ATTACHED's optional tail says what the device is and where it sits ([`Origin`]): its
+//! Vendor and Device IDs, the box's name (its pool name, else its host name) and the device's
+//! PCI address on the box in sysfs's form (`0000:41:00.0`), so that a host labels its metrics
+//! as the box and dcgm-exporter do. A box
+//! of an earlier version sends none (padding 0 or the end); a host of an earlier version
+//! reads the BARs and ignores the rest.
 #![forbid(unsafe_code)]
 
 use tlp::{Bdf, Body, Message, MessageCode, MsgRouting, ParseConfig, Tag, TlpRepr};
@@ -45,6 +52,19 @@ pub struct BarInfo {
     pub prefetchable: bool,
 }
 
+/// What an attached device is and where it sits: its IDs, the box and its address there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The device's Vendor ID.
+    pub vendor_id: u16,
+    /// The device's Device ID.
+    pub device_id: u16,
+    /// The box's name (its pool name, else its host name).
+    pub box_name: String,
+    /// The device's PCI address on the box, sysfs's form (`0000:41:00.0`).
+    pub pci_address: String,
+}
+
 /// A control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Control {
@@ -65,6 +85,8 @@ pub enum Control {
         max_payload: u16,
         /// BARs 0..6 as the box placed them.
         bars: [BarInfo; 6],
+        /// What the device is and where it sits (none from a box of an earlier version).
+        origin: Option<Origin>,
     },
     /// The device is not this session's.
     Refused {
@@ -118,6 +140,18 @@ impl Reader<'_> {
         a.copy_from_slice(s);
         Ok(u64::from_be_bytes(a))
     }
+    /// An optional tail's flag: 1 says it follows, padding (0) or the payload's end that it
+    /// does not.
+    fn optional(&mut self) -> Result<bool, ControlError> {
+        match self.b.get(self.at) {
+            Some(1) => {
+                self.at += 1;
+                Ok(true)
+            }
+            Some(0) | None => Ok(false),
+            Some(_) => Err(ControlError::Malformed(self.at)),
+        }
+    }
     fn text(&mut self) -> Result<String, ControlError> {
         let at = self.at;
         let n = self.u8()? as usize;
@@ -148,7 +182,7 @@ impl Control {
                     p.extend_from_slice(&t.to_be_bytes());
                 }
             }
-            Control::Attached { device, box_id, max_payload, bars } => {
+            Control::Attached { device, box_id, max_payload, bars, origin } => {
                 p.push(2);
                 put_text(&mut p, device);
                 p.extend_from_slice(&box_id.raw().to_be_bytes());
@@ -157,6 +191,13 @@ impl Control {
                     p.extend_from_slice(&b.address.to_be_bytes());
                     p.extend_from_slice(&b.size.to_be_bytes());
                     p.push(b.memory as u8 | (b.is_64 as u8) << 1 | (b.prefetchable as u8) << 2);
+                }
+                if let Some(o) = origin {
+                    p.push(1);
+                    p.extend_from_slice(&o.vendor_id.to_be_bytes());
+                    p.extend_from_slice(&o.device_id.to_be_bytes());
+                    put_text(&mut p, &o.box_name);
+                    put_text(&mut p, &o.pci_address);
                 }
             }
             Control::Refused { device, reason } => {
@@ -189,7 +230,7 @@ impl Control {
         let mut out = vec![0u8; t.buffer_len()];
         match t.emit(&mut out) {
             Ok(n) => out.truncate(n),
-            // A Msg of at most ~160 bytes always fits its own buffer_len.
+            // A Msg of at most ~900 bytes (three texts of 255) always fits its own buffer_len.
             Err(_) => out.clear(),
         }
         out
@@ -205,15 +246,7 @@ impl Control {
         match r.u8()? {
             1 => {
                 let device = r.text()?;
-                // Padding (0) or the end of the payload: no token.
-                let token = match r.b.get(r.at) {
-                    Some(1) => {
-                        r.at += 1;
-                        Some(r.u64()?)
-                    }
-                    Some(0) | None => None,
-                    Some(_) => return Err(ControlError::Malformed(r.at)),
-                };
+                let token = if r.optional()? { Some(r.u64()?) } else { None };
                 Ok(Control::Attach { device, token })
             }
             2 => {
@@ -231,7 +264,17 @@ impl Control {
                         prefetchable: f & 4 != 0,
                     };
                 }
-                Ok(Control::Attached { device, box_id, max_payload, bars })
+                let origin = if r.optional()? {
+                    Some(Origin {
+                        vendor_id: r.u16()?,
+                        device_id: r.u16()?,
+                        box_name: r.text()?,
+                        pci_address: r.text()?,
+                    })
+                } else {
+                    None
+                };
+                Ok(Control::Attached { device, box_id, max_payload, bars, origin })
             }
             3 => Ok(Control::Refused { device: r.text()?, reason: r.text()? }),
             4 => Ok(Control::Detach { device: r.text()? }),
@@ -263,7 +306,25 @@ mod tests {
             Control::Attach { device: "gpu0".into(), token: Some(0x0123_4567_89ab_cdef) },
             Control::Attach { device: "gpu".into(), token: Some(u64::MAX) },
             Control::Attach { device: "gpu".into(), token: None },
-            Control::Attached { device: "gpu0".into(), box_id: Bdf::new(3, 0, 0), max_payload: 256, bars },
+            Control::Attached {
+                device: "gpu0".into(),
+                box_id: Bdf::new(3, 0, 0),
+                max_payload: 256,
+                bars,
+                origin: None,
+            },
+            Control::Attached {
+                device: "gpu0".into(),
+                box_id: Bdf::new(0x41, 0, 0),
+                max_payload: 4096,
+                bars,
+                origin: Some(Origin {
+                    vendor_id: 0x10de,
+                    device_id: 0x2330,
+                    box_name: "box-a".into(),
+                    pci_address: "0000:41:00.0".into(),
+                }),
+            },
             Control::Refused { device: "gpu0".into(), reason: "attached to host-a".into() },
             Control::Detach { device: "gpu0".into() },
         ];
@@ -302,11 +363,43 @@ mod tests {
             box_id: Bdf::new(1, 0, 0),
             max_payload: 128,
             bars: [BarInfo::default(); 6],
+            origin: None,
         }
         .to_tlp(Bdf::new(0, 0, 0));
         cut[17] = 200; // the name's length runs past the payload
         assert!(matches!(Control::from_tlp(&cut), Err(ControlError::Malformed(_))));
         assert_eq!(Control::from_tlp(&[0x40, 0, 0]), Err(ControlError::NotControl));
+        // An origin cut after its flag, or a flag that is neither padding nor an origin.
+        let placed = Control::Attached {
+            device: "gpu".into(),
+            box_id: Bdf::new(1, 0, 0),
+            max_payload: 128,
+            bars: [BarInfo::default(); 6],
+            origin: Some(Origin {
+                vendor_id: 0x1ae0,
+                device_id: 1,
+                box_name: "b".repeat(300),
+                pci_address: "0000:01:00.0".into(),
+            }),
+        };
+        let whole = placed.to_tlp(Bdf::new(0, 0, 0));
+        assert!(matches!(
+            Control::from_tlp(&whole),
+            Ok(Control::Attached { origin: Some(Origin { box_name, .. }), .. }) if box_name.len() == 255
+        ));
+        // The tail starts after op, name (1 + 3), BDF, MPS and six BARs of 17 bytes.
+        let tail = 16 + 1 + 4 + 2 + 2 + 6 * 17;
+        let mut cut = whole.clone();
+        cut[tail + 5] = 255; // the box name's length (after the IDs) runs past what is left
+        let header_dws = 4;
+        let keep = (tail + 8).div_ceil(4) * 4;
+        cut.truncate(keep);
+        cut[3] = ((keep / 4) - header_dws) as u8;
+        cut[2] = 0;
+        assert!(matches!(Control::from_tlp(&cut), Err(ControlError::Malformed(_))));
+        let mut flag = whole;
+        flag[tail] = 7;
+        assert!(matches!(Control::from_tlp(&flag), Err(ControlError::Malformed(_))));
         let multibyte = "é".repeat(200);
         let b = Control::Attach { device: multibyte, token: None }.to_tlp(Bdf::new(0, 0, 0));
         assert!(matches!(Control::from_tlp(&b), Ok(Control::Attach { device, .. }) if device.len() <= 255));

@@ -142,7 +142,7 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
             "floor_gso_cpu_s_per_gib": floor_cpu,
             "workload": workload,
         });
-        outln!("{report}");
+        outln!("{}", crate::out::json(report));
     }
     Ok(())
 }

@@ -307,7 +307,8 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         "workloads": all,
     });
     let path = args.out.join("model.json");
-    std::fs::write(&path, format!("{report:#}\n")).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(&path, format!("{}\n", crate::out::json_pretty(&report)))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     outln!("wrote {}", path.display());
     Ok(())
 }

@@ -76,7 +76,7 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
     }
     drop(steps);
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&reports).unwrap_or_default());
+        outln!("{}", crate::out::json_pretty(&reports));
         return Ok(());
     }
     let rows: Vec<Vec<String>> = reports
@@ -101,10 +101,10 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         "hosts",
         "claims",
         "claims/s",
-        "p50 ms",
-        "p99 ms",
+        "p50-ms",
+        "p99-ms",
         "trips/claim",
-        "none free",
+        "none-free",
         "double",
         "errors",
     ];

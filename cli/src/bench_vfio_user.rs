@@ -129,7 +129,7 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
             "copy_bytes": args.copy_bytes,
             "message_copy_bytes": args.message_copy_bytes,
         });
-        outln!("{v}");
+        outln!("{}", crate::out::json(v));
     }
     Ok(())
 }

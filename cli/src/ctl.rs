@@ -118,7 +118,7 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
     }
     let result = resp.get("result").unwrap_or(&Value::Null);
     if args.json {
-        outln!("{result}");
+        outln!("{}", crate::out::json(result.clone()));
     } else {
         out!("{}", table(&args.method, result));
     }
@@ -159,9 +159,9 @@ fn table(method: &str, r: &Value) -> String {
     };
     match method {
         "devices" if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("backing").is_some())) => {
-            let keys = ["name", "id", "state", "owner", "vendor_id", "device_id", "backing", "allow"];
+            let keys = ["name", "box_id", "state", "owner", "vendor_id", "device_id", "backing", "allow"];
             crate::out::table(
-                &["DEVICE", "BDF", "STATE", "OWNER", "VENDOR", "DEVICE-ID", "BACKING", "ALLOW"],
+                &["DEVICE", "BOX-BDF", "STATE", "OWNER", "VENDOR", "DEVICE-ID", "BACKING", "ALLOW"],
                 &rows(&keys),
             )
         }

@@ -565,7 +565,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         }
         return match run_trace(path, &args) {
             Ok(r) if args.json => {
-                outln!("{}", r.json());
+                outln!("{}", crate::out::json(r.json()));
                 ExitCode::SUCCESS
             }
             Ok(r) => {
@@ -586,7 +586,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         }
     };
     if args.json {
-        outln!("{}", r.json());
+        outln!("{}", crate::out::json(r.json()));
         return ExitCode::SUCCESS;
     }
     let p = &r.profile;

@@ -82,7 +82,8 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         }
         s.trim_end().to_string() + "\n"
     };
-    let mut out = line(&mut header.iter().map(|h| h.to_uppercase()));
+    // One word per column, so that a header splits as its rows do (`awk`, `column -t`).
+    let mut out = line(&mut header.iter().map(|h| h.to_uppercase().replace(' ', "-")));
     for r in rows {
         out.push_str(&line(&mut r.iter().cloned()));
     }
@@ -108,11 +109,33 @@ pub(crate) fn row(widths: &[usize], cells: &[String]) -> String {
     s.trim_end().to_string()
 }
 
+/// A `--json` answer as one line, its fractions rounded to the digits that mean something
+/// (`ops::control::tidy`: `2.333`, not `2.3329999999999997`).
+pub(crate) fn json(v: serde_json::Value) -> String {
+    ops::control::tidy(v).to_string()
+}
+
+/// As [`json`], indented (`pool ls --json`, `bench pool --json`).
+pub(crate) fn json_pretty<T: serde::Serialize>(v: &T) -> String {
+    let v = serde_json::to_value(v).map(ops::control::tidy).unwrap_or_default();
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
 /// A time since the Unix epoch as tables and text print it: RFC 3339, UTC, whole seconds.
 pub(crate) fn utc(unix_seconds: f64) -> String {
     match jiff::Timestamp::from_second(unix_seconds.floor() as i64) {
         Ok(t) => t.to_string(),
         Err(_) => format!("{unix_seconds} s after the epoch"),
+    }
+}
+
+/// A time since the Unix epoch to the microsecond, as text prints a packet's:
+/// RFC 3339, UTC (`2026-12-06T02:00:00.123456Z`).
+pub(crate) fn utc_us(unix_us: i64) -> String {
+    let (s, us) = (unix_us.div_euclid(1_000_000), unix_us.rem_euclid(1_000_000));
+    match jiff::Timestamp::from_second(s) {
+        Ok(t) => format!("{}.{us:06}Z", t.strftime("%Y-%m-%dT%H:%M:%S")),
+        Err(_) => format!("{unix_us} µs after the epoch"),
     }
 }
 
@@ -241,6 +264,7 @@ mod tests {
         assert_eq!(table(&["owner", "n"], &[vec!["-".into(), "1".into()]]), "OWNER  N\n-      1\n");
         // A header alone, and a row shorter or longer than the header.
         assert_eq!(table(&["a", "b"], &[]), "A  B\n");
+        assert_eq!(table(&["p50 ms", "n"], &[]), "P50-MS  N\n");
         let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);
         assert_eq!(t, "A  B\nx\ny  z\n", "{t}");
     }

@@ -130,9 +130,11 @@ pub(crate) fn decode(
         learn_encryption(&f, &mut encrypted);
         let dir = roles.direction(d);
         let replay = h.ty == FrameType::Data && seen.entry((dir, h.session)).or_default().replay(h.seq);
+        let unix_us = (d.time * 1e6).round() as i64;
+        let when = crate::out::utc_us(unix_us);
         let capture = json!({
             "packet": d.number,
-            "time_unix_seconds": d.time,
+            "time_unix_us": unix_us,
             "direction": dir,
             "src": d.src.to_string(),
             "dst": d.dst.to_string(),
@@ -146,14 +148,15 @@ pub(crate) fn decode(
         });
         let enc = h.ty == FrameType::Data && encrypted.contains(&h.session);
         if frames {
-            writeln!(out, "{}", frame_line(format, &capture, &f, d, dir, enc)).map_err(io)?;
+            writeln!(out, "{}", frame_line(format, &capture, &f, (d.number, &when), dir, enc)).map_err(io)?;
         }
         if h.ty != FrameType::Data {
             return Ok(());
         }
         if enc {
             if !frames {
-                writeln!(out, "{}", encrypted_line(format, &capture, d, dir, h.seq)).map_err(io)?;
+                writeln!(out, "{}", encrypted_line(format, &capture, (d.number, &when), dir, h.seq))
+                    .map_err(io)?;
             }
             return Ok(());
         }
@@ -171,12 +174,12 @@ pub(crate) fn decode(
                             let mut c = capture.clone();
                             c["record"] = json!(i);
                             v["capture"] = c;
+                            v["line"] = json!("tlp");
                             v.to_string()
                         }
                         Format::Text => format!(
-                            "{:>6} {:.6} {dir} seq {}{}: {t}",
+                            "{:>6} {when} {dir} seq {}{}: {t}",
                             d.number,
-                            d.time,
                             h.seq,
                             if replay { " (replay)" } else { "" }
                         ),
@@ -188,11 +191,9 @@ pub(crate) fn decode(
                         Format::Json => {
                             let mut c = capture.clone();
                             c["record"] = json!(i);
-                            json!({"error": e, "capture": c}).to_string()
+                            json!({"line": "tlp", "error": e, "capture": c}).to_string()
                         }
-                        Format::Text => {
-                            format!("{:>6} {:.6} {dir} seq {}: error: {e}", d.number, d.time, h.seq)
-                        }
+                        Format::Text => format!("{:>6} {when} {dir} seq {}: error: {e}", d.number, h.seq),
                     }
                 }
             };
@@ -224,7 +225,14 @@ fn learn_encryption(f: &Frame<'_>, encrypted: &mut HashSet<u32>) {
 /// each), if it has one.
 /// One frame's line with `--frames`: its header's fields (`capture`), its credit block, its
 /// body's length and, in an ACK or KEEPALIVE, the frames the receiver holds beyond its gap.
-fn frame_line(format: Format, capture: &Value, f: &Frame<'_>, d: &Datagram, dir: &str, enc: bool) -> String {
+fn frame_line(
+    format: Format,
+    capture: &Value,
+    f: &Frame<'_>,
+    (number, when): (u64, &str),
+    dir: &str,
+    enc: bool,
+) -> String {
     let h = f.header();
     let fc = fc_json(f);
     let sack: Vec<(u32, u32)> = match h.ty {
@@ -236,6 +244,7 @@ fn frame_line(format: Format, capture: &Value, f: &Frame<'_>, d: &Datagram, dir:
     match format {
         Format::Json => {
             let mut v = capture.clone();
+            v["line"] = json!("frame");
             v["fc"] = fc.unwrap_or(Value::Null);
             v["body_len"] = json!(f.body().len());
             if !sack.is_empty() {
@@ -250,9 +259,7 @@ fn frame_line(format: Format, capture: &Value, f: &Frame<'_>, d: &Datagram, dir:
         Format::Text => {
             let ranges: Vec<String> = sack.iter().map(|(a, b)| format!("{a}..{b}")).collect();
             format!(
-                "{:>6} {:.6} {dir} {} seq {} ack {}{}{}{}",
-                d.number,
-                d.time,
+                "{number:>6} {when} {dir} {} seq {} ack {}{}{}{}",
                 frame_name(h.ty),
                 h.seq,
                 h.ack,
@@ -271,14 +278,21 @@ fn fc_json(f: &Frame<'_>) -> Option<Value> {
 }
 
 /// The line of an encrypted DATA frame, whose TLPs cannot be read.
-fn encrypted_line(format: Format, capture: &Value, d: &Datagram, dir: &str, seq: u32) -> String {
+fn encrypted_line(
+    format: Format,
+    capture: &Value,
+    (number, when): (u64, &str),
+    dir: &str,
+    seq: u32,
+) -> String {
     match format {
         Format::Json => {
             let mut v = capture.clone();
+            v["line"] = json!("frame");
             v["encrypted"] = json!(true);
             v.to_string()
         }
-        Format::Text => format!("{:>6} {:.6} {dir} DATA seq {seq}: encrypted", d.number, d.time),
+        Format::Text => format!("{number:>6} {when} {dir} DATA seq {seq}: encrypted"),
     }
 }
 

@@ -128,7 +128,7 @@ pub(crate) fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Ls { json } => {
                 let list = admin::ls(&mut client, &cfg).await?;
                 if json {
-                    outln!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+                    outln!("{}", crate::out::json_pretty(&list));
                 } else {
                     print_table(&list);
                 }

@@ -255,7 +255,7 @@ pub(crate) fn run_replay(args: ReplayArgs) -> ExitCode {
     let mut progress = |s: &str| eprintln!("dxpu replay: {s}");
     match run(&args, &mut progress) {
         Ok(r) if args.json => {
-            outln!("{}", report_json(&r, &args));
+            outln!("{}", crate::out::json(report_json(&r, &args)));
             ExitCode::SUCCESS
         }
         Ok(r) => {

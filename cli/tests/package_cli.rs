@@ -178,12 +178,14 @@ fn the_convention_check_finds_each_kind_of_break() {
     let breaks =
         |v: serde_json::Value| std::panic::catch_unwind(|| common::conventional("test", &v)).is_err();
     let good = json!({
-        "direct_seconds": 1.5, "runs": 3, "rtt_us": {"p50": 7.5}, "vendor_id": "0x1af4", "class": "0x030200",
-        "session": "0x0000beef", "since_unix_seconds": 1.8e9, "tlps": {"MRd64": 4}, "aead_ns": {"64": 1.5},
+        "direct_seconds": 1.5, "runs": 3, "rtt_us": 7.5, "vendor_id": "0x1af4", "class": "0x030200",
+        "session": "0x0000beef", "since_unix_seconds": 1_800_000_000, "tlps": {"MRd64": 4}, "aead_ns": {"64": 1.5},
         "rtt_samples": 5, "loss_ratio": 0.01, "tlps_per_datagram": 1.5, "items": [{"h2d_bytes_per_s": 1e9}],
         "register_reads": u64::MAX, "lease": "694d8b1c2f3e4a55",
         "overhead_percent": 1.0, "overhead_percent_min": 0.5, "overhead_percent_max": 2.0,
-        "rtt_p50_le_us": 16, "mmio_read_p99_le_ns": 1024, "mmio_read_rtt_us": {"p50": 7.5, "p99": 9.0},
+        "rtt_p50_le_us": 16, "mmio_read_p99_le_ns": 1024, "mmio_read_rtt_p50_us": 7.5, "mmio_read_rtt_p99_us": 9.0,
+        "box_id": "01:00.0", "pci_address": "0000:41:00.0", "requester_id": "00:00.0", "time_unix_us": 1_800_000_000_123_456u64,
+        "h2d_bytes_per_s": 8412345680.0, "ratio_of_x_ratio": 0.333333333, "names": ["01:00.0"],
     });
     assert!(!breaks(good));
     for bad in [
@@ -202,6 +204,14 @@ fn the_convention_check_finds_each_kind_of_break() {
         json!({"overhead_percent_min": 0.5, "overhead_percent_max": 2.0}),
         json!({"direct_ms": 1.5}),
         json!({"mmio_read_p50_ns": 512}),
+        // Percentiles flat, fractions without noise, whole times of day, one key per address.
+        json!({"mmio_read_rtt_us": {"p50": 7.5, "p99": 9.0}}),
+        json!({"ratio_x_ratio": 2.3329999999999997}),
+        json!({"since_unix_seconds": 1_800_000_000.5}),
+        json!({"time_unix_us": 1.8e15}),
+        json!({"id": "01:00.0"}),
+        json!({"bdf": "0000:41:00.0"}),
+        json!({"pci_bus_id": "00000000:41:00.0"}),
     ] {
         assert!(breaks(bad.clone()), "{bad} passed");
     }

@@ -121,6 +121,7 @@ impl LocalBox {
         // Tags are on when either end asks for them: both ends here share this setting.
         link_cfg.authenticate_frames = frames != Frames::Unauthenticated;
         let opts = GpuOptions {
+            box_name: "loopback-box".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             link: link_cfg.clone(),
             hosts: vec![HostKey { name: "loopback-host".into(), key: key.clone() }],

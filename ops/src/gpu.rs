@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Instant, UNIX_EPOCH};
+use std::time::Instant;
 
 use bridge_gpu::{ExportReport, GpuEndpoint, GpuOptions, SessionReport};
 use serde_json::{Value, json};
@@ -202,6 +202,8 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
                 "sessions": ep.session_reports().len(),
                 "hosts": ep.host_names(),
                 "pool": rt.file.pool.is_some(),
+                "ready": not_ready(ep, rt).is_none(),
+                "not_ready": not_ready(ep, rt),
             }))
         }
         "devices" => {
@@ -342,15 +344,23 @@ fn apply_hosts(
     )
 }
 
-fn unix_seconds(t: std::time::SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+/// Why the box is not ready to be attached (`/readyz`), if it is not: no healthy device, or
+/// in a pool no lease held (not registered yet, or fenced and not registered again).
+fn not_ready(ep: &GpuEndpoint, rt: &GpuRuntime) -> Option<String> {
+    let reports = ep.export_reports();
+    if !reports.iter().any(|r| r.health.is_none()) {
+        return Some(format!("none of its {} device(s) is healthy", reports.len()));
+    }
+    let c = rt.pool_stats.as_ref()?.counts();
+    (c.leases <= c.fences).then(|| "not registered in the pool (no lease held)".to_string())
 }
 
 fn device_json(r: &ExportReport) -> Value {
     let s = &r.stats;
     json!({
         "name": r.name,
-        "id": r.id.to_string(),
+        "box_id": r.id.to_string(),
+        "pci_address": r.pci_address,
         "backing": r.backing,
         "vendor_id": format!("{:#06x}", r.identity.vendor_id),
         "device_id": format!("{:#06x}", r.identity.device_id),
@@ -364,8 +374,8 @@ fn device_json(r: &ExportReport) -> Value {
         "health": r.health,
         "counters": {
             "attaches": s.attaches, "refusals": s.refusals, "host_requests": s.host_requests,
-            "device_requests": s.device_requests, "device_completions": s.device_completions,
-            "dma_dropped": s.dma_dropped, "too_large": s.too_large, "resets": s.resets,
+            "dma_requests": s.device_requests, "dma_completions": s.device_completions,
+            "dma_dropped": s.dma_dropped, "tlps_too_large": s.too_large, "resets": s.resets,
             "claims_revoked": s.claims_revoked, "stale_tokens": s.stale_tokens,
         },
     })
@@ -377,7 +387,7 @@ fn session_json(r: &SessionReport) -> Value {
         "host": r.host,
         "peer": r.peer.to_string(),
         "device": r.device,
-        "since_unix_seconds": unix_seconds(r.since),
+        "since_unix_seconds": crate::control::unix_seconds(r.since),
     });
     if let (Value::Object(m), Value::Object(l)) = (&mut v, link_json(&r.link)) {
         m.extend(l);
@@ -397,7 +407,7 @@ fn stats_json(ep: &mut GpuEndpoint) -> Value {
         "unowned_requests": s.unowned_requests,
         "bad_control": s.bad_control,
         "malformed_tlps": s.malformed_tlps,
-        "datagrams_too_large": s.datagrams_too_large,
+        "link_datagrams_too_large": s.datagrams_too_large,
         "largest_payload_received_bytes": s.largest_payload_received,
         "handshakes": {
             "cookies_sent": h.cookies_sent, "bad_cookies": h.bad_cookies, "expired_cookies": h.expired_cookies,
@@ -418,24 +428,14 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
         1.0,
     );
     crate::metrics::build_info(&mut x);
-    // The box as the pool and dcgm-exporter name it: its pool name, else its host name.
-    let box_name = rt.file.pool.as_ref().map(|p| p.box_name.clone()).unwrap_or_else(crate::metrics::hostname);
+    let box_name = rt.file.box_name();
     let hosts: Vec<String> = rt.opts.hosts.iter().map(|h| h.name.clone()).collect();
     for r in ep.export_reports() {
         let vendor = format!("{:#06x}", r.identity.vendor_id);
         let device = format!("{:#06x}", r.identity.device_id);
         // dcgm-exporter's form, so that the two join: the real device's address for a VFIO
         // device, the box-side BDF (domain 0) for a simulated one.
-        let pci = rt
-            .opts
-            .exports
-            .iter()
-            .find(|e| e.name == r.name)
-            .and_then(|e| match &e.device {
-                bridge_gpu::DeviceSpec::Vfio(addr) => Some(crate::metrics::dcgm_bus_id(addr)),
-                bridge_gpu::DeviceSpec::Sim(_) => None,
-            })
-            .unwrap_or_else(|| crate::metrics::dcgm_bus_id(&format!("0000:{}", r.id)));
+        let pci = crate::metrics::dcgm_bus_id(&r.pci_address);
         x.gauge(
             "device_info",
             "An exported device (1): its box, PCI address and IDs (labels that do not change)",
@@ -492,9 +492,31 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
         let l = labels(&[("host", &r.host), ("peer", &peer), ("device", r.device.as_deref().unwrap_or(""))]);
         link_metrics(&mut x, &l, &r.link);
     }
+    endpoint_metrics(&mut x, ep);
+    if let Some(p) = &rt.pool_stats {
+        crate::stats::pool_agent_metrics(&mut x, "box", &p.counts());
+    }
+    x
+}
+
+/// The box's own series: its sessions, what it refused or dropped, its handshakes.
+fn endpoint_metrics(x: &mut Exposition, ep: &mut GpuEndpoint) {
     let s = ep.stats();
     let h = ep.endpoint_stats();
     x.counter("sessions_up", "Sessions that came up", vec![], s.sessions_up);
+    x.counter(
+        "sessions_closed_by_hosts",
+        "Sessions their host closed (CLOSE), rather than leaving them to time out",
+        vec![],
+        s.sessions_closed_by_hosts,
+    );
+    x.counter("bad_control", "Control messages that did not parse", vec![], s.bad_control);
+    x.gauge(
+        "largest_payload_received_bytes",
+        "The largest data payload a host sent (at most the Max_Payload_Size its attach negotiated)",
+        vec![],
+        s.largest_payload_received as f64,
+    );
     x.gauge("sessions", "Sessions live now (hosts connected)", vec![], ep.session_reports().len() as f64);
     x.counter(
         "sessions_silent",
@@ -510,20 +532,38 @@ fn metrics(ep: &mut GpuEndpoint, rt: &GpuRuntime) -> Exposition {
         vec![],
         s.datagrams_too_large,
     );
+    // The reasons are `dxpu ctl stats`' names for the same counters (docs/wire-protocol.md).
     for (why, n) in [
         ("unknown_key", h.unknown_key),
-        ("auth_failure", h.auth_failures),
-        ("bad_cookie", h.bad_cookies),
-        ("stale", h.stale_handshakes),
-        ("full", h.refused_full),
-        ("malformed", h.bad_handshakes),
+        ("auth_failures", h.auth_failures),
+        ("bad_cookies", h.bad_cookies),
+        ("expired_cookies", h.expired_cookies),
+        ("stale_handshakes", h.stale_handshakes),
+        ("refused_full", h.refused_full),
+        ("bad_handshakes", h.bad_handshakes),
     ] {
         x.counter("handshakes_refused", "Handshakes refused, by reason", labels(&[("reason", why)]), n);
     }
-    if let Some(p) = &rt.pool_stats {
-        crate::stats::pool_agent_metrics(&mut x, "box", &p.counts());
+    x.counter(
+        "handshake_cookies",
+        "COOKIEs, by direction: sent (INITs without a valid cookie)",
+        labels(&[("direction", "sent")]),
+        h.cookies_sent,
+    );
+    x.counter(
+        "handshake_peer_restarts",
+        "Sessions replaced because their peer restarted",
+        vec![],
+        h.peer_restarts,
+    );
+    for (why, n) in [("malformed", h.dropped_malformed), ("unknown_session", h.dropped_unknown_session)] {
+        x.counter(
+            "handshake_datagrams_dropped",
+            "Datagrams no session took: not frames (malformed), or for a session that is not live (unknown_session)",
+            labels(&[("reason", why)]),
+            n,
+        );
     }
-    x
 }
 
 /// How `dxpu gpu` was started: the file and the command line's overrides.
@@ -543,10 +583,11 @@ pub struct GpuStart {
 /// section), nothing started; what it would serve.
 pub fn check(start: &GpuStart) -> Result<String, RunError> {
     let (file, opts) = read_options(&start.config, start.listen.as_deref(), start.link)?;
+    let in_file = |source| RunError::InFile { path: start.config.display().to_string(), source };
     if let Some(p) = &file.pool {
-        p.pool(&opts.exports)
-            .map_err(|source| RunError::InFile { path: start.config.display().to_string(), source })?;
+        p.pool(&opts.exports).map_err(in_file)?;
     }
+    file.control.check().map_err(in_file)?;
     // What the start will open: each VFIO device, bound to vfio-pci and reachable.
     for e in &opts.exports {
         if let bridge_gpu::DeviceSpec::Vfio(addr) = &e.device {

@@ -341,7 +341,9 @@ type Body = http_body_util::Full<hyper::body::Bytes>;
 /// One request: `GET` or `HEAD /metrics` answered with the exposition; `/healthz` with 200
 /// `ok` when the endpoint's loop answers (its `status`), 503 saying why when it does not
 /// (stopping, or stuck past the answer timeout) — a liveness probe that sees the loop, not
-/// only the HTTP server's thread; other paths 404, other methods 405 (with `Allow`).
+/// only the HTTP server's thread; `/readyz` with 200 `ready` when its `status` says it is
+/// (a host: its devices attached; a box: a healthy device, in a pool registered), else 503
+/// with why not; other paths 404, other methods 405 (with `Allow`).
 async fn answer(
     req: hyper::Request<hyper::body::Incoming>,
     calls: mpsc::Sender<Call>,
@@ -360,19 +362,24 @@ async fn answer(
         return Ok(r);
     }
     let path = req.uri().path();
-    if path != "/metrics" && path != "/healthz" {
-        return Ok(text(404, "metrics are at /metrics, liveness at /healthz\n"));
+    if !["/metrics", "/healthz", "/readyz"].contains(&path) {
+        return Ok(text(404, "metrics are at /metrics, liveness at /healthz, readiness at /readyz\n"));
     }
-    let (call, reply) =
-        Call::new(if path == "/healthz" { "status" } else { "metrics" }, serde_json::Value::Null);
+    let probe = path != "/metrics";
+    let ready = path == "/readyz";
+    let (call, reply) = Call::new(if probe { "status" } else { "metrics" }, serde_json::Value::Null);
     if calls.send(call).is_err() {
         return Ok(text(503, "the endpoint is stopping\n"));
     }
     // The endpoint's loop answers between its polls: wait for it off this runtime's thread.
     let got =
         tokio::task::spawn_blocking(move || reply.recv_timeout(ANSWER_TIMEOUT).ok()).await.ok().flatten();
-    if path == "/healthz" {
+    if probe {
         return Ok(match got {
+            Some(Ok(s)) if ready && s["ready"] != true => {
+                text(503, &format!("{}\n", s["not_ready"].as_str().unwrap_or("not ready")))
+            }
+            Some(Ok(_)) if ready => text(200, "ready\n"),
             Some(Ok(_)) => text(200, "ok\n"),
             Some(Err(e)) => text(503, &format!("{}\n", e.message)),
             None => text(503, &format!("the endpoint's loop did not answer within {ANSWER_TIMEOUT:?}\n")),
@@ -441,6 +448,10 @@ pub fn link_metrics(x: &mut Exposition, l: &Labels, s: &link::Stats) {
         );
         x.counter("link_tlps", "TLPs carried by the link, by direction", with(&[("direction", dir)]), tlps);
     }
+    let sent = with(&[("direction", "sent")]);
+    x.counter("link_data_frames", "DATA frames sent for the first time", sent.clone(), s.data_frames_sent);
+    x.counter("link_acks", "Standalone ACK frames sent", sent, s.acks_sent);
+    x.counter("link_key_updates", "Key updates of this side's sending key", l.clone(), s.key_updates);
     x.counter("link_retransmits", "DATA frames sent again from the replay buffer", l.clone(), s.retransmits);
     x.counter(
         "link_replay_timeouts",

@@ -409,6 +409,13 @@ impl Held {
         }
     }
 
+    fn origin(&self) -> Option<bridge::attach::Origin> {
+        match &self.use_ {
+            Use::Local(d) => d.origin(),
+            Use::Served(s) => s.watch().origin(),
+        }
+    }
+
     fn detach_and_release(self, agent: &HostAgent) {
         let claim = self.claim.clone();
         self.detach();
@@ -444,6 +451,10 @@ fn answer(
                 "pid": std::process::id(),
                 "uptime_seconds": crate::control::uptime_since(started),
                 "attached": held.len(),
+                // Ready (`/readyz`) while its agent holds a lease: its claims can be served.
+                "ready": counts.agent.leases > counts.agent.fences,
+                "not_ready": (counts.agent.leases <= counts.agent.fences)
+                    .then_some("no lease held in the pool (not registered yet, or fenced)"),
             }))
         }
         "devices" => {
@@ -501,7 +512,9 @@ fn answer(
             let mut x = crate::stats::host_exposition();
             for h in held {
                 let state = if h.removed().is_some() { "removed" } else { "attached" };
-                crate::stats::device_metrics(&mut x, &h.claim.name(), &peer(h), state, 0, Some(&h.stats()));
+                let (label, peer, origin) = (h.claim.name(), peer(h), h.origin());
+                let dev = crate::stats::DeviceLabels { label: &label, peer: &peer, origin: origin.as_ref() };
+                crate::stats::device_metrics(&mut x, &dev, state, 0, Some(&h.stats()));
                 x.gauge(
                     "device_up",
                     "The device is attached and its link up (1), or not (0)",

@@ -1,6 +1,7 @@
 //! The endpoints' counters as JSON (`dxpu ctl stats`, `sessions`) and a host's metrics: what
 //! the static host, the pool host and the box all report, below each of their run times.
 
+use bridge::attach::Origin;
 use bridge_host::{HostStats, LatencyHistogram};
 use serde_json::{Value, json};
 
@@ -50,20 +51,44 @@ pub fn host_exposition() -> Exposition {
     x
 }
 
-/// One device's metrics on a host: its info (state, box), removals, and with `stats` (an
-/// attached device) its TLPs, DMA, interrupts, timeouts, register-read latency and link.
+/// One device on a host, as its metrics name it: its label, its box's address, and what the
+/// box said of it at attach (`origin`; none before the first attach).
+pub struct DeviceLabels<'a> {
+    /// The host's name for it.
+    pub label: &'a str,
+    /// The box's address.
+    pub peer: &'a str,
+    /// Its IDs, the box's name and its PCI address there.
+    pub origin: Option<&'a Origin>,
+}
+
+/// One device's metrics on a host: its info (box, the box's PCI address in dcgm-exporter's
+/// form, IDs), state, removals, and with `stats` (an attached device) its TLPs, DMA,
+/// interrupts, timeouts, register-read latency and link.
 pub fn device_metrics(
     x: &mut Exposition,
-    label: &str,
-    peer: &str,
+    dev: &DeviceLabels<'_>,
     state: &str,
     removals: u64,
     stats: Option<&HostStats>,
 ) {
+    let (label, peer) = (dev.label, dev.peer);
+    // The same labels as the box's dxpu_device_info, so that the two join on box and
+    // pci_bus_id (and with dcgm-exporter on pci_bus_id); known once the device has attached.
+    let mut info = vec![("device", label.to_string()), ("peer", peer.to_string())];
+    if let Some(o) = dev.origin {
+        info.extend([
+            ("box", o.box_name.clone()),
+            ("pci_bus_id", crate::metrics::dcgm_bus_id(&o.pci_address)),
+            ("vendor_id", format!("{:#06x}", o.vendor_id)),
+            ("device_id", format!("{:#06x}", o.device_id)),
+        ]);
+    }
+    let info: Vec<(&str, &str)> = info.iter().map(|(k, v)| (*k, v.as_str())).collect();
     x.gauge(
         "device_info",
-        "A configured device (1), with its box's address (labels that do not change)",
-        labels(&[("device", label), ("peer", peer)]),
+        "A configured device (1): its box's address, and once attached the box, the device's PCI address there and its IDs",
+        labels(&info),
         1.0,
     );
     for st in ["attached", "silent", "attaching", "down", "detached", "removed"] {
@@ -102,6 +127,7 @@ pub fn device_metrics(
         ("failed_requests", "Non-posted requests failed (link down, device removed)", s.failed_requests),
         ("stray_completions", "Completions matching no request", s.stray_completions),
         ("unclaimed_mmio", "MMIO to addresses no BAR claims", s.unclaimed_mmio),
+        ("malformed_tlps", "TLPs from the box that did not parse", s.malformed_tlps),
         (
             "link_datagrams_too_large",
             "Datagrams the kernel refused as larger than the route carries whole (Don't Fragment set)",
@@ -131,12 +157,12 @@ pub fn host_stats_json(s: &HostStats) -> Value {
         "tlps_sent": s.tlps_sent, "tlps_received": s.tlps_received,
         "dma_reads": s.dma_reads, "dma_writes": s.dma_writes,
         "dma_read_bytes": s.dma_read_bytes, "dma_write_bytes": s.dma_write_bytes,
-        "dma_read_refused": s.dma_read_refused, "dma_write_dropped": s.dma_write_dropped,
+        "dma_read_outside_windows": s.dma_read_refused, "dma_write_outside_windows": s.dma_write_dropped,
         "interrupts": s.interrupts, "completion_timeouts": s.completion_timeouts,
         "failed_requests": s.failed_requests, "stray_completions": s.stray_completions,
         "unclaimed_mmio": s.unclaimed_mmio, "malformed_tlps": s.malformed_tlps,
-        "datagrams_too_large": s.datagrams_too_large,
-        "mmio_reads": s.mmio_reads.count(),
+        "link_datagrams_too_large": s.datagrams_too_large,
+        "mmio_read_samples": s.mmio_reads.count(),
         "mmio_read_p50_le_ns": s.mmio_reads.quantile_ns(0.5), "mmio_read_p99_le_ns": s.mmio_reads.quantile_ns(0.99),
         "link": link_json(&s.link),
     })
@@ -156,7 +182,7 @@ pub fn link_json(l: &link::Stats) -> Value {
         "credit_stalls": l.credit_stalls,
         "dropped_malformed": l.dropped_malformed, "dropped_bad_mac": l.dropped_bad_mac,
         "dropped_replayed": l.dropped_replayed, "dropped_stale_epoch": l.dropped_stale_epoch,
-        "dropped_out_of_window": l.dropped_out_of_window, "duplicate_data": l.duplicate_data,
+        "dropped_out_of_window": l.dropped_out_of_window, "dropped_duplicate": l.duplicate_data,
         "key_updates": l.key_updates,
     })
 }

@@ -135,7 +135,7 @@ pub(crate) fn run_link(args: LinkBench) -> std::io::Result<()> {
             "crc_ns": costs["crc_ns"],
             "session_cpu": cpu_rows,
         });
-        outln!("{report}");
+        outln!("{}", crate::out::json(report));
     }
     Ok(())
 }

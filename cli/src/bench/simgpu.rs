@@ -56,7 +56,7 @@ pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
             "vadd_2e20_fp32_ms": vadd.as_secs_f64() * 1e3,
             "matmul_256_fp32_ms": mm.as_secs_f64() * 1e3,
         });
-        outln!("{v}");
+        outln!("{}", crate::out::json(v));
     }
     Ok(())
 }

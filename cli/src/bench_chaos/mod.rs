@@ -187,9 +187,9 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         "ok": ok,
         "dir": dir.display().to_string(),
     });
-    let _ = std::fs::write(dir.join("chaos.json"), format!("{report:#}\n"));
+    let _ = std::fs::write(dir.join("chaos.json"), format!("{}\n", crate::out::json_pretty(&report)));
     if args.json {
-        outln!("{report}");
+        outln!("{}", crate::out::json(report));
     } else {
         print_text(&args, &dir, &tally, failed, (owner_events, &violations), &rss, ok);
     }

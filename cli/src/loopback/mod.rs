@@ -125,7 +125,10 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             Ok(o) => outcomes.push(o),
             Err(e) => {
                 if args.json {
-                    outln!("{}", json!({ "verified": false, "workload": w.name(), "error": e }));
+                    outln!(
+                        "{}",
+                        crate::out::json(json!({ "verified": false, "workload": w.name(), "error": e }))
+                    );
                 } else {
                     eprintln!("dxpu loopback: {}: {e}", w.name());
                 }
@@ -152,10 +155,10 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     };
     if args.json {
         match outcomes.as_slice() {
-            [o] => outln!("{}", with_capture(report_json(&args, o))),
+            [o] => outln!("{}", crate::out::json(with_capture(report_json(&args, o)))),
             all => {
                 let each: Vec<_> = all.iter().map(|o| with_capture(report_json(&args, o))).collect();
-                outln!("{}", json!({ "verified": true, "workloads": each }));
+                outln!("{}", crate::out::json(json!({ "verified": true, "workloads": each })));
             }
         }
         return ExitCode::SUCCESS;

@@ -209,6 +209,15 @@ pub fn scrape(port: u16) -> String {
     text.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
+/// The whole answer (status line, headers, body) to `GET path` on 127.0.0.1:`port`.
+pub fn http_get(port: u16, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
 /// The value of the sample `name{labels}` (labels in the order the endpoint writes them).
 pub fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
@@ -302,6 +311,38 @@ const DATA_MAPS: &[&str] = &[
     "surprise_removals",
 ];
 
+/// The keys a PCI address may stand under, one per idea: the device's BDF on the box's bus, in
+/// the host's view, its PCI address on the box, and a TLP's IDs.
+const PCI_ADDRESS_KEYS: &[&str] =
+    &["box_id", "host_view", "pci_address", "requester_id", "completer_id", "target"];
+
+/// `bb:dd.f` or `dddd:bb:dd.f` (lower- or upper-case hex).
+fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
+    let Some((head, f)) = s.rsplit_once('.') else { return false };
+    let parts: Vec<&str> = head.split(':').collect();
+    let bdf = |b: &str, d: &str| {
+        hex(b, 2) && hex(d, 2) && f.len() == 1 && f.chars().all(|c| ('0'..='7').contains(&c))
+    };
+    match parts.as_slice() {
+        [b, d] => bdf(b, d),
+        [dom, b, d] => (hex(dom, 4) || hex(dom, 8)) && bdf(b, d),
+        _ => false,
+    }
+}
+
+/// `p50`, `p99`, `p999`: a percentile's token.
+fn is_percentile(t: &str) -> bool {
+    t.len() > 1 && t.starts_with('p') && t[1..].chars().all(|c| c.is_ascii_digit())
+}
+
+/// The significant digits of a number as JSON prints it (`0.0250` has 3, `1.5e-7` 2).
+fn significant_digits(printed: &str) -> usize {
+    let mantissa = printed.split(['e', 'E']).next().unwrap_or(printed);
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    digits.trim_start_matches('0').trim_end_matches('0').len()
+}
+
 fn names_unit(key: &str) -> bool {
     key.split('_').any(|t| UNIT_TOKENS.contains(&t))
 }
@@ -326,6 +367,10 @@ fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
                 ));
             }
             for k in m.keys() {
+                // A percentile is a flat key (`mmio_read_rtt_p50_us`), never an object's `p50`.
+                if is_percentile(k) {
+                    bad.push(format!("{path}.{k}: a percentile is a key of its own, `{key}_{k}_<unit>`"));
+                }
                 let stem = k.strip_suffix("_min").or_else(|| k.strip_suffix("_max"));
                 if stem.is_some_and(|s| !m.contains_key(s)) {
                     bad.push(format!(
@@ -360,72 +405,94 @@ fn walk(path: &str, key: &str, v: &Value, how: Keyed, bad: &mut Vec<String>) {
                 walk(&format!("{path}[{i}]"), key, child, Keyed::Element, bad);
             }
         }
-        Value::Number(n) => {
-            // The endpoints' round trips and register reads are counted in power-of-two
-            // buckets: a percentile of them is a bucket's upper edge, and its key says so.
-            let percentile = tokens
-                .iter()
-                .any(|t| t.len() > 1 && t.starts_with('p') && t[1..].chars().all(|c| c.is_ascii_digit()));
-            if percentile && tokens.iter().any(|t| *t == "rtt" || *t == "mmio") && !tokens.contains(&"le") {
-                bad.push(format!(
-                    "{path} = {n}: a bucket's upper edge says so: `_pNN_le_<unit>` (docs/cli.md)"
-                ));
-            }
-            let integer = n.is_u64() || n.is_i64();
-            // JSON readers hold numbers as doubles: an ID past 2^53 (a 64-bit lease, a seed)
-            // comes out changed (`jq` printed …5700 for a lease …5485); such an ID is a
-            // string. (A count at its range's edge is a count: the model's overflow test
-            // echoes u64::MAX on purpose.)
-            let big = n.as_u64().is_some_and(|x| x > 1 << 53)
-                || n.as_i64().is_some_and(|x| x.unsigned_abs() > 1 << 53);
-            if big && tokens.iter().any(|t| ID_TOKENS.contains(t)) {
-                bad.push(format!(
-                    "{path} = {n}: an integer past 2^53 loses digits in JSON readers; give it as a string"
-                ));
-            }
-            if !integer && !names_unit(key) {
-                bad.push(format!("{path} = {n}: a measured number names its unit in its key (docs/cli.md: _seconds, _us, _bytes, _percent, _per_…)"));
-            }
-            let count = matches!(tokens.last(), Some(&("samples" | "count")));
-            if tokens.iter().any(|t| QUANTITY_TOKENS.contains(t)) && !names_unit(key) && !count {
-                bad.push(format!("{path} = {n}: a time, size or rate names its unit in its key"));
-            }
-            if tokens.contains(&"unix") {
-                let x = n.as_f64().unwrap_or(0.0);
-                let (lo, hi) = if tokens.contains(&"us") { (1.5e15, 4.2e15) } else { (1.5e9, 4.2e9) };
-                if !(lo..hi).contains(&x) {
-                    bad.push(format!("{path} = {n}: not a time since the Unix epoch in the key's unit"));
-                }
-            }
-            if matches!(
-                key,
-                "vendor_id"
-                    | "device_id"
-                    | "subsystem_vendor_id"
-                    | "subsystem_id"
-                    | "class"
-                    | "session"
-                    | "session_id"
-            ) {
-                bad.push(format!("{path} = {n}: PCI IDs and session IDs are hex strings"));
-            }
-        }
-        Value::String(s) => {
-            let hex = |digits: usize| {
-                s.len() == 2 + digits
-                    && s.starts_with("0x")
-                    && s[2..].chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
-            };
-            let ok = match key {
-                "vendor_id" | "device_id" | "subsystem_vendor_id" | "subsystem_id" => hex(4),
-                "class" => hex(6),
-                "session" | "session_id" => hex(8),
-                _ => true,
-            };
-            if !ok {
-                bad.push(format!("{path} = {s:?}: PCI IDs are 0x and 4 (a class 6) lower-case hex digits, session IDs 0x and 8"));
-            }
-        }
+        Value::Number(n) => number(path, key, &tokens, n, bad),
+        Value::String(s) => string(path, key, s, how, bad),
         Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// A number's checks: its unit, an ID's range, a percentile's and a time's shape, noise.
+fn number(path: &str, key: &str, tokens: &[&str], n: &serde_json::Number, bad: &mut Vec<String>) {
+    // The endpoints' round trips and register reads are counted in power-of-two
+    // buckets: a percentile of them is a bucket's upper edge, and its key says so.
+    // (Bucket edges are integers; an exact percentile from sorted samples is a float.)
+    let percentile = tokens.iter().any(|t| is_percentile(t));
+    let integer = n.is_u64() || n.is_i64();
+    if percentile && integer && tokens.iter().any(|t| *t == "rtt" || *t == "mmio") && !tokens.contains(&"le")
+    {
+        bad.push(format!("{path} = {n}: a bucket's upper edge says so: `_pNN_le_<unit>` (docs/cli.md)"));
+    }
+    // JSON readers hold numbers as doubles: an ID past 2^53 (a 64-bit lease, a seed)
+    // comes out changed (`jq` printed …5700 for a lease …5485); such an ID is a
+    // string. (A count at its range's edge is a count: the model's overflow test
+    // echoes u64::MAX on purpose.)
+    let big =
+        n.as_u64().is_some_and(|x| x > 1 << 53) || n.as_i64().is_some_and(|x| x.unsigned_abs() > 1 << 53);
+    if big && tokens.iter().any(|t| ID_TOKENS.contains(t)) {
+        bad.push(format!(
+            "{path} = {n}: an integer past 2^53 loses digits in JSON readers; give it as a string"
+        ));
+    }
+    // Binary floating point's noise (`2.3329999999999997`) is not a figure: output
+    // rounds fractions to 9 significant digits (`ops::control::tidy`).
+    if !integer && significant_digits(&n.to_string()) > 9 {
+        bad.push(format!("{path} = {n}: more digits than any figure means (round it: ops::control::tidy)"));
+    }
+    // Times of day are whole seconds (`_unix_seconds`) or microseconds (`_unix_us`).
+    if !integer && tokens.contains(&"unix") {
+        bad.push(format!("{path} = {n}: a time of day is a whole number of the key's unit"));
+    }
+    if !integer && !names_unit(key) {
+        bad.push(format!("{path} = {n}: a measured number names its unit in its key (docs/cli.md: _seconds, _us, _bytes, _percent, _per_…)"));
+    }
+    let count = matches!(tokens.last(), Some(&("samples" | "count")));
+    if tokens.iter().any(|t| QUANTITY_TOKENS.contains(t)) && !names_unit(key) && !count {
+        bad.push(format!("{path} = {n}: a time, size or rate names its unit in its key"));
+    }
+    if tokens.contains(&"unix") {
+        let x = n.as_f64().unwrap_or(0.0);
+        let (lo, hi) = if tokens.contains(&"us") { (1.5e15, 4.2e15) } else { (1.5e9, 4.2e9) };
+        if !(lo..hi).contains(&x) {
+            bad.push(format!("{path} = {n}: not a time since the Unix epoch in the key's unit"));
+        }
+    }
+    if matches!(
+        key,
+        "vendor_id"
+            | "device_id"
+            | "subsystem_vendor_id"
+            | "subsystem_id"
+            | "class"
+            | "session"
+            | "session_id"
+    ) {
+        bad.push(format!("{path} = {n}: PCI IDs and session IDs are hex strings"));
+    }
+}
+
+/// A string's checks: PCI and session IDs' form, a PCI address's key.
+fn string(path: &str, key: &str, s: &str, how: Keyed, bad: &mut Vec<String>) {
+    let hex = |digits: usize| {
+        s.len() == 2 + digits
+            && s.starts_with("0x")
+            && s[2..].chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    };
+    let ok = match key {
+        "vendor_id" | "device_id" | "subsystem_vendor_id" | "subsystem_id" => hex(4),
+        "class" => hex(6),
+        "session" | "session_id" => hex(8),
+        _ => true,
+    };
+    if !ok {
+        bad.push(format!(
+            "{path} = {s:?}: PCI IDs are 0x and 4 (a class 6) lower-case hex digits, session IDs 0x and 8"
+        ));
+    }
+    // One key for each idea a PCI address stands for (docs/cli.md).
+    if is_pci_address(s) && how != Keyed::Element && !PCI_ADDRESS_KEYS.contains(&key) {
+        bad.push(format!(
+            "{path} = {s:?}: a PCI address goes under one of {} (docs/cli.md)",
+            PCI_ADDRESS_KEYS.join(", ")
+        ));
     }
 }

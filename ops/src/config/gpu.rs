@@ -30,6 +30,12 @@ impl GpuFile {
         out
     }
 
+    /// The box's name as the pool and dcgm-exporter know it: its pool name, else the
+    /// machine's host name.
+    pub fn box_name(&self) -> String {
+        self.pool.as_ref().map(|p| p.box_name.clone()).unwrap_or_else(crate::metrics::hostname)
+    }
+
     /// How long a host's old key is still accepted after a reload changed it: `key_overlap_s`
     /// (default 600 s, at most a week).
     pub fn key_overlap(&self) -> Result<std::time::Duration, ConfigError> {
@@ -142,6 +148,7 @@ impl GpuFile {
         }
         let link = self.link.settings(hosts[0].key.clone())?;
         Ok(GpuOptions {
+            box_name: self.box_name(),
             listen,
             link: link.config,
             hosts,

@@ -13,6 +13,12 @@ use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde::Deserialize;
 
+pub(crate) use access::check_writable;
+use access::warn_if_the_service_cannot_read;
+pub use access::{SERVICE_USER, running_as, with_user_hint};
+pub use error::ConfigError;
+use error::bad;
+
 /// `[link]`: the session and its driver.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +99,34 @@ struct DeviceSection {
 pub struct ControlSection {
     /// Where the socket is made (mode 0600); no socket without it.
     pub(crate) socket: Option<PathBuf>,
+}
+
+impl ControlSection {
+    /// What the start will need of the socket's directory (`--check`): one this process may
+    /// write, or one it may make (the start makes it). A directory not there whose parent this
+    /// process may not write is warned about, not refused: a unit's `RuntimeDirectory` makes
+    /// it before the start.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let Some(p) = &self.socket else { return Ok(()) };
+        if p.as_os_str().is_empty() || p.is_dir() {
+            return Err(bad("control.socket", p.display(), "must be a socket file path"));
+        }
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if dir.is_dir() {
+            return check_writable("control.socket", p, dir);
+        }
+        let made_in = dir.ancestors().skip(1).find(|a| a.is_dir()).unwrap_or(Path::new("/"));
+        if check_writable("control.socket", p, made_in).is_err() {
+            log::warn!(
+                "control.socket = {}: its directory {} is not there and this process ({}) may not make it in {}; the packaged units' RuntimeDirectory makes it at start",
+                p.display(),
+                dir.display(),
+                running_as(),
+                made_in.display()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `[metrics]`: Prometheus metrics over HTTP.
@@ -361,61 +395,6 @@ pub struct HostFile {
     pub(crate) metrics: MetricsSection,
 }
 
-fn bad(key: &str, value: impl std::fmt::Display, problem: &str) -> ConfigError {
-    ConfigError::Value { key: key.to_string(), value: value.to_string(), problem: problem.to_string() }
-}
-
-/// Why a configuration cannot be used: the file, the key or the section, and what is wrong.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A key's value: the key's place in the file (`attach[0].server`), the value as given,
-    /// what is wrong with it.
-    #[error("{key} = {value}: {problem}")]
-    Value {
-        /// The key.
-        key: String,
-        /// Its value, as the file gives it.
-        value: String,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// A section or key missing, or two given that exclude each other.
-    #[error("{at}: {problem}")]
-    Section {
-        /// Where (`pool`, `attach[1]`).
-        at: String,
-        /// What is wrong.
-        problem: String,
-    },
-    /// `[pool]` as the pool itself checks it (its key and what is wrong).
-    #[error("pool.{0}")]
-    Pool(String),
-    /// The file itself: it cannot be read, is too long, is not UTF-8, is not this TOML.
-    #[error("{path}: {problem}")]
-    File {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        problem: String,
-    },
-}
-
-impl ConfigError {
-    fn section(at: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-        ConfigError::Section { at: at.into(), problem: problem.into() }
-    }
-    fn file(path: &Path, problem: impl std::fmt::Display) -> ConfigError {
-        ConfigError::File { path: path.display().to_string(), problem: problem.to_string() }
-    }
-}
-
-/// For the run times' errors, which are text.
-impl From<ConfigError> for String {
-    fn from(e: ConfigError) -> String {
-        e.to_string()
-    }
-}
-
 /// Largest configuration file read (a file this long is not a configuration).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -475,71 +454,6 @@ fn warn_if_others_can_read(key_name: &str, f: &Path) {
             "{key_name} = {}: readable by others (mode {:03o}); `chmod 600` it",
             f.display(),
             m.permissions().mode() & 0o777
-        );
-    }
-}
-
-/// The user the packaged services run as (packaging/dxpu-*.service).
-pub const SERVICE_USER: &str = "dxpu";
-
-/// Whether this process may make `path` in `dir` (write and enter it): said as `key`'s
-/// error, with who runs and who the packaged services run as, where it may not.
-pub(crate) fn check_writable(key: &str, path: &Path, dir: &Path) -> Result<(), ConfigError> {
-    let wx = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
-    rustix::fs::access(dir, wx).map_err(|e| {
-        bad(
-            key,
-            path.display(),
-            &format!(
-                "its directory {} is not this process's to write ({e}): it runs as {}; the packaged services run as user {SERVICE_USER}, whose units make their own directories under /run/dxpu at start",
-                dir.display(),
-                running_as()
-            ),
-        )
-    })
-}
-
-/// Who this process runs as: `uid N (name)`.
-pub fn running_as() -> String {
-    let uid = rustix::process::geteuid().as_raw();
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
-        _ => format!("uid {uid}"),
-    }
-}
-
-/// An error reading `f`, with what to do where it is a permission refused: who this process
-/// runs as, and that the packaged services run as [`SERVICE_USER`].
-pub fn with_user_hint(e: &std::io::Error, f: &Path) -> String {
-    if e.kind() != std::io::ErrorKind::PermissionDenied {
-        return e.to_string();
-    }
-    format!(
-        "{e}: this process runs as {}; the packaged services run as user {SERVICE_USER}, which must be able to read it and enter its directory: `chown {SERVICE_USER}:{SERVICE_USER} {}` (a key file: mode 0600; docs/operations.md)",
-        running_as(),
-        f.display()
-    )
-}
-
-/// Run as root (a `--check` by hand, say) where the packaged services' user exists, a key
-/// file that user cannot read is said: the service would be refused it at start.
-fn warn_if_the_service_cannot_read(key_name: &str, f: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    if !rustix::process::geteuid().is_root() {
-        return;
-    }
-    let Ok(Some(user)) = nix::unistd::User::from_name(SERVICE_USER) else { return };
-    let Ok(m) = std::fs::metadata(f) else { return };
-    let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
-    let readable = (m.uid() == uid && m.mode() & 0o400 != 0)
-        || (m.gid() == gid && m.mode() & 0o040 != 0)
-        || m.mode() & 0o004 != 0;
-    if !readable {
-        log::warn!(
-            "{key_name} = {}: the packaged service's user {SERVICE_USER} cannot read it (owner uid {}, mode {:03o}); `chown {SERVICE_USER}:{SERVICE_USER}` it unless this endpoint runs as root",
-            f.display(),
-            m.uid(),
-            m.mode() & 0o777
         );
     }
 }
@@ -767,6 +681,8 @@ fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
 /// The default UDP port of `dxpu gpu`.
 pub const DEFAULT_PORT: u16 = 7440;
 
+mod access;
+mod error;
 mod fingerprint;
 mod gpu;
 mod host;

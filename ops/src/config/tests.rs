@@ -441,3 +441,23 @@ fn a_vfio_user_socket_in_a_directory_this_process_cannot_write_is_refused_saying
     assert!(e.contains("attach[0].vfio_user_socket") && e.contains("not this process's to write"), "{e}");
     assert!(e.contains("runs as uid") && e.contains("user dxpu"), "{e}");
 }
+
+#[test]
+fn a_control_socket_where_this_process_cannot_make_it_is_refused_and_one_to_be_made_is_taken() {
+    let section = |p: &str| ControlSection { socket: Some(p.into()) };
+    // A directory there that this process may not write (read-only /proc/sys): refused.
+    if rustix::fs::access(std::path::Path::new("/proc/sys"), rustix::fs::Access::WRITE_OK).is_err() {
+        let e = section("/proc/sys/control.sock").check().unwrap_err().to_string();
+        assert!(e.contains("control.socket") && e.contains("not this process's to write"), "{e}");
+        assert!(e.contains("runs as uid"), "{e}");
+    }
+    // A directory the start makes: taken (under a writable one), or only warned about.
+    let dir = std::env::temp_dir().join(format!("dxpu-ctl-check-{}", std::process::id()));
+    let nested = dir.join("a/b/control.sock");
+    assert!(section(nested.to_str().unwrap()).check().is_ok());
+    assert!(!dir.exists(), "a check makes nothing");
+    assert!(section("/proc/sys/nowhere/control.sock").check().is_ok());
+    // Not a socket's path.
+    assert!(section(std::env::temp_dir().to_str().unwrap()).check().is_err());
+    assert!(ControlSection::default().check().is_ok());
+}

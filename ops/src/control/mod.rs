@@ -455,7 +455,7 @@ fn handle_request(req: &Value, calls: &mpsc::Sender<Call>, caller: Option<&Arc<C
 
 fn response(id: Value, r: Result<Value, RpcError>) -> Value {
     match r {
-        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": tidy(result)}),
         Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": e.code, "message": e.message}}),
     }
 }
@@ -586,6 +586,34 @@ pub enum CallError {
         /// The parser's complaint.
         why: String,
     },
+}
+
+/// Significant digits a fractional number keeps in JSON output: more than any figure here is
+/// measured to, fewer than binary floating point's noise (`2.3329999999999997`).
+pub const SIGNIFICANT_DIGITS: usize = 9;
+
+/// `v` with every fractional number rounded to [`SIGNIFICANT_DIGITS`], so that a figure
+/// computed in binary floating point prints as it was meant (`2.333`). Integers, and times of
+/// day (integers too: [`unix_seconds`]), are left as they are.
+pub fn tidy(v: Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or(0.0);
+            // Printed to the digits kept and read back: the nearest double to that decimal,
+            // which serde_json prints in its shortest form.
+            let rounded: f64 = format!("{x:.*e}", SIGNIFICANT_DIGITS - 1).parse().unwrap_or(x);
+            serde_json::Number::from_f64(rounded).map_or(Value::Null, Value::Number)
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(tidy).collect()),
+        Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, tidy(v))).collect()),
+        v => v,
+    }
+}
+
+/// A time of day as answers give it: whole seconds since the Unix epoch (docs/cli.md), so
+/// that `since_unix_seconds` is an integer from every command.
+pub fn unix_seconds(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Seconds since `started`, to the millisecond.

@@ -229,3 +229,14 @@ fn one_client_past_the_limit_is_refused_and_the_others_served() {
     drop(server);
     answers.join().unwrap();
 }
+
+#[test]
+fn tidy_rounds_fractions_to_nine_digits_and_leaves_integers() {
+    let v = json!({"a": 2.3329999999999997, "b": [0.1 + 0.2, 1.0 / 3.0], "c": u64::MAX, "d": -7, "e": 1e-12 / 3.0,
+        "f": 8_412_345_678.9, "g": null, "h": "2.3329999999999997", "i": 2.5});
+    let t = tidy(v);
+    assert_eq!(
+        t.to_string(),
+        r#"{"a":2.333,"b":[0.3,0.333333333],"c":18446744073709551615,"d":-7,"e":3.33333333e-13,"f":8412345680.0,"g":null,"h":"2.3329999999999997","i":2.5}"#
+    );
+}

@@ -147,6 +147,7 @@ pub fn check(start: &HostStart) -> Result<String, RunError> {
     let in_file = |source| RunError::InFile { path: at(), source };
     let all = file.attachments(start.server.as_deref()).map_err(in_file)?;
     file.metrics.listen()?;
+    file.control.check().map_err(in_file)?;
     match file.pool().map_err(in_file)? {
         Some(_) if !all.is_empty() => Err(RunError::AttachAndPool { path: at() }),
         Some(p) => Ok(format!("a pool host wanting {} device(s)", p.agent.want)),

@@ -7,18 +7,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
+use bridge::attach::Origin;
 use bridge_host::vfio_user::ServedDevice;
 use bridge_host::{AttachOptions, RemoteDevice, RemovalWatch};
 use serde_json::{Value, json};
 
 use crate::config::{self, HostFile, LinkOverride, ServedSocket};
-use crate::control::{Call, METHOD_NOT_FOUND, RpcError, uptime_since};
+use crate::control::{Call, METHOD_NOT_FOUND, RpcError, unix_seconds, uptime_since};
 use crate::metrics::{Exposition, labels};
 
 use crate::error::RunError;
-use crate::stats::{device_metrics, host_exposition, host_stats_json, link_json};
+use crate::stats::{DeviceLabels, device_metrics, host_exposition, host_stats_json, link_json};
 
 /// The wait before re-attaching a device whose attach failed or which was removed: from
 /// `RETRY_MIN`, doubling with jitter, to `RETRY_MAX` (a box down for a day is asked about
@@ -102,6 +103,9 @@ struct SlotLife {
     /// Why the last attempt failed or the device was last removed (kept while it is tried
     /// again; cleared once it is up).
     last_error: Option<String>,
+    /// What the box said of the device at its last attach (kept while it is down, so that
+    /// its metrics' labels do not change).
+    origin: Option<Origin>,
 }
 
 impl SlotLife {
@@ -113,6 +117,7 @@ impl SlotLife {
             attach_failures: 0,
             removals: 0,
             last_error: None,
+            origin: None,
         }
     }
 
@@ -281,6 +286,7 @@ impl HostRuntime {
                     match result {
                         Ok(a) => {
                             log::info!("{label}: attached in {:.3} s", started.elapsed().as_secs_f64());
+                            life.origin = a.watch.origin().or(life.origin.take());
                             (life.failures, life.slot, life.last_error) = (0, Slot::Up(a), None);
                             life.waits.reset();
                             for w in waiters {
@@ -568,6 +574,9 @@ impl HostRuntime {
                     "config": self.path.display().to_string(),
                     "devices": self.entries.len(),
                     "attached": self.attached(),
+                    // Ready (`/readyz`) once every configured device is attached.
+                    "ready": self.attached() == self.entries.len(),
+                    "not_ready": (self.attached() < self.entries.len()).then(|| self.status_line()),
                 }))
             }
             "devices" => {
@@ -583,7 +592,7 @@ impl HostRuntime {
                     let mut v = json!({
                         "device": e.label,
                         "peer": e.opts.server.to_string(),
-                        "since_unix_seconds": a.since.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                        "since_unix_seconds": unix_seconds(a.since),
                     });
                     if let (Value::Object(m), Value::Object(l)) = (&mut v, link_json(&s.link)) {
                         m.extend(l);
@@ -631,12 +640,13 @@ impl HostRuntime {
         let life = self.slots.get(&e.label);
         let a = life.and_then(SlotLife::attached);
         let stats = a.map(|a| a.watch.stats());
-        let epoch = |t: &SystemTime| t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let origin = life.and_then(|l| l.origin.as_ref());
         let (retry_in, since) = match life.map(|l| &l.slot) {
-            Some(Slot::Down { retry, since, .. }) => {
-                (Some(retry.saturating_duration_since(Instant::now()).as_secs_f64()), Some(epoch(since)))
-            }
-            Some(Slot::Up(a)) => (None, Some(epoch(&a.since))),
+            Some(Slot::Down { retry, since, .. }) => (
+                Some(retry.saturating_duration_since(Instant::now()).as_secs_f64()),
+                Some(unix_seconds(*since)),
+            ),
+            Some(Slot::Up(a)) => (None, Some(unix_seconds(a.since))),
             _ => (None, None),
         };
         let error = life.and_then(|l| l.last_error.clone());
@@ -646,6 +656,10 @@ impl HostRuntime {
             "server": e.opts.server.to_string(),
             "host_view": e.opts.device_id.to_string(),
             "box_id": a.map(|a| a.watch.box_id().to_string()),
+            "box": origin.map(|o| o.box_name.clone()),
+            "pci_address": origin.map(|o| o.pci_address.clone()),
+            "vendor_id": origin.map(|o| format!("{:#06x}", o.vendor_id)),
+            "device_id": origin.map(|o| format!("{:#06x}", o.device_id)),
         "state": life.map_or("detached", SlotLife::state),
             "since_unix_seconds": since,
             "removed": a.and_then(|a| a.watch.removed()),
@@ -664,7 +678,10 @@ impl HostRuntime {
             let state = life.map_or("detached", SlotLife::state);
             let removals = life.map_or(0, |l| l.removals);
             let stats = life.and_then(SlotLife::attached).map(|a| a.watch.stats());
-            device_metrics(&mut x, &e.label, &e.opts.server.to_string(), state, removals, stats.as_ref());
+            let peer = e.opts.server.to_string();
+            let dev =
+                DeviceLabels { label: &e.label, peer: &peer, origin: life.and_then(|l| l.origin.as_ref()) };
+            device_metrics(&mut x, &dev, state, removals, stats.as_ref());
             let d = labels(&[("device", &e.label)]);
             x.gauge(
                 "device_up",
