@@ -249,8 +249,8 @@ pub(crate) fn run_model_bench(args: ModelBench) -> Result<(), String> {
         .map(String::from),
     );
     let (mut all, mut held, mut total) = (Vec::new(), 0, 0);
-    let steps = crate::out::Steps::new("bench model");
     let count = workloads.len() * args.delays_us.len();
+    let steps = crate::out::Steps::counted("bench model", count as u32);
     for w in workloads {
         let mut points = Vec::new();
         for &delay in &args.delays_us {

@@ -53,7 +53,7 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
     cfg.request_timeout = Duration::from_secs(5);
     let largest = args.boxes.iter().copied().max().unwrap_or(1) as f64;
     let mut reports: Vec<StormReport> = Vec::new();
-    let steps = crate::out::Steps::new("bench pool");
+    let steps = crate::out::Steps::counted("bench pool", args.boxes.len() as u32);
     for (i, &b) in args.boxes.iter().enumerate() {
         let hosts = ((args.hosts as f64 * b as f64 / largest).round() as usize).max(1);
         let p = StormParams {

@@ -173,8 +173,8 @@ fn measured_link(delay_us: u64, whole_round_trip: bool) -> Result<LinkParams, St
         poll: PollMode::Busy { spin: Duration::from_micros(2000) },
         placement: crate::args::PinArg::Auto.placement(&lab::affinity::allowed()?)?,
     };
-    let mut progress = |s: &str| eprintln!("dxpu model: {s}");
-    let c = lab::compare::calibrate(&opts, &mut progress)?;
+    let steps = crate::out::Steps::new("model").with_every_detail(true);
+    let c = lab::compare::calibrate(&opts, &mut |s| steps.detail(s))?;
     Ok(match whole_round_trip {
         true => LinkParams { rtt_ns: c.bridged.rtt.as_nanos() as f64, ..c.link },
         false => c.link,

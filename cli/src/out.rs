@@ -139,99 +139,153 @@ pub(crate) fn utc_us(unix_us: i64) -> String {
     }
 }
 
-/// Progress of a long command on standard error: a bar (indicatif) where standard error is a
-/// terminal, else a line now and then (every 30 s) so that a log shows it is alive, and
-/// nothing more.
-pub(crate) struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    what: &'static str,
-    total: f64,
-    said: std::cell::Cell<f64>,
-}
-
-impl Progress {
-    /// Progress of `what` over `total` (seconds, or any unit `at` is given in).
-    pub(crate) fn new(what: &'static str, total: f64) -> Progress {
-        use std::io::IsTerminal;
-        let bar = io::stderr().is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new(total.max(1.0).round() as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b.set_prefix(what);
-            b
-        });
-        Progress { bar, what, total, said: std::cell::Cell::new(0.0) }
-    }
-
-    /// Now at `done` of the total, with a short message.
-    pub(crate) fn at(&self, done: f64, msg: &str) {
-        match &self.bar {
-            Some(b) => {
-                b.set_position(done.min(self.total).max(0.0).round() as u64);
-                b.set_message(msg.to_string());
-            }
-            None if done - self.said.get() >= 30.0 => {
-                self.said.set(done);
-                eprintln!("dxpu {}: {:.0} of {:.0}: {msg}", self.what, done, self.total);
-            }
-            None => {}
-        }
-    }
-
-    /// Done: the bar is cleared.
-    pub(crate) fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
-}
-
-/// What a long command is doing, on standard error: on a terminal a spinner with the step
-/// and the time so far, cleared at the end; elsewhere (a log, a pipe) a line per step with
-/// the seconds since the start. For commands made of a few long steps (`bench model`'s
-/// points, `bench pool`'s storms) whose rows arrive only as each step ends.
+/// What a long command is doing, on standard error, in one style for every command
+/// (`loopback`, `replay`, `bench …`): on a terminal a bar with the time so far and an ETA
+/// (a spinner where the command cannot count its work), cleared at the end; elsewhere (a log,
+/// a pipe) plain lines with the seconds since the start and the time left where it is known.
+///
+/// The work is counted in units (`counted`): each [`Steps::step`] begins the next one, and a
+/// [`Steps::detail`] within it that says `N of M` (`replay 3 of 5`, `bridged (2 of 3)`) places
+/// the bar within it, so that the ETA moves between the units too.
 pub(crate) struct Steps {
     bar: Option<indicatif::ProgressBar>,
     what: &'static str,
     start: std::time::Instant,
+    /// The units of work, where known.
+    units: Option<u32>,
+    /// Units begun.
+    begun: std::cell::Cell<u32>,
+    /// The fraction of the work done, 0..=1.
+    done: std::cell::Cell<f64>,
+    /// A line for every detail too, not only for the steps (`--verbose`, or a command whose
+    /// details are few).
+    every_detail: bool,
+    /// When the last periodic line was said (seconds since the start), for [`Steps::at`].
+    said: std::cell::Cell<f64>,
 }
 
+/// Positions of a bar: the fraction done in thousandths.
+const BAR_LENGTH: u64 = 1000;
+
 impl Steps {
+    /// Steps that cannot be counted: a spinner on a terminal.
     pub(crate) fn new(what: &'static str) -> Steps {
+        Steps::make(what, None)
+    }
+
+    /// `units` units of work: a bar with an ETA on a terminal, the time left in the lines.
+    pub(crate) fn counted(what: &'static str, units: u32) -> Steps {
+        Steps::make(what, Some(units.max(1)))
+    }
+
+    fn make(what: &'static str, units: Option<u32>) -> Steps {
         use std::io::IsTerminal;
         let bar = io::stderr().is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new_spinner();
+            let (b, template) = match units {
+                Some(_) => (
+                    indicatif::ProgressBar::new(BAR_LENGTH),
+                    "{prefix} [{elapsed_precise}] {bar:30} {percent:>3}% ETA {eta} {wide_msg}",
+                ),
+                None => (
+                    indicatif::ProgressBar::new_spinner(),
+                    "{spinner} [{elapsed_precise}] {prefix}: {wide_msg}",
+                ),
+            };
             b.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix}: {wide_msg}")
+                indicatif::ProgressStyle::with_template(template)
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
             );
             b.set_prefix(what);
             b.enable_steady_tick(std::time::Duration::from_millis(120));
             b
         });
-        Steps { bar, what, start: std::time::Instant::now() }
+        Steps {
+            bar,
+            what,
+            start: std::time::Instant::now(),
+            units,
+            begun: std::cell::Cell::new(0),
+            done: std::cell::Cell::new(0.0),
+            every_detail: false,
+            said: std::cell::Cell::new(0.0),
+        }
     }
 
-    /// A new step: the spinner's message, or a line.
+    /// A line for every detail as well (`--verbose`).
+    pub(crate) fn with_every_detail(mut self, on: bool) -> Steps {
+        self.every_detail = on;
+        self
+    }
+
+    /// The next unit begins: the bar's message, or a line with the time left.
     pub(crate) fn step(&self, msg: &str) {
+        let begun = self.begun.get();
+        self.begun.set(begun + 1);
+        if let Some(n) = self.units {
+            self.set_done(f64::from(begun) / f64::from(n));
+        }
+        self.say(msg);
+    }
+
+    /// Detail within a unit: the bar's message (placed within the unit where it says
+    /// `N of M`); a line only with [`Steps::with_every_detail`].
+    pub(crate) fn detail(&self, msg: &str) {
+        if let (Some(n), Some(within)) = (self.units, fraction_in(msg)) {
+            let unit = f64::from(self.begun.get().saturating_sub(1));
+            self.set_done((unit + within) / f64::from(n));
+        }
         match &self.bar {
             Some(b) => b.set_message(msg.to_string()),
-            None => eprintln!("dxpu {} [{:6.1} s] {msg}", self.what, self.start.elapsed().as_secs_f64()),
+            None if self.every_detail => self.line(msg),
+            None => {}
         }
     }
 
-    /// Detail within a step: the spinner's message only (a log gets the steps alone).
-    pub(crate) fn detail(&self, msg: &str) {
+    /// A message that is not a unit of work (a result, a warning): the bar's, or a line.
+    pub(crate) fn say(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.set_message(msg.to_string()),
+            None => self.line(msg),
+        }
+    }
+
+    /// Now `done` (0..=1) of the work, for work measured in time (`bench chaos`): the bar, or
+    /// a line every 30 s.
+    pub(crate) fn at(&self, done: f64, msg: &str) {
+        self.set_done(done);
+        match &self.bar {
+            Some(b) => b.set_message(msg.to_string()),
+            None => {
+                let t = self.start.elapsed().as_secs_f64();
+                if t - self.said.get() >= 30.0 {
+                    self.said.set(t);
+                    self.line(msg);
+                }
+            }
+        }
+    }
+
+    fn set_done(&self, f: f64) {
+        let f = f.clamp(0.0, 1.0).max(self.done.get());
+        self.done.set(f);
         if let Some(b) = &self.bar {
-            b.set_message(msg.to_string());
+            b.set_position((f * BAR_LENGTH as f64).round() as u64);
         }
     }
 
-    /// Runs `f` (which prints rows) with the spinner off the screen.
+    /// The time left, from the time so far and the fraction done (none before 1 % is done).
+    fn left(&self) -> Option<std::time::Duration> {
+        let f = self.done.get();
+        (self.units.is_some() && (0.01..1.0).contains(&f))
+            .then(|| self.start.elapsed().mul_f64((1.0 - f) / f))
+    }
+
+    fn line(&self, msg: &str) {
+        let left = self.left().map_or(String::new(), |d| format!(", about {} left", rough(d)));
+        eprintln!("dxpu {} [{:6.1} s{left}] {msg}", self.what, self.start.elapsed().as_secs_f64());
+    }
+
+    /// Runs `f` (which prints rows) with the bar off the screen.
     pub(crate) fn print<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.bar {
             Some(b) => b.suspend(f),
@@ -245,6 +299,27 @@ impl Drop for Steps {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+/// Where the first `N of M` in a message (the outermost) puts the work within its unit:
+/// `(N - 1) / M`.
+fn fraction_in(msg: &str) -> Option<f64> {
+    let words: Vec<&str> =
+        msg.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    words.windows(3).find_map(|w| {
+        let (n, m) = (w[0].parse::<u32>().ok()?, w[2].parse::<u32>().ok()?);
+        (w[1] == "of" && (1..=m).contains(&n)).then(|| f64::from(n - 1) / f64::from(m))
+    })
+}
+
+/// A duration as a person reads a wait: `40 s`, `3 min`, `2 h 5 min`.
+fn rough(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=99 => format!("{s} s"),
+        100..=5999 => format!("{} min", (s + 30) / 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
     }
 }
 
@@ -267,6 +342,28 @@ mod tests {
         assert_eq!(table(&["p50 ms", "n"], &[]), "P50-MS  N\n");
         let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);
         assert_eq!(t, "A  B\nx\ny  z\n", "{t}");
+    }
+
+    #[test]
+    fn n_of_m_places_the_work_within_its_unit_and_a_wait_reads_roughly() {
+        assert_eq!(fraction_in("replay 3 of 5"), Some(0.4));
+        assert_eq!(fraction_in("inference: bridged (2 of 4): step 7 of 10"), Some(0.25));
+        assert_eq!(fraction_in("warm-up"), None);
+        assert_eq!(fraction_in("0 of 5"), None);
+        assert_eq!(fraction_in("6 of 5"), None);
+        assert_eq!(rough(std::time::Duration::from_secs(42)), "42 s");
+        assert_eq!(rough(std::time::Duration::from_secs(190)), "3 min");
+        assert_eq!(rough(std::time::Duration::from_secs(7500)), "2 h 5 min");
+        // Counted work: the time left appears once some is done, and never goes back.
+        let s = Steps::counted("test", 4);
+        assert!(s.left().is_none());
+        s.step("one");
+        s.step("two");
+        s.detail("half 2 of 2");
+        assert!((s.done.get() - 0.375).abs() < 1e-9);
+        s.detail("1 of 2");
+        assert!((s.done.get() - 0.375).abs() < 1e-9);
+        assert!(s.left().is_some());
     }
 
     #[test]

@@ -252,8 +252,12 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
 
 /// Runs `dxpu replay`.
 pub(crate) fn run_replay(args: ReplayArgs) -> ExitCode {
-    let mut progress = |s: &str| eprintln!("dxpu replay: {s}");
-    match run(&args, &mut progress) {
+    // One unit, placed by the replays' `N of M`; its few steps each said.
+    let steps = crate::out::Steps::counted("replay", 1).with_every_detail(true);
+    steps.step(&format!("{}", args.trace.display()));
+    let r = run(&args, &mut |s| steps.detail(s));
+    drop(steps);
+    match r {
         Ok(r) if args.json => {
             outln!("{}", crate::out::json(report_json(&r, &args)));
             ExitCode::SUCCESS

@@ -305,7 +305,7 @@ fn loopback_runs_every_workload_unless_told_one() {
     // The baseline on a thread of its own.
     let out = dxpu()
         .args(["loopback", "--json", "--scale", "1", "--repeat", "2", "--rtt-samples", "50"])
-        .args(["--workload", "training", "--baseline", "concurrent"])
+        .args(["--workload", "demo", "--baseline", "concurrent"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -368,7 +368,7 @@ fn loopback_pins_its_spinning_threads_where_told() {
     let run = |pin: &str| {
         let out = dxpu()
             .args(["loopback", "--json", "--scale", "1", "--repeat", "1", "--rtt-samples", "50"])
-            .args(["--workload", "training", "--pin", pin])
+            .args(["--workload", "demo", "--pin", pin])
             .output()
             .unwrap();
         assert!(out.status.success(), "--pin {pin}: {}", String::from_utf8_lossy(&out.stderr));
@@ -397,7 +397,8 @@ fn loopback_pins_its_spinning_threads_where_told() {
     // While it runs: the GPU-box endpoint's thread and the workload's each on one of the two
     // CPUs, never both; the host endpoint's service thread on the host's.
     let mut child = dxpu()
-        .args(["loopback", "--workload", "inference", "--repeat", "6", "--rtt-samples", "50", "--pin", "1,0"])
+        .args(["loopback", "--workload", "inference", "--scale", "1", "--repeat", "3", "--rtt-samples", "50"])
+        .args(["--pin", "1,0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

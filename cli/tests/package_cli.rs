@@ -346,3 +346,51 @@ fn collect(dir: &Path, out: &mut String) {
         }
     }
 }
+
+/// docs/libvirt.md's AppArmor rule, put where it says (the local part of the abstraction every
+/// libvirt QEMU profile includes) and parsed by apparmor_parser through the same include chain
+/// a libvirt profile has (profile → abstractions/libvirt-qemu → `include if exists
+/// <local/abstractions/libvirt-qemu>`): the rules are valid and reach the profile. (This
+/// kernel does not enforce AppArmor: the denial itself is not tried here.)
+#[test]
+fn the_apparmor_rule_in_the_docs_parses_into_a_libvirt_style_profile() {
+    let Some(parser) = ["/usr/sbin/apparmor_parser", "/sbin/apparmor_parser"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        eprintln!("skipping: apparmor_parser not found (Debian package apparmor)");
+        return;
+    };
+    let doc = std::fs::read_to_string(repo().join("docs/libvirt.md")).unwrap();
+    let at = doc.find("/etc/apparmor.d/local/abstractions/libvirt-qemu").expect("the rule's place");
+    let rules = doc[at..].split("```\n").nth(1).expect("the rule's block").trim().to_string();
+    assert!(rules.contains("/run/dxpu/host/*.sock"), "{rules}");
+    let dir = std::env::temp_dir().join(format!("dxpu-apparmor-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("abstractions")).unwrap();
+    std::fs::create_dir_all(dir.join("local/abstractions")).unwrap();
+    std::fs::write(
+        dir.join("abstractions/libvirt-qemu"),
+        "  /dev/kvm rw,\n  include if exists <local/abstractions/libvirt-qemu>\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("local/abstractions/libvirt-qemu"), format!("{rules}\n")).unwrap();
+    let profile = dir.join("libvirt-test");
+    std::fs::write(
+        &profile,
+        "abi <abi/3.0>,\nprofile libvirt-test flags=(attach_disconnected) {\n  include <abstractions/libvirt-qemu>\n}\n",
+    )
+    .unwrap();
+    let run =
+        |args: &[&str]| Command::new(parser).args(args).arg("-I").arg(&dir).arg(&profile).output().unwrap();
+    // -Q: parse and compile, load nothing into the kernel; -p: the profile as included.
+    let out = run(&["-Q", "-K", "--skip-cache"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let expanded = String::from_utf8_lossy(&run(&["-p"]).stdout).to_string();
+    for line in rules.lines() {
+        assert!(expanded.contains(line.trim()), "{line} not in the profile:\n{expanded}");
+    }
+    // A rule with a mistake in it is refused: the check can fail.
+    std::fs::write(dir.join("local/abstractions/libvirt-qemu"), "/run/dxpu/host/*.sock rwq,\n").unwrap();
+    assert!(!run(&["-Q", "-K", "--skip-cache"]).status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

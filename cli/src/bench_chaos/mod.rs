@@ -105,7 +105,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         );
     }
     let mut soak = Soak::start(&args)?;
-    let progress = crate::out::Progress::new("chaos", args.minutes * 60.0);
+    let progress = crate::out::Steps::counted("bench chaos", 1);
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(args.minutes * 60.0);
     let mut next_fault = start + soak.rng.ms(1000, 3000);
@@ -126,7 +126,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         }
         let now = Instant::now();
         progress.at(
-            now.duration_since(start).as_secs_f64(),
+            now.duration_since(start).as_secs_f64() / (args.minutes * 60.0),
             &format!("{} runs, {} verified", soak.tally.runs, soak.tally.verified),
         );
         soak.reap_runs()?;
@@ -151,7 +151,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    progress.finish();
+    drop(progress);
     soak.stop();
     let Soak { dir, boxes, tally, .. } = soak;
     let logs: Vec<(&str, PathBuf)> = boxes.iter().map(|b| (b.name, b.ownership_log(&dir))).collect();

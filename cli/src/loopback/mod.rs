@@ -6,7 +6,6 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use bridge_host::RemoteDevice;
 use lab::harness::{Frames, LocalBox};
@@ -15,6 +14,7 @@ use link::driver::DriverKind;
 use serde_json::json;
 
 use crate::args::WorkloadArg;
+use crate::out::Steps;
 
 pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
     if !(1..=32).contains(&args.scale) {
@@ -99,9 +99,10 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             }
         };
     }
-    let start = Instant::now();
     let workloads = args.workload.map_or(WorkloadArg::ALL.to_vec(), |w| vec![w]);
-    let mut steps = Steps::new(&args, start);
+    // With --json too: the object goes to standard output, the progress to standard error;
+    // every step with --verbose.
+    let steps = Steps::counted("loopback", workloads.len() as u32).with_every_detail(args.verbose);
     let capture = match &args.capture {
         Some(f) => match ops::capture::Capture::create(f, args.capture_limit) {
             Ok(c) => Some(c),
@@ -118,9 +119,11 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     for w in workloads {
         let mut one = args.clone();
         one.workload = Some(w);
-        steps.begin(w, args.repeat);
-        let r = run(&one, &mut |m| steps.step(m));
-        steps.end(w, r.as_ref().ok());
+        steps.step(&format!("{}: {} runs each way, bridged and direct in turns", w.name(), args.repeat));
+        let r = run(&one, &mut |m| steps.detail(&format!("{}: {m}", w.name())));
+        if let Ok(o) = &r {
+            steps.say(&format!("{}: verified, overhead {:.1} %", w.name(), o.overhead().median));
+        }
         match r {
             Ok(o) => outcomes.push(o),
             Err(e) => {
@@ -136,6 +139,8 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             }
         }
     }
+    // The bar off the screen before the report.
+    drop(steps);
     // Every session is gone: the capture's writer has the last packet.
     args.tap = None;
     let captured = match capture.map(|c| c.finish()).transpose() {
@@ -182,79 +187,6 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         print_summary(&outcomes);
     }
     ExitCode::SUCCESS
-}
-
-/// What `dxpu loopback` says while it runs, on standard error: every step with `--verbose`;
-/// else on a terminal a bar that shows the workload, the run and the step, cleared before
-/// the report; else (a log, a pipe) a line as each workload starts and ends — with `--json`
-/// as without it.
-enum Steps {
-    Every(Instant),
-    Bar(indicatif::ProgressBar),
-    Lines(Instant),
-}
-
-impl Steps {
-    fn new(args: &LoopbackArgs, start: Instant) -> Steps {
-        use std::io::IsTerminal;
-        // With --json too: the object goes to standard output, the progress to standard error.
-        if args.verbose {
-            Steps::Every(start)
-        } else if std::io::stderr().is_terminal() {
-            let bar = indicatif::ProgressBar::new_spinner();
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix}: {wide_msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-            );
-            bar.enable_steady_tick(Duration::from_millis(120));
-            Steps::Bar(bar)
-        } else {
-            Steps::Lines(start)
-        }
-    }
-
-    fn begin(&mut self, w: WorkloadArg, repeat: u32) {
-        match self {
-            Steps::Bar(b) => b.set_prefix(w.name()),
-            Steps::Lines(t) => {
-                eprintln!(
-                    "[{:6.1} s] {}: {repeat} runs each way, bridged and direct in turns",
-                    t.elapsed().as_secs_f64(),
-                    w.name()
-                )
-            }
-            Steps::Every(_) => {}
-        }
-    }
-
-    fn step(&mut self, m: &str) {
-        match self {
-            Steps::Every(t) => eprintln!("[{:6.2} s] {m}", t.elapsed().as_secs_f64()),
-            Steps::Bar(b) => b.set_message(m.to_string()),
-            Steps::Lines(_) => {}
-        }
-    }
-
-    fn end(&mut self, w: WorkloadArg, o: Option<&Outcome>) {
-        match (self, o) {
-            (Steps::Lines(t), Some(o)) => eprintln!(
-                "[{:6.1} s] {}: verified, overhead {:.1} %",
-                t.elapsed().as_secs_f64(),
-                w.name(),
-                o.overhead().median
-            ),
-            (Steps::Bar(b), _) => b.set_message(String::new()),
-            _ => {}
-        }
-    }
-}
-
-impl Drop for Steps {
-    fn drop(&mut self) {
-        if let Steps::Bar(b) = self {
-            b.finish_and_clear();
-        }
-    }
 }
 
 mod args;
