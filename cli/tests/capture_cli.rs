@@ -41,6 +41,11 @@ fn decode(file: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     for l in &lines {
         conventional("tlp decode", l);
+        // Frames and TLPs interleave: each line says which it is.
+        let tlp = l.get("kind").is_some() || l.get("error").is_some();
+        assert_eq!(l["line"], if tlp { "tlp" } else { "frame" }, "{l}");
+        let at = if tlp { &l["capture"]["time_unix_us"] } else { &l["time_unix_us"] };
+        assert!(at.as_u64().is_some_and(|us| us > 1_600_000_000_000_000), "{l}");
     }
     lines
 }
@@ -205,6 +210,10 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     let t = String::from_utf8_lossy(&text.stdout);
     assert_eq!(t.lines().count(), tlps.len());
     assert!(t.contains("host->box seq") && t.contains("CfgRd0"), "{}", &t[..t.len().min(500)]);
+    // Its times in RFC 3339, UTC, to the microsecond (`2026-12-06T02:00:00.123456Z`).
+    let when = t.lines().next().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("");
+    let frac = when.strip_suffix('Z').and_then(|w| w.split_once('.')).map(|(_, f)| f.len());
+    assert!(when.len() == 27 && when.as_bytes()[10] == b'T' && frac == Some(6), "{when}");
 
     let Some(theirs) = tshark(&file) else { return };
     let mine = ours(&lines);
