@@ -63,8 +63,9 @@ pub(crate) struct ModelArgs {
     bandwidth_gbit: Option<f64>,
     /// Measure the link as well (also `--calibrate`): the calibration `dxpu replay` makes
     /// before it replays, both endpoints over UDP loopback with `--delay-us` added each way —
-    /// a register read's round trip (p50 of 300), posted writes, fences, one 16 MiB copy each
-    /// way (median of 3); the prediction at that round trip is added to the points, and the
+    /// a register read's round trip (p50 of 300), posted writes, fences, copies each way at
+    /// the trace's byte-median copy size (16 MiB without a trace; their median); the
+    /// prediction at that round trip is added to the points, and the
     /// measured bulk rates are used unless `--bandwidth-gbit` is given. With `--trace` the
     /// round trip, posted write and fetch turns are what the bridges add to the direct
     /// simgpu's, so the prediction is the one `replay` prints, made blind.
@@ -160,11 +161,16 @@ pub(crate) fn profile_from_json(v: &Value) -> Result<Profile, String> {
 const DEFAULT_BANDWIDTH_GBIT: f64 = 25.0;
 
 /// The link as `dxpu replay` calibrates it before replaying (`lab::compare::calibrate`:
-/// both platforms, register reads, posted writes, fences, a 16 MiB copy each way), with
+/// both platforms, register reads, posted writes, fences, copies each way at `plan`'s
+/// byte-median copy size, or 16 MiB without one), with
 /// `delay_us` added each way and the spinning threads pinned where two CPUs allow. The
 /// calibration's bridged link (what the bridges add to the direct platform's) for a trace's
 /// plan; for a profile, whose model takes the whole round trip, the bridged platform's own.
-fn measured_link(delay_us: u64, whole_round_trip: bool) -> Result<LinkParams, String> {
+fn measured_link(
+    delay_us: u64,
+    whole_round_trip: bool,
+    plan: Option<&lab::plan::Plan>,
+) -> Result<LinkParams, String> {
     use link::driver::{DriverKind, Impairment, PollMode};
     let opts = lab::compare::CompareOptions {
         repeat: 1,
@@ -174,7 +180,7 @@ fn measured_link(delay_us: u64, whole_round_trip: bool) -> Result<LinkParams, St
         placement: crate::args::PinArg::Auto.placement(&lab::affinity::allowed()?)?,
     };
     let steps = crate::out::Steps::new("model").with_every_detail(true);
-    let c = lab::compare::calibrate(&opts, &mut |s| steps.detail(s))?;
+    let c = lab::compare::calibrate(&opts, plan, &mut |s| steps.detail(s))?;
     Ok(match whole_round_trip {
         true => LinkParams { rtt_ns: c.bridged.rtt.as_nanos() as f64, ..c.link },
         false => c.link,
@@ -232,7 +238,7 @@ fn predict_all(
     if direct_seconds.is_nan() || direct_seconds <= 0.0 || !direct_seconds.is_finite() {
         return Err(format!("direct time {direct_seconds} s: must be > 0"));
     }
-    let measured = if args.measure_link { Some(measured_link(args.delay_us, true)?) } else { None };
+    let measured = if args.measure_link { Some(measured_link(args.delay_us, true, None)?) } else { None };
     let base = base_link(args, measured.as_ref());
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
@@ -470,7 +476,8 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
         lab::trace::read_with(path, lab::trace::Pick { rank: args.rank, device: args.device }, limits)
             .map_err(|e| format!("--trace {e}"))?;
     let plan = lab::plan::Plan::of(&trace);
-    let measured = if args.measure_link { Some(measured_link(args.delay_us, false)?) } else { None };
+    let measured =
+        if args.measure_link { Some(measured_link(args.delay_us, false, Some(&plan))?) } else { None };
     let mut link = base_link(args, measured.as_ref());
     if let Some(m) = measured.filter(|_| args.per_tlp_us == 0.0) {
         (link.posted_write_ns, link.fetch_extra_ns) = (m.posted_write_ns, m.fetch_extra_ns);

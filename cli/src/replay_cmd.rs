@@ -138,7 +138,9 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
                      "fetch_extra_us": r.link.fetch_extra_ns / 1e3,
                      "h2d_bytes_per_s": r.link.h2d_bytes_per_s, "d2h_bytes_per_s": r.link.d2h_bytes_per_s},
             "crosses_10_percent_at_rtt_us": r.crosses_10_percent_at_rtt_us,
-            "inputs_from": "calibration before any replay: register reads, posted writes, fences and one 16 MiB copy each way, on each platform alone",
+            "inputs_from": "calibration before any replay: register reads, posted writes, fences and copies each way at the trace's byte-median copy size, on each platform alone",
+            "calibration_h2d_copy_bytes": r.bridged.rates_at_bytes.0,
+            "calibration_d2h_copy_bytes": r.bridged.rates_at_bytes.1,
             "baselines": {
                 "no_overhead_percent": 0.0,
                 "bandwidth_only_percent": r.bandwidth_only_overhead_percent(),

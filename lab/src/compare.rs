@@ -42,8 +42,17 @@ pub struct CompareOptions {
 const HOST_MEMORY: usize = 512 << 20;
 /// Register reads timed for the round trip.
 const RTT_SAMPLES: usize = 300;
-/// Bytes of the copies that measure each platform's rates.
+/// Bytes of the copies that measure each platform's rates where the job has no copies that
+/// way (a calibration without a trace).
 const RATE_BYTES: usize = 16 << 20;
+
+/// The copy sizes a calibration measures the rates at, each way: a job's byte-median copy
+/// ([`Plan::copy_sizes`]), else [`RATE_BYTES`].
+pub fn rate_sizes(plan: Option<&Plan>) -> (usize, usize) {
+    let (h, d) = plan.map_or((None, None), Plan::copy_sizes);
+    let size = |s: Option<u64>| s.map_or(RATE_BYTES, |b| usize::try_from(b).unwrap_or(usize::MAX));
+    (size(h), size(d))
+}
 
 /// One platform's measurements: its runs, round trip and copy rates.
 pub struct Side {
@@ -56,10 +65,13 @@ pub struct Side {
     /// A fence's round trip with nothing queued (`testbed::workload::fence_rtt`).
     pub fence_rtt: Duration,
     /// The host → device copy rate, bytes per second, of one copy alone
-    /// (`model::copy_rates`).
+    /// (`model::copy_rates_at`).
     pub h2d: f64,
     /// The device → host copy rate alone.
     pub d2h: f64,
+    /// The sizes those copies were, host → device and device → host, bytes: the job's
+    /// byte-median copy each way ([`rate_sizes`]) within what the calibration times.
+    pub rates_at_bytes: (usize, usize),
 }
 
 impl Side {
@@ -86,13 +98,25 @@ fn posted_write_ns<P: PciFunction>(d: &mut SimGpuDriver<P>, n: u32) -> f64 {
     t.elapsed().as_nanos() as f64 / f64::from(n.max(1))
 }
 
-fn measure<P: PciFunction>(d: &mut SimGpuDriver<P>, platform: &'static str) -> Result<Side, LabError> {
+fn measure<P: PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    platform: &'static str,
+    sizes: (usize, usize),
+) -> Result<Side, LabError> {
     let (rtt, _) = mmio_rtt(d, RTT_SAMPLES);
     let write_ns = posted_write_ns(d, 2000);
     let fence_rtt =
         testbed::workload::fence_rtt(d, RTT_SAMPLES).map_err(LabError::driver(platform, "fences"))?;
-    let (h2d, d2h) = model::copy_rates(d, RATE_BYTES, 3).map_err(LabError::driver(platform, "copies"))?;
-    Ok(Side { runs: Vec::new(), rtt, write_ns, fence_rtt, h2d, d2h })
+    let r = model::copy_rates_at(d, sizes.0, sizes.1).map_err(LabError::driver(platform, "copies"))?;
+    Ok(Side {
+        runs: Vec::new(),
+        rtt,
+        write_ns,
+        fence_rtt,
+        h2d: r.h2d,
+        d2h: r.d2h,
+        rates_at_bytes: r.at_bytes,
+    })
 }
 
 /// A figure of `runs`, its median and spread.
@@ -258,13 +282,13 @@ impl Platforms {
     }
 
     /// Each platform's link, measured with the other quiet.
-    fn calibrate(&mut self) -> Result<(Side, Side), LabError> {
+    fn calibrate(&mut self, sizes: (usize, usize)) -> Result<(Side, Side), LabError> {
         self.direct_turn()?;
         self.settle();
-        let d = measure(&mut self.direct, "direct")?;
+        let d = measure(&mut self.direct, "direct", sizes)?;
         self.bridged_turn()?;
         self.settle();
-        let b = measure(&mut self.bridged, "bridged")?;
+        let b = measure(&mut self.bridged, "bridged", sizes)?;
         Ok((d, b))
     }
 
@@ -285,13 +309,18 @@ pub struct Calibration {
     pub link: LinkParams,
 }
 
-/// Calibrates both platforms as [`compare`] does before it replays, without a trace: what
-/// `dxpu model --trace --calibrate` evaluates a plan at.
-pub fn calibrate(opts: &CompareOptions, progress: &mut dyn FnMut(&str)) -> Result<Calibration, LabError> {
+/// Calibrates both platforms as [`compare`] does before it replays, without replaying: what
+/// `dxpu model --trace --calibrate` evaluates `plan` at (its copy rates at the plan's copy
+/// sizes; without a plan, at 16 MiB).
+pub fn calibrate(
+    opts: &CompareOptions,
+    plan: Option<&Plan>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Calibration, LabError> {
     let _restore = affinity::Restore::here().map_err(LabError::cpus("the job's thread"))?;
     let mut p = Platforms::open(opts, progress)?;
     progress("calibrating the link");
-    let (direct, bridged) = p.calibrate()?;
+    let (direct, bridged) = p.calibrate(rate_sizes(plan))?;
     p.close();
     let (direct_link, link) = links(&direct, &bridged);
     Ok(Calibration { direct, bridged, direct_link, link })
@@ -314,7 +343,7 @@ pub fn compare(
     // The link calibrated before any replay, each platform quiet: the model never sees
     // what the replay measures.
     progress("calibrating the link");
-    let (d_side, b_side) = p.calibrate()?;
+    let (d_side, b_side) = p.calibrate(rate_sizes(Some(&plan)))?;
     let (direct_link, bridged_link) = links(&d_side, &b_side);
     let trace_job_ns = plan.evaluate(&LinkParams::LOCAL).job_ns;
     let predicted_direct = plan.evaluate(&direct_link);

@@ -187,12 +187,65 @@ pub fn copy_rates<P: PciFunction>(
     d.with_pinned([bytes], |e| e, |d, [buf]| rates(d, buf, bytes, repeat))
 }
 
+/// The largest copy [`copy_rates_at`] times: what VRAM holds above [`RATE_VRAM`] on the
+/// default simgpu (256 MiB).
+pub const MAX_RATE_BYTES: usize = 64 << 20;
+
+/// The smallest: below it a copy's time is its command's round trip more than its bytes,
+/// which the model counts apart (a fill per copy).
+pub const MIN_RATE_BYTES: usize = 256 << 10;
+
+/// Copy rates each way, bytes per second, and the copy sizes they were timed at.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RatesAt {
+    /// Host → device.
+    pub h2d: f64,
+    /// Device → host.
+    pub d2h: f64,
+    /// The copies' sizes, host → device and device → host, bytes.
+    pub at_bytes: (usize, usize),
+}
+
+/// The copy rates each way as [`copy_rates`] measures them, each at its own size (a job's
+/// typical copy each way, within [`MIN_RATE_BYTES`]..=[`MAX_RATE_BYTES`]), with as many
+/// copies as move 48 MiB (3 to 64).
+pub fn copy_rates_at<P: PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    h2d_bytes: usize,
+    d2h_bytes: usize,
+) -> Result<RatesAt, DriverError> {
+    let at = |b: usize| b.clamp(MIN_RATE_BYTES, MAX_RATE_BYTES);
+    let (h, v) = (at(h2d_bytes), at(d2h_bytes));
+    let repeat = |b: usize| ((48 << 20) / b).clamp(3, 64);
+    d.with_pinned(
+        [h.max(v)],
+        |e| e,
+        |d, [buf]| {
+            let (h2d, _) = rates_each(d, buf, h, repeat(h), (true, false))?;
+            let (_, d2h) = rates_each(d, buf, v, repeat(v), (false, true))?;
+            Ok(RatesAt { h2d, d2h, at_bytes: (h, v) })
+        },
+    )
+}
+
 /// [`copy_rates`] through `buf`.
 fn rates<P: PciFunction>(
     d: &mut SimGpuDriver<P>,
     buf: &driver::Pinned,
     bytes: usize,
     repeat: usize,
+) -> Result<(f64, f64), DriverError> {
+    rates_each(d, buf, bytes, repeat, (true, true))
+}
+
+/// The rates of the directions `which` asks for (host → device, device → host); 0 for the
+/// other.
+fn rates_each<P: PciFunction>(
+    d: &mut SimGpuDriver<P>,
+    buf: &driver::Pinned,
+    bytes: usize,
+    repeat: usize,
+    which: (bool, bool),
 ) -> Result<(f64, f64), DriverError> {
     let mut rate = |opcode: u32, args: [u64; 5]| -> Result<f64, DriverError> {
         let mut v = Vec::with_capacity(repeat.max(1));
@@ -205,8 +258,8 @@ fn rates<P: PciFunction>(
         v.sort_by(f64::total_cmp);
         Ok(v[v.len() / 2])
     };
-    let h2d = rate(op::COPY_H2V, [buf.bus.get(), RATE_VRAM, bytes as u64, 0, 0])?;
-    let d2h = rate(op::COPY_V2H, [RATE_VRAM, buf.bus.get(), bytes as u64, 0, 0])?;
+    let h2d = if which.0 { rate(op::COPY_H2V, [buf.bus.get(), RATE_VRAM, bytes as u64, 0, 0])? } else { 0.0 };
+    let d2h = if which.1 { rate(op::COPY_V2H, [RATE_VRAM, buf.bus.get(), bytes as u64, 0, 0])? } else { 0.0 };
     Ok((h2d, d2h))
 }
 

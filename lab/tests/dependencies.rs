@@ -347,3 +347,30 @@ fn malformed_sync_events_are_refused_or_skipped_saying_so() {
     let plan = Plan::of(&t);
     assert!(plan.explicit && plan.calls[1].awaits.is_empty(), "{:?}", plan.calls[1]);
 }
+
+/// The calibration's copy sizes are the job's own: each way, the size that carries the
+/// median byte of its copies (a job of many small copies and a few large ones is timed at
+/// the large ones, which move its bytes); none where it copies nothing that way.
+#[test]
+fn a_calibration_times_copies_at_the_sizes_that_carry_the_jobs_bytes() {
+    let mut e = Vec::new();
+    // Host → device: ten of 4 KiB and two of 8 MiB (the bytes are in the large ones).
+    for i in 0..12u64 {
+        let bytes = if i < 10 { 4096 } else { 8 << 20 };
+        e.push(runtime("cudaMemcpyAsync", i * 100, 5, i + 1));
+        e.push(copy("Memcpy HtoD (Pinned -> Device)", 7, i * 100 + 10, 50, i + 1, bytes));
+    }
+    // Device → host: three of 1 MiB.
+    for i in 12..15u64 {
+        e.push(runtime("cudaMemcpyAsync", i * 100, 5, i + 1));
+        e.push(copy("Memcpy DtoH (Device -> Pinned)", 7, i * 100 + 10, 50, i + 1, 1 << 20));
+    }
+    let plan = Plan::of(&read(e.clone()));
+    assert_eq!(plan.copy_sizes(), (Some(8 << 20), Some(1 << 20)));
+    assert_eq!(lab::compare::rate_sizes(Some(&plan)), (8 << 20, 1 << 20));
+    // Without device → host copies: none that way, and the calibration's default there.
+    let plan = Plan::of(&read(e[..24].to_vec()));
+    assert_eq!(plan.copy_sizes(), (Some(8 << 20), None));
+    assert_eq!(lab::compare::rate_sizes(Some(&plan)), (8 << 20, 16 << 20));
+    assert_eq!(lab::compare::rate_sizes(None), (16 << 20, 16 << 20));
+}

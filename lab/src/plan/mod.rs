@@ -229,6 +229,34 @@ fn blocking_copy(kind: ActivityKind) -> bool {
 }
 
 impl Plan {
+    /// The copy size that carries the median byte of the job's copies across PCIe each way
+    /// (host → device, device → host): half the bytes move in copies of at most this size.
+    /// `None` for a direction without copies. A calibration measures the link's copy rates
+    /// at these sizes.
+    pub fn copy_sizes(&self) -> (Option<u64>, Option<u64>) {
+        let median_byte = |want: fn(CopyKind) -> bool| {
+            let mut sizes: Vec<u64> = self
+                .activities
+                .iter()
+                .filter_map(|a| match a.kind {
+                    ActivityKind::Memcpy { kind, bytes } if want(kind) && bytes > 0 => Some(bytes),
+                    _ => None,
+                })
+                .collect();
+            sizes.sort_unstable();
+            let total: u128 = sizes.iter().map(|&b| u128::from(b)).sum();
+            let mut so_far = 0u128;
+            sizes.into_iter().find(|&b| {
+                so_far += u128::from(b);
+                2 * so_far >= total
+            })
+        };
+        (
+            median_byte(|k| matches!(k, CopyKind::HtoDPinned | CopyKind::HtoDPageable)),
+            median_byte(|k| matches!(k, CopyKind::DtoHPinned | CopyKind::DtoHPageable)),
+        )
+    }
+
     /// The streams beyond `channels` (a device's command channels for streams), which share
     /// a channel with another and may wait for its work, as no GPU's stream would: none
     /// unless the job has more streams than that.
