@@ -47,7 +47,7 @@ const RTT_SAMPLES: usize = 300;
 const RATE_BYTES: usize = 16 << 20;
 
 /// The copy sizes a calibration measures the rates at, each way: a job's byte-median copy
-/// ([`Plan::copy_sizes`]), else [`RATE_BYTES`].
+/// ([`Plan::copy_sizes`]), else 16 MiB.
 pub fn rate_sizes(plan: Option<&Plan>) -> (usize, usize) {
     let (h, d) = plan.map_or((None, None), Plan::copy_sizes);
     let size = |s: Option<u64>| s.map_or(RATE_BYTES, |b| usize::try_from(b).unwrap_or(usize::MAX));

@@ -187,7 +187,7 @@ pub fn copy_rates<P: PciFunction>(
     d.with_pinned([bytes], |e| e, |d, [buf]| rates(d, buf, bytes, repeat))
 }
 
-/// The largest copy [`copy_rates_at`] times: what VRAM holds above [`RATE_VRAM`] on the
+/// The largest copy [`copy_rates_at`] times: what VRAM holds above the rate buffer (192 MiB) on the
 /// default simgpu (256 MiB).
 pub const MAX_RATE_BYTES: usize = 64 << 20;
 
