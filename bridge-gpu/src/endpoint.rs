@@ -102,7 +102,7 @@ impl GpuEndpoint {
         let sock = AnyUdp::bind_with(opts.listen, opts.driver, opts.offload, &mut |m| log::info!("{m}"))
             .map_err(|error| GpuError::Socket { addr: opts.listen, error })?;
         if !opts.impairment.is_none() {
-            log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
+            log::warn!("impairing what this endpoint receives: {:?}", opts.impairment);
         }
         let sock = Tapped::new(Impaired::new(sock, opts.impairment), opts.tap.clone());
         let runner = ServerRunner::new(sock, endpoint, Clock::new(), opts.poll);

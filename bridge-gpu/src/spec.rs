@@ -67,7 +67,7 @@ pub struct GpuOptions {
     pub offload: Offload,
     /// Busy-poll or blocking.
     pub poll: PollMode,
-    /// Emulated network impairment on what this endpoint sends.
+    /// Emulated network impairment on what this endpoint receives.
     pub impairment: Impairment,
     /// Sees every datagram the endpoint sends and receives (a packet capture).
     pub tap: Option<Tap>,

@@ -37,7 +37,7 @@ pub struct AttachOptions {
     pub offload: Offload,
     /// Busy-poll or blocking.
     pub poll: PollMode,
-    /// Emulated network impairment on what this side sends.
+    /// Emulated network impairment on what this side receives.
     pub impairment: Impairment,
     /// The host's requester ID (its root port).
     pub host_id: Bdf,
@@ -171,7 +171,7 @@ fn open_link(opts: &AttachOptions) -> Result<Link, AttachError> {
     let sock = AnyUdp::bind_with(bind, opts.driver, opts.offload, &mut |m| log::info!("{m}"))
         .map_err(AttachError::Socket)?;
     if !opts.impairment.is_none() {
-        log::warn!("impairing what this endpoint sends: {:?}", opts.impairment);
+        log::warn!("impairing what this endpoint receives: {:?}", opts.impairment);
     }
     let sock = Tapped::new(Impaired::new(sock, opts.impairment), opts.tap.clone());
     let clock = Clock::new();

@@ -204,40 +204,49 @@ fn loopback_busy_poll_both_drivers() {
     }
 }
 
-/// A datagram the impairment layer delays stays held until it is due and leaves on
-/// `release_held` alone (no send, no receive on the sending socket); the plain driver's
-/// `release_held` does nothing.
+/// The impairment acts on arrivals: an impaired endpoint's send leaves in its own call
+/// (a plain socket has it at once, whatever the delay), and what it receives is delivered to
+/// its caller only once the path would have (held, not lost, meanwhile).
 #[test]
-fn a_delayed_datagram_leaves_on_release_held_once_due() {
+fn a_delayed_datagram_is_sent_at_once_and_delivered_once_due() {
     let delay = Duration::from_millis(20);
-    let mut tx = Impaired::new(
-        AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap(),
-        Impairment { delay, ..Impairment::default() },
-    );
-    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    rx.set_nonblocking(true).unwrap();
+    let impaired = || {
+        Impaired::new(
+            AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap(),
+            Impairment { delay, ..Impairment::default() },
+        )
+    };
+    // Sent at once.
+    let mut tx = impaired();
+    let plain = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    plain.set_read_timeout(Some(delay / 2)).unwrap();
+    let sent = std::time::Instant::now();
+    tx.send_to(plain.local_addr().unwrap(), b"now").unwrap();
+    tx.flush().unwrap();
+    let mut buf = [0u8; 16];
+    let n = plain.recv(&mut buf).expect("an impaired endpoint's send was held");
+    assert_eq!(&buf[..n], b"now");
+    assert!(sent.elapsed() < delay, "{:?}", sent.elapsed());
+    // Delivered once due.
+    let mut rx = impaired();
     let to = rx.local_addr().unwrap();
     let sent = std::time::Instant::now();
-    tx.send_to(to, b"held").unwrap();
-    tx.flush().unwrap();
-    tx.release_held().unwrap();
-    let mut buf = [0u8; 16];
-    if sent.elapsed() < delay {
-        assert!(rx.recv(&mut buf).is_err(), "a delayed datagram left before it was due");
+    plain.send_to(b"held", to).unwrap();
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    while got.is_empty() {
+        rx.wait(Some(Duration::from_millis(5))).unwrap();
+        rx.recv(&mut |_, b| got.push(b.to_vec())).unwrap();
+        assert!(sent.elapsed() < Duration::from_secs(2), "never delivered");
     }
-    std::thread::sleep(delay - sent.elapsed().min(delay) + Duration::from_millis(1));
-    tx.release_held().unwrap();
-    rx.set_nonblocking(false).unwrap();
-    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let n = rx.recv(&mut buf).expect("the due datagram was not released");
-    assert_eq!(&buf[..n], b"held");
+    assert!(sent.elapsed() >= delay, "delivered after {:?}, before the delay", sent.elapsed());
+    assert_eq!(got, [b"held".to_vec()]);
     let mut plain = AnyUdp::bind("127.0.0.1:0".parse().unwrap(), DriverKind::Portable, &mut |_| {}).unwrap();
     plain.release_held().unwrap();
 }
 
-/// Held datagrams leave together once due (one borrowed send per destination, segmented
-/// where the driver can): each destination gets every one, byte for byte, in the order sent,
-/// whatever their sizes, with either driver.
+/// What an impaired endpoint sends with a delay set leaves in its own calls: each
+/// destination gets every datagram, byte for byte, in the order sent, whatever their sizes,
+/// with either driver.
 #[test]
 fn delayed_datagrams_leave_together_in_order() {
     let mut kinds = vec![DriverKind::Portable];

@@ -23,7 +23,6 @@ mod uring;
 
 pub use any::{AnyUdp, DriverKind, PORT_WAIT};
 pub use datagrams::Datagrams;
-pub(crate) use datagrams::send_copies;
 pub use impair::{Impaired, Impairment};
 pub use offload::{MAX_SEGMENTS, MAX_UNIT_BYTES, Offload, OffloadState, gro_segments, gso_unit};
 pub use path::{PathMtu, header_bytes, path_mtu};

@@ -55,7 +55,7 @@ pub struct LinkSection {
     zero_copy_send: Option<bool>,
 }
 
-/// `[impairment]`: what the endpoint does to what it sends.
+/// `[impairment]`: what the path does to what the endpoint receives.
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ImpairmentSection {
