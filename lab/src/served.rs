@@ -58,34 +58,11 @@ impl Served {
 
     /// A client with `len` bytes of guest memory, `shared` with the server as a file (else
     /// reached by DMA_READ / DMA_WRITE messages), and the simgpu driver opened on it.
-    ///
-    /// The server serves one client at a time and refuses (closes) another meanwhile: a
-    /// client made just after the last one closed, before the server's thread saw it go (a
-    /// busy machine: once in a suite run beside a chaos soak), is refused. Such a refusal —
-    /// the connection reset or closed during the version handshake — is tried again for up
-    /// to [`SERVER_FREE_WITHIN`].
     pub fn client(&self, shared: bool, len: usize) -> Result<SimGpuDriver<VfioUserClient>, LabError> {
-        let until = std::time::Instant::now() + SERVER_FREE_WITHIN;
-        let c = loop {
-            match VfioUserClient::open(&self.path, GuestMemory { shared, iova: IOVA, len }) {
-                Ok(c) => break c,
-                Err(e) if refused(&e) && std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => return Err(LabError::VfioUser { what: "connecting a client", source: e }),
-            }
-        };
+        let c = VfioUserClient::open(&self.path, GuestMemory { shared, iova: IOVA, len })
+            .map_err(|e| LabError::VfioUser { what: "connecting a client", source: e })?;
         SimGpuDriver::open(c).map_err(LabError::driver("vfio-user", "opening the simgpu"))
     }
-}
-
-/// How long [`Served::client`] waits for the server to be free of the last client.
-pub const SERVER_FREE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The server's refusal of a second client, as the client meets it.
-fn refused(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
-    matches!(e.kind(), ConnectionReset | BrokenPipe | UnexpectedEof)
 }
 
 impl Drop for Served {

@@ -29,33 +29,3 @@ fn clients_of_the_served_simgpu_read_registers_and_copy_both_ways() {
     let mut c = again.client(true, 1 << 20).unwrap();
     mmio_rtt(&mut c, 10);
 }
-
-/// The server serves one client at a time: a client asked for while another is served is
-/// refused, and `Served::client` tries again until the first is gone (as a bench's next
-/// client, made before the server's thread saw the last one close) — or says the refusal
-/// once the wait is over.
-#[test]
-fn a_client_asked_for_while_another_is_served_gets_the_device_once_it_is_gone() {
-    let (driver, poll) = (DriverKind::Portable, PollMode::Blocking);
-    let gpu = LocalBox::start(driver, poll, Impairment::default()).unwrap();
-    let served = Served::start(&gpu, driver, poll).unwrap();
-    let first = served.client(true, 1 << 20).unwrap();
-    let t = std::time::Instant::now();
-    let ((second, got_at), dropped_at) = std::thread::scope(|s| {
-        let second = s.spawn(|| (served.client(true, 1 << 20), std::time::Instant::now()));
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        drop(first);
-        let dropped_at = std::time::Instant::now();
-        (second.join().unwrap(), dropped_at)
-    });
-    let mut second = second.expect("the second client once the first was gone");
-    assert!(got_at >= dropped_at, "the second client was served beside the first");
-    mmio_rtt(&mut second, 10);
-    // Never free within the wait: the refusal, said.
-    let e = match served.client(true, 1 << 20) {
-        Ok(_) => panic!("a second client while one is served"),
-        Err(e) => e.to_string(),
-    };
-    assert!(t.elapsed() >= lab::served::SERVER_FREE_WITHIN, "{:?}", t.elapsed());
-    assert!(e.contains("connecting a client"), "{e}");
-}

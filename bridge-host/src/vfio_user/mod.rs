@@ -112,6 +112,17 @@ impl Routes {
     }
 }
 
+/// Whether the peer of `client` has hung up, even with messages of its own still unread
+/// (its last requests, sent just before it closed): the socket polls RDHUP, HUP or ERR. A
+/// peek for end of file saw such a client as alive until its messages were read, so a VMM
+/// reconnecting at once, or a bench's next client, was refused in the meantime.
+fn hung_up(client: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::from_borrowed_fd(client, PollFlags::RDHUP)];
+    let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -393,14 +404,11 @@ impl VfioUserServer {
     }
 
     /// Connections that arrive while a client is served are closed at once — unless the
-    /// client served has hung up meanwhile (its socket at end of file): then the next one
-    /// waits in the listen queue and is served as soon as this one's end is seen (a VMM
-    /// that reconnects at once was refused about one time in thirty).
+    /// client served has hung up meanwhile ([`hung_up`]): then the next one waits in the
+    /// listen queue and is served as soon as this one's end is read (a VMM that reconnects
+    /// at once was refused about one time in thirty).
     fn refuse_others(&self, client: BorrowedFd<'_>) {
-        let mut b = [0u8; 1];
-        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
-        if matches!(rustix::net::recv(client, &mut b, flags), Ok((0, _)) | Err(rustix::io::Errno::CONNRESET))
-        {
+        if hung_up(client) {
             return;
         }
         while let Ok((s, _)) = self.listener.accept() {
@@ -538,4 +546,28 @@ impl Drop for ServedDevice {
 pub struct ServerPanicked {
     /// The socket it served.
     pub socket: std::path::PathBuf,
+}
+
+#[cfg(test)]
+mod hangup_tests {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::hung_up;
+
+    #[test]
+    fn a_client_that_closed_with_messages_unread_has_hung_up_and_a_live_one_has_not() {
+        let (served, mut client) = UnixStream::pair().unwrap();
+        assert!(!hung_up(served.as_fd()), "alive, nothing sent");
+        client.write_all(&[0u8; 16]).unwrap();
+        assert!(!hung_up(served.as_fd()), "alive, a message unread");
+        // Gone with its message still unread: a peek for end of file reads the message and
+        // took it for alive.
+        drop(client);
+        assert!(hung_up(served.as_fd()));
+        let mut b = [0u8; 1];
+        let peeked = rustix::net::recv(served.as_fd(), &mut b, rustix::net::RecvFlags::PEEK).unwrap().0;
+        assert_eq!(peeked, 1, "its message is still there to read");
+    }
 }
