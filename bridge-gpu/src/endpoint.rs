@@ -382,9 +382,6 @@ impl GpuEndpoint {
                     break;
                 }
                 worked = true;
-                // Frames held back by an impairment (an ACK sent a pass ago, delayed) leave
-                // when due, as on a wire, not a whole turn late.
-                runner.sock.release_held()?;
                 if runner.clock.now() >= turn_ends {
                     break;
                 }

@@ -42,13 +42,6 @@ pub trait Datagrams {
     /// spinning (io_uring: single-shot receives completed inline instead of a multishot one
     /// completed through task work). A driver starts out spinning; `wait` ends it.
     fn spin(&mut self) {}
-    /// Sends what a layer holding datagrams back (the impairment layer's added delay) has
-    /// held until now and no longer, as a wire would deliver it, without receiving: for a
-    /// loop busy with other work between its sends and receives. Nothing, and no system
-    /// call, where nothing is held.
-    fn release_held(&mut self) -> io::Result<()> {
-        Ok(())
-    }
     /// Fixes the socket's one peer (`connect`): the kernel keeps the route to it, so a send
     /// there skips the route lookup (0.5 µs of a 6.7 µs plain-socket ping-pong on this
     /// machine), and it drops datagrams from anyone else. Only for a socket that talks to

@@ -110,7 +110,9 @@ impl<D: Datagrams> Impaired<D> {
     fn on_arrival(&mut self, now: Instant, from: SocketAddr, mut b: Vec<u8>) {
         if self.chance(self.imp.loss) {
             self.dropped += 1;
-            self.spare.push(b);
+            if self.spare.len() < SPARE_BUFFERS {
+                self.spare.push(b);
+            }
             return;
         }
         let copies = if self.chance(self.imp.duplicate) {
@@ -227,11 +229,6 @@ impl<D: Datagrams> Datagrams for Impaired<D> {
 
     fn spin(&mut self) {
         self.inner.spin();
-    }
-
-    fn release_held(&mut self) -> io::Result<()> {
-        // Nothing is held on the way out.
-        self.inner.release_held()
     }
 
     fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {

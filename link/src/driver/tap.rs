@@ -110,10 +110,6 @@ impl<D: Datagrams> Datagrams for Tapped<D> {
         self.inner.spin();
     }
 
-    fn release_held(&mut self) -> io::Result<()> {
-        self.inner.release_held()
-    }
-
     fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
         self.inner.connect(peer)?;
         // Connected, the socket has its own address toward the peer (not 0.0.0.0).
