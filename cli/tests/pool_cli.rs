@@ -350,6 +350,16 @@ fn pool_series(ctl_sock: &Path, box_sock: &Path) {
     let bm = scrape(box_sock);
     assert!(value(&bm, "dxpu_pool_lease_renewals_total{role=\"box\"}") >= 1.0, "{bm}");
     assert_eq!(value(&bm, "dxpu_pool_fences_total{role=\"box\"}"), 0.0, "{bm}");
+    // Both hold their leases: ready (`/readyz`'s answer).
+    for s in [ctl_sock, box_sock] {
+        let out = dxpu().args(["ctl", "--json", "--socket"]).arg(s).arg("status").output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (&v["ready"], &v["not_ready"]),
+            (&serde_json::json!(true), &serde_json::Value::Null),
+            "{v}"
+        );
+    }
 }
 
 /// SIGHUP (what `systemctl reload` sends) to a pool box and a pool host: each keeps running

@@ -238,15 +238,17 @@ fn has_series(text: &str, name: &str, want: &[(&str, String)]) -> bool {
     })
 }
 
-/// Every counter in `v` (an object of `scope`, with `labels`) that has no series in `text`.
+/// Every counter in `v` (an object of `scope`, with `labels`) that has no series in `text`,
+/// into `missing`; returns how many counters it looked up.
 fn unnamed(
     text: &str,
     scope: Scope,
     v: &Value,
     labels: &[(&'static str, String)],
     missing: &mut Vec<String>,
-) {
-    let Some(m) = v.as_object() else { return };
+) -> usize {
+    let Some(m) = v.as_object() else { return 0 };
+    let mut looked = 0;
     for (k, child) in m {
         let with = |extra: Vec<(&'static str, String)>| [labels.to_vec(), extra].concat();
         match child {
@@ -255,6 +257,7 @@ fn unnamed(
             Value::Number(_) => {
                 let Some((name, l)) = series_for(scope, k) else { continue };
                 let l = with(l);
+                looked += 1;
                 if !has_series(text, &name, &l) {
                     missing.push(format!("{k} ({name}{l:?})"));
                 }
@@ -264,16 +267,20 @@ fn unnamed(
                 let Some((name, l)) = series_for(scope, k) else { continue };
                 for kind in kinds.keys() {
                     let l = with([l.clone(), vec![("kind", kind.clone())]].concat());
+                    looked += 1;
                     if !has_series(text, &name, &l) {
                         missing.push(format!("{k}.{kind} ({name}{l:?})"));
                     }
                 }
             }
-            Value::Object(_) if k == "link" => unnamed(text, Scope::Link, child, labels, missing),
-            Value::Object(_) if k == "handshakes" => unnamed(text, Scope::Handshakes, child, labels, missing),
+            Value::Object(_) if k == "link" => looked += unnamed(text, Scope::Link, child, labels, missing),
+            Value::Object(_) if k == "handshakes" => {
+                looked += unnamed(text, Scope::Handshakes, child, labels, missing)
+            }
             _ => {}
         }
     }
+    looked
 }
 
 #[test]
@@ -285,19 +292,23 @@ fn ctl_and_the_metrics_name_each_counter_alike() {
         by_name(&result(&hs, &["devices"]), "name", "gpu0")["state"] == "attached"
     });
     let (b, h) = (scrape(gm), scrape(hm));
-    let mut missing = Vec::new();
+    let (mut missing, mut looked) = (Vec::new(), 0);
     let box_stats = result(&gs, &["stats"]);
-    unnamed(&b, Scope::Endpoint, &box_stats, &[], &mut missing);
+    looked += unnamed(&b, Scope::Endpoint, &box_stats, &[], &mut missing);
     for (name, counters) in box_stats["exports"].as_object().unwrap() {
-        unnamed(&b, Scope::Export, counters, &[("device", name.clone())], &mut missing);
+        looked += unnamed(&b, Scope::Export, counters, &[("device", name.clone())], &mut missing);
     }
     for s in result(&gs, &["sessions"]).as_array().unwrap() {
         let l = [("device", s["device"].as_str().unwrap_or("").to_string())];
-        unnamed(&b, Scope::Link, s, &l, &mut missing);
+        looked += unnamed(&b, Scope::Link, s, &l, &mut missing);
     }
     for (name, counters) in result(&hs, &["stats"])["devices"].as_object().unwrap() {
-        unnamed(&h, Scope::Endpoint, counters, &[("device", name.clone())], &mut missing);
+        looked += unnamed(&h, Scope::Endpoint, counters, &[("device", name.clone())], &mut missing);
     }
+    // Every object above was walked: the box's own, handshakes, its device, its session's
+    // link, the host device's and its link (each over a dozen counters).
+    eprintln!("{looked} counters looked up");
+    assert!(looked >= 70, "only {looked} counters looked up");
     assert!(
         missing.is_empty(),
         "counters of dxpu ctl with no series of the same name:\n  {}",

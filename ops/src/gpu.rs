@@ -189,6 +189,7 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
     match c.method.as_str() {
         "status" => {
             c.only_params(&[])?;
+            let not_ready = not_ready(ep, rt);
             Ok(json!({
                 "role": "gpu",
                 "version": env!("CARGO_PKG_VERSION"),
@@ -202,8 +203,8 @@ fn answer(ep: &mut GpuEndpoint, rt: &mut GpuRuntime, c: &Call) -> Result<Value, 
                 "sessions": ep.session_reports().len(),
                 "hosts": ep.host_names(),
                 "pool": rt.file.pool.is_some(),
-                "ready": not_ready(ep, rt).is_none(),
-                "not_ready": not_ready(ep, rt),
+                "ready": not_ready.is_none(),
+                "not_ready": not_ready,
             }))
         }
         "devices" => {

@@ -186,3 +186,37 @@ pub fn link_json(l: &link::Stats) -> Value {
         "key_updates": l.key_updates,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use bridge::attach::Origin;
+
+    use super::{DeviceLabels, device_metrics, host_exposition};
+
+    /// What the box says at attach becomes label values: a box name with a quote, a
+    /// backslash and a newline (a hostile or careless box) is escaped, not a broken
+    /// exposition, and the device's IDs and address are in the forms the box's own use.
+    #[test]
+    fn what_a_box_says_of_its_device_is_escaped_into_the_hosts_labels() {
+        let origin = Origin {
+            vendor_id: 0x10de,
+            device_id: 0x2330,
+            box_name: "box \"a\"\\\nb".into(),
+            pci_address: "0000:41:00.0".into(),
+        };
+        let mut x = host_exposition();
+        let dev = DeviceLabels { label: "gpu0", peer: "10.0.0.2:7440", origin: Some(&origin) };
+        device_metrics(&mut x, &dev, "attached", 0, None);
+        let text = x.render();
+        let info = text.lines().find(|l| l.starts_with("dxpu_device_info{")).unwrap_or_default();
+        assert!(info.contains(r#"box="box \"a\"\\\nb""#), "{info}");
+        assert!(info.contains(r#"pci_bus_id="00000000:41:00.0""#), "{info}");
+        assert!(info.contains(r#"vendor_id="0x10de""#) && info.contains(r#"device_id="0x2330""#), "{info}");
+        assert_eq!(text.lines().filter(|l| l.starts_with("dxpu_device_info{")).count(), 1, "{text}");
+        // Before the first attach: the device and its box's address only.
+        let mut x = host_exposition();
+        device_metrics(&mut x, &DeviceLabels { origin: None, ..dev }, "attaching", 0, None);
+        let text = x.render();
+        assert!(text.contains(r#"dxpu_device_info{device="gpu0",peer="10.0.0.2:7440"} 1"#), "{text}");
+    }
+}
