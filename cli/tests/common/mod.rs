@@ -200,11 +200,7 @@ pub fn raw(sock: &Path, line: &str) -> Value {
 }
 
 pub fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
+    let text = http_get(port, "/metrics");
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     text.split_once("\r\n\r\n").unwrap().1.to_string()
 }
@@ -212,6 +208,7 @@ pub fn scrape(port: u16) -> String {
 /// The whole answer (status line, headers, body) to `GET path` on 127.0.0.1:`port`.
 pub fn http_get(port: u16, path: &str) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();

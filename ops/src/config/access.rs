@@ -8,6 +8,15 @@ use super::error::{ConfigError, bad};
 /// The user the packaged services run as (packaging/dxpu-*.service).
 pub const SERVICE_USER: &str = "dxpu";
 
+/// The directory a socket named by `key` is made in: `path`'s parent (`.` for a bare name),
+/// once `path` is a file's path at all (not empty, not a directory).
+pub(crate) fn socket_dir<'a>(key: &str, path: &'a Path) -> Result<&'a Path, ConfigError> {
+    if path.as_os_str().is_empty() || path.is_dir() {
+        return Err(bad(key, path.display(), "must be a socket file path"));
+    }
+    Ok(path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+}
+
 /// Whether this process may make `path` in `dir` (write and enter it): said as `key`'s
 /// error, with who runs and who the packaged services run as, where it may not.
 pub(crate) fn check_writable(key: &str, path: &Path, dir: &Path) -> Result<(), ConfigError> {

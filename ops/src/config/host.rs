@@ -1,7 +1,6 @@
 //! `dxpu host`'s file: its pool, what it configures, what a reload may change.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use bridge_host::AttachOptions;
@@ -158,10 +157,7 @@ impl HostFile {
             }
             if let Some(p) = &a.vfio_user_socket {
                 let name = format!("{at}.vfio_user_socket");
-                if p.as_os_str().is_empty() || p.is_dir() {
-                    return Err(bad(&name, p.display(), "must be a socket file path"));
-                }
-                let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let dir = super::socket_dir(&name, p)?;
                 if !dir.is_dir() {
                     return Err(bad(
                         &name,

@@ -13,9 +13,9 @@ use link::PresharedKey;
 use link::driver::{DriverKind, Impairment, PollMode};
 use serde::Deserialize;
 
-pub(crate) use access::check_writable;
 use access::warn_if_the_service_cannot_read;
 pub use access::{SERVICE_USER, running_as, with_user_hint};
+pub(crate) use access::{check_writable, socket_dir};
 pub use error::ConfigError;
 use error::bad;
 
@@ -108,10 +108,7 @@ impl ControlSection {
     /// it before the start.
     pub fn check(&self) -> Result<(), ConfigError> {
         let Some(p) = &self.socket else { return Ok(()) };
-        if p.as_os_str().is_empty() || p.is_dir() {
-            return Err(bad("control.socket", p.display(), "must be a socket file path"));
-        }
-        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = socket_dir("control.socket", p)?;
         if dir.is_dir() {
             return check_writable("control.socket", p, dir);
         }
