@@ -131,7 +131,8 @@ pub(crate) fn decode(
         let dir = roles.direction(d);
         let replay = h.ty == FrameType::Data && seen.entry((dir, h.session)).or_default().replay(h.seq);
         let unix_us = (d.time * 1e6).round() as i64;
-        let when = crate::out::utc_us(unix_us);
+        // The text's time, made only for text (a 1 GiB capture's JSON needs none).
+        let when = if format == Format::Text { crate::out::utc_us(unix_us) } else { String::new() };
         let capture = json!({
             "packet": d.number,
             "time_unix_us": unix_us,
