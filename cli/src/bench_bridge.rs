@@ -118,6 +118,12 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
         .collect();
     let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
     let say: &dyn Fn(String) = &say;
+    // Where the hypervisor put this machine's CPUs, before and after: the bridges' bulk rate
+    // over loopback about halves on cores apart (lab::cores).
+    let cores_before = lab::cores::first_two_ns();
+    if let Some(((a, b), ns)) = cores_before {
+        say(format!("CPUs {a} and {b}: a cache line's round trip {ns:.0} ns"));
+    }
     // Only the register reads are pinned.
     let placement = if runs(Section::Mmio) { args.pin.placement(&affinity::allowed()?)? } else { None };
     let mmio =
@@ -129,10 +135,31 @@ pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
     };
     let workload =
         if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
+    let cores = cores_before.zip(lab::cores::first_two_ns()).map(|((cpus, before), (_, after))| {
+        lab::cores::RoundTrips { cpus, first_ns: before, later_ns: vec![after] }
+    });
+    if let Some(c) = &cores {
+        say(String::new());
+        say(format!(
+            "CPUs {} and {}: a cache line's round trip {:.0} ns after the bench",
+            c.cpus.0, c.cpus.1, c.later_ns[0]
+        ));
+        if c.moved() {
+            say(format!(
+                "CORES MOVED during the bench ({:.0} → {:.0} ns): the hypervisor placed the CPUs on other cores, and \
+                 rows measured before and after compare two machines; run it again",
+                c.first_ns, c.later_ns[0]
+            ));
+        }
+    }
     if args.json {
         let report = json!({
             "mtu_bytes": LINK_MTU,
             "cpus": placement.map(|p| json!({ "device": p.device, "host": p.host })),
+            "core_round_trip_ns": cores.as_ref().map(|c| json!({
+                "cpus": [c.cpus.0, c.cpus.1], "before": c.first_ns, "after": c.later_ns[0],
+            })),
+            "cores_moved": cores.as_ref().map(|c| c.moved()),
             "mmio": mmio,
             "dma": dma,
             "floor_gso_bytes_per_s": gso.map(bytes_per_s),

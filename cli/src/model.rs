@@ -170,7 +170,7 @@ fn measured_link(
     delay_us: u64,
     whole_round_trip: bool,
     plan: Option<&lab::plan::Plan>,
-) -> Result<LinkParams, String> {
+) -> Result<Measured, String> {
     use link::driver::{DriverKind, Impairment, PollMode};
     let opts = lab::compare::CompareOptions {
         repeat: 1,
@@ -181,10 +181,45 @@ fn measured_link(
     };
     let steps = crate::out::Steps::new("model").with_every_detail(true);
     let c = lab::compare::calibrate(&opts, plan, &mut |s| steps.detail(s))?;
-    Ok(match whole_round_trip {
+    let link = match whole_round_trip {
         true => LinkParams { rtt_ns: c.bridged.rtt.as_nanos() as f64, ..c.link },
         false => c.link,
-    })
+    };
+    Ok(Measured { link, cores: c.cores })
+}
+
+/// What `--measure-link` measured: the link, and where the spinning threads were placed
+/// ((device's CPU, host's CPU), a cache line's round trip between them, ns): the rates
+/// depend on it (`lab::cores`).
+#[derive(Clone, Copy)]
+pub(crate) struct Measured {
+    pub(crate) link: LinkParams,
+    pub(crate) cores: Option<((usize, usize), f64)>,
+}
+
+/// `measured_link` in a report's JSON: null where the link was not measured.
+fn measured_json(m: Option<&Measured>) -> Value {
+    json!(m.map(|m| json!({
+        "rtt_us": m.link.rtt_ns / 1e3,
+        "h2d_bytes_per_s": m.link.h2d_bytes_per_s,
+        "d2h_bytes_per_s": m.link.d2h_bytes_per_s,
+        "cpus": m.cores.map(|(c, _)| [c.0, c.1]),
+        "core_round_trip_ns": m.cores.map(|(_, ns)| ns),
+    })))
+}
+
+/// `measured`'s text line, where the link was measured.
+fn print_measured(m: Option<&Measured>, delay_us: u64) {
+    let Some(m) = m else { return };
+    outln!(
+        "  link measured over UDP loopback (+{delay_us} µs each way): round trip {:.1} µs, bulk {:.1} / {:.1} Gbit/s{}",
+        m.link.rtt_ns / 1e3,
+        m.link.h2d_bytes_per_s * 8e-9,
+        m.link.d2h_bytes_per_s * 8e-9,
+        m.cores.map_or(String::new(), |((d, h), ns)| format!(
+            "; CPUs {d} and {h}, a cache line's round trip {ns:.0} ns"
+        ))
+    );
 }
 
 /// What `dxpu model` found: the workload, its profile, direct time and predictions.
@@ -194,7 +229,7 @@ pub(crate) struct ModelReport {
     pub(crate) direct_seconds: f64,
     pub(crate) link: LinkParams,
     /// The link `--measure-link` measured.
-    pub(crate) measured: Option<LinkParams>,
+    pub(crate) measured: Option<Measured>,
     /// (RTT µs, prediction).
     pub(crate) points: Vec<(f64, model::Prediction)>,
     pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
@@ -216,11 +251,7 @@ impl ModelReport {
             "bandwidth_gbit_per_s": self.link.h2d_bytes_per_s * 8.0 / 1e9,
             "h2d_bytes_per_s": self.link.h2d_bytes_per_s,
             "d2h_bytes_per_s": self.link.d2h_bytes_per_s,
-            "measured_link": self.measured.map(|m| json!({
-                "rtt_us": m.rtt_ns / 1e3,
-                "h2d_bytes_per_s": m.h2d_bytes_per_s,
-                "d2h_bytes_per_s": m.d2h_bytes_per_s,
-            })),
+            "measured_link": measured_json(self.measured.as_ref()),
             "per_tlp_us": self.link.posted_write_ns / 1e3,
             "profile": profile_json(&self.profile),
             "points": points,
@@ -239,10 +270,10 @@ fn predict_all(
         return Err(format!("direct time {direct_seconds} s: must be > 0"));
     }
     let measured = if args.measure_link { Some(measured_link(args.delay_us, true, None)?) } else { None };
-    let base = base_link(args, measured.as_ref());
+    let base = base_link(args, measured.as_ref().map(|m| &m.link));
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
-        rtts.push(m.rtt_ns / 1e3);
+        rtts.push(m.link.rtt_ns / 1e3);
         rtts.sort_by(f64::total_cmp);
     }
     let points = rtts
@@ -301,7 +332,7 @@ pub(crate) struct TraceReport {
     pub(crate) plan: lab::plan::Plan,
     pub(crate) direct: lab::plan::Outcome,
     pub(crate) link: LinkParams,
-    pub(crate) measured: Option<LinkParams>,
+    pub(crate) measured: Option<Measured>,
     /// (RTT µs, outcome).
     pub(crate) points: Vec<(f64, lab::plan::Outcome)>,
     pub(crate) crosses_10_percent_at_rtt_us: Option<f64>,
@@ -454,14 +485,7 @@ impl TraceReport {
         m.insert("bandwidth_gbit_per_s".into(), json!(self.link.h2d_bytes_per_s * 8.0 / 1e9));
         m.insert("h2d_bytes_per_s".into(), json!(self.link.h2d_bytes_per_s));
         m.insert("d2h_bytes_per_s".into(), json!(self.link.d2h_bytes_per_s));
-        m.insert(
-            "measured_link".into(),
-            json!(self.measured.map(|m| json!({
-                "rtt_us": m.rtt_ns / 1e3,
-                "h2d_bytes_per_s": m.h2d_bytes_per_s,
-                "d2h_bytes_per_s": m.d2h_bytes_per_s,
-            }))),
-        );
+        m.insert("measured_link".into(), measured_json(self.measured.as_ref()));
         m.insert("profile".into(), Value::Null);
         m.insert("plan".into(), plan_json(&self.plan));
         m.insert("points".into(), Value::Array(points));
@@ -478,13 +502,13 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
     let plan = lab::plan::Plan::of(&trace);
     let measured =
         if args.measure_link { Some(measured_link(args.delay_us, false, Some(&plan))?) } else { None };
-    let mut link = base_link(args, measured.as_ref());
+    let mut link = base_link(args, measured.as_ref().map(|m| &m.link));
     if let Some(m) = measured.filter(|_| args.per_tlp_us == 0.0) {
-        (link.posted_write_ns, link.fetch_extra_ns) = (m.posted_write_ns, m.fetch_extra_ns);
+        (link.posted_write_ns, link.fetch_extra_ns) = (m.link.posted_write_ns, m.link.fetch_extra_ns);
     }
     let mut rtts = args.rtt_us.clone();
     if let Some(m) = &measured {
-        rtts.push(m.rtt_ns / 1e3);
+        rtts.push(m.link.rtt_ns / 1e3);
         rtts.sort_by(f64::total_cmp);
     }
     let direct = plan.evaluate(&LinkParams::LOCAL);
@@ -503,7 +527,7 @@ fn run_trace(path: &std::path::Path, args: &ModelArgs) -> Result<TraceReport, St
     })
 }
 
-fn print_trace(r: &TraceReport) {
+fn print_trace(r: &TraceReport, delay_us: u64) {
     let t = &r.trace;
     outln!("dxpu model — trace {}", trace_summary(&r.path, t, &r.plan));
     outln!(
@@ -512,6 +536,7 @@ fn print_trace(r: &TraceReport) {
         fmt_s(r.direct.job_ns / 1e9),
     );
     outln!("  link {:.1} / {:.1} Gbit/s", r.link.h2d_bytes_per_s * 8e-9, r.link.d2h_bytes_per_s * 8e-9);
+    print_measured(r.measured.as_ref(), delay_us);
     outln!();
     outln!(
         "  {:>10}  {:>14}  {:>10}   {:>12} {:>12} {:>12}",
@@ -523,7 +548,7 @@ fn print_trace(r: &TraceReport) {
         "syncs ms"
     );
     for (rtt, o) in &r.points {
-        let mark = if r.measured.is_some_and(|m| m.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
+        let mark = if r.measured.is_some_and(|m| m.link.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
         outln!(
             "  {:>10.1}  {:>14}  {:>9.2} %   {:>12.3} {:>12.3} {:>12.3}{mark}",
             rtt,
@@ -576,7 +601,7 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Ok(r) => {
-                print_trace(&r);
+                print_trace(&r, args.delay_us);
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -618,19 +643,11 @@ pub(crate) fn run_model(args: ModelArgs) -> ExitCode {
         r.link.d2h_bytes_per_s * 8e-9,
         args.per_tlp_us
     );
-    if let Some(m) = &r.measured {
-        outln!(
-            "  link measured over UDP loopback (+{} µs each way): round trip {:.1} µs, bulk {:.1} / {:.1} Gbit/s",
-            args.delay_us,
-            m.rtt_ns / 1e3,
-            m.h2d_bytes_per_s * 8e-9,
-            m.d2h_bytes_per_s * 8e-9
-        );
-    }
+    print_measured(r.measured.as_ref(), args.delay_us);
     outln!();
     outln!("  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
     for (rtt, pr) in &r.points {
-        let mark = if r.measured.is_some_and(|m| m.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
+        let mark = if r.measured.is_some_and(|m| m.link.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
         outln!("  {:>10.1}  {:>14}  {:>9.1} %{mark}", rtt, fmt_s(pr.bridged_seconds), pr.overhead_percent);
     }
     match r.crosses_10_percent_at_rtt_us {

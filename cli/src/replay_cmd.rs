@@ -121,6 +121,18 @@ fn report_json(r: &Comparison, args: &ReplayArgs) -> Value {
     m.insert("direct_span_ratio".into(), json!(f.span_ratio));
     m.insert("direct_job_ratio".into(), json!(f.job_ratio));
     m.insert("not_faithful_because".into(), json!(f.why_not()));
+    // Where the spinning threads ran: a cache line's round trip between their CPUs where the
+    // link was calibrated and after each pair, and whether it moved (lab::cores).
+    m.insert(
+        "cores".into(),
+        json!(r.cores.as_ref().map(|c| json!({
+            "cpus": [c.cpus.0, c.cpus.1],
+            "round_trip_at_calibration_ns": c.first_ns,
+            "round_trip_after_pairs_ns": c.later_ns,
+        }))),
+    );
+    m.insert("cores_moved".into(), json!(r.cores.as_ref().map(|c| c.moved())));
+    m.insert("cores_moved_because".into(), json!(r.cores.as_ref().and_then(|c| c.why_moved())));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
     m.insert("delay_us".into(), json!(args.impair.delay_us));
     m.insert("loss_ratio".into(), json!(args.impair.loss));
@@ -229,6 +241,21 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
     );
     if let Some(why) = r.faithfulness.why_not() {
         outln!("  NOT FAITHFUL: {why}");
+    }
+    if let Some(c) = &r.cores {
+        let after = Spread::of(c.later_ns.iter().copied());
+        outln!(
+            "  cores: CPUs {} and {}, a cache line's round trip {:.0} ns at the calibration, {:.0} ns ({:.0}–{:.0}) after the pairs",
+            c.cpus.0,
+            c.cpus.1,
+            c.first_ns,
+            after.median,
+            after.min,
+            after.max
+        );
+        if let Some(why) = c.why_moved() {
+            outln!("  CORES MOVED: {why}");
+        }
     }
     let p = &r.predicted_bridged;
     outln!(

@@ -56,6 +56,13 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
         assert_eq!(v["cpus"], serde_json::json!({"device": 0, "host": 1}), "{v}");
         assert!(err.contains("reads, CPUs 0,1"), "{err}");
+        // Where the hypervisor put the CPUs, before and after the bench (none where a thread
+        // was not running for a second: a busy machine, logged).
+        let c = &v["core_round_trip_ns"];
+        if !c.is_null() {
+            assert!(c["before"].as_f64().is_some_and(|ns| ns > 0.0) && c["after"].as_f64().is_some(), "{v}");
+            assert!(v["cores_moved"].is_boolean() && err.contains("a cache line's round trip"), "{err}");
+        }
     }
     let mmio = v["mmio"].as_array().unwrap();
     for (path, driver, poll) in

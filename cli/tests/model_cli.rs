@@ -335,6 +335,14 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     assert!(v["overhead_against_trace_percent_min"].as_f64() <= v["overhead_against_trace_percent"].as_f64());
     assert!(v["faithful"].is_boolean() && v["direct_span_ratio"].as_f64().is_some(), "{v}");
     assert_eq!(v["faithful"].as_bool().unwrap(), v["not_faithful_because"].is_null());
+    // Where the spinning threads ran, measured at the calibration and after each pair (none
+    // where a measurement found a thread not running for a second: a busy machine, logged).
+    let c = &v["cores"];
+    if !c.is_null() {
+        assert!(c["round_trip_at_calibration_ns"].as_f64().is_some_and(|ns| ns > 0.0), "{v}");
+        assert!(c["round_trip_after_pairs_ns"].as_array().unwrap().len() <= 1, "{v}");
+        assert_eq!(v["cores_moved"].as_bool().unwrap(), !v["cores_moved_because"].is_null(), "{v}");
+    }
     assert!(v["plan"]["out_of_submission_order"].as_u64().is_some() && v["assumed"].is_object());
     // The direct replay's calls go no earlier than traced: its job no shorter than the trace's.
     let job = v["trace_job_seconds"].as_f64().unwrap();

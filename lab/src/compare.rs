@@ -13,6 +13,7 @@ use link::driver::{DriverKind, Impairment, PollMode};
 use testbed::concurrent::ConcurrentAttach;
 
 use crate::affinity::{self, Placement};
+use crate::cores;
 use crate::error::LabError;
 use crate::harness::{LocalBox, Spread, mmio_rtt};
 use crate::model::{self, LinkParams};
@@ -206,6 +207,10 @@ pub struct Comparison {
     pub crosses_10_percent_at_rtt_us: Option<f64>,
     /// Each pair's overhead, bridged over direct, percent.
     pub overheads: Vec<f64>,
+    /// The placed CPUs' round trip at the calibration and after each pair: whether the
+    /// machine stayed the one calibrated (none where the threads were not placed, or it
+    /// could not be measured).
+    pub cores: Option<cores::RoundTrips>,
 }
 
 impl Comparison {
@@ -314,6 +319,20 @@ impl Platforms {
     fn close(self) {
         self.bridged.into_pci().detach();
     }
+
+    /// The placed CPUs' round trip now, ns, the other threads quiet (none where the threads
+    /// are not placed; a measurement that failed is logged and none).
+    fn round_trip_ns(&self) -> Option<f64> {
+        let p = self.placement?;
+        self.settle();
+        match cores::round_trip(p.host, p.device) {
+            Ok(rt) => Some(rt.as_secs_f64() * 1e9),
+            Err(e) => {
+                log::warn!("{e}");
+                None
+            }
+        }
+    }
 }
 
 /// Both platforms' links as a comparison calibrates them, before any replay.
@@ -326,6 +345,8 @@ pub struct Calibration {
     pub direct_link: LinkParams,
     /// The link the model takes through the bridges ([`links`]).
     pub link: LinkParams,
+    /// The placed CPUs (device's, host's) and their round trip at the calibration, ns.
+    pub cores: Option<((usize, usize), f64)>,
 }
 
 /// Calibrates both platforms as [`compare`] does before it replays, without replaying: what
@@ -339,10 +360,12 @@ pub fn calibrate(
     let _restore = affinity::Restore::here().map_err(LabError::cpus("the job's thread"))?;
     let mut p = Platforms::open(opts, progress)?;
     progress("calibrating the link");
+    let at = p.round_trip_ns();
     let (direct, bridged) = p.calibrate(rate_sizes(plan))?;
+    let cores = p.placement.zip(at).map(|(pl, at)| ((pl.device, pl.host), at));
     p.close();
     let (direct_link, link) = links(&direct, &bridged);
-    Ok(Calibration { direct, bridged, direct_link, link })
+    Ok(Calibration { direct, bridged, direct_link, link, cores })
 }
 
 /// Replays `trace` directly attached and through both endpoints in turns, as `opts` says,
@@ -362,6 +385,7 @@ pub fn compare(
     // The link calibrated before any replay, each platform quiet: the model never sees
     // what the replay measures.
     progress("calibrating the link");
+    let at_calibration = p.round_trip_ns();
     let (d_side, b_side) = p.calibrate(rate_sizes(Some(&plan)))?;
     let (direct_link, bridged_link) = links(&d_side, &b_side);
     let trace_job_ns = plan.evaluate(&LinkParams::LOCAL).job_ns;
@@ -382,6 +406,7 @@ pub fn compare(
     p.bridged_turn()?;
     bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
+    let mut after_pairs = Vec::new();
     for i in 0..opts.repeat {
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
         p.direct_turn()?;
@@ -393,7 +418,13 @@ pub fn compare(
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
+        after_pairs.extend(p.round_trip_ns());
     }
+    let cores = p.placement.zip(at_calibration).map(|(pl, at)| cores::RoundTrips {
+        cpus: (pl.device, pl.host),
+        first_ns: at,
+        later_ns: after_pairs,
+    });
     p.close();
     let faithfulness = faithfulness(&d_runs, &trace, trace_job_ns);
     let (mut d_side, mut b_side) = (d_side, b_side);
@@ -411,6 +442,7 @@ pub fn compare(
         faithfulness,
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
+        cores,
     })
 }
 

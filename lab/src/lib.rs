@@ -2,7 +2,8 @@
 //! `dxpu replay` and the benches measure with, where the `dxpu` command keeps only their
 //! arguments, tables and JSON.
 //!
-//! - [`affinity`]: which CPUs the spinning threads run on;
+//! - [`affinity`]: which CPUs the spinning threads run on; [`cores`]: how far apart two
+//!   CPUs are (a cache line's round trip), and whether that moved during a comparison;
 //! - [`loopback`]: a workload run through both endpoints and directly attached, in turns,
 //!   with the link measured and the workload's transaction profile counted;
 //! - [`bulk`]: bulk copies measured, pinned (the DMA engine alone, each side's CPU and
@@ -27,6 +28,7 @@
 pub mod affinity;
 pub mod bulk;
 pub mod compare;
+pub mod cores;
 pub mod error;
 pub mod floor;
 pub mod harness;
