@@ -3,7 +3,7 @@
 //! On a virtual machine the hypervisor decides which physical cores the virtual CPUs run on,
 //! and moves them. On the machine the experiments were measured on (2 vCPUs of an AMD EPYC),
 //! the two were sometimes on cores that share an L3 cache (a cache line's round trip 52–69
-//! ns) and sometimes on cores of different dies (306–345 ns), for whole runs or switching
+//! ns) and sometimes on cores of different dies (306–357 ns), for whole runs or switching
 //! within one; the bridges' bulk rate over loopback followed it, about halved on dies apart,
 //! since every datagram the kernel hands from one endpoint's thread to the other's crosses
 //! between the cores (docs/performance.md, *Where the cores are*). A comparison measured
