@@ -42,9 +42,9 @@ fn large_copies_keep_several_reads_in_flight() {
     d.memcpy_to_device(0x100000, &pattern(1 << 20, 1)).unwrap();
     // A large host→VRAM copy keeps several reads (tags) in flight, split at MRRS.
     assert!(
-        d.pci().device().max_reads_in_flight > 1,
+        d.pci().device().max_reads_in_flight() > 1,
         "reads in flight: {}",
-        d.pci().device().max_reads_in_flight
+        d.pci().device().max_reads_in_flight()
     );
 }
 
@@ -267,13 +267,13 @@ fn a_copy_to_the_host_goes_out_a_step_per_poll() {
 #[test]
 fn commands_published_together_are_fetched_together_lap_after_lap() {
     let mut d = open();
-    let (fetches0, done0) = (d.pci().device().command_fetches, d.read_reg(reg::COMPLETED));
+    let (fetches0, done0) = (d.pci().device().command_fetches(), d.read_reg(reg::COMPLETED));
     for i in 0..30 {
         d.launch(op::NOP, [0; 5], WaitMode::Interrupt).unwrap_or_else(|e| panic!("launch {i}: {e}"));
     }
     assert_eq!(d.read_reg(reg::COMPLETED), done0 + 90);
     // One read per launch, and one more each time a launch's entries straddle the ring's end.
-    let fetches = d.pci().device().command_fetches - fetches0;
+    let fetches = d.pci().device().command_fetches() - fetches0;
     assert!((30..=32).contains(&fetches), "{fetches} reads fetched 90 commands");
 }
 

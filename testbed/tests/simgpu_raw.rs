@@ -351,7 +351,7 @@ fn entries_published_while_the_device_works_are_fetched_ahead() {
     assert!(!raw_busy(&mut dev));
     assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 3);
     assert_eq!(dev.reads_waited_on().unwrap() - fresh, 1, "the fetch ahead landed in time");
-    assert_eq!(dev.command_fetches, 2);
+    assert_eq!(dev.command_fetches(), 2);
 }
 
 /// The read request `r` sent.
@@ -390,7 +390,7 @@ fn entries_published_while_a_fetch_ahead_is_out_get_a_read_of_their_own_beside_i
     assert!(raw_reads(&mut dev, &mut up, 40).is_empty(), "nothing fetched twice");
     assert_eq!(raw_fences(&up, RAW_FENCE), [1, 2, 3, 4, 5]);
     assert_eq!(raw_reg(&mut dev, reg::RING_HEAD), 6);
-    assert_eq!(dev.command_fetches, 4);
+    assert_eq!(dev.command_fetches(), 4);
 }
 
 /// The first of two ring reads in flight fails; the second lands after: the failure is
