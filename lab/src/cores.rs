@@ -25,8 +25,14 @@ const BATCHES: usize = 9;
 const LIMIT: Duration = Duration::from_secs(1);
 /// The caller's word that it is done.
 const STOP: u64 = u64::MAX;
-/// The partner's word that it could not be placed on its CPU.
-const UNPLACED: u64 = u64::MAX - 1;
+
+/// What the two threads share: the word they pass back and forth, and the partner's word
+/// that it could not be placed on its CPU (apart: the caller writes the first).
+#[derive(Default)]
+struct Line {
+    word: AtomicU64,
+    unplaced: std::sync::atomic::AtomicBool,
+}
 
 /// Why the round trip could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +75,7 @@ pub enum CoresError {
 pub fn round_trip(a: usize, b: usize) -> Result<Duration, CoresError> {
     let _restore = affinity::Restore::here().map_err(|source| CoresError::Cpu { cpu: a, source })?;
     affinity::pin(&[a]).map_err(|source| CoresError::Cpu { cpu: a, source })?;
-    let line = Arc::new(AtomicU64::new(0));
+    let line = Arc::new(Line::default());
     let deadline = Instant::now() + LIMIT;
     let partner = {
         let line = line.clone();
@@ -79,7 +85,7 @@ pub fn round_trip(a: usize, b: usize) -> Result<Duration, CoresError> {
             .map_err(|source| CoresError::Spawn { cpu: b, source })?
     };
     let measured = ask(&line, deadline);
-    line.store(STOP, Ordering::Release);
+    line.word.store(STOP, Ordering::Release);
     // The partner ends at STOP or its deadline, whichever first.
     let pinned = partner.join().unwrap_or(Ok(()));
     pinned.map_err(|source| CoresError::Cpu { cpu: b, source })?;
@@ -90,7 +96,7 @@ pub fn round_trip(a: usize, b: usize) -> Result<Duration, CoresError> {
 
 /// The caller's half: writes an odd number and waits for the next even one, [`BATCH`] times
 /// a batch; each batch's mean round trip, or how many batches finished before the deadline.
-fn ask(line: &AtomicU64, deadline: Instant) -> Result<Vec<f64>, usize> {
+fn ask(line: &Line, deadline: Instant) -> Result<Vec<f64>, usize> {
     // The partner says it is placed by writing 0 → 0 (nothing); the first round trip waits for
     // it to start, so one batch more is run and the first dropped.
     let mut means = Vec::with_capacity(BATCHES + 1);
@@ -98,17 +104,17 @@ fn ask(line: &AtomicU64, deadline: Instant) -> Result<Vec<f64>, usize> {
     for _ in 0..=BATCHES {
         let t = Instant::now();
         for _ in 0..BATCH {
-            line.store(n + 1, Ordering::Release);
+            line.word.store(n + 1, Ordering::Release);
             let mut spins = 0u32;
-            loop {
-                match line.load(Ordering::Acquire) {
-                    v if v == n + 2 => break,
-                    UNPLACED => return Err(0),
-                    _ => {}
-                }
+            while line.word.load(Ordering::Acquire) != n + 2 {
                 spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(4096) && Instant::now() > deadline {
-                    return Err(means.len().saturating_sub(1));
+                if spins.is_multiple_of(4096) {
+                    if line.unplaced.load(Ordering::Acquire) {
+                        return Err(0);
+                    }
+                    if Instant::now() > deadline {
+                        return Err(means.len().saturating_sub(1));
+                    }
                 }
                 std::hint::spin_loop();
             }
@@ -122,19 +128,19 @@ fn ask(line: &AtomicU64, deadline: Instant) -> Result<Vec<f64>, usize> {
 
 /// The partner's half, on CPU `cpu`: answers each odd number with the next, until [`STOP`]
 /// or the deadline.
-fn answer(line: &AtomicU64, cpu: usize, deadline: Instant) -> Result<(), CpuError> {
+fn answer(line: &Line, cpu: usize, deadline: Instant) -> Result<(), CpuError> {
     if let Err(e) = affinity::pin(&[cpu]) {
-        line.store(UNPLACED, Ordering::Release);
+        line.unplaced.store(true, Ordering::Release);
         return Err(e);
     }
     let mut spins = 0u32;
     loop {
-        let v = line.load(Ordering::Acquire);
+        let v = line.word.load(Ordering::Acquire);
         if v == STOP {
             return Ok(());
         }
         if v % 2 == 1 {
-            line.store(v + 1, Ordering::Release);
+            line.word.store(v + 1, Ordering::Release);
             continue;
         }
         spins = spins.wrapping_add(1);
@@ -254,7 +260,7 @@ mod tests {
 
     #[test]
     fn a_partner_that_never_answers_ends_the_measurement_at_its_limit() {
-        let line = AtomicU64::new(0);
+        let line = Line::default();
         let t = Instant::now();
         // No partner: the deadline ends it, counting no batch.
         assert_eq!(ask(&line, Instant::now() + Duration::from_millis(50)), Err(0));
