@@ -6,6 +6,10 @@ use crate::replay::ReplayError;
 /// Why an experiment stopped: which part, on which platform, and the error beneath.
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {
+    /// The chaos soak could not start or run (`lab::chaos`): what went wrong, with the file,
+    /// process or option.
+    #[error("{0}")]
+    Chaos(String),
     /// A thread could not be put on the CPUs asked for.
     #[error("{what}: {source}")]
     Cpus {

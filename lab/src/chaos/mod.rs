@@ -1,4 +1,4 @@
-//! `dxpu bench chaos`: a fault-injection soak of the whole system on this machine — a
+//! The chaos soak (`dxpu bench chaos`): a fault-injection soak of the whole system on this machine — a
 //! three-member etcd cluster, two GPU boxes in a pool (box-a never harmed, box-b killed and
 //! restarted), and hosts claiming devices and running the verified workload through them,
 //! one `dxpu host --workload` process a run, two at a time — while faults are injected at
@@ -12,24 +12,60 @@
 //! - the box that lives through it all keeps a flat memory, and answers its control socket
 //!   and metrics throughout.
 //!
-//! The schedule of faults follows from the seed; when each lands depends on the machine.
+//! The schedule of faults follows from the seed; when each lands depends on the machine. The
+//! soak starts the `dxpu` binary it is given ([`ChaosOptions::dxpu`]) as its boxes and hosts.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
+
+use crate::error::LabError;
+
+mod parts;
+mod soak;
+
+pub use parts::{ChaosOptions, Tally};
+use soak::Soak;
+
+/// What a soak found.
+pub struct ChaosOutcome {
+    /// Where its files and logs are.
+    pub dir: PathBuf,
+    /// Runs, failures by reason, faults, probes, box-a's memory.
+    pub tally: Tally,
+    /// Events in the boxes' ownership logs.
+    pub owner_events: u64,
+    /// Two owners of one device, from those logs.
+    pub violations: Vec<String>,
+    /// box-a's memory over the soak.
+    pub rss: RssTrend,
+    /// Every run accounted for, no device with two owners, box-a answering with a flat
+    /// memory, and some run verified.
+    pub ok: bool,
+}
+
+impl ChaosOutcome {
+    /// The runs that failed with a named reason.
+    pub fn failed(&self) -> u64 {
+        self.tally.failed.values().sum()
+    }
+}
 
 /// Whether box-a's memory stayed flat. A box grows while it warms up (its sessions, replay
 /// buffers, the allocator's arenas), so the first quarter of the soak is left out: the median
 /// of the second quarter is the reference, and the median of the last quarter must stay within
 /// 25 % (and 8 MiB) of it. A leak of a few bytes per run shows in the 30-minute soak, not here.
 #[derive(Debug, PartialEq)]
-struct RssTrend {
-    after_warmup: u64,
-    last: u64,
-    flat: bool,
+pub struct RssTrend {
+    /// The median of the second quarter, KiB.
+    pub after_warmup: u64,
+    /// The median of the last quarter, KiB.
+    pub last: u64,
+    /// Whether the last stayed within 25 % (and 8 MiB) of the reference.
+    pub flat: bool,
 }
 
 impl RssTrend {
@@ -95,7 +131,22 @@ fn two_owners(logs: &[(&str, PathBuf)]) -> (u64, Vec<String>) {
     (events, bad)
 }
 
-pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
+/// Runs the soak `opts` asks for, telling `progress` how far it is (0..1) and how its runs
+/// went; `interrupted` is asked every 100 ms, and a soak it stops has its processes
+/// stopped and nothing judged.
+pub fn soak(
+    opts: &ChaosOptions,
+    interrupted: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(f64, &str),
+) -> Result<ChaosOutcome, LabError> {
+    run(opts, interrupted, progress).map_err(LabError::Chaos)
+}
+
+fn run(
+    args: &ChaosOptions,
+    interrupted: &dyn Fn() -> bool,
+    progress: &mut dyn FnMut(f64, &str),
+) -> Result<ChaosOutcome, String> {
     if !(0.1..=1440.0).contains(&args.minutes) {
         return Err(format!("--minutes {}: must be 0.1..=1440", args.minutes));
     }
@@ -104,8 +155,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
             "etcd not found (Debian package etcd-server, or set DXPU_ETCD): the soak runs a pool".into()
         );
     }
-    let mut soak = Soak::start(&args)?;
-    let progress = crate::out::Steps::counted("bench chaos", 1);
+    let mut soak = Soak::start(args)?;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(args.minutes * 60.0);
     let mut next_fault = start + soak.rng.ms(1000, 3000);
@@ -115,7 +165,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
     let rss_every = Duration::from_secs_f64((args.minutes * 60.0 / 120.0).max(1.0));
     let box_a_pid = soak.boxes[0].child.as_ref().map_or(0, Child::id);
     while Instant::now() < end || !soak.runs.is_empty() {
-        if crate::interrupt::requested() {
+        if interrupted() {
             // Within the second a signal allows: the runs killed, the boxes stopped.
             for r in &mut soak.runs {
                 let _ = r.child.kill();
@@ -125,7 +175,7 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
             return Err("interrupted: the soak's processes stopped, nothing judged".into());
         }
         let now = Instant::now();
-        progress.at(
+        progress(
             now.duration_since(start).as_secs_f64() / (args.minutes * 60.0),
             &format!("{} runs, {} verified", soak.tally.runs, soak.tally.verified),
         );
@@ -151,103 +201,22 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    drop(progress);
     soak.stop();
     let Soak { dir, boxes, tally, .. } = soak;
     let logs: Vec<(&str, PathBuf)> = boxes.iter().map(|b| (b.name, b.ownership_log(&dir))).collect();
     let (owner_events, violations) = two_owners(&logs);
     let rss = RssTrend::of(&tally.rss, args.minutes * 60.0);
-    let failed: u64 = tally.failed.values().sum();
     let ok = violations.is_empty()
         && tally.unexplained.is_empty()
         && tally.probe_failures.is_empty()
         && rss.flat
         && tally.verified > 0;
-    let report = json!({
-        "seed": args.seed,
-        "minutes": args.minutes,
-        "runs": tally.runs,
-        "verified": tally.verified,
-        "failed": failed,
-        "failed_by_reason": tally.failed,
-        "unexplained": tally.unexplained,
-        "faults": tally.faults,
-        "ownership_events": owner_events,
-        "two_owner_violations": violations,
-        "probes": tally.probes,
-        "probe_failures": tally.probe_failures,
-        "probe_max_ms": tally.probe_max.as_secs_f64() * 1e3,
-        "box_a_rss": {
-            "after_warmup_kib": rss.after_warmup,
-            "last_kib": rss.last,
-            "samples": tally.rss.len(),
-            "flat": rss.flat,
-            "series_seconds_kib": tally.rss.iter().map(|&(t, kb)| json!([(t * 10.0).round() / 10.0, kb])).collect::<Vec<_>>(),
-        },
-        "ok": ok,
-        "dir": dir.display().to_string(),
-    });
-    let _ = std::fs::write(dir.join("chaos.json"), format!("{}\n", crate::out::json_pretty(&report)));
-    if args.json {
-        outln!("{}", crate::out::json(report));
-    } else {
-        print_text(&args, &dir, &tally, failed, (owner_events, &violations), &rss, ok);
-    }
-    Ok(ok)
+    Ok(ChaosOutcome { dir, tally, owner_events, violations, rss, ok })
 }
 
-/// The soak's report as text.
-fn print_text(
-    args: &ChaosBench,
-    dir: &Path,
-    tally: &Tally,
-    failed: u64,
-    (owner_events, violations): (u64, &[String]),
-    rss: &RssTrend,
-    ok: bool,
-) {
-    outln!("dxpu bench chaos — seed {}, {:.1} min, in {}", args.seed, args.minutes, dir.display());
-    outln!(
-        "  workload runs: {} ({} verified, {} failed with a named reason, {} unexplained)",
-        tally.runs,
-        tally.verified,
-        failed,
-        tally.unexplained.len()
-    );
-    for (why, n) in &tally.failed {
-        outln!("    {n:>5}  {why}");
-    }
-    for u in &tally.unexplained {
-        outln!("    unexplained: {u}");
-    }
-    outln!("  faults injected:");
-    for (what, n) in &tally.faults {
-        outln!("    {n:>5}  {what}");
-    }
-    outln!(
-        "  ownership: {} events in the boxes' logs, {} two-owner violations",
-        owner_events,
-        violations.len()
-    );
-    for v in violations {
-        outln!("    {v}");
-    }
-    outln!(
-        "  box-a: {} probes of its control socket and metrics, {} failed, slowest {:.0} ms; RSS {} KiB after the warm-up → {} KiB at the end ({})",
-        tally.probes,
-        tally.probe_failures.len(),
-        tally.probe_max.as_secs_f64() * 1e3,
-        rss.after_warmup,
-        rss.last,
-        if rss.flat { "flat" } else { "GROWING" }
-    );
-    for p in &tally.probe_failures {
-        outln!("    {p}");
-    }
-    outln!("  {}", if ok { "every run accounted for; no device had two owners" } else { "FAILED" });
-}
 #[cfg(test)]
 mod tests {
+    use super::parts::reason;
     use super::*;
 
     #[test]
@@ -315,12 +284,3 @@ mod tests {
         assert_eq!(RssTrend::of(&[], 30.0), RssTrend { after_warmup: 0, last: 0, flat: false });
     }
 }
-
-mod parts;
-mod soak;
-
-pub(crate) use parts::ChaosBench;
-use parts::Tally;
-#[cfg(test)]
-use parts::reason;
-use soak::Soak;

@@ -8,24 +8,18 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use clap::Args;
-
-/// Options of `dxpu bench chaos`.
-#[derive(Args, Debug)]
-pub(crate) struct ChaosBench {
-    /// How long to inject faults, in minutes (0.1..=1440).
-    #[arg(long, default_value_t = 5.0)]
-    pub(super) minutes: f64,
+/// What a soak is asked for.
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    /// How long to inject faults, minutes (0.1..=1440).
+    pub minutes: f64,
     /// The seed of the fault schedule: the same seed, the same faults in the same order.
-    #[arg(long, default_value_t = 1)]
-    pub(super) seed: u64,
-    /// Where the configuration files, logs and `chaos.json` go (default: a new directory
-    /// under the system's temporary directory, kept).
-    #[arg(long)]
-    pub(super) dir: Option<PathBuf>,
-    /// Print the report as JSON instead of a table.
-    #[arg(long)]
-    pub(super) json: bool,
+    pub seed: u64,
+    /// Where the configuration files and logs go (none: a new directory under the system's
+    /// temporary directory, kept).
+    pub dir: Option<PathBuf>,
+    /// The `dxpu` binary the boxes and hosts run as.
+    pub dxpu: PathBuf,
 }
 
 pub(super) const KEY_A: &str = "0c1a05000000000000000000000000000000000000000000000000000000000a";
@@ -168,22 +162,29 @@ pub(super) struct WorkloadRun {
 
 /// What the soak saw.
 #[derive(Default)]
-pub(super) struct Tally {
-    pub(super) runs: u64,
-    pub(super) verified: u64,
+pub struct Tally {
+    /// Workload runs started.
+    pub runs: u64,
+    /// Runs whose workload verified.
+    pub verified: u64,
     /// Failures by reason (the host's last error, numbers and addresses taken out).
-    pub(super) failed: BTreeMap<String, u64>,
+    pub failed: BTreeMap<String, u64>,
     /// Failures with no reason: exited without an error line, or hung.
-    pub(super) unexplained: Vec<String>,
-    pub(super) faults: BTreeMap<&'static str, u64>,
-    pub(super) probes: u64,
-    pub(super) probe_failures: Vec<String>,
-    pub(super) probe_max: Duration,
+    pub unexplained: Vec<String>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Probes of box-a's control socket and metrics.
+    pub probes: u64,
+    /// The probes that failed or were slower than the limit, and why.
+    pub probe_failures: Vec<String>,
+    /// The slowest probe.
+    pub probe_max: Duration,
     /// box-a's resident memory, kB, over time (s).
-    pub(super) rss: Vec<(f64, u64)>,
+    pub rss: Vec<(f64, u64)>,
 }
 
 impl Tally {
+    /// Counts a fault injected.
     pub(super) fn fault(&mut self, what: &'static str) {
         *self.faults.entry(what).or_default() += 1;
     }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::parts::{
-    BoxProc, CONCURRENT_RUNS, ChaosBench, Imp, KEY_A, KEY_B, PROBE_LIMIT, RUN_LIMIT, Rng, Tally, WorkloadRun,
-    free_port, reason, scrape,
+    BoxProc, CONCURRENT_RUNS, ChaosOptions, Imp, KEY_A, KEY_B, PROBE_LIMIT, RUN_LIMIT, Rng, Tally,
+    WorkloadRun, free_port, reason, scrape,
 };
 
 /// What the soak holds while it runs: its boxes and etcd, the workload runs in flight, the
@@ -33,8 +33,8 @@ pub(super) struct Soak {
 
 impl Soak {
     /// A three-member etcd and two boxes of two devices each, started and registered.
-    pub(super) fn start(args: &ChaosBench) -> Result<Soak, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    pub(super) fn start(args: &ChaosOptions) -> Result<Soak, String> {
+        let exe = args.dxpu.clone();
         let dir = match &args.dir {
             Some(d) => d.clone(),
             None => std::env::temp_dir().join(format!("dxpu-chaos-{}-{}", args.seed, std::process::id())),
