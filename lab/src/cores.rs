@@ -70,8 +70,8 @@ pub enum CoresError {
 
 /// A cache line's round trip between a thread on CPU `a` (the caller, pinned there for the
 /// measurement and given its CPUs back after) and one on CPU `b` (another: on one CPU the
-/// two would take turns for the scheduler's slices): the median of [`BATCHES`] batches'
-/// means, each of [`BATCH`] round trips.
+/// two would take turns for the scheduler's slices): the median of nine batches'
+/// means, each of 2,000 round trips.
 pub fn round_trip(a: usize, b: usize) -> Result<Duration, CoresError> {
     let _restore = affinity::Restore::here().map_err(|source| CoresError::Cpu { cpu: a, source })?;
     affinity::pin(&[a]).map_err(|source| CoresError::Cpu { cpu: a, source })?;
