@@ -654,5 +654,7 @@ fn udp_of(link: DataLink, f: &[u8]) -> Option<(SocketAddr, SocketAddr, &[u8])> {
     Some((SocketAddr::new(src_ip, be16(udp, 0)?), SocketAddr::new(dst_ip, be16(udp, 2)?), payload))
 }
 
+pub mod decode;
+
 #[cfg(test)]
 mod tests;
