@@ -219,6 +219,20 @@ fn edge_cases_are_taken_or_refused_naming_the_event_and_field() {
         let e = parse(text, "t.json", Pick::ANY).unwrap_err();
         assert!(e.to_string().contains(says), "{e}");
     }
+    // A trace of CUPTI's range profiler (HTA's tests/data/cupti_profiler): its kernels are
+    // metrics with no stream, correlation or time of their own; said so, not "no kernels".
+    let range = |ts: &str| {
+        format!(
+            r#"{{"ph":"X","cat":"cuda_profiler_range","name":"k","pid":0,"tid":0,"ts":{ts},"dur":121431,"args":{{"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum":38731776}}}}"#
+        )
+    };
+    let launch = event("cuda_runtime", "cudaLaunchKernel", "1", "2", r#""correlation":11"#);
+    let e = parse(&trace(&[launch, range("3"), range("121434")]), "t.json", Pick::ANY).unwrap_err();
+    assert!(matches!(e, TraceError::ProfilerRangesOnly { ranges: 2, .. }), "{e}");
+    assert!(
+        e.to_string().contains("range-profiler") && e.to_string().contains("ProfilerActivity.CUDA"),
+        "{e}"
+    );
     // Two GPUs and no device: which one must be said; with one, its activities only.
     let two = trace(&[
         event("kernel", "k", "1", "1", r#""correlation":1,"stream":7,"device":0"#),

@@ -89,6 +89,20 @@ pub enum TraceError {
         /// The rank the trace names.
         named: Option<u32>,
     },
+    /// No GPU activity, but kernels as CUPTI's range profiler reports them
+    /// (`cuda_profiler_range`: a kernel's metrics, with no stream, correlation or time of its
+    /// own): a trace of the job's counters, not of its timeline.
+    #[error(
+        "{path}: its {ranges} kernels are CUPTI range-profiler events (cuda_profiler_range: metrics, with no \
+         stream, correlation or time of their own to replay) and it has no kernel activities: record the job with \
+         torch.profiler's CUDA activities (ProfilerActivity.CUDA) and without the range profiler"
+    )]
+    ProfilerRangesOnly {
+        /// The file.
+        path: String,
+        /// The range profiler's events.
+        ranges: u64,
+    },
     /// Nothing to replay: no GPU activity (of the device asked for).
     #[error("{path}: no kernels, copies or memsets{}", .device.map(|d| format!(" on GPU {d}")).unwrap_or_default())]
     Empty {

@@ -251,7 +251,7 @@ fn parse_from(r: impl BufRead, what: &str, pick: Pick) -> Result<Trace, TraceErr
     {
         return Err(TraceError::NotThatRank { path: what.to_string(), asked, named: t.rank });
     }
-    let Events { activities, calls, origin, skipped, syncs, .. } = events;
+    let Events { activities, calls, origin, skipped, syncs, profiler_ranges, .. } = events;
     t.skipped = skipped;
     let devices: BTreeSet<u32> = activities.iter().map(|(d, _, _)| *d).collect();
     let device = match (pick.device, devices.len()) {
@@ -276,6 +276,9 @@ fn parse_from(r: impl BufRead, what: &str, pick: Pick) -> Result<Trace, TraceErr
         })
         .collect();
     if t.activities.is_empty() {
+        if profiler_ranges > 0 && devices.is_empty() {
+            return Err(TraceError::ProfilerRangesOnly { path: what.to_string(), ranges: profiler_ranges });
+        }
         return Err(TraceError::Empty { path: what.to_string(), device: pick.device });
     }
     // The calls that go with the kept activities' device: the process that made them (a
@@ -337,6 +340,9 @@ struct Events {
     without_bytes: Vec<usize>,
     /// `cuda_sync` events: (device, correlation, what was waited for).
     syncs: Vec<(u32, u64, SyncSaid)>,
+    /// CUPTI range-profiler events (`cuda_profiler_range`): counted, to say why a trace of
+    /// them alone has nothing to replay.
+    profiler_ranges: u64,
 }
 
 impl Events {
@@ -443,6 +449,9 @@ fn read_event(out: &mut Events, raw: &[u8], what: &str) -> Result<(), TraceError
     let gpu = matches!(cat, "kernel" | "gpu_memcpy" | "gpu_memset");
     let runtime = matches!(cat, "cuda_runtime" | "cuda_driver" | "hip_runtime" | "hip_driver");
     let sync = cat == "cuda_sync";
+    if cat == "cuda_profiler_range" {
+        out.profiler_ranges += 1;
+    }
     if e.ph != Some("X") || !(gpu || runtime || sync) {
         out.skipped += 1;
         return Ok(());
