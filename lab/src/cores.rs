@@ -261,6 +261,48 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_spinning_beside_the_partner_slows_it_but_never_hangs_it() {
+        std::thread::spawn(|| {
+            let all = affinity::allowed().unwrap();
+            let (a, b) = (all[0], *all.last().unwrap());
+            if a == b {
+                eprintln!("skipped: this process may use one CPU only ({all:?})");
+                return;
+            }
+            // A third thread spinning on the partner's CPU for longer than the limit: the two
+            // take turns for the scheduler's slices.
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (running, spinning) = std::sync::mpsc::channel();
+            let spinner = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let _ = affinity::pin(&[b]);
+                    let _ = running.send(());
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            spinning.recv().unwrap();
+            let t = Instant::now();
+            let r = round_trip(a, b);
+            stop.store(true, Ordering::Relaxed);
+            spinner.join().unwrap();
+            eprintln!("beside a spinning thread: {r:?} in {:?}", t.elapsed());
+            // A figure (the fastest batch) or "the machine is busy", within the limit and a
+            // scheduler's slice or two.
+            assert!(t.elapsed() < LIMIT + Duration::from_millis(500), "{:?}", t.elapsed());
+            match r {
+                Ok(rt) => assert!(rt > Duration::ZERO, "{rt:?}"),
+                Err(e) => assert!(e.to_string().contains("the machine is busy"), "{e}"),
+            }
+            assert_eq!(affinity::allowed().unwrap(), all);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn a_partner_that_never_answers_ends_the_measurement_at_its_limit() {
         let line = Line::default();
         let t = Instant::now();
