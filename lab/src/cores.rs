@@ -223,15 +223,22 @@ mod tests {
 
     use super::*;
 
+    /// The first and last CPU this thread may use, and all of them; none (said) where it
+    /// may use one only.
+    fn two_cpus() -> Option<(usize, usize, Vec<usize>)> {
+        let all = affinity::allowed().unwrap();
+        let (a, b) = (all[0], *all.last().unwrap());
+        if a == b {
+            eprintln!("skipped: this process may use one CPU only ({all:?})");
+            return None;
+        }
+        Some((a, b, all))
+    }
+
     #[test]
     fn measures_a_round_trip_between_two_cpus_and_gives_the_cpus_back() {
         std::thread::spawn(|| {
-            let all = affinity::allowed().unwrap();
-            let (a, b) = (all[0], *all.last().unwrap());
-            if a == b {
-                eprintln!("skipped: this process may use one CPU only ({all:?})");
-                return;
-            }
+            let Some((a, b, all)) = two_cpus() else { return };
             let rt = round_trip(a, b).unwrap();
             // A cache line's round trip is nanoseconds to microseconds on any machine; a
             // thread descheduled for the whole second is an error, not a figure.
@@ -263,12 +270,7 @@ mod tests {
     #[test]
     fn a_thread_spinning_beside_the_partner_slows_it_but_never_hangs_it() {
         std::thread::spawn(|| {
-            let all = affinity::allowed().unwrap();
-            let (a, b) = (all[0], *all.last().unwrap());
-            if a == b {
-                eprintln!("skipped: this process may use one CPU only ({all:?})");
-                return;
-            }
+            let Some((a, b, all)) = two_cpus() else { return };
             // A third thread spinning on the partner's CPU for longer than the limit: the two
             // take turns for the scheduler's slices.
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
