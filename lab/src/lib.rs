@@ -21,14 +21,15 @@
 //!   their CPU per frame, and a frame's tag, CRC and encryption;
 //! - [`simgpu`]: the directly attached simgpu's own figures;
 //! - [`error`]: what goes wrong in an experiment, and where;
-//! - [`chaos`]: the chaos soak, a pool of boxes and hosts run as `dxpu` processes under
-//!   injected faults, and what must hold whatever happens;
+//! - `chaos` (feature `chaos`): the chaos soak, a pool of boxes and hosts run as `dxpu`
+//!   processes under injected faults, and what must hold whatever happens;
 //! - [`compare`]: a trace replayed directly attached and through both endpoints in turns,
 //!   the link measured, and the model's prediction beside what was measured.
 #![forbid(unsafe_code)]
 
 pub mod affinity;
 pub mod bulk;
+#[cfg(feature = "chaos")]
 pub mod chaos;
 pub mod compare;
 pub mod cores;
