@@ -243,15 +243,15 @@ fn print_report(r: &Comparison, args: &ReplayArgs) {
         outln!("  NOT FAITHFUL: {why}");
     }
     if let Some(c) = &r.cores {
-        let after = Spread::of(c.later_ns.iter().copied());
+        let after = match Spread::of(c.later_ns.iter().copied()) {
+            _ if c.later_ns.is_empty() => "not measured (logged why)".to_string(),
+            s => format!("{:.0} ns ({:.0}–{:.0})", s.median, s.min, s.max),
+        };
         outln!(
-            "  cores: CPUs {} and {}, a cache line's round trip {:.0} ns at the calibration, {:.0} ns ({:.0}–{:.0}) after the pairs",
+            "  cores: CPUs {} and {}, a cache line's round trip {:.0} ns at the calibration, {after} after the pairs",
             c.cpus.0,
             c.cpus.1,
             c.first_ns,
-            after.median,
-            after.min,
-            after.max
         );
         if let Some(why) = c.why_moved() {
             outln!("  CORES MOVED: {why}");

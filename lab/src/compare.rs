@@ -325,13 +325,7 @@ impl Platforms {
     fn round_trip_ns(&self) -> Option<f64> {
         let p = self.placement?;
         self.settle();
-        match cores::round_trip(p.host, p.device) {
-            Ok(rt) => Some(rt.as_secs_f64() * 1e9),
-            Err(e) => {
-                log::warn!("{e}");
-                None
-            }
-        }
+        cores::round_trip_ns(p.host, p.device)
     }
 }
 

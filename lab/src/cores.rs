@@ -159,17 +159,17 @@ pub fn first_two() -> Option<(usize, usize)> {
     Some((*all.first()?, *all.get(1)?))
 }
 
-/// [`round_trip`] between the first two CPUs this process may use, ns: none where it may use
-/// one only; a measurement that failed is logged and none.
+/// [`round_trip`] between CPUs `a` and `b`, ns, for a report: a measurement that failed is
+/// logged and none (a figure missing, not an experiment stopped).
+pub fn round_trip_ns(a: usize, b: usize) -> Option<f64> {
+    round_trip(a, b).map(|rt| rt.as_secs_f64() * 1e9).map_err(|e| log::warn!("{e}")).ok()
+}
+
+/// [`round_trip_ns`] between the first two CPUs this process may use: none where it may use
+/// one only.
 pub fn first_two_ns() -> Option<((usize, usize), f64)> {
     let (a, b) = first_two()?;
-    match round_trip(a, b) {
-        Ok(rt) => Some(((a, b), rt.as_secs_f64() * 1e9)),
-        Err(e) => {
-            log::warn!("{e}");
-            None
-        }
-    }
+    round_trip_ns(a, b).map(|ns| ((a, b), ns))
 }
 
 /// Two CPUs' round trip measured first and again later: in a comparison where the link is
