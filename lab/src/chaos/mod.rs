@@ -220,6 +220,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_length_out_of_range_is_refused_before_anything_starts() {
+        for minutes in [0.0, 0.09, 1440.5, -1.0, f64::NAN, f64::INFINITY] {
+            let dir = std::env::temp_dir().join(format!("dxpu-chaos-refused-{}", std::process::id()));
+            let opts = ChaosOptions { minutes, seed: 1, dir: Some(dir.clone()), dxpu: "/nonexistent".into() };
+            let e = soak(&opts, &|| false, &mut |_, _| {}).err().unwrap().to_string();
+            assert!(e.contains("--minutes") && e.contains("0.1..=1440"), "{minutes}: {e}");
+            assert!(!dir.exists(), "{minutes}: nothing is written for a soak refused");
+        }
+    }
+
+    #[test]
     fn a_reason_keeps_the_words_and_drops_the_numbers() {
         let log = "[2026-12-05T20:00:00Z INFO ] x\n[2026-12-05T20:00:01Z ERROR] gpu0: fence 17 not reached: nothing heard from the device for 5.001s\n";
         assert_eq!(reason(log).unwrap(), "gpuN: fence N not reached: nothing heard from the device for N.Ns");
