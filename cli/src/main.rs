@@ -110,6 +110,15 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The experiments say on standard error what they could not measure (`lab`'s warnings:
+    // a CPU round trip, a thread not placed); the daemons start their own logging.
+    if matches!(
+        cli.command,
+        Command::Loopback(_) | Command::Model(_) | Command::Replay(_) | Command::Bench(_)
+    ) && let Err(e) = ops::process::init_logging("warn")
+    {
+        eprintln!("dxpu: logging: {e}");
+    }
     match cli.command {
         Command::Loopback(args) => {
             // Serving a VM (`--vfio-user`) stops on its own signals.

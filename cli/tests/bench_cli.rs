@@ -59,6 +59,7 @@ fn bench_bridge_json_is_one_object_with_every_row() {
         // Where the hypervisor put the CPUs, before and after the bench (none where a thread
         // was not running for a second: a busy machine, logged).
         let c = &v["core_round_trip_ns"];
+        assert!(!c.is_null() || err.contains("round trip between CPUs"), "not measured, nothing said: {err}");
         if !c.is_null() {
             assert!(c["before"].as_f64().is_some_and(|ns| ns > 0.0) && c["after"].as_f64().is_some(), "{v}");
             assert!(v["cores_moved"].is_boolean() && err.contains("a cache line's round trip"), "{err}");
