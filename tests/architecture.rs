@@ -239,6 +239,38 @@ fn the_cli_crate_holds_the_files_the_architecture_lists_and_no_other() {
     assert!(gone.is_empty(), "listed in docs/architecture.md but not in cli/: {gone:?}");
 }
 
+/// The most lines the binary's own code may have, its tests aside: arguments, and printing
+/// what `lab` and `ops` report (docs/architecture.md).
+const MAX_CLI_LINES: usize = 3_000;
+
+/// A source file's lines before its `#[cfg(test)]` module, if it has one.
+fn lines_before_tests(text: &str) -> usize {
+    text.lines().take_while(|l| l.trim() != "#[cfg(test)]").count()
+}
+
+#[test]
+fn the_cli_crate_is_arguments_and_output_under_3000_lines() {
+    assert_eq!(lines_before_tests("a\nb\n#[cfg(test)]\nmod tests {}\n"), 2);
+    assert_eq!(lines_before_tests("a\nb\n"), 2);
+    let cli = packages().into_iter().find(|p| p.name == "dxpu").expect("the cli crate");
+    let mut files = Vec::new();
+    rust_files(&cli.dir.join("src"), &mut files);
+    let mut each: Vec<(usize, String)> = files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            (lines_before_tests(&text), f.strip_prefix(&cli.dir).unwrap().display().to_string())
+        })
+        .collect();
+    let total: usize = each.iter().map(|(n, _)| n).sum();
+    each.sort_by(|a, b| b.cmp(a));
+    assert!(
+        total < MAX_CLI_LINES,
+        "cli/src has {total} lines of non-test code, {MAX_CLI_LINES} at most (docs/architecture.md): the largest files {:?}",
+        &each[..each.len().min(5)]
+    );
+}
+
 /// The longest a function may be, in lines from its signature to its closing brace.
 const MAX_FUNCTION_LINES: usize = 120;
 

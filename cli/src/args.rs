@@ -40,13 +40,6 @@ pub(crate) enum PollArg {
 }
 
 impl PollArg {
-    /// The name, as the configuration file spells it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            PollArg::Blocking => "blocking",
-            PollArg::Busy => "busy",
-        }
-    }
     pub(crate) fn mode(self, spin: Duration) -> PollMode {
         match self {
             PollArg::Blocking => PollMode::Blocking,
@@ -257,6 +250,15 @@ impl WorkloadArg {
             w => w,
         })
     }
+}
+
+/// How TLPs are printed: JSON Lines or trace lines.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// JSON Lines.
+    Json,
+    /// Human trace lines.
+    Text,
 }
 
 #[cfg(test)]

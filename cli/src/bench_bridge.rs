@@ -1,28 +1,9 @@
-//! `dxpu bench bridge`: the bridges' figures against their floors, side by side in one run:
-//!
-//! (a) MMIO read round trip through both endpoints (driver → RemoteDevice → link → box →
-//!     simgpu → back) against a bare UDP ping-pong in the same mode, both with plain
-//!     sockets and through the same link driver (no session);
-//! (b) DMA throughput through the bridges (simgpu copies host↔VRAM) against the same bytes
-//!     streamed through bare sockets;
-//! (c) the demo workload bridged against a directly attached simgpu.
+//! `dxpu bench bridge`'s options; the bench is `lab::bench::bridge`.
 
-use std::time::Duration;
-
-use bridge_host::RemoteDevice;
 use clap::Args;
-use driver::SimGpuDriver;
-use link::driver::{DriverKind, Impairment, PollMode};
-
-use serde_json::json;
+use link::driver::DriverKind;
 
 use crate::args::PinArg;
-use lab::affinity::{self, Placement};
-use lab::bulk::{Copied, bridged_copies, direct_copies};
-use lab::floor::{
-    Buffers, GsoRun, bare_gso_stream, bare_gso_stream_with, bare_pingpong, bare_stream, driver_pingpong, us,
-};
-use lab::harness::{Frames, LocalBox, Spread, mmio_rtt};
 
 /// Options of `dxpu bench bridge`.
 #[derive(Args, Debug)]
@@ -79,489 +60,45 @@ pub(crate) enum DriverChoice {
     IoUring,
 }
 
-/// MB/s (the tables' unit) as bytes per second (the JSON's, docs/cli.md).
-fn bytes_per_s(mb_per_s: f64) -> f64 {
-    mb_per_s * 1e6
-}
-
-fn name(driver: DriverKind) -> &'static str {
-    if driver == DriverKind::IoUring { "io_uring" } else { "portable" }
-}
-
-fn open(gpu: &LocalBox, driver: DriverKind, poll: PollMode) -> Result<SimGpuDriver<RemoteDevice>, String> {
-    let remote = RemoteDevice::attach(gpu.attach_options(driver, poll, Impairment::default()))
-        .map_err(|e| e.to_string())?;
-    SimGpuDriver::open(remote).map_err(|e| e.to_string())
-}
-
-/// The link's datagram size on loopback in these benchmarks (`LocalBox`).
-const LINK_MTU: usize = 9000;
-
-pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
-    let n = args.iterations.max(100);
-    let spin = Duration::from_millis(2);
-    let uring = link::driver::UringUdp::probe();
-    // With --json the table goes to standard error and the object alone to standard output.
-    let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
-    say(format!("dxpu bench bridge — both endpoints on UDP loopback, MTU {LINK_MTU}, simgpu behind the box"));
-    if let Err(e) = &uring {
-        say(format!("io_uring unavailable ({e}): its rows are skipped"));
-    }
-    let drivers: Vec<DriverKind> = [DriverKind::Portable, DriverKind::IoUring]
-        .into_iter()
-        .filter(|d| *d == DriverKind::Portable || uring.is_ok())
-        .filter(|d| match args.driver {
-            None => true,
-            Some(DriverChoice::Portable) => *d == DriverKind::Portable,
-            Some(DriverChoice::IoUring) => *d == DriverKind::IoUring,
+impl BridgeBench {
+    /// What the options ask `lab::bench::bridge` for; the workload's runs as `dxpu loopback
+    /// --workload demo` makes them with no other option but the scale.
+    fn options(&self) -> Result<lab::bench::bridge::BridgeOptions, String> {
+        let runs = |s: Section| self.only.is_empty() || self.only.contains(&s);
+        let workload = if runs(Section::Workload) {
+            let mut la = crate::loopback::LoopbackArgs::defaults();
+            la.scale = self.scale;
+            la.workload = Some(crate::args::WorkloadArg::Demo);
+            la.rtt_samples = 200;
+            Some((self.scale, crate::loopback::options(&la, &mut |_| {})?))
+        } else {
+            None
+        };
+        Ok(lab::bench::bridge::BridgeOptions {
+            iterations: self.iterations,
+            copy_bytes: self.copy_bytes,
+            copy_repeat: self.copy_repeat,
+            mmio: match runs(Section::Mmio) {
+                true => Some(self.pin.placement(&lab::affinity::allowed()?)?),
+                false => None,
+            },
+            dma: runs(Section::Dma),
+            workload,
+            driver: self.driver.map(|d| match d {
+                DriverChoice::Portable => DriverKind::Portable,
+                DriverChoice::IoUring => DriverKind::IoUring,
+            }),
         })
-        .collect();
-    let runs = |s: Section| args.only.is_empty() || args.only.contains(&s);
-    let say: &dyn Fn(String) = &say;
-    // Where the hypervisor put this machine's CPUs, before and after: the bridges' bulk rate
-    // over loopback about halves on cores apart (lab::cores).
-    let cores_before = lab::cores::first_two_ns();
-    if let Some(((a, b), ns)) = cores_before {
-        say(format!("CPUs {a} and {b}: a cache line's round trip {ns:.0} ns"));
     }
-    // Only the register reads are pinned.
-    let placement = if runs(Section::Mmio) { args.pin.placement(&affinity::allowed()?)? } else { None };
-    let mmio =
-        if runs(Section::Mmio) { mmio_section(n, spin, &drivers, placement, say)? } else { Vec::new() };
-    let (dma, gso, floors, [copy_floor, staged_floor], floor_cpu) = if runs(Section::Dma) {
-        dma_section(&args, spin, &drivers, say)?
-    } else {
-        (Vec::new(), None, Vec::new(), [None; 2], serde_json::Value::Null)
-    };
-    let workload =
-        if runs(Section::Workload) { workload_section(&args, say)? } else { serde_json::Value::Null };
-    let cores = cores_before.zip(lab::cores::first_two_ns()).map(|((cpus, before), (_, after))| {
-        lab::cores::RoundTrips { cpus, first_ns: before, later_ns: vec![after] }
-    });
-    if let Some(c) = &cores {
-        say(String::new());
-        say(format!(
-            "CPUs {} and {}: a cache line's round trip {:.0} ns after the bench",
-            c.cpus.0, c.cpus.1, c.later_ns[0]
-        ));
-        if c.moved() {
-            say(format!(
-                "CORES MOVED during the bench ({:.0} → {:.0} ns): the hypervisor placed the CPUs on other cores, and \
-                 rows measured before and after compare two machines; run it again",
-                c.first_ns, c.later_ns[0]
-            ));
-        }
-    }
+}
+
+/// `dxpu bench bridge`: with `--json` the rows go to standard error and the object alone to
+/// standard output.
+pub(crate) fn run_bridge(args: BridgeBench) -> Result<(), String> {
+    let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
+    let report = lab::bench::bridge::run(&args.options()?, &say)?;
     if args.json {
-        let report = json!({
-            "mtu_bytes": LINK_MTU,
-            "cpus": placement.map(|p| json!({ "device": p.device, "host": p.host })),
-            "core_round_trip_ns": cores.as_ref().map(|c| json!({
-                "cpus": [c.cpus.0, c.cpus.1], "before": c.first_ns, "after": c.later_ns[0],
-            })),
-            "cores_moved": cores.as_ref().map(|c| c.moved()),
-            "mmio": mmio,
-            "dma": dma,
-            "floor_gso_bytes_per_s": gso.map(bytes_per_s),
-            "floor_gso_runs_bytes_per_s": floors.iter().map(|&f| bytes_per_s(f)).collect::<Vec<_>>(),
-            "floor_gso_copy_bytes_per_s": copy_floor.map(bytes_per_s),
-            "floor_gso_staged_bytes_per_s": staged_floor.map(bytes_per_s),
-            "floor_gso_cpu_s_per_gib": floor_cpu,
-            "workload": workload,
-        });
         outln!("{}", crate::out::json(report));
     }
     Ok(())
-}
-
-/// (a): register reads through the bridges against the plain-socket and driver floors.
-fn mmio_section(
-    n: usize,
-    spin: Duration,
-    drivers: &[DriverKind],
-    placement: Option<Placement>,
-    say: &dyn Fn(String),
-) -> Result<Vec<serde_json::Value>, String> {
-    // The reading thread on the host's CPU until this returns; the echoing one on the device's.
-    let _restore = affinity::Restore::here()?;
-    affinity::pin_to(placement.map(|p| p.host))?;
-    let echo_cpu = placement.map(|p| p.device);
-    let mut mmio = Vec::new();
-    let row = |path: &str, driver: &str, poll: &str, p50: Duration, p99: Duration| json!({"path": path, "driver": driver, "poll": poll, "p50_us": us(p50), "p99_us": us(p99)});
-    say(String::new());
-    let line = |cells: &[String]| say(crate::out::row(&[48, 8, 8, 11, 11], cells));
-    line(&[
-        match placement {
-            Some(p) => format!("(a) MMIO read round trip, {n} reads, CPUs {},{}", p.device, p.host),
-            None => format!("(a) MMIO read round trip, {n} reads"),
-        },
-        "p50 µs".into(),
-        "p99 µs".into(),
-        "/ sockets".into(),
-        "/ driver".into(),
-    ]);
-    let io = |e: std::io::Error| e.to_string();
-    for busy in [true, false] {
-        let floor = bare_pingpong(busy, true, n, echo_cpu).map_err(io)?;
-        let mode = if busy { "busy-poll" } else { "blocking" };
-        let poll_name = if busy { "busy" } else { "blocking" };
-        mmio.push(row("bare", "plain", poll_name, floor.p50, floor.p99));
-        line(&[
-            format!("bare UDP ping-pong, plain sockets, {mode}"),
-            format!("{:.1}", us(floor.p50)),
-            format!("{:.1}", us(floor.p99)),
-            "1.00".into(),
-        ]);
-        for &driver in drivers {
-            let dfloor = driver_pingpong(driver, busy, n, echo_cpu).map_err(io)?;
-            mmio.push(row("bare", name(driver), poll_name, dfloor.p50, dfloor.p99));
-            line(&[
-                format!("bare UDP ping-pong, {} driver, {mode}", name(driver)),
-                format!("{:.1}", us(dfloor.p50)),
-                format!("{:.1}", us(dfloor.p99)),
-                format!("{:.2}", us(dfloor.p50) / us(floor.p50)),
-                "1.00".into(),
-            ]);
-            let poll = if busy { PollMode::Busy { spin } } else { PollMode::Blocking };
-            let gpu = LocalBox::start_offload(
-                driver,
-                poll,
-                Impairment::default(),
-                Frames::Tagged,
-                link::driver::Offload::AUTO,
-                echo_cpu,
-            )?;
-            let mut d = open(&gpu, driver, poll)?;
-            let (p50, p99) = mmio_rtt(&mut d, n);
-            mmio.push(row("bridged", name(driver), poll_name, p50, p99));
-            line(&[
-                format!("  through the bridges, {}, {mode}", name(driver)),
-                format!("{:.1}", us(p50)),
-                format!("{:.1}", us(p99)),
-                format!("{:.2}", us(p50) / us(floor.p50)),
-                format!("{:.2}", us(p50) / us(dfloor.p50)),
-            ]);
-        }
-    }
-
-    Ok(mmio)
-}
-
-/// Section (b)'s rows, the GSO floor's median and its samples, and the medians of the same
-/// floor from and into buffers of the copy's size: directly (one copy per side) and staged (two).
-type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2], serde_json::Value);
-
-/// The GSO + GRO floor's samples: with hot buffers, from and into copy-sized ones, and
-/// staged; or why the kernel refused the offloads.
-#[derive(Default)]
-struct Floors {
-    hot: Vec<GsoRun>,
-    copy: Vec<GsoRun>,
-    staged: Vec<GsoRun>,
-    refused: Option<String>,
-}
-
-impl Floors {
-    /// One sample of each, unless the kernel refused the first.
-    fn sample(&mut self, bytes: usize) -> Result<(), String> {
-        if self.refused.is_some() {
-            return Ok(());
-        }
-        match bare_gso_stream(bytes, LINK_MTU) {
-            Ok(r) => {
-                self.hot.push(r);
-                let io = |e: std::io::Error| e.to_string();
-                self.copy.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
-                self.staged.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
-            }
-            Err(e) => self.refused = Some(e.to_string()),
-        }
-        Ok(())
-    }
-}
-
-/// A floor's CPU per GiB as the bridged rows' columns have it (host h→d, box h→d, host d→h,
-/// box d→h): in h→d the host sends and the box receives, in d→h the other way round.
-fn floor_cpu(runs: &[GsoRun]) -> Option<[f64; 4]> {
-    if runs.is_empty() {
-        return None;
-    }
-    let send = Spread::of(runs.iter().map(|r| r.send_cpu_s_per_gib)).median;
-    let receive = Spread::of(runs.iter().map(|r| r.receive_cpu_s_per_gib)).median;
-    Some([send, receive, receive, send])
-}
-
-/// One bridged variant's copies.
-struct Bridged {
-    label: String,
-    driver: DriverKind,
-    authenticated: bool,
-    zero_copy: bool,
-    copied: Copied,
-    link: link::Stats,
-}
-
-/// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
-fn dma_section(
-    args: &BridgeBench,
-    spin: Duration,
-    drivers: &[DriverKind],
-    say: &dyn Fn(String),
-) -> Result<DmaRows, String> {
-    let io = |e: std::io::Error| e.to_string();
-    say(String::new());
-    let mb = args.copy_bytes as f64 / 1e6;
-    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 12], cells));
-    line(&[format!("(b) DMA, {mb:.0} MB per copy"), "h→d MB/s".into(), "d→h MB/s".into(), "vs bare".into()]);
-    let (mut dma, bytes) = (Vec::new(), args.copy_bytes);
-    let dma_row = |path: &str, driver: &str, h2d: f64, d2h: f64, authenticated: bool| {
-        json!({"path": path, "driver": driver, "h2d_bytes_per_s": bytes_per_s(h2d), "d2h_bytes_per_s": bytes_per_s(d2h), "bytes": bytes,
-               "authenticated": authenticated})
-    };
-    // Bare sockets carrying the same bytes in datagrams as large as the link's.
-    let dgram = 8192;
-    let count = args.copy_bytes.div_ceil(dgram) as u64;
-    let (bare_s, bare_got) = bare_stream(count, dgram).map_err(io)?;
-    let bare = (bare_got as usize * dgram) as f64 / bare_s / 1e6;
-    dma.push(dma_row("bare", "plain", bare, bare, false));
-    line(&[
-        format!("bare sockets, {count} × {dgram} B datagrams"),
-        format!("{bare:.0}"),
-        format!("{bare:.0}"),
-        "1.00".into(),
-    ]);
-    // The floor issue 17 measures the bridges against: the kernel's UDP GSO and GRO with the
-    // link's datagram size; and the same with the copy's bytes read from and written to
-    // buffers of the copy's size, as the bridges must (how much of the gap to the floor is
-    // memory traffic, not software), directly and staged. Sampled before the bridged rows and
-    // after each of them, and taken as the median: one run of it spreads 0.6–4.5 GB/s on
-    // this machine, from one minute to the next.
-    let mut floors = Floors::default();
-    floors.sample(args.copy_bytes)?;
-    let c = direct_copies(args.copy_bytes, args.copy_repeat)?;
-    let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
-    dma.push(dma_row("direct", "none", h2d, d2h, false));
-    line(&[
-        "directly attached simgpu (no network)".into(),
-        format!("{h2d:.0}"),
-        format!("{d2h:.0}"),
-        format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
-    ]);
-    // With the link's tags (the default) and without them: what authentication costs in bulk.
-    // Printed once the floor's samples are in.
-    // io_uring also with zero-copy sends, to see whether they win here.
-    let mut bridged = Vec::new();
-    for variant @ (driver, frames, offload) in variants(drivers) {
-        let (copied, link) = bridged_copies(args.copy_bytes, args.copy_repeat, variant, spin)?;
-        let label = if offload.zero_copy_send {
-            "  the same, zero-copy sends".to_string()
-        } else if frames == Frames::Tagged {
-            format!("through the bridges, {}, busy-poll", name(driver))
-        } else {
-            "  the same, frames untagged".to_string()
-        };
-        let (authenticated, zero_copy) = (frames != Frames::Unauthenticated, offload.zero_copy_send);
-        bridged.push(Bridged { label, driver, authenticated, zero_copy, copied, link });
-        floors.sample(args.copy_bytes)?;
-    }
-    let rates = |runs: &[GsoRun]| runs.iter().map(|r| r.mb_s).collect::<Vec<_>>();
-    let (gso, copy, staged) = floor_lines(
-        say,
-        &rates(&floors.hot),
-        floors.refused.as_deref(),
-        &rates(&floors.copy),
-        &rates(&floors.staged),
-        mb,
-        bare,
-    );
-    let floor_cpus = [floor_cpu(&floors.hot), floor_cpu(&floors.copy), floor_cpu(&floors.staged)];
-    for b in &bridged {
-        let (h2d, d2h) = (b.copied.h2d_mb_s, b.copied.d2h_mb_s);
-        let mut row = dma_row("bridged", name(b.driver), h2d, d2h, b.authenticated);
-        cpu_fields(&mut row, b, floor_cpus);
-        row["retransmits"] = json!(b.link.retransmits);
-        row["replay_timeouts"] = json!(b.link.replay_timeouts);
-        if let Some(f) = gso {
-            row["vs_gso_floor_ratio"] = json!({"h2d": h2d / f, "d2h": d2h / f});
-        }
-        if let Some(c) = staged {
-            row["vs_gso_staged_floor_ratio"] = json!({"h2d": h2d / c.median, "d2h": d2h / c.median});
-        }
-        dma.push(row);
-        say(crate::out::row(
-            &[48, 10, 10, 12],
-            &[
-                b.label.clone(),
-                format!("{h2d:.0}"),
-                format!("{d2h:.0}"),
-                format!("{:.2} / {:.2}", h2d / bare, d2h / bare),
-            ],
-        ) + &gso.map_or(String::new(), |f| format!("   GSO floor {:.2} / {:.2}", h2d / f, d2h / f))
-            + &staged.map_or(String::new(), |c| {
-                format!(", staged {:.2} / {:.2}", h2d / c.median, d2h / c.median)
-            }));
-    }
-    cpu_table(say, &bridged, floor_cpus, mb);
-    let hot = floors.hot.iter().map(|r| r.mb_s).collect();
-    // Each floor's sender and receiver, CPU seconds per GiB (medians of the samples).
-    let cpu = |f: Option<[f64; 4]>| f.map(|[send, receive, _, _]| json!({"send": send, "receive": receive}));
-    let floor_cpu =
-        json!({"hot": cpu(floor_cpus[0]), "copy": cpu(floor_cpus[1]), "staged": cpu(floor_cpus[2])});
-    Ok((dma, gso, hot, [copy.map(|c| c.median), staged.map(|c| c.median)], floor_cpu))
-}
-
-/// The floors' lines — bare sockets with UDP GSO and GRO (or why not), the same from and
-/// into buffers of the copy's size, and staged — each the median of its samples; the three
-/// figures.
-fn floor_lines(
-    say: &dyn Fn(String),
-    floors: &[f64],
-    gso_refused: Option<&str>,
-    copy_floors: &[f64],
-    staged_floors: &[f64],
-    mb: f64,
-    bare: f64,
-) -> (Option<f64>, Option<Spread>, Option<Spread>) {
-    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 12], cells));
-    let floor = Spread::of(floors.iter().copied());
-    let gso = (!floors.is_empty()).then_some(floor.median);
-    match (gso, gso_refused) {
-        (Some(f), _) => line(&[
-            format!(
-                "bare sockets, UDP GSO + GRO, {LINK_MTU} B segs: median of {} ({:.0}–{:.0})",
-                floors.len(),
-                floor.min,
-                floor.max
-            ),
-            format!("{f:.0}"),
-            format!("{f:.0}"),
-            format!("{:.2}", f / bare),
-        ]),
-        (None, Some(e)) => say(format!("bare sockets with UDP GSO + GRO: refused here ({e}); no floor")),
-        (None, None) => {}
-    }
-    let copy = (!copy_floors.is_empty()).then(|| Spread::of(copy_floors.iter().copied()));
-    let staged = (!staged_floors.is_empty()).then(|| Spread::of(staged_floors.iter().copied()));
-    for (what, s) in [("from and into", copy), ("staged, from and into", staged)] {
-        if let Some(c) = s {
-            line(&[
-                format!("  the same, {what} {mb:.0} MB buffers ({:.0}–{:.0})", c.min, c.max),
-                format!("{:.0}", c.median),
-                format!("{:.0}", c.median),
-                format!("{:.2}", c.median / bare),
-            ]);
-        }
-    }
-    (gso, copy, staged)
-}
-
-/// The bridged rows' variants: each driver with the link's tags (the default) and without
-/// them (what authentication costs in bulk), io_uring also with zero-copy sends.
-fn variants(drivers: &[DriverKind]) -> Vec<(DriverKind, Frames, link::driver::Offload)> {
-    let auto = link::driver::Offload::AUTO;
-    let zero_copy = link::driver::Offload { zero_copy_send: true, ..auto };
-    let mut variants = Vec::new();
-    for &driver in drivers {
-        variants.push((driver, Frames::Tagged, auto));
-        variants.push((driver, Frames::Unauthenticated, auto));
-        if driver == DriverKind::IoUring {
-            variants.push((driver, Frames::Tagged, zero_copy));
-        }
-    }
-    variants
-}
-
-/// A bridged row's CPU figures: per side and way, with the spins and without (the work), and
-/// the work over each floor's.
-fn cpu_fields(row: &mut serde_json::Value, b: &Bridged, floor_cpus: [Option<[f64; 4]>; 3]) {
-    row["zero_copy_send"] = json!(b.zero_copy);
-    let c = &b.copied;
-    row["host_cpu_s_per_gib"] = json!({"h2d": c.host_cpu[0], "d2h": c.host_cpu[1]});
-    row["box_cpu_s_per_gib"] = json!({"h2d": c.box_cpu[0], "d2h": c.box_cpu[1]});
-    row["host_work_s_per_gib"] = json!({"h2d": c.host_work[0], "d2h": c.host_work[1]});
-    row["box_work_s_per_gib"] = json!({"h2d": c.box_work[0], "d2h": c.box_work[1]});
-    // Per direction, both sides together: on loopback the sender's system call also runs
-    // the receiver's half of the kernel's path (the softirq that queues the datagram), so
-    // a side alone says more about loopback than about the bridge.
-    for (key, floor) in [
-        ("cpu_vs_gso_floor_ratio", floor_cpus[0]),
-        ("cpu_vs_gso_copy_floor_ratio", floor_cpus[1]),
-        ("cpu_vs_gso_staged_floor_ratio", floor_cpus[2]),
-    ] {
-        if let Some(f) = floor {
-            let [h2d, d2h] = both_ways(c.work(), f);
-            row[key] = json!({"h2d": h2d, "d2h": d2h});
-        }
-    }
-}
-
-/// Both sides' CPU per GiB together in `w` (the tables' four columns) over the same in the
-/// floor's `f`, h→d then d→h.
-fn both_ways(w: [f64; 4], f: [f64; 4]) -> [f64; 2] {
-    [(w[0] + w[1]) / (f[0] + f[1]), (w[2] + w[3]) / (f[2] + f[3])]
-}
-
-/// The CPU seconds per GiB each side spent working — its thread's CPU time less what its
-/// passes that found nothing took — the floors' beside them, and the bridged rows' CPU time
-/// with the spins (busy polling's: the rate's inverse more than the work).
-fn cpu_table(say: &dyn Fn(String), bridged: &[Bridged], floors: [Option<[f64; 4]>; 3], mb: f64) {
-    if bridged.is_empty() {
-        return;
-    }
-    say(String::new());
-    let line = |cells: &[String]| say(crate::out::row(&[48, 10, 10, 10, 10, 14], cells));
-    let head =
-        ["    CPU seconds per GiB, working", "host h→d", "box h→d", "host d→h", "box d→h", "both ÷ floor"];
-    line(&head.map(String::from));
-    let figures = |w: [f64; 4]| w.map(|x| format!("{x:.3}"));
-    let names = [
-        "bare sockets, UDP GSO + GRO (send / receive)".to_string(),
-        format!("  the same, from and into {mb:.0} MB buffers"),
-        "  the same, staged".to_string(),
-    ];
-    for (name, f) in names.iter().zip(floors) {
-        if let Some(f) = f {
-            line(&[[name.clone()].as_slice(), &figures(f), &["".into()]].concat());
-        }
-    }
-    for b in bridged {
-        let w = b.copied.work();
-        let ratio = match (floors[0], floors[2]) {
-            (Some(hot), Some(staged)) => {
-                let ([a, b], [c, d]) = (both_ways(w, hot), both_ways(w, staged));
-                format!("{a:.2} / {b:.2}, staged {c:.2} / {d:.2}")
-            }
-            _ => String::new(),
-        };
-        line(
-            &[[b.label.replace(", busy-poll", ", spins not counted")].as_slice(), &figures(w), &[ratio]]
-                .concat(),
-        );
-        let busy = ["    with the spins".to_string()];
-        line(&[busy.as_slice(), &figures(b.copied.sides()), &["".into()]].concat());
-    }
-    say("(both ÷ floor: host and box together over the floor's sender and receiver, h→d / d→h;".into());
-    say(" on loopback a sender's system call also runs the receiver's half of the kernel's path)".into());
-}
-
-/// (c): the demo workload bridged against direct.
-fn workload_section(args: &BridgeBench, say: &dyn Fn(String)) -> Result<serde_json::Value, String> {
-    say(String::new());
-    let mut la = crate::loopback::LoopbackArgs::defaults();
-    la.scale = args.scale;
-    la.workload = Some(crate::args::WorkloadArg::Demo);
-    la.rtt_samples = 200;
-    let o = crate::loopback::run(&la, &mut |_| {})?;
-    let ((b, d), overhead) = (o.seconds(), o.overhead());
-    say(format!(
-        "(c) demo workload (scale {}, medians of {} runs each way in turns): bridged {:.2} ms, direct {:.2} ms, overhead {:.0} % ({:.0} to {:.0} %)",
-        args.scale,
-        la.repeat,
-        b.median * 1e3,
-        d.median * 1e3,
-        overhead.median,
-        overhead.min,
-        overhead.max
-    ));
-    Ok(crate::loopback::report_json(&la, &o))
 }

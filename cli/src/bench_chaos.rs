@@ -1,11 +1,10 @@
-//! `dxpu bench chaos`: its options, and its report as text or JSON; the soak is
-//! `lab::chaos` (docs/reliability.md says what it injects and what must hold).
+//! `dxpu bench chaos`'s options; the soak and its report are `lab::chaos` (docs/reliability.md
+//! says what it injects and what must hold).
 
 use std::path::PathBuf;
 
 use clap::Args;
-use lab::chaos::{ChaosOptions, ChaosOutcome};
-use serde_json::json;
+use lab::chaos::ChaosOptions;
 
 /// Options of `dxpu bench chaos`.
 #[derive(Args, Debug)]
@@ -33,85 +32,12 @@ pub(crate) fn run_chaos(args: ChaosBench) -> Result<bool, String> {
     let o = lab::chaos::soak(&opts, &crate::interrupt::requested, &mut |at, what| steps.at(at, what))
         .map_err(|e| e.to_string())?;
     drop(steps);
-    let report = report_json(&args, &o);
+    let report = lab::chaos::report::json(&opts, &o);
     let _ = std::fs::write(o.dir.join("chaos.json"), format!("{}\n", crate::out::json_pretty(&report)));
     if args.json {
         outln!("{}", crate::out::json(report));
     } else {
-        print_text(&args, &o);
+        out!("{}", lab::chaos::report::text(&opts, &o));
     }
     Ok(o.ok)
-}
-
-fn report_json(args: &ChaosBench, o: &ChaosOutcome) -> serde_json::Value {
-    let t = &o.tally;
-    json!({
-        "seed": args.seed,
-        "minutes": args.minutes,
-        "runs": t.runs,
-        "verified": t.verified,
-        "failed": o.failed(),
-        "failed_by_reason": t.failed,
-        "unexplained": t.unexplained,
-        "faults": t.faults,
-        "ownership_events": o.owner_events,
-        "two_owner_violations": o.violations,
-        "probes": t.probes,
-        "probe_failures": t.probe_failures,
-        "probe_max_ms": t.probe_max.as_secs_f64() * 1e3,
-        "box_a_rss": {
-            "after_warmup_kib": o.rss.after_warmup,
-            "last_kib": o.rss.last,
-            "samples": t.rss.len(),
-            "flat": o.rss.flat,
-            "series_seconds_kib": t.rss.iter().map(|&(s, kb)| json!([(s * 10.0).round() / 10.0, kb])).collect::<Vec<_>>(),
-        },
-        "ok": o.ok,
-        "dir": o.dir.display().to_string(),
-    })
-}
-
-/// The soak's report as text.
-fn print_text(args: &ChaosBench, o: &ChaosOutcome) {
-    let (dir, tally, rss, ok) = (&o.dir, &o.tally, &o.rss, o.ok);
-    let (failed, owner_events, violations) = (o.failed(), o.owner_events, &o.violations);
-    outln!("dxpu bench chaos — seed {}, {:.1} min, in {}", args.seed, args.minutes, dir.display());
-    outln!(
-        "  workload runs: {} ({} verified, {} failed with a named reason, {} unexplained)",
-        tally.runs,
-        tally.verified,
-        failed,
-        tally.unexplained.len()
-    );
-    for (why, n) in &tally.failed {
-        outln!("    {n:>5}  {why}");
-    }
-    for u in &tally.unexplained {
-        outln!("    unexplained: {u}");
-    }
-    outln!("  faults injected:");
-    for (what, n) in &tally.faults {
-        outln!("    {n:>5}  {what}");
-    }
-    outln!(
-        "  ownership: {} events in the boxes' logs, {} two-owner violations",
-        owner_events,
-        violations.len()
-    );
-    for v in violations {
-        outln!("    {v}");
-    }
-    outln!(
-        "  box-a: {} probes of its control socket and metrics, {} failed, slowest {:.0} ms; RSS {} KiB after the warm-up → {} KiB at the end ({})",
-        tally.probes,
-        tally.probe_failures.len(),
-        tally.probe_max.as_secs_f64() * 1e3,
-        rss.after_warmup,
-        rss.last,
-        if rss.flat { "flat" } else { "GROWING" }
-    );
-    for p in &tally.probe_failures {
-        outln!("    {p}");
-    }
-    outln!("  {}", if ok { "every run accounted for; no device had two owners" } else { "FAILED" });
 }

@@ -79,36 +79,8 @@ pub(crate) fn run_pool_bench(args: PoolBench) -> Result<(), String> {
         outln!("{}", crate::out::json_pretty(&reports));
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = reports
-        .iter()
-        .map(|r| {
-            vec![
-                r.devices.to_string(),
-                r.hosts.to_string(),
-                r.claims.to_string(),
-                format!("{:.0}", r.claims_per_second),
-                format!("{:.2}", r.claim_p50_ms),
-                format!("{:.2}", r.claim_p99_ms),
-                format!("{:.2}", r.round_trips_per_claim),
-                r.none_free.to_string(),
-                r.double_allocations.to_string(),
-                r.errors.to_string(),
-            ]
-        })
-        .collect();
-    let header = [
-        "devices",
-        "hosts",
-        "claims",
-        "claims/s",
-        "p50-ms",
-        "p99-ms",
-        "trips/claim",
-        "none-free",
-        "double",
-        "errors",
-    ];
-    out!("{}", crate::out::table(&header, &rows));
+    let rows: Vec<Vec<String>> = reports.iter().map(StormReport::row).collect();
+    out!("{}", ops::table::table(&StormReport::COLUMNS, &rows));
     if reports.iter().any(|r| r.double_allocations > 0) {
         return Err("double allocations: see the log".into());
     }

@@ -120,101 +120,9 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
     if args.json {
         outln!("{}", crate::out::json(result.clone()));
     } else {
-        out!("{}", table(&args.method, result));
+        out!("{}", ops::control::answer::text(&args.method, result));
     }
     ExitCode::SUCCESS
-}
-
-fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
-        v => v.to_string(),
-    }
-}
-
-/// `key: value` lines, nested objects flattened with dots.
-fn flat(prefix: &str, v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                flat(&key, v, out);
-            }
-        }
-        v => out.push_str(&format!("{prefix}: {}\n", cell(v))),
-    }
-}
-
-fn table(method: &str, r: &Value) -> String {
-    let rows = |keys: &[&str]| -> Vec<Vec<String>> {
-        r.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|d| keys.iter().map(|k| cell(d.get(*k).unwrap_or(&Value::Null))).collect())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    match method {
-        "devices" if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("backing").is_some())) => {
-            let keys = ["name", "box_id", "state", "owner", "vendor_id", "device_id", "backing", "allow"];
-            crate::out::table(
-                &["DEVICE", "BOX-BDF", "STATE", "OWNER", "VENDOR", "DEVICE-ID", "BACKING", "ALLOW"],
-                &rows(&keys),
-            )
-        }
-        "devices" => {
-            let keys = ["name", "state", "server", "box_id", "host_view", "vfio_user_socket"];
-            crate::out::table(
-                &["DEVICE", "STATE", "SERVER", "BOX-BDF", "HOST-BDF", "VFIO-USER"],
-                &rows(&keys),
-            )
-        }
-        "sessions" => {
-            let who = if r.as_array().is_some_and(|a| a.iter().any(|d| d.get("host").is_some())) {
-                "host"
-            } else {
-                "device"
-            };
-            let keys = [
-                who,
-                "peer",
-                "rtt_p50_le_us",
-                "rtt_p99_le_us",
-                "frames_sent",
-                "frames_received",
-                "bytes_sent",
-                "bytes_received",
-                "retransmits",
-                "naks_received",
-                "credit_stalls",
-            ];
-            let head = [
-                if who == "host" { "HOST" } else { "DEVICE" },
-                "PEER",
-                "RTT-P50-LE-US",
-                "RTT-P99-LE-US",
-                "FRAMES-TX",
-                "FRAMES-RX",
-                "BYTES-TX",
-                "BYTES-RX",
-                "RETRANSMITS",
-                "NAKS-RX",
-                "CREDIT-STALLS",
-            ];
-            crate::out::table(&head, &rows(&keys))
-        }
-        _ => {
-            let mut out = String::new();
-            match r {
-                Value::Object(_) => flat("", r, &mut out),
-                v => out.push_str(&format!("{}\n", cell(v))),
-            }
-            out
-        }
-    }
 }
 
 #[cfg(test)]
@@ -228,14 +136,5 @@ mod tests {
         assert_eq!(params("detach", &["gpu0".into()]).unwrap(), json!({"name": "gpu0"}));
         assert_eq!(params("x", &["gpu0".into(), "n=3".into()]).unwrap(), json!({"name": "gpu0", "n": 3}));
         assert!(params("x", &["a".into(), "b".into()]).is_err());
-    }
-
-    #[test]
-    fn tables_line_up() {
-        let t = table("devices", &json!([{"name": "gpu0", "state": "attached", "server": "127.0.0.1:1"}]));
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("DEVICE  STATE"), "{t}");
-        assert!(lines[1].starts_with("gpu0    attached"), "{t}");
-        assert_eq!(table("status", &json!({"a": {"b": 1}})), "a.b: 1\n");
     }
 }

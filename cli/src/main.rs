@@ -18,12 +18,10 @@ mod interrupt;
 mod loopback;
 mod model;
 mod package;
-mod pcap_decode;
 mod pool_cmd;
 mod replay_cmd;
 mod sim_cmd;
 mod tlp_cmd;
-mod tlp_json;
 
 use std::process::ExitCode;
 

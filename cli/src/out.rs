@@ -37,78 +37,6 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
 }
 
-/// A table as every dxpu command prints one (docs/cli.md, *Output conventions*): the header in
-/// capitals, columns two spaces apart and as wide as their widest cell, numbers aligned right
-/// and text left, `-` for a value that is absent.
-/// A spread over runs into the object `v`, as every command gives one (docs/cli.md): the
-/// median under `key`, its bounds under `key_min` and `key_max`. Nothing where `v` is not an
-/// object.
-pub(crate) fn spread(v: &mut serde_json::Value, key: &str, s: lab::harness::Spread) {
-    if let Some(m) = v.as_object_mut() {
-        m.insert(key.to_string(), s.median.into());
-        m.insert(format!("{key}_min"), s.min.into());
-        m.insert(format!("{key}_max"), s.max.into());
-    }
-}
-
-pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    // A column is numeric when it holds a number and nothing else but `-`.
-    let mut numeric = vec![true; header.len()];
-    let mut a_number = vec![false; header.len()];
-    for r in rows {
-        for (i, c) in r.iter().enumerate().take(header.len()) {
-            width[i] = width[i].max(c.chars().count());
-            let number = c.parse::<f64>().is_ok();
-            numeric[i] &= c == "-" || number;
-            a_number[i] |= number;
-        }
-    }
-    for (n, a) in numeric.iter_mut().zip(&a_number) {
-        *n &= *a;
-    }
-    let line = |cells: &mut dyn Iterator<Item = String>| {
-        let mut s = String::new();
-        for (i, c) in cells.enumerate().take(header.len()) {
-            let pad = width[i].saturating_sub(c.chars().count());
-            if numeric[i] {
-                s.push_str(&" ".repeat(pad));
-                s.push_str(&c);
-            } else {
-                s.push_str(&c);
-                s.push_str(&" ".repeat(pad));
-            }
-            s.push_str("  ");
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    // One word per column, so that a header splits as its rows do (`awk`, `column -t`).
-    let mut out = line(&mut header.iter().map(|h| h.to_uppercase().replace(' ', "-")));
-    for r in rows {
-        out.push_str(&line(&mut r.iter().cloned()));
-    }
-    out
-}
-
-/// One line of a table printed a row at a time, as a long measurement produces its rows (the
-/// benches' reports): the first cell, text, left-aligned in its width, the others aligned
-/// right in theirs, one space apart; a row may have fewer cells than the widths.
-pub(crate) fn row(widths: &[usize], cells: &[String]) -> String {
-    let mut s = String::new();
-    for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-        let pad = w.saturating_sub(c.chars().count());
-        if i == 0 {
-            s.push_str(c);
-            s.push_str(&" ".repeat(pad));
-        } else {
-            s.push(' ');
-            s.push_str(&" ".repeat(pad));
-            s.push_str(c);
-        }
-    }
-    s.trim_end().to_string()
-}
-
 /// A `--json` answer as one line, its fractions rounded to the digits that mean something
 /// (`ops::control::tidy`: `2.333`, not `2.3329999999999997`).
 pub(crate) fn json(v: serde_json::Value) -> String {
@@ -126,16 +54,6 @@ pub(crate) fn utc(unix_seconds: f64) -> String {
     match jiff::Timestamp::from_second(unix_seconds.floor() as i64) {
         Ok(t) => t.to_string(),
         Err(_) => format!("{unix_seconds} s after the epoch"),
-    }
-}
-
-/// A time since the Unix epoch to the microsecond, as text prints a packet's:
-/// RFC 3339, UTC (`2026-12-06T02:00:00.123456Z`).
-pub(crate) fn utc_us(unix_us: i64) -> String {
-    let (s, us) = (unix_us.div_euclid(1_000_000), unix_us.rem_euclid(1_000_000));
-    match jiff::Timestamp::from_second(s) {
-        Ok(t) => format!("{}.{us:06}Z", t.strftime("%Y-%m-%dT%H:%M:%S")),
-        Err(_) => format!("{unix_us} µs after the epoch"),
     }
 }
 
@@ -328,23 +246,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_table_has_a_capital_header_and_aligns_numbers_right_and_text_left() {
-        let rows = vec![
-            vec!["box-a".to_string(), "12".to_string(), "-".to_string()],
-            vec!["b".to_string(), "3.5".to_string(), "gpu0".to_string()],
-        ];
-        let t = table(&["box", "claims/s", "device"], &rows);
-        assert_eq!(t, "BOX    CLAIMS/S  DEVICE\nbox-a        12  -\nb           3.5  gpu0\n", "{t}");
-        // A column of nothing but `-` is text.
-        assert_eq!(table(&["owner", "n"], &[vec!["-".into(), "1".into()]]), "OWNER  N\n-      1\n");
-        // A header alone, and a row shorter or longer than the header.
-        assert_eq!(table(&["a", "b"], &[]), "A  B\n");
-        assert_eq!(table(&["p50 ms", "n"], &[]), "P50-MS  N\n");
-        let t = table(&["a", "b"], &[vec!["x".into()], vec!["y".into(), "z".into(), "extra".into()]]);
-        assert_eq!(t, "A  B\nx\ny  z\n", "{t}");
-    }
-
-    #[test]
     fn n_of_m_places_the_work_within_its_unit_and_a_wait_reads_roughly() {
         assert_eq!(fraction_in("replay 3 of 5"), Some(0.4));
         assert_eq!(fraction_in("inference: bridged (2 of 4): step 7 of 10"), Some(0.25));
@@ -364,14 +265,6 @@ mod tests {
         s.detail("1 of 2");
         assert!((s.done.get() - 0.375).abs() < 1e-9);
         assert!(s.left().is_some());
-    }
-
-    #[test]
-    fn a_streamed_row_pads_its_label_left_and_its_figures_right() {
-        let w = [12, 6, 6];
-        assert_eq!(row(&w, &["bare".into(), "7.5".into(), "1.00".into()]), "bare            7.5   1.00");
-        assert_eq!(row(&w, &["a label too long".into(), "1".into()]), "a label too long      1");
-        assert_eq!(row(&w, &["x".into()]), "x");
     }
 
     #[test]

@@ -194,7 +194,7 @@ fn print_table(list: &[admin::Entry]) {
         .collect();
     out!(
         "{}",
-        crate::out::table(&["box", "device", "vendor_id", "device_id", "state", "host", "since"], &rows)
+        ops::table::table(&["box", "device", "vendor_id", "device_id", "state", "host", "since"], &rows)
     );
 }
 

@@ -4,9 +4,12 @@ use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use ops::capture::{ReadError, lines};
 use tlp::{ParseConfig, TlpRepr};
 
-use crate::tlp_json::{TlpJson, from_hex, to_hex};
+use tlp::json::{TlpJson, from_hex, to_hex};
+
+use crate::args::Format;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TlpCommand {
@@ -44,8 +47,6 @@ pub(crate) enum TlpCommand {
         json: Vec<String>,
     },
 }
-
-pub(crate) use crate::tlp_json::Format;
 
 /// Longest input line taken (a 4 KiB payload is about 8 KiB of hex, 20 KiB of JSON).
 pub(crate) const MAX_LINE: usize = 64 << 10;
@@ -140,10 +141,20 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
     } = &cmd
     {
         let cfg = ParseConfig { max_payload: *max_payload as usize, check_ecrc: !no_ecrc_check };
-        return match crate::pcap_decode::decode(path, *format, &cfg, *box_port, *frames, &mut out) {
-            Ok(c) if c.bad_tlps > 0 => ExitCode::FAILURE,
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) if e.contains("Broken pipe") => ExitCode::SUCCESS,
+        let format = match format {
+            Format::Json => lines::Format::Json,
+            Format::Text => lines::Format::Text,
+        };
+        return match lines::decode(path, format, &cfg, *box_port, *frames, &mut out) {
+            Ok(c) => {
+                c.notes(path).iter().for_each(|n| eprintln!("dxpu tlp decode: {n}"));
+                if c.bad_tlps > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+            }
+            Err(ReadError::Stopped(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(ReadError::Stopped(e)) => {
+                eprintln!("dxpu tlp decode: writing: {e}");
+                ExitCode::FAILURE
+            }
             Err(e) => {
                 eprintln!("dxpu tlp decode: {e}");
                 ExitCode::FAILURE
@@ -169,7 +180,7 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
                 if t.is_empty() || t.starts_with('#') {
                     return Ok(());
                 }
-                let decoded = from_hex(t, "input").and_then(|bytes| {
+                let decoded = from_hex(t, "input").map_err(|e| e.to_string()).and_then(|bytes| {
                     let repr = TlpRepr::parse_bytes(&bytes, &cfg).map_err(|e| e.to_string())?;
                     Ok(match format {
                         Format::Json => {
@@ -204,7 +215,7 @@ pub(crate) fn run(cmd: TlpCommand) -> ExitCode {
             }
             let encoded = serde_json::from_str::<TlpJson>(t)
                 .map_err(|e| format!("invalid JSON: {e}"))
-                .and_then(|j| j.encode());
+                .and_then(|j| j.encode().map_err(|e| e.to_string()));
             match encoded {
                 Ok(bytes) => emit(to_hex(&bytes)),
                 Err(e) => {

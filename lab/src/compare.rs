@@ -21,6 +21,8 @@ use crate::plan::{self, Plan};
 use crate::replay::{ReplayError, ReplayRun, Replayer};
 use crate::trace::Trace;
 
+pub mod report;
+
 /// How a comparison runs: its repeats, the link's impairment, the endpoints' drivers and
 /// where the spinning threads go.
 #[derive(Clone, Copy, Debug)]

@@ -81,6 +81,23 @@ pub enum LabError {
         /// The system's error.
         source: std::io::Error,
     },
+    /// A bench could not measure what it was asked to (the step and why, in its words).
+    #[error("{0}")]
+    Bench(String),
+    /// A profile's field absent, or not the kind of number it must be.
+    #[error("profile.{field}: missing or not {expected}")]
+    ProfileField {
+        /// The field's key.
+        field: String,
+        /// What it must be: "a count", "a rate ≥ 0".
+        expected: &'static str,
+    },
+    /// A workload's direct time that is no time: the model divides by it.
+    #[error("direct time {seconds} s: must be > 0")]
+    DirectTime {
+        /// What was given.
+        seconds: f64,
+    },
     /// A replay failed on a platform.
     #[error("{platform} replay: {source}")]
     Replay {

@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod affinity;
+pub mod bench;
 pub mod bulk;
 #[cfg(feature = "chaos")]
 pub mod chaos;
@@ -40,6 +41,7 @@ pub mod loopback;
 pub mod model;
 pub mod plan;
 pub mod replay;
+pub mod report;
 pub mod served;
 pub mod session;
 pub mod simgpu;

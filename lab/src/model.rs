@@ -27,8 +27,13 @@
 use std::time::Instant;
 
 use driver::{Command, DriverError, DriverStats, PciFunction, SimGpuDriver, WaitMode};
+use serde_json::{Value, json};
+
+use crate::error::LabError;
 use simgpu_abi::op;
 use testbed::direct::PlatformCounts;
+
+pub mod report;
 
 /// A workload's transaction profile: what one run asked of the device, what the device did
 /// to host memory, and how fast the platform it was counted on moves bytes.
@@ -261,6 +266,60 @@ fn rates_each<P: PciFunction>(
     let h2d = if which.0 { rate(op::COPY_H2V, [buf.bus.get(), RATE_VRAM, bytes as u64, 0, 0])? } else { 0.0 };
     let d2h = if which.1 { rate(op::COPY_V2H, [RATE_VRAM, buf.bus.get(), bytes as u64, 0, 0])? } else { 0.0 };
     Ok((h2d, d2h))
+}
+
+/// The profile as `loopback --json` carries it under `profile`.
+pub fn profile_json(p: &Profile) -> Value {
+    json!({
+        "register_reads": p.platform.register_reads,
+        "register_writes": p.platform.register_writes,
+        "device_reads": p.platform.device_reads,
+        "device_read_bytes": p.platform.device_read_bytes,
+        "dependent_reads": p.platform.dependent_reads,
+        "device_writes": p.platform.device_writes,
+        "device_write_bytes": p.platform.device_write_bytes,
+        "interrupts": p.platform.interrupts,
+        "commands": p.driver.commands,
+        "doorbells": p.driver.doorbells,
+        "waits": p.waits(),
+        "waits_polled": p.driver.waits_polled,
+        "waits_interrupt": p.driver.waits_interrupt,
+        "waits_idle": p.driver.waits_idle,
+        "round_trips": p.round_trips(),
+        "direct_h2d_bytes_per_s": p.direct_h2d_bytes_per_s,
+        "direct_d2h_bytes_per_s": p.direct_d2h_bytes_per_s,
+    })
+}
+
+/// A profile from [`profile_json`]'s object; the error names the field.
+pub fn profile_from_json(v: &Value) -> Result<Profile, LabError> {
+    let missing = |field: &str, expected| LabError::ProfileField { field: field.to_string(), expected };
+    let count = |k: &str| v.get(k).and_then(Value::as_u64).ok_or_else(|| missing(k, "a count"));
+    let rate = |k: &str| match v.get(k).and_then(Value::as_f64) {
+        Some(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(missing(k, "a rate ≥ 0")),
+    };
+    Ok(Profile {
+        platform: PlatformCounts {
+            register_reads: count("register_reads")?,
+            register_writes: count("register_writes")?,
+            device_reads: count("device_reads")?,
+            device_read_bytes: count("device_read_bytes")?,
+            dependent_reads: count("dependent_reads")?,
+            device_writes: count("device_writes")?,
+            device_write_bytes: count("device_write_bytes")?,
+            interrupts: count("interrupts")?,
+        },
+        driver: DriverStats {
+            commands: count("commands")?,
+            doorbells: count("doorbells")?,
+            waits_polled: count("waits_polled")?,
+            waits_interrupt: count("waits_interrupt")?,
+            waits_idle: count("waits_idle")?,
+        },
+        direct_h2d_bytes_per_s: rate("direct_h2d_bytes_per_s")?,
+        direct_d2h_bytes_per_s: rate("direct_d2h_bytes_per_s")?,
+    })
 }
 
 #[cfg(test)]

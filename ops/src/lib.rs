@@ -32,6 +32,7 @@ pub mod pool_host;
 pub mod process;
 pub mod reload;
 pub mod stats;
+pub mod table;
 
 /// What runs on each device a `--workload` host attached (not served over vfio-user): its
 /// label, the device, and the stop flag (raised by a signal); whether it verified. The

@@ -58,6 +58,38 @@ pub struct StormReport {
     pub errors: u64,
 }
 
+impl StormReport {
+    /// The columns of a table of reports, one row each ([`StormReport::row`]).
+    pub const COLUMNS: [&'static str; 10] = [
+        "devices",
+        "hosts",
+        "claims",
+        "claims/s",
+        "p50-ms",
+        "p99-ms",
+        "trips/claim",
+        "none-free",
+        "double",
+        "errors",
+    ];
+
+    /// The report as a row under [`StormReport::COLUMNS`].
+    pub fn row(&self) -> Vec<String> {
+        vec![
+            self.devices.to_string(),
+            self.hosts.to_string(),
+            self.claims.to_string(),
+            format!("{:.0}", self.claims_per_second),
+            format!("{:.2}", self.claim_p50_ms),
+            format!("{:.2}", self.claim_p99_ms),
+            format!("{:.2}", self.round_trips_per_claim),
+            self.none_free.to_string(),
+            self.double_allocations.to_string(),
+            self.errors.to_string(),
+        ]
+    }
+}
+
 /// Runs one storm under a prefix of its own (removed afterwards).
 pub async fn storm(cfg: &PoolConfig, p: &StormParams) -> Result<StormReport, PoolError> {
     let mut cfg = cfg.clone();

@@ -36,6 +36,8 @@ mod ecrc;
 mod error;
 mod fields;
 mod ids;
+#[cfg(feature = "json")]
+pub mod json;
 mod packet;
 mod prefix;
 mod repr;

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use bridge_host::RemoteDevice;
-use lab::harness::{Frames, LocalBox};
+use lab::harness::Frames;
+use lab::harness::LocalBox;
 use lab::loopback::{BaselineKind, Outcome};
 use link::driver::DriverKind;
 use serde_json::json;
@@ -16,12 +17,16 @@ use serde_json::json;
 use crate::args::WorkloadArg;
 use crate::out::Steps;
 
-pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result<Outcome, String> {
+/// The runs `args` asks for, as `lab::loopback::run` takes them.
+pub(crate) fn options(
+    args: &LoopbackArgs,
+    progress: &mut dyn FnMut(&str),
+) -> Result<lab::loopback::Options, String> {
     if !(1..=32).contains(&args.scale) {
         return Err(format!("--scale {}: must be 1..=32", args.scale));
     }
     let w = args.workload.ok_or("no workload chosen")?;
-    let options = lab::loopback::Options {
+    Ok(lab::loopback::Options {
         workload: w.workload(args.scale, args.batch, args.layers)?,
         baseline: match args.baseline {
             BaselineArg::Synchronous => BaselineKind::Synchronous,
@@ -35,8 +40,7 @@ pub(crate) fn run(args: &LoopbackArgs, progress: &mut dyn FnMut(&str)) -> Result
         frames: Frames::from_encrypt(args.encrypt),
         tap: args.tap.clone(),
         placement: args.endpoints.placement("the host's driver", progress)?,
-    };
-    Ok(lab::loopback::run(&options, progress)?)
+    })
 }
 
 /// `--vfio-user DIR`: the box and the host endpoint as for the workload, the remote simgpu
@@ -120,12 +124,17 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
         let mut one = args.clone();
         one.workload = Some(w);
         steps.step(&format!("{}: {} runs each way, bridged and direct in turns", w.name(), args.repeat));
-        let r = run(&one, &mut |m| steps.detail(&format!("{}: {m}", w.name())));
-        if let Ok(o) = &r {
+        let mut progress = |m: &str| steps.detail(&format!("{}: {m}", w.name()));
+        // The options are kept for the report, their tap dropped: the capture's writer ends
+        // when the last tap does.
+        let r = options(&one, &mut progress).and_then(|o| {
+            Ok((lab::loopback::run(&o, &mut progress)?, lab::loopback::Options { tap: None, ..o }))
+        });
+        if let Ok((o, _)) = &r {
             steps.say(&format!("{}: verified, overhead {:.1} %", w.name(), o.overhead().median));
         }
         match r {
-            Ok(o) => outcomes.push(o),
+            Ok(done) => outcomes.push(done),
             Err(e) => {
                 if args.json {
                     outln!(
@@ -150,7 +159,8 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let with_capture = |mut v: serde_json::Value| {
+    let report_json = |(o, options): &(Outcome, lab::loopback::Options)| {
+        let mut v = lab::loopback::report::json(options, o, args.capture.as_deref());
         if let Some(c) = captured {
             v["capture"]["packets"] = json!(c.packets);
             v["capture"]["bytes"] = json!(c.bytes);
@@ -160,9 +170,9 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
     };
     if args.json {
         match outcomes.as_slice() {
-            [o] => outln!("{}", crate::out::json(with_capture(report_json(&args, o)))),
+            [one] => outln!("{}", crate::out::json(report_json(one))),
             all => {
-                let each: Vec<_> = all.iter().map(|o| with_capture(report_json(&args, o))).collect();
+                let each: Vec<_> = all.iter().map(report_json).collect();
                 outln!("{}", crate::out::json(json!({ "verified": true, "workloads": each })));
             }
         }
@@ -177,22 +187,19 @@ pub(crate) fn run_loopback(args: LoopbackArgs) -> ExitCode {
             f.display()
         );
     }
-    for (i, o) in outcomes.iter().enumerate() {
+    for (i, (o, options)) in outcomes.iter().enumerate() {
         if i > 0 {
             outln!();
         }
-        print_report(&args, o);
+        out!("{}", lab::loopback::report::text(options, o));
     }
     if outcomes.len() > 1 {
-        print_summary(&outcomes);
+        let all: Vec<Outcome> = outcomes.into_iter().map(|(o, _)| o).collect();
+        out!("{}", lab::loopback::report::summary(&all));
     }
     ExitCode::SUCCESS
 }
 
 mod args;
-mod report;
 
 pub(crate) use args::{BaselineArg, DEFAULT_REPEAT, LoopbackArgs};
-
-pub(crate) use report::report_json;
-use report::{print_report, print_summary};

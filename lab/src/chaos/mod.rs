@@ -25,6 +25,7 @@ use serde_json::Value;
 use crate::error::LabError;
 
 mod parts;
+pub mod report;
 mod soak;
 
 pub use parts::{ChaosOptions, Tally};

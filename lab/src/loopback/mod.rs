@@ -26,6 +26,7 @@ use crate::harness::{Frames, LocalBox, Spread, mmio_rtt};
 use crate::model::{self, LinkParams, Profile};
 
 mod outcome;
+pub mod report;
 
 pub use outcome::{Outcome, gbps, tlp_totals};
 

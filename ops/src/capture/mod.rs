@@ -655,6 +655,7 @@ fn udp_of(link: DataLink, f: &[u8]) -> Option<(SocketAddr, SocketAddr, &[u8])> {
 }
 
 pub mod decode;
+pub mod lines;
 
 #[cfg(test)]
 mod tests;

@@ -683,5 +683,6 @@ mod error;
 mod fingerprint;
 mod gpu;
 mod host;
+pub mod page;
 #[cfg(test)]
 mod tests;

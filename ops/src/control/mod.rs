@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 
 pub use crate::caller::Caller;
 
+pub mod answer;
+
 /// JSON-RPC 2.0's error codes: a request that does not parse.
 pub const PARSE_ERROR: i64 = -32700;
 /// Not a valid request object.

@@ -1,26 +1,36 @@
 //! `dxpu loopback`'s report: the table of each workload, the summary of several, and the
-//! JSON object.
+//! JSON object (docs/cli.md); `dxpu bench bridge` gives the same object for its workload.
 
-use std::time::Duration;
+use std::path::Path;
 
+use link::driver::PollMode;
 use serde_json::json;
 
-use testbed::workload;
+use super::outcome::{Outcome, tlp_totals};
+use super::{BaselineKind, Options};
+use crate::floor::us;
+use crate::harness::{Frames, Spread};
+use crate::report::spread;
+use crate::report::{say, seconds};
 
-use super::args::{BaselineArg, LoopbackArgs};
-use lab::loopback::{Outcome, tlp_totals};
-
-use crate::out::spread;
-use lab::floor::us;
-use lab::harness::Spread;
+/// The poll mode as the configuration file spells it.
+fn poll_name(p: PollMode) -> &'static str {
+    match p {
+        PollMode::Busy { .. } => "busy",
+        PollMode::Blocking => "blocking",
+    }
+}
 
 /// Every workload's overhead beside the model's prediction, one line each.
-pub(super) fn print_summary(outcomes: &[Outcome]) {
-    outln!();
-    outln!(
+pub fn summary(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    say!(out);
+    say!(
+        out,
         "  summary: overhead through the bridges against direct (median of the pairs, their spread), and the model"
     );
-    outln!(
+    say!(
+        out,
         "    {:<13} {:>9} {:>16} {:>10} {:>9}   model: 10 % at a round trip of",
         "workload",
         "overhead",
@@ -30,7 +40,8 @@ pub(super) fn print_summary(outcomes: &[Outcome]) {
     );
     for o in outcomes {
         let (overhead, (pred, crossing)) = (o.overhead(), o.prediction());
-        outln!(
+        say!(
+            out,
             "    {:<13} {:>7.1} % {:>7.0} to {:>4.0} % {:>10.1} {:>7.1} %   {}",
             o.workload.name(),
             overhead.median,
@@ -41,6 +52,7 @@ pub(super) fn print_summary(outcomes: &[Outcome]) {
             crossing_text(crossing)
         );
     }
+    out
 }
 
 fn crossing_text(crossing: Option<f64>) -> String {
@@ -51,41 +63,52 @@ fn crossing_text(crossing: Option<f64>) -> String {
     }
 }
 
-/// One workload's report.
-pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
-    let overhead = o.overhead();
-    let (bridged, direct) = o.seconds();
-    let tlps = tlp_totals(&o.host);
-    outln!(
+/// The report's first lines: what ran, over which link, on which CPUs.
+fn header(out: &mut String, options: &Options, o: &Outcome) {
+    say!(
+        out,
         "dxpu loopback — a simulated GPU behind a GPU-box endpoint, used through a host endpoint over UDP"
     );
-    outln!(
+    say!(
+        out,
         "  link: 127.0.0.1, driver {}, {} poll, added delay {} µs one-way, jitter {} µs, loss {:.1} %, frames {}",
         o.driver,
-        args.endpoints.poll.name(),
-        args.impair.delay_us,
-        args.impair.jitter_us,
-        args.impair.loss * 100.0,
-        if args.encrypt { "encrypted" } else { "authenticated" }
+        poll_name(options.poll),
+        options.impairment.delay.as_micros(),
+        options.impairment.jitter.as_micros(),
+        options.impairment.loss * 100.0,
+        if options.frames == Frames::Encrypted { "encrypted" } else { "authenticated" }
     );
     match o.placement {
-        Some(p) => outln!(
+        Some(p) => say!(
+            out,
             "  CPUs: the GPU-box endpoint and the direct device on {}, the host's driver on {} (--pin)",
             p.device,
             p.host
         ),
-        None => outln!("  CPUs: wherever the scheduler puts the threads (--pin off, or one CPU)"),
+        None => say!(out, "  CPUs: wherever the scheduler puts the threads (--pin off, or one CPU)"),
     }
-    outln!();
+}
+
+/// One workload's report.
+pub fn text(options: &Options, o: &Outcome) -> String {
+    let mut out = String::new();
+    let overhead = o.overhead();
+    let (bridged, direct) = o.seconds();
+    let tlps = tlp_totals(&o.host);
+    header(&mut out, options, o);
+    say!(out);
     let runs = o.bridged.len();
     if runs > 1 {
-        outln!(
+        say!(
+            out,
             "  workload {} (every result checked against the CPU), medians of {runs} runs each way, in turns, and their spread",
             o.workload.name()
         );
-        outln!("  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
+        say!(out, "  {:<46} {:>29}  {:>29}", "", "bridged", "direct");
     } else {
-        outln!(
+        say!(
+            out,
             "  workload {} (every result checked against the CPU)       bridged      direct",
             o.workload.name()
         );
@@ -93,32 +116,35 @@ pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
     for (i, step) in o.bridged[0].steps.iter().enumerate() {
         let (b, d) = o.step(i);
         if runs > 1 {
-            outln!("    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
+            say!(out, "    {:<44} {:>29}  {:>29}", step.name, fmt_spread(b), fmt_spread(d));
         } else {
-            outln!("    {:<52} {:>9}  {:>9}", step.name, fmt_s(b.median), fmt_s(d.median));
+            say!(out, "    {:<52} {:>9}  {:>9}", step.name, seconds(b.median), seconds(d.median));
         }
     }
-    outln!("  all results verified: yes");
-    outln!();
-    outln!("  TLPs by kind in one run (the last; host→box / box→host):");
+    say!(out, "  all results verified: yes");
+    say!(out);
+    say!(out, "  TLPs by kind in one run (the last; host→box / box→host):");
     for k in tlps.keys() {
-        outln!(
+        say!(
+            out,
             "    {:<8} {:>9} / {}",
             k,
             o.host.tlps_sent.get(k).copied().unwrap_or(0),
             o.host.tlps_received.get(k).copied().unwrap_or(0)
         );
     }
-    outln!("  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
-    outln!(
+    say!(out, "  interrupts {}, retransmitted frames {}", o.host.interrupts, o.host.link.retransmits);
+    say!(
+        out,
         "  link: {} driver, MTU {}, Max_Payload_Size {} B, {}",
         o.driver,
         o.sizes.0,
         o.sizes.1,
         o.offload.describe()
     );
-    outln!();
-    outln!(
+    say!(out);
+    say!(
+        out,
         "  MMIO read round trip: p50 {:.1} µs, p99 {:.1} µs   (direct: p50 {:.2} µs)",
         us(o.rtt.0),
         us(o.rtt.1),
@@ -126,11 +152,13 @@ pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
     );
     let (bh, bd) = Outcome::dma(&o.bridged);
     let (dh, dd) = Outcome::dma(&o.direct);
-    outln!(
+    say!(
+        out,
         "  DMA host→device {bh:.2} Gbit/s, device→host {bd:.2} Gbit/s   (direct: {dh:.2} / {dd:.2}; the workload's copies, medians)"
     );
     if runs > 1 {
-        outln!(
+        say!(
+            out,
             "  workload: bridged {}, direct {}, overhead {:.0} % (median of {runs} pairs; {:.0} to {:.0} %)",
             fmt_spread(bridged),
             fmt_spread(direct),
@@ -139,16 +167,18 @@ pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
             overhead.max
         );
     } else {
-        outln!(
+        say!(
+            out,
             "  workload: bridged {}, direct {}, overhead {:.0} %",
-            fmt_s(bridged.median),
-            fmt_s(direct.median),
+            seconds(bridged.median),
+            seconds(direct.median),
             overhead.median
         );
     }
     let (pred, crossing) = o.prediction();
     let p = &o.profile;
-    outln!(
+    say!(
+        out,
         "  profile (a direct run): {} register reads, {} dependent device reads, {} idle waits, {} KiB to the device, {} KiB from it",
         p.platform.register_reads,
         p.platform.dependent_reads,
@@ -156,28 +186,26 @@ pub(super) fn print_report(args: &LoopbackArgs, o: &Outcome) {
         p.platform.device_read_bytes >> 10,
         p.platform.device_write_bytes >> 10
     );
-    outln!(
+    say!(
+        out,
         "  model: at the measured round trip ({:.1} µs) and bulk rates ({:.2} / {:.2} Gbit/s) it predicts bridged {}, overhead {:.0} %; 10 % at a round trip of {}",
         o.link.rtt_ns / 1e3,
         o.link.h2d_bytes_per_s * 8e-9,
         o.link.d2h_bytes_per_s * 8e-9,
-        fmt_s(pred.bridged_seconds),
+        seconds(pred.bridged_seconds),
         pred.overhead_percent,
         crossing_text(crossing)
     );
-}
-
-fn fmt_s(s: f64) -> String {
-    workload::human(Duration::from_secs_f64(s.max(0.0)))
+    out
 }
 
 /// `median (min–max)`.
 fn fmt_spread(s: Spread) -> String {
-    format!("{} ({}–{})", fmt_s(s.median), fmt_s(s.min), fmt_s(s.max))
+    format!("{} ({}–{})", seconds(s.median), seconds(s.min), seconds(s.max))
 }
 
 /// `loopback --json`'s object (and `bench bridge --json`'s `workload`).
-pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value {
+pub fn json(options: &Options, o: &Outcome, capture: Option<&Path>) -> serde_json::Value {
     let overhead = o.overhead();
     let (bridged, direct) = o.seconds();
     let (bh, bd) = Outcome::dma(&o.bridged);
@@ -215,7 +243,7 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "tlps": tlps,
         "tlps_host_to_box": o.host.tlps_sent,
         "tlps_box_to_host": o.host.tlps_received,
-        "capture": args.capture.as_ref().map(|f| json!({
+        "capture": capture.map(|f| json!({
             "file": f.display().to_string(),
             "tlps_host_to_box": o.captured.0,
             "tlps_box_to_host": o.captured.1,
@@ -237,15 +265,15 @@ pub(crate) fn report_json(args: &LoopbackArgs, o: &Outcome) -> serde_json::Value
         "max_payload_bytes": o.sizes.1,
         "gso": o.offload.gso,
         "gro": o.offload.gro,
-        "poll": args.endpoints.poll.name(),
+        "poll": poll_name(options.poll),
         "cpus": o.placement.map(|p| json!({ "device": p.device, "host": p.host })),
-        "baseline": match args.baseline {
-            BaselineArg::Synchronous => "synchronous",
-            BaselineArg::Concurrent => "concurrent",
+        "baseline": match options.baseline {
+            BaselineKind::Synchronous => "synchronous",
+            BaselineKind::Concurrent => "concurrent",
         },
-        "delay_us": args.impair.delay_us,
-        "loss_ratio": args.impair.loss,
-        "encrypted": args.encrypt,
+        "delay_us": options.impairment.delay.as_micros(),
+        "loss_ratio": options.impairment.loss,
+        "encrypted": options.frames == Frames::Encrypted,
     });
     spread(&mut v, "direct_seconds", direct);
     spread(&mut v, "bridged_seconds", bridged);

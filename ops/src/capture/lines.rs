@@ -1,9 +1,10 @@
-//! `dxpu tlp decode --pcap FILE`: the link frames of a capture (`--capture`, or `tcpdump -w`
-//! of the link's port) and the TLPs they carry, in `tlp decode`'s JSON Lines or trace
-//! format, each with its packet number, time, direction and the frame's sequence number.
+//! A capture's lines, as `dxpu tlp decode --pcap FILE` prints them: the link frames of a
+//! capture (`--capture`, or `tcpdump -w` of the link's port) and the TLPs they carry, in
+//! `tlp decode`'s JSON Lines or trace format, each with its packet number, time, direction
+//! and the frame's sequence number.
 //!
 //! Which side is the box, a DATA frame sent again (`"replay": true`) and the sessions whose
-//! DATA bodies are encrypted are `ops::capture::decode`'s to find; this prints them. The file is
+//! DATA bodies are encrypted are [`super::decode`]'s to find; this writes them. The file is
 //! read as it is decoded, one packet at a time: memory stays the same on a 1 GiB capture.
 
 use std::io::{self, Write};
@@ -13,32 +14,48 @@ use link::wire::{Frame, FrameType, TlpRecords};
 use serde_json::{Value, json};
 use tlp::{ParseConfig, TlpRepr};
 
-use crate::tlp_json::{Format, TlpJson};
-use ops::capture::decode::{Decoded, Decoder, frame_name};
-use ops::capture::each_datagram;
+use tlp::json::TlpJson;
+
+use super::decode::{Decoded, Decoder, frame_name};
+use super::{ReadError, Skipped, each_datagram};
+
+/// How the lines are written: JSON Lines, or trace lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// JSON Lines, an object per TLP (and per frame).
+    Json,
+    /// Human trace lines.
+    Text,
+}
 
 /// What a decode counted.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct DecodeCount {
-    pub(crate) frames: u64,
-    pub(crate) tlps: u64,
-    pub(crate) not_frames: u64,
-    pub(crate) bad_tlps: u64,
+pub struct DecodeCount {
+    /// dxpu frames.
+    pub frames: u64,
+    /// TLPs decoded.
+    pub tlps: u64,
+    /// UDP datagrams that were not dxpu frames.
+    pub not_frames: u64,
+    /// TLP records that did not parse (each written as an error line).
+    pub bad_tlps: u64,
+    /// What the file held that was not read as a datagram.
+    pub skipped: Skipped,
 }
 
-/// Decodes `path`, writing one line per TLP (and per frame with `frames`) to `out`.
-pub(crate) fn decode(
+/// Decodes `path`, writing one line per TLP (and per frame with `frames`) to `out`; stops at
+/// the first write that fails.
+pub fn decode(
     path: &Path,
     format: Format,
     cfg: &ParseConfig,
     box_port: u16,
     frames: bool,
     out: &mut dyn Write,
-) -> Result<DecodeCount, String> {
+) -> Result<DecodeCount, ReadError<io::Error>> {
     let mut decoder = Decoder::new(box_port);
     let mut count = DecodeCount::default();
-    let io = |e: io::Error| format!("writing: {e}");
-    let skipped = each_datagram::<String>(path, &mut |d| {
+    let skipped = each_datagram::<io::Error>(path, &mut |d| {
         let d = &d;
         let Some(Decoded { frame: f, direction: dir, replay, encrypted: enc }) = decoder.frame(d) else {
             count.not_frames += 1;
@@ -48,7 +65,7 @@ pub(crate) fn decode(
         let h = f.header();
         let unix_us = (d.time * 1e6).round() as i64;
         // The text's time, made only for text (a 1 GiB capture's JSON needs none).
-        let when = if format == Format::Text { crate::out::utc_us(unix_us) } else { String::new() };
+        let when = if format == Format::Text { utc_us(unix_us) } else { String::new() };
         let capture = json!({
             "packet": d.number,
             "time_unix_us": unix_us,
@@ -64,15 +81,14 @@ pub(crate) fn decode(
             "replay": replay,
         });
         if frames {
-            writeln!(out, "{}", frame_line(format, &capture, &f, (d.number, &when), dir, enc)).map_err(io)?;
+            writeln!(out, "{}", frame_line(format, &capture, &f, (d.number, &when), dir, enc))?;
         }
         if h.ty != FrameType::Data {
             return Ok(());
         }
         if enc {
             if !frames {
-                writeln!(out, "{}", encrypted_line(format, &capture, (d.number, &when), dir, h.seq))
-                    .map_err(io)?;
+                writeln!(out, "{}", encrypted_line(format, &capture, (d.number, &when), dir, h.seq))?;
             }
             return Ok(());
         }
@@ -86,7 +102,7 @@ pub(crate) fn decode(
                     match format {
                         Format::Json => {
                             let mut v =
-                                serde_json::to_value(TlpJson::from_repr(&t)).map_err(|e| e.to_string())?;
+                                serde_json::to_value(TlpJson::from_repr(&t)).map_err(io::Error::other)?;
                             let mut c = capture.clone();
                             c["record"] = json!(i);
                             v["capture"] = c;
@@ -113,12 +129,11 @@ pub(crate) fn decode(
                     }
                 }
             };
-            writeln!(out, "{line}").map_err(io)?;
+            writeln!(out, "{line}")?;
         }
         Ok(())
     })?;
-    report_skipped(path, &skipped, &count);
-    Ok(count)
+    Ok(DecodeCount { skipped, ..count })
 }
 
 /// A frame's FC block as a JSON array (posted, non-posted, completion; header and data
@@ -196,21 +211,51 @@ fn encrypted_line(
     }
 }
 
-/// What the file held that is not dxpu's, and a file cut short, said on standard error.
-fn report_skipped(path: &Path, skipped: &ops::capture::Skipped, count: &DecodeCount) {
-    if skipped.cut_short {
-        eprintln!(
-            "dxpu tlp decode: {}: the file ends inside a packet (its writer stopped?): read up to there",
-            path.display()
-        );
+impl DecodeCount {
+    /// What the file held that is not dxpu's, and a file cut short, in words (none where
+    /// everything was read).
+    pub fn notes(&self, path: &Path) -> Vec<String> {
+        let (skipped, mut notes) = (&self.skipped, Vec::new());
+        if skipped.cut_short {
+            notes.push(format!(
+                "{}: the file ends inside a packet (its writer stopped?): read up to there",
+                path.display()
+            ));
+        }
+        if skipped.not_udp + skipped.truncated + self.not_frames > 0 {
+            notes.push(format!(
+                "{}: {} packets not UDP, {} cut short by the capture's snap length, {} UDP datagrams not dxpu frames",
+                path.display(),
+                skipped.not_udp,
+                skipped.truncated,
+                self.not_frames
+            ));
+        }
+        notes
     }
-    if skipped.not_udp + skipped.truncated + count.not_frames > 0 {
-        eprintln!(
-            "dxpu tlp decode: {}: {} packets not UDP, {} cut short by the capture's snap length, {} UDP datagrams not dxpu frames",
-            path.display(),
-            skipped.not_udp,
-            skipped.truncated,
-            count.not_frames
-        );
+}
+
+/// A time since the Unix epoch to the microsecond, as text prints a packet's:
+/// RFC 3339, UTC (`2026-12-06T02:00:00.123456Z`).
+pub fn utc_us(unix_us: i64) -> String {
+    let (s, us) = (unix_us.div_euclid(1_000_000), unix_us.rem_euclid(1_000_000));
+    match jiff::Timestamp::from_second(s) {
+        Ok(t) => format!("{}.{us:06}Z", t.strftime("%Y-%m-%dT%H:%M:%S")),
+        Err(_) => format!("{unix_us} µs after the epoch"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packets_time_prints_as_rfc_3339_to_the_microsecond() {
+        assert_eq!(utc_us(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(utc_us(1_796_522_400_123_456), "2026-12-06T02:00:00.123456Z");
+        // Before the epoch: the microseconds count up from the second below.
+        assert_eq!(utc_us(-1), "1969-12-31T23:59:59.999999Z");
+        // Beyond what a timestamp holds: said, not a panic.
+        assert!(utc_us(i64::MAX).contains("after the epoch"));
     }
 }

@@ -1,25 +1,22 @@
-//! The JSON form of a TLP that `dxpu tlp decode` prints and `dxpu tlp encode` reads
-//! (documented key by key in docs/cli.md).
+//! The JSON form of a TLP (feature `json`): the object `dxpu tlp decode` prints (from hex
+//! or from a capture) and `dxpu tlp encode` reads, documented key by key in docs/cli.md. Every
+//! field the codec parses has a key; [`TlpJson::encode`] builds the same TLP back.
 
-use serde::{Deserialize, Serialize};
-use tlp::{
+use crate::{
     Address, AddressType, AtomicOp, Attr, Bdf, Body, Completion, ConfigTarget, CplStatus, Kind, Message,
     MessageCode, MsgRouting, Prefix, PrefixKind, Prefixes, Request, Tag, TlpRepr,
 };
+use serde::{Deserialize, Serialize};
 
-/// How TLPs are printed: JSON Lines or trace lines.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Format {
-    /// JSON Lines.
-    Json,
-    /// Human trace lines.
-    Text,
-}
+/// What was wrong with a TLP's JSON or hex: the key or input, the value, and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonError(String);
 
 /// A flag that reads as `0`/`1` or `false`/`true` and prints as `0`/`1`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(untagged)]
-pub(crate) enum Bit {
+enum Bit {
     Int(u8),
     Bool(bool),
 }
@@ -40,7 +37,7 @@ impl Bit {
 /// A 16-bit ID (a Vendor ID): written as `"0x1af4"`, read from that or a number.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
-pub(crate) enum Id16 {
+enum Id16 {
     /// `"0x1af4"`, as decode writes it (or a decimal string).
     Text(String),
     /// A number, as older decodes wrote it.
@@ -60,7 +57,7 @@ impl Id16 {
 /// A message code by name, by number, or as `{"name": …, "code": …}`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(untagged)]
-pub(crate) enum MessageJson {
+enum MessageJson {
     Full {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
@@ -73,7 +70,7 @@ pub(crate) enum MessageJson {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PrefixJson {
+struct PrefixJson {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     kind: Option<String>,
     raw: String,
@@ -88,7 +85,7 @@ pub(crate) struct PrefixJson {
 /// One TLP as a JSON object. Optional keys are absent where the TLP has no such field.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct TlpJson {
+pub struct TlpJson {
     kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fmt: Option<u8>,
@@ -155,13 +152,18 @@ pub(crate) struct TlpJson {
     non_conforming: Option<Vec<String>>,
 }
 
-pub(crate) fn to_hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hex digits, as `decode` prints a TLP's `data`.
+pub fn to_hex(bytes: &[u8]) -> String {
     hex::encode(bytes)
 }
 
 /// Parses hex, ignoring a leading `0x`, whitespace, `_` and `:` between digit pairs (the
 /// separators are dropped here; the `hex` crate decodes the digits).
-pub(crate) fn from_hex(text: &str, what: &str) -> Result<Vec<u8>, String> {
+pub fn from_hex(text: &str, what: &str) -> Result<Vec<u8>, JsonError> {
+    hex_bytes(text, what).map_err(JsonError)
+}
+
+fn hex_bytes(text: &str, what: &str) -> Result<Vec<u8>, String> {
     let t = text.trim();
     let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
     if let Some((i, c)) =
@@ -198,7 +200,7 @@ fn address_text(a: u64) -> String {
 
 impl TlpJson {
     /// The JSON form of a parsed TLP.
-    pub(crate) fn from_repr(r: &TlpRepr<'_>) -> TlpJson {
+    pub fn from_repr(r: &TlpRepr<'_>) -> TlpJson {
         let kind = r.kind();
         let (requester, tag) = r.requester_tag();
         let mut j = TlpJson {
@@ -295,7 +297,11 @@ impl TlpJson {
     }
 
     /// Builds the TLP's bytes, checking that redundant keys (fmt, type, length, ecrc) agree.
-    pub(crate) fn encode(&self) -> Result<Vec<u8>, String> {
+    pub fn encode(&self) -> Result<Vec<u8>, JsonError> {
+        self.bytes().map_err(JsonError)
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>, String> {
         let kind = Kind::from_name(&self.kind).ok_or_else(|| {
             format!(
                 "`kind`: {:?} is not a TLP kind (one of {})",
@@ -304,7 +310,7 @@ impl TlpJson {
             )
         })?;
         let data = match &self.data {
-            Some(d) => Some(from_hex(d, "`data`")?),
+            Some(d) => Some(hex_bytes(d, "`data`")?),
             None => None,
         };
         if kind.has_data() != data.is_some() {
@@ -500,7 +506,7 @@ impl TlpJson {
         };
         let mut fields = [0u8; 8];
         if let Some(f) = &self.fields {
-            let bytes = from_hex(f, "`fields`")?;
+            let bytes = hex_bytes(f, "`fields`")?;
             fields = bytes
                 .try_into()
                 .map_err(|b: Vec<u8>| format!("`fields` must be 8 bytes, found {}", b.len()))?;
