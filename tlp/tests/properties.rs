@@ -229,6 +229,50 @@ fn emit_vec(r: &TlpRepr<'_>) -> Vec<u8> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
+    /// A TLP's JSON form (`dxpu tlp decode`), written out and read back, encodes to the
+    /// TLP's own bytes (`dxpu tlp encode`): every field the codec has is in the JSON.
+    #[cfg(feature = "json")]
+    #[test]
+    fn the_json_form_encodes_back_to_the_same_bytes(o in owned()) {
+        let r = o.repr();
+        let bytes = emit_vec(&r);
+        let text = serde_json::to_string(&tlp::json::TlpJson::from_repr(&r)).unwrap();
+        let back: tlp::json::TlpJson = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let encoded = back.encode().unwrap_or_else(|e| panic!("{r}: {text}: {e}"));
+        prop_assert_eq!(encoded, bytes, "{}", text);
+    }
+
+    /// A TLP's JSON with one key's value replaced by another JSON value (a number out of
+    /// its field's width, a string, a negative, null…) is read and encoded, or refused with a
+    /// message naming what was wrong; never a panic.
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_with_a_value_replaced_is_refused_or_encoded_never_a_panic(
+        o in owned(), at in any::<prop::sample::Index>(),
+        value in prop::sample::select(vec![
+            serde_json::json!(-1), serde_json::json!(256), serde_json::json!(65536), serde_json::json!(u64::MAX),
+            serde_json::json!(1.5), serde_json::json!("zz"), serde_json::json!("0x"), serde_json::json!(""),
+            serde_json::json!(null), serde_json::json!(true), serde_json::json!([]), serde_json::json!({}),
+            serde_json::json!("0xffffffffffffffffff"), serde_json::json!("ff"), serde_json::json!(2),
+        ]),
+    ) {
+        let r = o.repr();
+        let mut v = serde_json::to_value(tlp::json::TlpJson::from_repr(&r)).unwrap();
+        let Some(map) = v.as_object_mut() else { panic!("not an object") };
+        let key = map.keys().nth(at.index(map.len())).cloned().unwrap();
+        map.insert(key.clone(), value);
+        if let Ok(j) = serde_json::from_value::<tlp::json::TlpJson>(v) {
+            match j.encode() {
+                Ok(bytes) => {
+                    // What encodes is a TLP: it parses.
+                    TlpRepr::parse_bytes(&bytes, &ParseConfig { check_ecrc: false, ..ParseConfig::default() })
+                        .unwrap_or_else(|e| panic!("{key}: encoded {bytes:02x?} does not parse: {e}"));
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+
     #[test]
     fn parse_of_emit_is_identity(o in owned()) {
         let r = o.repr();

@@ -520,3 +520,64 @@ impl TraceReport {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(rtt_us: &[f64]) -> ModelOptions {
+        ModelOptions { rtt_us: rtt_us.to_vec(), bandwidth_gbit: Some(8.0), per_tlp_us: 0.0, measure: None }
+    }
+
+    /// 1,000 dependent register reads and 1 GB to the device in a 1 s job: at a 10 µs round
+    /// trip the reads add 10 ms, and 1 GB at 1 GB/s (8 Gbit/s) is a second on its own.
+    fn profile() -> Profile {
+        let mut p = Profile::default();
+        p.platform.register_reads = 1_000;
+        p.platform.device_read_bytes = 1_000_000_000;
+        p.direct_h2d_bytes_per_s = 10e9;
+        p.direct_d2h_bytes_per_s = 10e9;
+        p
+    }
+
+    #[test]
+    fn a_workloads_report_gives_each_round_trip_its_prediction_as_text_and_json() {
+        let r = predict_all("w".into(), profile(), 1.0, &options(&[0.0, 10.0]), &mut |_| {}).unwrap();
+        assert_eq!(r.points.len(), 2);
+        let (at_0, at_10) = (r.points[0].1.bridged_seconds, r.points[1].1.bridged_seconds);
+        assert!((at_10 - at_0 - 0.01).abs() < 1e-6, "{at_0} {at_10}");
+        let v = r.json();
+        assert_eq!(v["workload"], "w");
+        assert_eq!(v["bandwidth_gbit_per_s"], 8.0);
+        assert_eq!(v["points"].as_array().map(Vec::len), Some(2));
+        assert_eq!(v["points"][1]["rtt_us"], 10.0);
+        assert_eq!(v["profile"]["register_reads"], 1_000);
+        assert!(v["measured_link"].is_null());
+        let text = r.text();
+        assert!(text.starts_with("dxpu model — workload w: direct "), "{text}");
+        assert!(text.lines().any(|l| l.trim_start().starts_with("10.0")), "{text}");
+        // Its profile, read back from its JSON, is the same profile.
+        assert_eq!(crate::model::profile_from_json(&v["profile"]).unwrap(), r.profile);
+    }
+
+    #[test]
+    fn a_direct_time_that_is_no_time_is_refused_by_name() {
+        for s in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = predict_all("w".into(), profile(), s, &options(&[0.0]), &mut |_| {}).unwrap_err();
+            assert!(matches!(e, LabError::DirectTime { .. }), "{s}: {e}");
+            assert!(e.to_string().starts_with("direct time "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_profile_missing_a_field_or_with_a_bad_rate_names_it() {
+        let mut v = profile_json(&profile());
+        v.as_object_mut().unwrap().remove("doorbells");
+        let e = crate::model::profile_from_json(&v).unwrap_err();
+        assert_eq!(e.to_string(), "profile.doorbells: missing or not a count");
+        let mut v = profile_json(&profile());
+        v["direct_h2d_bytes_per_s"] = json!(-1.0);
+        let e = crate::model::profile_from_json(&v).unwrap_err();
+        assert_eq!(e.to_string(), "profile.direct_h2d_bytes_per_s: missing or not a rate ≥ 0");
+    }
+}
