@@ -11,9 +11,10 @@ pub(crate) struct BridgeBench {
     /// MMIO reads timed per case (after 10 % warm-up).
     #[arg(long, default_value_t = 20000)]
     iterations: usize,
-    /// Bytes per DMA copy.
-    #[arg(long, default_value_t = 64 << 20)]
-    copy_bytes: usize,
+    /// Bytes per DMA copy, 1..=134217728 (128 MiB: a copy's host buffer comes from the host
+    /// endpoint's 256 MiB of DMA memory).
+    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..=128 << 20))]
+    copy_bytes: u64,
     /// Workload scale for the bridged-versus-direct comparison (1..=32).
     #[arg(long, default_value_t = 4)]
     scale: u32,
@@ -76,7 +77,7 @@ impl BridgeBench {
         };
         Ok(lab::bench::bridge::BridgeOptions {
             iterations: self.iterations,
-            copy_bytes: self.copy_bytes,
+            copy_bytes: self.copy_bytes as usize,
             copy_repeat: self.copy_repeat,
             mmio: match runs(Section::Mmio) {
                 true => Some(self.pin.placement(&lab::affinity::allowed()?)?),

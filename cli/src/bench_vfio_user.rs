@@ -8,12 +8,13 @@ pub(crate) struct VfioUserBench {
     /// Register reads timed per case (after 10 % warm-up).
     #[arg(long, default_value_t = 5000)]
     iterations: usize,
-    /// Bytes per DMA copy (guest memory shared as a file).
-    #[arg(long, default_value_t = 16 << 20)]
-    copy_bytes: usize,
-    /// Bytes per DMA copy through DMA_READ / DMA_WRITE messages.
-    #[arg(long, default_value_t = 1 << 20)]
-    message_copy_bytes: usize,
+    /// Bytes per DMA copy (guest memory shared as a file), 1..=134217728 (128 MiB: the host
+    /// endpoint's DMA memory is 256 MiB).
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..=128 << 20))]
+    copy_bytes: u64,
+    /// Bytes per DMA copy through DMA_READ / DMA_WRITE messages, 1..=134217728.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=128 << 20))]
+    message_copy_bytes: u64,
     /// UDP driver of both endpoints (auto means portable here).
     #[arg(long, value_enum, default_value_t = crate::args::DriverArg::Portable)]
     driver: crate::args::DriverArg,
@@ -28,8 +29,8 @@ pub(crate) fn run_vfio_user(args: VfioUserBench) -> Result<(), String> {
     let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
     let options = lab::bench::vfio_user::VfioUserOptions {
         iterations: args.iterations,
-        copy_bytes: args.copy_bytes,
-        message_copy_bytes: args.message_copy_bytes,
+        copy_bytes: args.copy_bytes as usize,
+        message_copy_bytes: args.message_copy_bytes as usize,
         driver: args.driver.kind(),
     };
     let report = lab::bench::vfio_user::run(&options, &say)?;

@@ -46,6 +46,31 @@ fn bench_bridge_pins_as_told_and_refuses_bad_cpus() {
     }
 }
 
+/// A copy of no bytes, or of more than the DMA memory or VRAM holds (or of 2⁶⁴ − 1 bytes,
+/// which once streamed the GSO floor without end), is refused naming the option before
+/// anything is measured.
+#[test]
+fn a_copy_size_out_of_range_is_refused_before_anything_runs() {
+    let dxpu = || Command::new(env!("CARGO_BIN_EXE_dxpu"));
+    for (bench, option, bad) in [
+        ("bridge", "--copy-bytes", "0"),
+        ("bridge", "--copy-bytes", "134217729"),
+        ("bridge", "--copy-bytes", "18446744073709551615"),
+        ("simgpu", "--copy-bytes", "0"),
+        ("simgpu", "--copy-bytes", "67108865"),
+        ("vfio-user", "--copy-bytes", "0"),
+        ("vfio-user", "--message-copy-bytes", "134217729"),
+    ] {
+        let start = std::time::Instant::now();
+        let out = dxpu().args(["bench", bench, option, bad]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "bench {bench} {option} {bad}: {err}");
+        assert!(err.contains(option) && err.contains(bad), "bench {bench} {option} {bad}: {err}");
+        assert!(out.stdout.is_empty(), "bench {bench} {option} {bad} measured something");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "bench {bench} {option} {bad}");
+    }
+}
+
 #[test]
 fn bench_bridge_json_is_one_object_with_every_row() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

@@ -8,9 +8,10 @@ pub(crate) struct SimGpuBench {
     /// Commands timed for the latency figure.
     #[arg(long, default_value_t = 2000)]
     commands: usize,
-    /// Bytes per copy for the bandwidth figures.
-    #[arg(long, default_value_t = 16 << 20)]
-    copy_bytes: usize,
+    /// Bytes per copy for the bandwidth figures, 1..=67108864 (64 MiB: the copies' three
+    /// buffers fit the simgpu's 256 MiB of VRAM).
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..=64 << 20))]
+    copy_bytes: u64,
     /// Print one JSON object on standard output (the lines go to standard error).
     #[arg(long)]
     json: bool,
@@ -20,7 +21,8 @@ pub(crate) struct SimGpuBench {
 /// standard output.
 pub(crate) fn run_simgpu(args: SimGpuBench) -> Result<(), String> {
     let say = |line: String| if args.json { eprintln!("{line}") } else { outln!("{line}") };
-    let options = lab::bench::simgpu::SimGpuOptions { commands: args.commands, copy_bytes: args.copy_bytes };
+    let options =
+        lab::bench::simgpu::SimGpuOptions { commands: args.commands, copy_bytes: args.copy_bytes as usize };
     let report = lab::bench::simgpu::run(&options, &say)?;
     if args.json {
         outln!("{}", crate::out::json(report));

@@ -65,7 +65,14 @@ pub fn run(args: &BridgeOptions, say: &dyn Fn(String)) -> Result<Value, LabError
     measure(args, say).map_err(LabError::Bench)
 }
 
+/// The largest copy: its host buffer comes from the host endpoint's 256 MiB of DMA memory.
+pub const MAX_COPY_BYTES: usize = 128 << 20;
+
 fn measure(args: &BridgeOptions, say: &dyn Fn(String)) -> Result<Value, String> {
+    if args.dma && !(1..=MAX_COPY_BYTES).contains(&args.copy_bytes) {
+        // Refused before anything runs: the floors would stream a size this large without end.
+        return Err(format!("a copy of {} bytes: must be 1..={MAX_COPY_BYTES}", args.copy_bytes));
+    }
     let n = args.iterations.max(100);
     let spin = Duration::from_millis(2);
     let uring = link::driver::UringUdp::probe();
@@ -524,4 +531,30 @@ fn workload_section(
         overhead.max
     ));
     Ok(crate::loopback::report::json(options, &o, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy size out of range is refused before any floor or copy runs (a floor streams
+    /// the size it is given: 2⁶⁴ − 1 bytes would never end).
+    #[test]
+    fn a_copy_size_out_of_range_is_refused_before_anything_runs() {
+        for bytes in [0, MAX_COPY_BYTES + 1, usize::MAX] {
+            let args = BridgeOptions {
+                iterations: 100,
+                copy_bytes: bytes,
+                copy_repeat: 1,
+                mmio: None,
+                dma: true,
+                workload: None,
+                driver: Some(DriverKind::Portable),
+            };
+            let said = std::cell::RefCell::new(Vec::new());
+            let e = run(&args, &|l| said.borrow_mut().push(l)).unwrap_err();
+            assert!(e.to_string().contains(&format!("a copy of {bytes} bytes")), "{e}");
+            assert!(said.borrow().is_empty(), "measured something: {:?}", said.borrow());
+        }
+    }
 }
