@@ -133,6 +133,19 @@ impl ImpairArgs {
     }
 }
 
+/// The most of anything a command counts and keeps a sample of (reads timed, writes
+/// streamed, commands): 10 million, some minutes of the slowest case.
+pub(crate) const MAX_COUNT: usize = 10_000_000;
+
+/// A count of reads, writes or commands: 1..=[`MAX_COUNT`] (a count past it asked for
+/// memory the machine does not have, or hours).
+pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_COUNT).contains(&n) => Ok(n),
+        _ => Err(format!("{s}: must be a count, 1..={MAX_COUNT}")),
+    }
+}
+
 fn parse_loss(s: &str) -> Result<f64, String> {
     let v: f64 = s.trim().parse().map_err(|_| format!("loss {s:?}: not a number"))?;
     if !(0.0..=0.5).contains(&v) {
@@ -277,6 +290,15 @@ mod tests {
             assert!(e.contains("DEVICE,HOST"), "{bad:?}: {e}");
         }
         assert!(PinArg::parse("2,2").unwrap_err().contains("must differ"));
+    }
+
+    #[test]
+    fn a_count_is_one_to_ten_million() {
+        assert_eq!(parse_count("1"), Ok(1));
+        assert_eq!(parse_count(" 10000000 "), Ok(MAX_COUNT));
+        for bad in ["0", "10000001", "18446744073709551616", "-1", "1.5", "", "x"] {
+            assert!(parse_count(bad).unwrap_err().contains("must be a count"), "{bad}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::args::PinArg;
 #[derive(Args, Debug)]
 pub(crate) struct BridgeBench {
     /// MMIO reads timed per case (after 10 % warm-up).
-    #[arg(long, default_value_t = 20000)]
+    #[arg(long, default_value_t = 20000, value_parser = crate::args::parse_count)]
     iterations: usize,
     /// Bytes per DMA copy, 1..=134217728 (128 MiB: a copy's host buffer comes from the host
     /// endpoint's 256 MiB of DMA memory).

@@ -6,7 +6,7 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub(crate) struct VfioUserBench {
     /// Register reads timed per case (after 10 % warm-up).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = crate::args::parse_count)]
     iterations: usize,
     /// Bytes per DMA copy (guest memory shared as a file), 1..=134217728 (128 MiB: the host
     /// endpoint's DMA memory is 256 MiB).

@@ -47,10 +47,10 @@ fn bench_bridge_pins_as_told_and_refuses_bad_cpus() {
 }
 
 /// A copy of no bytes, or of more than the DMA memory or VRAM holds (or of 2⁶⁴ − 1 bytes,
-/// which once streamed the GSO floor without end), is refused naming the option before
-/// anything is measured.
+/// which once streamed the GSO floor without end), and a count of reads, writes or commands
+/// of none or past 10 million, are refused naming the option before anything is measured.
 #[test]
-fn a_copy_size_out_of_range_is_refused_before_anything_runs() {
+fn a_size_or_count_out_of_range_is_refused_before_anything_runs() {
     let dxpu = || Command::new(env!("CARGO_BIN_EXE_dxpu"));
     for (bench, option, bad) in [
         ("bridge", "--copy-bytes", "0"),
@@ -60,6 +60,13 @@ fn a_copy_size_out_of_range_is_refused_before_anything_runs() {
         ("simgpu", "--copy-bytes", "67108865"),
         ("vfio-user", "--copy-bytes", "0"),
         ("vfio-user", "--message-copy-bytes", "134217729"),
+        // A count past what a sample can hold: it once panicked allocating it.
+        ("bridge", "--iterations", "18446744073709551615"),
+        ("bridge", "--iterations", "0"),
+        ("link", "--iterations", "10000001"),
+        ("link", "--stream", "18446744073709551615"),
+        ("simgpu", "--commands", "0"),
+        ("vfio-user", "--iterations", "18446744073709551615"),
     ] {
         let start = std::time::Instant::now();
         let out = dxpu().args(["bench", bench, option, bad]).output().unwrap();
@@ -68,6 +75,12 @@ fn a_copy_size_out_of_range_is_refused_before_anything_runs() {
         assert!(err.contains(option) && err.contains(bad), "bench {bench} {option} {bad}: {err}");
         assert!(out.stdout.is_empty(), "bench {bench} {option} {bad} measured something");
         assert!(start.elapsed() < std::time::Duration::from_secs(5), "bench {bench} {option} {bad}");
+    }
+    for bad in ["0", "18446744073709551615"] {
+        let out = dxpu().args(["loopback", "--rtt-samples", bad]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "loopback --rtt-samples {bad}: {err}");
+        assert!(err.contains("--rtt-samples"), "{err}");
     }
 }
 

@@ -7,10 +7,10 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub(crate) struct LinkBench {
     /// Round trips measured per case (after 10 % warm-up).
-    #[arg(long, default_value_t = 20000)]
+    #[arg(long, default_value_t = 20000, value_parser = crate::args::parse_count)]
     iterations: usize,
     /// Posted writes streamed per streaming case.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, value_parser = crate::args::parse_count)]
     stream: usize,
     /// The sessions' MTU (the link's default is 1472; 9000 for jumbo frames).
     #[arg(long, default_value_t = 1472, value_parser = clap::value_parser!(u32).range(512..=65507))]

@@ -6,7 +6,7 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub(crate) struct SimGpuBench {
     /// Commands timed for the latency figure.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = crate::args::parse_count)]
     commands: usize,
     /// Bytes per copy for the bandwidth figures, 1..=67108864 (64 MiB: the copies' three
     /// buffers fit the simgpu's 256 MiB of VRAM).

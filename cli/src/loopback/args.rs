@@ -38,7 +38,7 @@ pub(crate) struct LoopbackArgs {
     #[arg(long)]
     pub(crate) encrypt: bool,
     /// MMIO reads timed for the round-trip figures.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = crate::args::parse_count)]
     pub(crate) rtt_samples: usize,
     /// Write the host endpoint's link, both ways, to this pcapng file (read it with
     /// `dxpu tlp decode --pcap`, or Wireshark with contrib/wireshark/dxpu.lua).
