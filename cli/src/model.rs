@@ -100,12 +100,24 @@ fn parse_per_tlp(s: &str) -> Result<f64, String> {
     parse_in(s, "per-TLP cost (µs)", 0.0, 1000.0)
 }
 
+/// The most a `--profile` file may hold: a `loopback --json` report is a few KiB.
+const MAX_PROFILE_BYTES: u64 = 16 << 20;
+
 /// The profile, direct time and workload name from a `loopback --json` file.
 fn read_profile(path: &std::path::Path) -> Result<(String, Profile, f64), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--profile {}: {e}", path.display()))?;
-    let v: Value =
-        serde_json::from_str(&text).map_err(|e| format!("--profile {}: not JSON: {e}", path.display()))?;
+    use std::io::Read;
     let at = |e: String| format!("--profile {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| at(e.to_string()))?;
+    // A regular file, read to a bound: a device or FIFO could be read without end.
+    if !file.metadata().map_err(|e| at(e.to_string()))?.is_file() {
+        return Err(at("not a regular file: give the file `dxpu loopback --json` wrote".into()));
+    }
+    let mut text = String::new();
+    file.take(MAX_PROFILE_BYTES + 1).read_to_string(&mut text).map_err(|e| at(e.to_string()))?;
+    if text.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(at(format!("over {MAX_PROFILE_BYTES} bytes: not a `dxpu loopback --json` report")));
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| at(format!("not JSON: {e}")))?;
     let profile = profile_from_json(v.get("profile").ok_or_else(|| at("no \"profile\" object".into()))?)
         .map_err(|e| at(e.to_string()))?;
     let direct = v

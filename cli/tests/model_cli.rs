@@ -175,8 +175,24 @@ fn bad_values_are_refused_naming_them() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
-    // A profile file that is missing, not JSON, or lacks a count.
+    // A profile file that is missing, not JSON, or lacks a count; a device that never ends
+    // (it once read /dev/zero without end), a directory, and a file past 16 MiB.
     let dir = std::env::temp_dir();
+    let huge = dir.join(format!("dxpu-model-huge-{}.json", std::process::id()));
+    std::fs::File::create(&huge).and_then(|f| f.set_len((16 << 20) + 1)).unwrap();
+    for (path, says) in [
+        (std::path::Path::new("/dev/zero"), "not a regular file"),
+        (dir.as_path(), "not a regular file"),
+        (huge.as_path(), "over 16777216 bytes"),
+    ] {
+        let start = std::time::Instant::now();
+        let out = dxpu().args(["model", "--profile"]).arg(path).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{path:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.contains(path.to_str().unwrap()), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "{path:?}");
+    }
+    let _ = std::fs::remove_file(&huge);
     let missing = dir.join(format!("dxpu-model-missing-{}.json", std::process::id()));
     let bad = dir.join(format!("dxpu-model-bad-{}.json", std::process::id()));
     let short = dir.join(format!("dxpu-model-short-{}.json", std::process::id()));
