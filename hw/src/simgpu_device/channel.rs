@@ -374,10 +374,9 @@ impl Channel {
             op::COPY_V2V if c > 0 && dev.vram.in_bounds(a, c) && dev.vram.in_bounds(b, c) => {
                 let mut buf = vec![0u8; c.min(CHUNK) as usize];
                 // Overlapping ranges copy as memmove does: backwards when the destination is above.
-                let chunks: Vec<u64> = (0..c.div_ceil(CHUNK)).map(|i| i * CHUNK).collect();
-                let order: Box<dyn Iterator<Item = &u64>> =
-                    if b > a { Box::new(chunks.iter().rev()) } else { Box::new(chunks.iter()) };
-                for &off in order {
+                let chunks = c.div_ceil(CHUNK);
+                for i in 0..chunks {
+                    let off = if b > a { (chunks - 1 - i) * CHUNK } else { i * CHUNK };
                     let n = (c - off).min(CHUNK) as usize;
                     dev.vram.read(a + off, &mut buf[..n]);
                     dev.write_vram(b + off, &buf[..n]);

@@ -92,6 +92,22 @@ fn measured_json(m: Option<&Measured>) -> Value {
     })))
 }
 
+/// The round trips to predict at, µs: those asked for, and the measured one among them in
+/// order.
+fn round_trips(args: &ModelOptions, measured: Option<&Measured>) -> Vec<f64> {
+    let mut rtts = args.rtt_us.clone();
+    if let Some(m) = measured {
+        rtts.push(m.link.rtt_ns / 1e3);
+        rtts.sort_by(f64::total_cmp);
+    }
+    rtts
+}
+
+/// A table row's mark where its round trip is the measured one.
+fn measured_mark(measured: Option<&Measured>, rtt_us: f64) -> &'static str {
+    if measured.is_some_and(|m| m.link.rtt_ns / 1e3 == rtt_us) { "  (measured)" } else { "" }
+}
+
 /// `measured`'s text line, where the link was measured.
 fn measured_text(out: &mut String, m: Option<&Measured>) {
     let Some(m) = m else { return };
@@ -167,11 +183,7 @@ pub fn predict_all(
     }
     let measured = args.measure.map(|how| measured_link(how, true, None, progress)).transpose()?;
     let base = base_link(args, measured.as_ref().map(|m| &m.link));
-    let mut rtts = args.rtt_us.clone();
-    if let Some(m) = &measured {
-        rtts.push(m.link.rtt_ns / 1e3);
-        rtts.sort_by(f64::total_cmp);
-    }
+    let rtts = round_trips(args, measured.as_ref());
     let points = rtts
         .iter()
         .map(|&rtt| (rtt, predict(&profile, direct_seconds, &LinkParams { rtt_ns: rtt * 1e3, ..base })))
@@ -220,8 +232,7 @@ impl ModelReport {
         say!(out);
         say!(out, "  {:>10}  {:>14}  {:>10}", "RTT µs", "bridged", "overhead");
         for (rtt, pr) in &r.points {
-            let mark =
-                if r.measured.is_some_and(|m| m.link.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
+            let mark = measured_mark(r.measured.as_ref(), *rtt);
             say!(
                 out,
                 "  {:>10.1}  {:>14}  {:>9.1} %{mark}",
@@ -446,11 +457,7 @@ pub fn predict_trace(
     if let Some(m) = measured.filter(|_| args.per_tlp_us == 0.0) {
         (link.posted_write_ns, link.fetch_extra_ns) = (m.link.posted_write_ns, m.link.fetch_extra_ns);
     }
-    let mut rtts = args.rtt_us.clone();
-    if let Some(m) = &measured {
-        rtts.push(m.link.rtt_ns / 1e3);
-        rtts.sort_by(f64::total_cmp);
-    }
+    let rtts = round_trips(args, measured.as_ref());
     let direct = plan.evaluate(&LinkParams::LOCAL);
     let points =
         rtts.iter().map(|&rtt| (rtt, plan.evaluate(&LinkParams { rtt_ns: rtt * 1e3, ..link }))).collect();
@@ -498,8 +505,7 @@ impl TraceReport {
             "syncs ms"
         );
         for (rtt, o) in &r.points {
-            let mark =
-                if r.measured.is_some_and(|m| m.link.rtt_ns / 1e3 == *rtt) { "  (measured)" } else { "" };
+            let mark = measured_mark(r.measured.as_ref(), *rtt);
             say!(
                 out,
                 "  {:>10.1}  {:>14}  {:>9.2} %   {:>12.3} {:>12.3} {:>12.3}{mark}",

@@ -67,7 +67,13 @@ impl Decoder {
         learn_encryption(&frame, &mut self.encrypted);
         let direction = self.roles.direction(d);
         let data = h.ty == FrameType::Data;
-        let replay = data && self.seen.entry((direction, h.session)).or_default().replay(h.seq);
+        let key = (direction, h.session);
+        if data && self.seen.len() >= MAX_SESSIONS && !self.seen.contains_key(&key) {
+            // A capture of more sessions than a link has (forged, or made up): what was
+            // learned of the old ones is let go rather than kept without bound.
+            self.seen.clear();
+        }
+        let replay = data && self.seen.entry(key).or_default().replay(h.seq);
         let encrypted = data && self.encrypted.contains(&h.session);
         Some(Decoded { frame, direction, replay, encrypted })
     }
@@ -81,6 +87,9 @@ struct Roles {
 
 impl Roles {
     fn learn(&mut self, d: &Datagram, ty: FrameType) {
+        if self.boxes.len() >= MAX_SESSIONS {
+            self.boxes.clear();
+        }
         match ty {
             FrameType::Init | FrameType::Response => {
                 self.boxes.insert(d.dst);
@@ -102,6 +111,11 @@ impl Roles {
         }
     }
 }
+
+/// The most sessions (and boxes) a decoder keeps what it learned of: far more than any
+/// capture of real links holds; a file with more (forged frames) costs bounded memory, and
+/// the oldest sessions' replays and encryption are forgotten.
+const MAX_SESSIONS: usize = 1 << 16;
 
 /// Sequence numbers a link may still send again, behind the highest seen: far more than a
 /// window (at most 4096 frames).
@@ -141,6 +155,9 @@ fn learn_encryption(f: &Frame<'_>, encrypted: &mut HashSet<u32>) {
     }
     let b = f.body();
     if b.get(24).is_some_and(|o| o & 2 != 0) {
+        if encrypted.len() >= MAX_SESSIONS {
+            encrypted.clear();
+        }
         encrypted.insert(h.session);
         if let Some(id) = b.get(..4) {
             encrypted.insert(u32::from_be_bytes([id[0], id[1], id[2], id[3]]));
@@ -151,6 +168,37 @@ fn learn_encryption(f: &Frame<'_>, encrypted: &mut HashSet<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A DATA frame of `session` with sequence number `seq`, host to box.
+    fn data(session: u32, seq: u32) -> Datagram {
+        let header = link::wire::Header { session, seq, ..link::wire::Header::new(FrameType::Data) };
+        let repr = link::wire::FrameRepr { header, fc: None, body: &[] };
+        let mut payload = vec![0u8; repr.buffer_len()];
+        let Ok(_) = repr.emit(&mut payload, |_| [0; link::wire::TAG_LEN]) else { panic!("emit") };
+        Datagram {
+            number: 1,
+            time: 0.0,
+            src: SocketAddr::from(([127, 0, 0, 1], 40000)),
+            dst: SocketAddr::from(([127, 0, 0, 1], 4791)),
+            direction: None,
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_capture_of_more_sessions_than_links_have_keeps_bounded_memory() {
+        let mut d = Decoder::new(4791);
+        let first = data(1, 5);
+        let Some(f) = d.frame(&first) else { panic!("a DATA frame is a frame") };
+        assert!(!f.replay && f.direction == "host->box");
+        assert!(d.frame(&first).is_some_and(|f| f.replay), "seen again: a replay");
+        for session in 2..(MAX_SESSIONS as u32 + 10) {
+            d.frame(&data(session, 5));
+            assert!(d.seen.len() <= MAX_SESSIONS);
+        }
+        // The newest sessions are still known.
+        assert!(d.frame(&data(MAX_SESSIONS as u32 + 9, 5)).is_some_and(|f| f.replay));
+    }
 
     #[test]
     fn a_sequence_number_seen_again_is_a_replay_and_the_set_stays_bounded() {
