@@ -73,6 +73,14 @@ pub trait PciFunction {
     fn dma_alloc(&mut self, len: usize) -> Option<DmaBuf>;
     /// Reads host memory the device may have written.
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]);
+    /// Reads host memory as it stands, without letting the platform deliver what the device
+    /// wrote meanwhile: for a caller about to be due elsewhere that must not spend its time
+    /// on the link (a bridge's host side driven by its caller's calls does its work in
+    /// [`PciFunction::dma_read`] and [`PciFunction::serve_for`]). By default
+    /// [`PciFunction::dma_read`]: a platform whose device writes land by themselves.
+    fn dma_peek(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
+        self.dma_read(buf, offset, out)
+    }
     /// Writes host memory the device will read.
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]);
     /// The MSI-X address and data that make vector `vector` reach this driver: by default
