@@ -368,6 +368,13 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
         assert_eq!(v["cores_moved"].as_bool().unwrap(), !v["cores_moved_because"].is_null(), "{v}");
     }
     assert!(v["plan"]["out_of_submission_order"].as_u64().is_some() && v["assumed"].is_object());
+    // Each pair: its overhead and what the bridged run's link did to recover frames.
+    let pairs = v["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 1, "{v}");
+    assert_eq!(pairs[0]["overhead_percent"], v["overhead_percent"]);
+    for k in ["replay_timeouts", "retransmits", "duplicates_received"] {
+        assert!(pairs[0][k].as_u64().is_some(), "pairs[0].{k}: {v}");
+    }
     // The direct replay's calls go no earlier than traced: its job no shorter than the trace's.
     let job = v["trace_job_seconds"].as_f64().unwrap();
     let direct_job = v["direct"]["job_seconds"].as_f64().unwrap();

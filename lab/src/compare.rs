@@ -180,6 +180,32 @@ impl Faithfulness {
     }
 }
 
+/// What the bridged link did to recover frames during one bridged run: the host side's
+/// session counters before and after it. A run whose link timed out often was slower than
+/// the others of its invocation (docs/performance-model.md, *The host's looks at its
+/// words*: the A100 job's pairs at 50–75 % had 60–70 replay timeouts, those at 33–37 % at
+/// most 7) — frames late rather than lost, which the model does not have.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkRecovery {
+    /// The host's replay timer expiries.
+    pub replay_timeouts: u64,
+    /// DATA frames the host sent again.
+    pub retransmits: u64,
+    /// DATA frames the host received again (the box's timeouts resending what had arrived).
+    pub duplicates_received: u64,
+}
+
+impl LinkRecovery {
+    /// What changed from `before` to `after`.
+    pub fn between(before: &link::Stats, after: &link::Stats) -> LinkRecovery {
+        LinkRecovery {
+            replay_timeouts: after.replay_timeouts.saturating_sub(before.replay_timeouts),
+            retransmits: after.retransmits.saturating_sub(before.retransmits),
+            duplicates_received: after.duplicate_data.saturating_sub(before.duplicate_data),
+        }
+    }
+}
+
 /// What a comparison measured and predicted.
 pub struct Comparison {
     /// The trace replayed.
@@ -209,6 +235,8 @@ pub struct Comparison {
     pub crosses_10_percent_at_rtt_us: Option<f64>,
     /// Each pair's overhead, bridged over direct, percent.
     pub overheads: Vec<f64>,
+    /// What the bridged link did to recover frames in each pair's bridged run.
+    pub recovery: Vec<LinkRecovery>,
     /// The placed CPUs' round trip at the calibration and after each pair: whether the
     /// machine stayed the one calibrated (none where the threads were not placed, or it
     /// could not be measured).
@@ -402,6 +430,7 @@ pub fn compare(
     p.bridged_turn()?;
     bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
+    let mut recovery = Vec::new();
     let mut after_pairs = Vec::new();
     for i in 0..opts.repeat {
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
@@ -410,7 +439,9 @@ pub fn compare(
         let d = direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
         p.bridged_turn()?;
         p.settle();
+        let before = p.bridged.pci().stats().link;
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
+        recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
@@ -438,6 +469,7 @@ pub fn compare(
         faithfulness,
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
+        recovery,
         cores,
     })
 }
@@ -474,4 +506,21 @@ fn spin_of(poll: PollMode) -> Duration {
 
 fn replay_error(platform: &'static str) -> impl FnOnce(ReplayError) -> LabError {
     move |source| LabError::Replay { platform, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_link_recovery_is_what_its_counters_moved_and_never_less_than_nothing() {
+        let before =
+            link::Stats { replay_timeouts: 3, retransmits: 5, duplicate_data: 7, ..Default::default() };
+        let after =
+            link::Stats { replay_timeouts: 70, retransmits: 75, duplicate_data: 9, ..Default::default() };
+        let k = LinkRecovery::between(&before, &after);
+        assert_eq!((k.replay_timeouts, k.retransmits, k.duplicates_received), (67, 70, 2));
+        // Counters of a session made again (a reattach) start over: nothing, not a wrap.
+        assert_eq!(LinkRecovery::between(&after, &before), LinkRecovery::default());
+    }
 }

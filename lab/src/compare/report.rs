@@ -84,6 +84,22 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
             "round_trip_after_pairs_ns": c.later_ns,
         }))),
     );
+    // Each pair's overhead beside what its bridged run's link did to recover frames.
+    m.insert(
+        "pairs".into(),
+        json!(
+            r.overheads
+                .iter()
+                .zip(&r.recovery)
+                .map(|(o, k)| json!({
+                    "overhead_percent": o,
+                    "replay_timeouts": k.replay_timeouts,
+                    "retransmits": k.retransmits,
+                    "duplicates_received": k.duplicates_received,
+                }))
+                .collect::<Vec<_>>()
+        ),
+    );
     m.insert("cores_moved".into(), json!(r.cores.as_ref().map(|c| c.moved())));
     m.insert("cores_moved_because".into(), json!(r.cores.as_ref().and_then(|c| c.why_moved())));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
@@ -123,6 +139,34 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
         Spread::of(r.overheads_against_trace().into_iter()),
     );
     v
+}
+
+/// The overhead both ways, and each pair's beside its link's recovery.
+fn overheads(out: &mut String, r: &Comparison) {
+    let o = Spread::of(r.overheads.iter().copied());
+    say!(out, "  overhead {:.2} % ({:.2}–{:.2}, {} pairs)", o.median, o.min, o.max, r.overheads.len());
+    say!(
+        out,
+        "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received): {}",
+        pairs(r)
+    );
+    let t = Spread::of(r.overheads_against_trace().into_iter());
+    say!(
+        out,
+        "  against the trace's own job ({:.2} ms): bridged {:.2} % ({:.2}–{:.2})",
+        r.trace_job_ns / 1e6,
+        t.median,
+        t.min,
+        t.max
+    );
+}
+
+/// Each pair's overhead and what its bridged run's link did to recover frames.
+fn pairs(r: &Comparison) -> String {
+    let each = r.overheads.iter().zip(&r.recovery).map(|(o, k)| {
+        format!("{o:.1} % ({}, {}, {})", k.replay_timeouts, k.retransmits, k.duplicates_received)
+    });
+    each.collect::<Vec<_>>().join("; ")
 }
 
 /// The report `dxpu replay` prints.
@@ -189,17 +233,7 @@ pub fn text(r: &Comparison, args: &Asked<'_>) -> String {
             ms(spread(&s.runs, |r| r.host_late_ns / 1e6))
         );
     }
-    let o = Spread::of(r.overheads.iter().copied());
-    say!(out, "  overhead {:.2} % ({:.2}–{:.2}, {} pairs)", o.median, o.min, o.max, r.overheads.len());
-    let t = Spread::of(r.overheads_against_trace().into_iter());
-    say!(
-        out,
-        "  against the trace's own job ({:.2} ms): bridged {:.2} % ({:.2}–{:.2})",
-        r.trace_job_ns / 1e6,
-        t.median,
-        t.min,
-        t.max
-    );
+    overheads(&mut out, r);
     if let Some(why) = r.faithfulness.why_not() {
         say!(out, "  NOT FAITHFUL: {why}");
     }
