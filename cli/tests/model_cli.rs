@@ -375,6 +375,11 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     for k in ["replay_timeouts", "retransmits", "duplicates_received"] {
         assert!(pairs[0][k].as_u64().is_some(), "pairs[0].{k}: {v}");
     }
+    // The hypervisor's steal during each run, where the threads were placed and /proc/stat read.
+    if !v["cores"].is_null() && std::path::Path::new("/proc/stat").exists() {
+        assert_eq!(pairs[0]["steal_ms"].as_array().map(Vec::len), Some(2), "{v}");
+        assert!(pairs[0]["stolen_from"].is_boolean() && v["pairs_stolen_from"].as_u64().is_some(), "{v}");
+    }
     // The direct replay's calls go no earlier than traced: its job no shorter than the trace's.
     let job = v["trace_job_seconds"].as_f64().unwrap();
     let direct_job = v["direct"]["job_seconds"].as_f64().unwrap();

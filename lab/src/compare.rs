@@ -19,6 +19,7 @@ use crate::harness::{LocalBox, Spread, mmio_rtt};
 use crate::model::{self, LinkParams};
 use crate::plan::{self, Plan};
 use crate::replay::{ReplayError, ReplayRun, Replayer};
+use crate::steal;
 use crate::trace::Trace;
 
 pub mod report;
@@ -237,6 +238,10 @@ pub struct Comparison {
     pub overheads: Vec<f64>,
     /// What the bridged link did to recover frames in each pair's bridged run.
     pub recovery: Vec<LinkRecovery>,
+    /// The hypervisor's steal time during each pair's direct and bridged run: the most it
+    /// took from either placed CPU ([`steal`]); none where the threads were not placed or
+    /// `/proc/stat` could not be read.
+    pub stolen: Vec<Option<(Duration, Duration)>>,
     /// The placed CPUs' round trip at the calibration and after each pair: whether the
     /// machine stayed the one calibrated (none where the threads were not placed, or it
     /// could not be measured).
@@ -252,6 +257,18 @@ impl Comparison {
     /// The bandwidth-only baseline's overhead, percent.
     pub fn bandwidth_only_overhead_percent(&self) -> f64 {
         (self.predicted_bandwidth_only.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
+    }
+
+    /// Whether each pair's direct or bridged run had a share of its time taken by the
+    /// hypervisor ([`steal::stole_from`]); `None` where the steal was not read.
+    pub fn stolen_from(&self) -> Vec<Option<bool>> {
+        let pairs = self.direct.runs.iter().zip(&self.bridged.runs).zip(&self.stolen);
+        pairs
+            .map(|((d, b), s)| {
+                let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
+                s.map(|(sd, sb)| steal::stole_from(sd, ns(d.job_ns)) || steal::stole_from(sb, ns(b.job_ns)))
+            })
+            .collect()
     }
 
     /// Each bridged run's job time over the trace's own, percent.
@@ -430,18 +447,27 @@ pub fn compare(
     p.bridged_turn()?;
     bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
-    let mut recovery = Vec::new();
+    let (mut recovery, mut stolen) = (Vec::new(), Vec::new());
     let mut after_pairs = Vec::new();
     for i in 0..opts.repeat {
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
         p.direct_turn()?;
         p.settle();
+        let cpus = p.placement.map(|pl| [pl.device, pl.host]);
+        let stolen_at = || cpus.and_then(|c| steal::read(&c));
+        let s0 = stolen_at();
         let d = direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
+        let s1 = stolen_at();
         p.bridged_turn()?;
         p.settle();
+        let s2 = stolen_at();
         let before = p.bridged.pci().stats().link;
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
+        let s3 = stolen_at();
+        let between =
+            |a: &Option<Vec<u64>>, b: &Option<Vec<u64>>| Some(steal::most_between(a.as_ref()?, b.as_ref()?));
+        stolen.push(between(&s0, &s1).zip(between(&s2, &s3)));
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
@@ -470,6 +496,7 @@ pub fn compare(
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
         recovery,
+        stolen,
         cores,
     })
 }

@@ -45,4 +45,5 @@ pub mod report;
 pub mod served;
 pub mod session;
 pub mod simgpu;
+pub mod steal;
 pub mod trace;

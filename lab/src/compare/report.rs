@@ -91,15 +91,19 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
             r.overheads
                 .iter()
                 .zip(&r.recovery)
-                .map(|(o, k)| json!({
+                .zip(r.stolen.iter().zip(r.stolen_from()))
+                .map(|((o, k), (s, from))| json!({
                     "overhead_percent": o,
                     "replay_timeouts": k.replay_timeouts,
                     "retransmits": k.retransmits,
                     "duplicates_received": k.duplicates_received,
+                    "steal_ms": s.map(|(d, b)| [d.as_secs_f64() * 1e3, b.as_secs_f64() * 1e3]),
+                    "stolen_from": from,
                 }))
                 .collect::<Vec<_>>()
         ),
     );
+    m.insert("pairs_stolen_from".into(), json!(stolen_count(r)));
     m.insert("cores_moved".into(), json!(r.cores.as_ref().map(|c| c.moved())));
     m.insert("cores_moved_because".into(), json!(r.cores.as_ref().and_then(|c| c.why_moved())));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
@@ -147,9 +151,17 @@ fn overheads(out: &mut String, r: &Comparison) {
     say!(out, "  overhead {:.2} % ({:.2}–{:.2}, {} pairs)", o.median, o.min, o.max, r.overheads.len());
     say!(
         out,
-        "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received): {}",
+        "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received; steal direct / bridged): {}",
         pairs(r)
     );
+    if let Some(n) = stolen_count(r).filter(|n| *n > 0) {
+        say!(
+            out,
+            "  STOLEN: in {n} of {} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not the job",
+            r.overheads.len(),
+            crate::steal::STOLEN_SHARE * 100.0
+        );
+    }
     let t = Spread::of(r.overheads_against_trace().into_iter());
     say!(
         out,
@@ -161,12 +173,21 @@ fn overheads(out: &mut String, r: &Comparison) {
     );
 }
 
-/// Each pair's overhead and what its bridged run's link did to recover frames.
+/// Each pair's overhead, what its bridged run's link did to recover frames, and the
+/// hypervisor's steal during its direct and bridged run.
 fn pairs(r: &Comparison) -> String {
-    let each = r.overheads.iter().zip(&r.recovery).map(|(o, k)| {
-        format!("{o:.1} % ({}, {}, {})", k.replay_timeouts, k.retransmits, k.duplicates_received)
+    let each = r.overheads.iter().zip(&r.recovery).zip(&r.stolen).map(|((o, k), s)| {
+        let steal = s.map_or("-".to_string(), |(d, b)| format!("{} / {} ms", d.as_millis(), b.as_millis()));
+        format!("{o:.1} % ({}, {}, {}; {steal})", k.replay_timeouts, k.retransmits, k.duplicates_received)
     });
     each.collect::<Vec<_>>().join("; ")
+}
+
+/// The pairs a run of which the hypervisor took a share of; `None` where no pair's steal
+/// was read.
+fn stolen_count(r: &Comparison) -> Option<usize> {
+    let from = r.stolen_from();
+    from.iter().any(Option::is_some).then(|| from.iter().filter(|f| **f == Some(true)).count())
 }
 
 /// The report `dxpu replay` prints.
