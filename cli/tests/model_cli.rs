@@ -379,6 +379,11 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     if !v["cores"].is_null() && std::path::Path::new("/proc/stat").exists() {
         assert_eq!(pairs[0]["steal_ms"].as_array().map(Vec::len), Some(2), "{v}");
         assert!(pairs[0]["stolen_from"].is_boolean() && v["pairs_stolen_from"].as_u64().is_some(), "{v}");
+        // The overhead of the pairs not stolen from: all of them here, or none.
+        match pairs[0]["stolen_from"].as_bool() {
+            Some(false) => assert_eq!(v["overhead_percent_not_stolen"], v["overhead_percent"], "{v}"),
+            _ => assert!(v["overhead_percent_not_stolen"].is_null(), "{v}"),
+        }
     }
     // The direct replay's calls go no earlier than traced: its job no shorter than the trace's.
     let job = v["trace_job_seconds"].as_f64().unwrap();

@@ -137,6 +137,20 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
     crate::report::spread(&mut v, "direct_seconds", d);
     crate::report::spread(&mut v, "bridged_seconds", b);
     crate::report::spread(&mut v, "overhead_percent", o);
+    // The pairs the hypervisor took no share of (none where no steal was read, or every
+    // pair was stolen from).
+    match unstolen(r) {
+        Some(u) => crate::report::spread(&mut v, "overhead_percent_not_stolen", u),
+        None => {
+            for k in [
+                "overhead_percent_not_stolen",
+                "overhead_percent_not_stolen_min",
+                "overhead_percent_not_stolen_max",
+            ] {
+                v[k] = Value::Null;
+            }
+        }
+    }
     crate::report::spread(
         &mut v,
         "overhead_against_trace_percent",
@@ -157,9 +171,19 @@ fn overheads(out: &mut String, r: &Comparison) {
     if let Some(n) = stolen_count(r).filter(|n| *n > 0) {
         say!(
             out,
-            "  STOLEN: in {n} of {} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not the job",
+            "  STOLEN: in {n} of {} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not the job{}",
             r.overheads.len(),
-            crate::steal::STOLEN_SHARE * 100.0
+            crate::steal::STOLEN_SHARE * 100.0,
+            match unstolen(r) {
+                Some(o) => format!(
+                    "; the {} others: overhead {:.2} % ({:.2}–{:.2})",
+                    r.overheads.len() - n,
+                    o.median,
+                    o.min,
+                    o.max
+                ),
+                None => String::new(),
+            }
         );
     }
     let t = Spread::of(r.overheads_against_trace().into_iter());
@@ -181,6 +205,14 @@ fn pairs(r: &Comparison) -> String {
         format!("{o:.1} % ({}, {}, {}; {steal})", k.replay_timeouts, k.retransmits, k.duplicates_received)
     });
     each.collect::<Vec<_>>().join("; ")
+}
+
+/// The overhead of the pairs the hypervisor took no share of; `None` where there is none,
+/// or no pair's steal was read.
+fn unstolen(r: &Comparison) -> Option<Spread> {
+    let kept: Vec<f64> =
+        r.overheads.iter().zip(r.stolen_from()).filter(|(_, f)| *f == Some(false)).map(|(o, _)| *o).collect();
+    (!kept.is_empty()).then(|| Spread::of(kept.into_iter()))
 }
 
 /// The pairs a run of which the hypervisor took a share of; `None` where no pair's steal
