@@ -247,6 +247,14 @@ fn loopback_json_report_has_its_keys() {
     assert!(v["dma_h2d_bytes_per_s"].as_f64().unwrap() > 0.0);
     // Three runs each way: the medians inside their spreads.
     assert_eq!((v["repeat"].as_u64(), v["workload"].as_str()), (Some(3), Some("demo")));
+    // Each pair's steal, read where the threads were placed.
+    let steal = v["steal_ms"].as_array().unwrap();
+    assert_eq!(steal.len(), 3, "{v}");
+    assert!(steal.iter().all(|s| s.is_null() || s.as_array().is_some_and(|a| a.len() == 2)), "{v}");
+    assert!(
+        v["pairs_stolen_from"].is_null() || v["pairs_stolen_from"].as_u64().is_some_and(|n| n <= 3),
+        "{v}"
+    );
     for k in ["overhead_percent", "bridged_seconds", "direct_seconds"] {
         let lo = v[format!("{k}_min")].as_f64().unwrap();
         let hi = v[format!("{k}_max")].as_f64().unwrap();

@@ -453,21 +453,16 @@ pub fn compare(
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
         p.direct_turn()?;
         p.settle();
-        let cpus = p.placement.map(|pl| [pl.device, pl.host]);
-        let stolen_at = || cpus.and_then(|c| steal::read(&c));
-        let s0 = stolen_at();
+        let s0 = steal::of_placed(p.placement);
         let d = direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
-        let s1 = stolen_at();
+        let s1 = steal::of_placed(p.placement);
         p.bridged_turn()?;
         p.settle();
-        let s2 = stolen_at();
+        let s2 = steal::of_placed(p.placement);
         let before = p.bridged.pci().stats().link;
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
-        let s3 = stolen_at();
-        let between =
-            |a: &Option<Vec<u64>>, b: &Option<Vec<u64>>| Some(steal::most_between(a.as_ref()?, b.as_ref()?));
-        stolen.push(between(&s0, &s1).zip(between(&s2, &s3)));
+        stolen.push(steal::during(&s0, &s1).zip(steal::during(&s2, &steal::of_placed(p.placement))));
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);

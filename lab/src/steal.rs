@@ -36,6 +36,16 @@ pub fn parse(stat: &str, cpus: &[usize]) -> Option<Vec<u64>> {
         .collect()
 }
 
+/// [`read`] of the two CPUs a placement pins the experiments' threads to; `None` unplaced.
+pub fn of_placed(placement: Option<crate::affinity::Placement>) -> Option<Vec<u64>> {
+    placement.and_then(|p| read(&[p.device, p.host]))
+}
+
+/// [`most_between`] two readings where both were made.
+pub fn during(before: &Option<Vec<u64>>, after: &Option<Vec<u64>>) -> Option<Duration> {
+    Some(most_between(before.as_ref()?, after.as_ref()?))
+}
+
 /// The most any CPU lost between two readings, as a time.
 pub fn most_between(before: &[u64], after: &[u64]) -> Duration {
     let ticks = before.iter().zip(after).map(|(b, a)| a.saturating_sub(*b)).max().unwrap_or(0);
@@ -76,6 +86,10 @@ mod tests {
         assert_eq!(most_between(&[10, 20], &[11, 25]), 5 * tick);
         // A counter that went back (another boot's reading) counts for nothing.
         assert_eq!(most_between(&[10], &[5]), Duration::ZERO);
+        // A reading not made: no figure, not a zero.
+        assert_eq!(during(&Some(vec![1, 2]), &Some(vec![3, 2])), Some(2 * tick));
+        assert_eq!(during(&None, &Some(vec![3])), None);
+        assert_eq!(during(&Some(vec![3]), &None), None);
         let run = Duration::from_millis(700);
         assert!(!stole_from(tick, run), "one tick may be an earlier fraction carried over");
         assert!(stole_from((2 * tick).max(Duration::from_millis(14)), run));

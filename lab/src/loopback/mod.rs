@@ -24,6 +24,7 @@ use crate::affinity::{self, Placement};
 use crate::error::LabError;
 use crate::harness::{Frames, LocalBox, Spread, mmio_rtt};
 use crate::model::{self, LinkParams, Profile};
+use crate::steal;
 
 mod outcome;
 pub mod report;
@@ -138,7 +139,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
     direct_turn(&gpu)?;
     direct.run(size, " (warm-up)", progress)?;
     // In turns, so that what the machine does meanwhile falls on both alike.
-    let (mut bridged, mut direct_runs) = (Vec::new(), Vec::new());
+    let (mut bridged, mut direct_runs, mut stolen) = (Vec::new(), Vec::new(), Vec::new());
     let mut current = Some((gpu, d));
     let mut host = HostStats::default();
     // TLPs each way over every attachment's whole session (what a capture of it holds).
@@ -157,15 +158,19 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
             }
         };
         bridged_turn(&gpu)?;
+        let s0 = steal::of_placed(placement);
         let before = d.pci().stats();
         bridged.push(
             size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
                 .map_err(workload_error("bridged", &of))?,
         );
+        let s1 = steal::of_placed(placement);
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
         direct_turn(&gpu)?;
+        let s2 = steal::of_placed(placement);
         direct_runs.push(direct.run(size, &of, progress)?);
+        stolen.push(steal::during(&s0, &s1).zip(steal::during(&s2, &steal::of_placed(placement))));
         if i % RUNS_PER_SESSION == 0 || i == repeat {
             let last = d.into_pci().detach_counted();
             captured.0 += last.link.tlps_sent;
@@ -195,6 +200,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
         workload: o.workload,
         placement,
         captured,
+        stolen,
     })
 }
 
