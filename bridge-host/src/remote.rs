@@ -441,6 +441,14 @@ fn spawn_service(
     })
 }
 
+/// Host memory of `buf` at `offset` as it stands: all-ones outside the windows.
+fn read_local(g: &mut DeviceState, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
+    match g.windows.local(buf.bus + offset as u64, out.len(), false) {
+        Some(mem) => out.copy_from_slice(mem),
+        None => out.fill(0xff),
+    }
+}
+
 impl PciFunction for RemoteDevice {
     fn config_read(&mut self, offset: u16) -> u32 {
         self.enter().config_read(offset)
@@ -475,17 +483,14 @@ impl PciFunction for RemoteDevice {
         Some(buf)
     }
     fn dma_read(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
+        let mut g = self.enter();
         // The caller is looking for what the device wrote: let it arrive.
-        self.enter().pump();
-        self.dma_peek(buf, offset, out);
+        g.pump();
+        read_local(&mut g, buf, offset, out);
     }
     /// What the link has delivered so far: no pass over it.
     fn dma_peek(&mut self, buf: &DmaBuf, offset: usize, out: &mut [u8]) {
-        let mut g = self.enter();
-        match g.windows.local(buf.bus + offset as u64, out.len(), false) {
-            Some(mem) => out.copy_from_slice(mem),
-            None => out.fill(0xff),
-        }
+        read_local(&mut self.enter(), buf, offset, out);
     }
     fn dma_write(&mut self, buf: &DmaBuf, offset: usize, data: &[u8]) {
         let mut g = self.enter();

@@ -241,7 +241,7 @@ pub struct Comparison {
     /// The hypervisor's steal time during each pair's direct and bridged run: the most it
     /// took from either placed CPU ([`steal`]); none where the threads were not placed or
     /// `/proc/stat` could not be read.
-    pub stolen: Vec<Option<(Duration, Duration)>>,
+    pub stolen: Vec<Option<steal::PairSteal>>,
     /// The placed CPUs' round trip at the calibration and after each pair: whether the
     /// machine stayed the one calibrated (none where the threads were not placed, or it
     /// could not be measured).
@@ -263,12 +263,8 @@ impl Comparison {
     /// hypervisor ([`steal::stole_from`]); `None` where the steal was not read.
     pub fn stolen_from(&self) -> Vec<Option<bool>> {
         let pairs = self.direct.runs.iter().zip(&self.bridged.runs).zip(&self.stolen);
-        pairs
-            .map(|((d, b), s)| {
-                let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
-                s.map(|(sd, sb)| steal::stole_from(sd, ns(d.job_ns)) || steal::stole_from(sb, ns(b.job_ns)))
-            })
-            .collect()
+        let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
+        pairs.map(|((d, b), s)| s.map(|s| s.stole_from(ns(d.job_ns), ns(b.job_ns)))).collect()
     }
 
     /// Each bridged run's job time over the trace's own, percent.
@@ -462,7 +458,7 @@ pub fn compare(
         let before = p.bridged.pci().stats().link;
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
-        stolen.push(steal::during(&s0, &s1).zip(steal::during(&s2, &steal::of_placed(p.placement))));
+        stolen.push(steal::PairSteal::of([&s0, &s1], [&s2, &steal::of_placed(p.placement)]));
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);

@@ -46,6 +46,47 @@ pub fn during(before: &Option<Vec<u64>>, after: &Option<Vec<u64>>) -> Option<Dur
     Some(most_between(before.as_ref()?, after.as_ref()?))
 }
 
+/// What the hypervisor took during a pair's two runs: the most from either placed CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairSteal {
+    /// During the direct run.
+    pub direct: Duration,
+    /// During the bridged run.
+    pub bridged: Duration,
+}
+
+impl PairSteal {
+    /// From each run's two readings ([`of_placed`]); `None` where one was not made.
+    pub fn of(direct: [&Option<Vec<u64>>; 2], bridged: [&Option<Vec<u64>>; 2]) -> Option<PairSteal> {
+        Some(PairSteal { direct: during(direct[0], direct[1])?, bridged: during(bridged[0], bridged[1])? })
+    }
+
+    /// Whether it took a share of either run, of the lengths given ([`stole_from`]).
+    pub fn stole_from(&self, direct_run: Duration, bridged_run: Duration) -> bool {
+        stole_from(self.direct, direct_run) || stole_from(self.bridged, bridged_run)
+    }
+
+    /// Direct and bridged, in milliseconds, as the reports give them.
+    pub fn ms(&self) -> [f64; 2] {
+        [self.direct.as_secs_f64() * 1e3, self.bridged.as_secs_f64() * 1e3]
+    }
+}
+
+/// How many pairs were stolen from, of each pair's verdict; `None` where no pair's steal
+/// was read.
+pub fn count(from: &[Option<bool>]) -> Option<usize> {
+    from.iter().any(Option::is_some).then(|| from.iter().filter(|f| **f == Some(true)).count())
+}
+
+/// The report's line where `n` of `pairs` pairs were stolen from: what they measured was
+/// the machine, not `what`.
+pub fn stolen_line(n: usize, pairs: usize, what: &str) -> String {
+    format!(
+        "  STOLEN: in {n} of {pairs} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not {what}",
+        STOLEN_SHARE * 100.0
+    )
+}
+
 /// The most any CPU lost between two readings, as a time.
 pub fn most_between(before: &[u64], after: &[u64]) -> Duration {
     let ticks = before.iter().zip(after).map(|(b, a)| a.saturating_sub(*b)).max().unwrap_or(0);
@@ -86,10 +127,19 @@ mod tests {
         assert_eq!(most_between(&[10, 20], &[11, 25]), 5 * tick);
         // A counter that went back (another boot's reading) counts for nothing.
         assert_eq!(most_between(&[10], &[5]), Duration::ZERO);
+        // A pair stolen from in either run, and the count over pairs read and not.
+        let run = Duration::from_millis(700);
+        let pair = PairSteal { direct: Duration::ZERO, bridged: Duration::from_millis(100) };
+        assert!(pair.stole_from(run, run) && !pair.stole_from(run, Duration::from_secs(100)));
+        assert_eq!(pair.ms(), [0.0, 100.0]);
+        assert_eq!(count(&[Some(true), None, Some(false), Some(true)]), Some(2));
+        assert_eq!(count(&[None, None]), None);
+        assert_eq!(count(&[Some(false)]), Some(0));
         // A reading not made: no figure, not a zero.
         assert_eq!(during(&Some(vec![1, 2]), &Some(vec![3, 2])), Some(2 * tick));
         assert_eq!(during(&None, &Some(vec![3])), None);
         assert_eq!(during(&Some(vec![3]), &None), None);
+        assert_eq!(PairSteal::of([&Some(vec![1]), &Some(vec![1])], [&None, &Some(vec![3])]), None);
         let run = Duration::from_millis(700);
         assert!(!stole_from(tick, run), "one tick may be an earlier fraction carried over");
         assert!(stole_from((2 * tick).max(Duration::from_millis(14)), run));

@@ -9,6 +9,7 @@ use crate::harness::Spread;
 use crate::model::report::{added_json, plan_json, trace_json, trace_summary};
 use crate::replay::ReplayRun;
 use crate::report::say;
+use crate::steal;
 
 /// What the replay was asked for, as the report names it: the trace's file, the comparison's
 /// options, and the link's rate each way in Gbit/s as given (0: the loopback's own).
@@ -97,13 +98,13 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
                     "replay_timeouts": k.replay_timeouts,
                     "retransmits": k.retransmits,
                     "duplicates_received": k.duplicates_received,
-                    "steal_ms": s.map(|(d, b)| [d.as_secs_f64() * 1e3, b.as_secs_f64() * 1e3]),
+                    "steal_ms": s.map(|s| s.ms()),
                     "stolen_from": from,
                 }))
                 .collect::<Vec<_>>()
         ),
     );
-    m.insert("pairs_stolen_from".into(), json!(stolen_count(r)));
+    m.insert("pairs_stolen_from".into(), json!(steal::count(&r.stolen_from())));
     m.insert("cores_moved".into(), json!(r.cores.as_ref().map(|c| c.moved())));
     m.insert("cores_moved_because".into(), json!(r.cores.as_ref().and_then(|c| c.why_moved())));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
@@ -168,12 +169,11 @@ fn overheads(out: &mut String, r: &Comparison) {
         "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received; steal direct / bridged): {}",
         pairs(r)
     );
-    if let Some(n) = stolen_count(r).filter(|n| *n > 0) {
+    if let Some(n) = steal::count(&r.stolen_from()).filter(|n| *n > 0) {
         say!(
             out,
-            "  STOLEN: in {n} of {} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not the job{}",
-            r.overheads.len(),
-            crate::steal::STOLEN_SHARE * 100.0,
+            "{}{}",
+            steal::stolen_line(n, r.overheads.len(), "the job"),
             match unstolen(r) {
                 Some(o) => format!(
                     "; the {} others: overhead {:.2} % ({:.2}–{:.2})",
@@ -201,7 +201,8 @@ fn overheads(out: &mut String, r: &Comparison) {
 /// hypervisor's steal during its direct and bridged run.
 fn pairs(r: &Comparison) -> String {
     let each = r.overheads.iter().zip(&r.recovery).zip(&r.stolen).map(|((o, k), s)| {
-        let steal = s.map_or("-".to_string(), |(d, b)| format!("{} / {} ms", d.as_millis(), b.as_millis()));
+        let steal =
+            s.map_or("-".to_string(), |s| format!("{} / {} ms", s.direct.as_millis(), s.bridged.as_millis()));
         format!("{o:.1} % ({}, {}, {}; {steal})", k.replay_timeouts, k.retransmits, k.duplicates_received)
     });
     each.collect::<Vec<_>>().join("; ")
@@ -213,13 +214,6 @@ fn unstolen(r: &Comparison) -> Option<Spread> {
     let kept: Vec<f64> =
         r.overheads.iter().zip(r.stolen_from()).filter(|(_, f)| *f == Some(false)).map(|(o, _)| *o).collect();
     (!kept.is_empty()).then(|| Spread::of(kept.into_iter()))
-}
-
-/// The pairs a run of which the hypervisor took a share of; `None` where no pair's steal
-/// was read.
-fn stolen_count(r: &Comparison) -> Option<usize> {
-    let from = r.stolen_from();
-    from.iter().any(Option::is_some).then(|| from.iter().filter(|f| **f == Some(true)).count())
 }
 
 /// The report `dxpu replay` prints.

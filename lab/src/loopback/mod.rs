@@ -158,19 +158,19 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
             }
         };
         bridged_turn(&gpu)?;
-        let s0 = steal::of_placed(placement);
+        let b0 = steal::of_placed(placement);
         let before = d.pci().stats();
         bridged.push(
             size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
                 .map_err(workload_error("bridged", &of))?,
         );
-        let s1 = steal::of_placed(placement);
+        let b1 = steal::of_placed(placement);
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
         direct_turn(&gpu)?;
-        let s2 = steal::of_placed(placement);
+        let d0 = steal::of_placed(placement);
         direct_runs.push(direct.run(size, &of, progress)?);
-        stolen.push(steal::during(&s0, &s1).zip(steal::during(&s2, &steal::of_placed(placement))));
+        stolen.push(steal::PairSteal::of([&d0, &steal::of_placed(placement)], [&b0, &b1]));
         if i % RUNS_PER_SESSION == 0 || i == repeat {
             let last = d.into_pci().detach_counted();
             captured.0 += last.link.tlps_sent;

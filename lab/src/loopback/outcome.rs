@@ -42,10 +42,10 @@ pub struct Outcome {
     /// TLPs host→box and box→host over every bridged session of the workload, whole (what a
     /// capture of it holds).
     pub captured: (u64, u64),
-    /// The hypervisor's steal time during each pair's bridged and direct run, the most it
+    /// The hypervisor's steal time during each pair's direct and bridged run, the most it
     /// took from either placed CPU ([`crate::steal`]); none where the threads were not
     /// placed or `/proc/stat` could not be read.
-    pub stolen: Vec<Option<(Duration, Duration)>>,
+    pub stolen: Vec<Option<crate::steal::PairSteal>>,
 }
 
 impl Outcome {
@@ -62,20 +62,12 @@ impl Outcome {
         Spread::of(self.bridged.iter().zip(&self.direct).map(|(b, d)| (b.seconds / d.seconds - 1.0) * 100.0))
     }
 
-    /// How many pairs had a run the hypervisor took a share of ([`crate::steal::stole_from`]);
-    /// `None` where no pair's steal was read.
-    pub fn stolen_pairs(&self) -> Option<usize> {
+    /// Whether each pair's direct or bridged run had a share of its time taken by the
+    /// hypervisor ([`crate::steal::stole_from`]); `None` where the steal was not read.
+    pub fn stolen_from(&self) -> Vec<Option<bool>> {
         let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
-        let pairs = self.bridged.iter().zip(&self.direct).zip(&self.stolen);
-        let from: Vec<bool> = pairs
-            .filter_map(|((b, d), s)| {
-                s.map(|(sb, sd)| {
-                    crate::steal::stole_from(sb, secs(b.seconds))
-                        || crate::steal::stole_from(sd, secs(d.seconds))
-                })
-            })
-            .collect();
-        (!from.is_empty()).then(|| from.iter().filter(|f| **f).count())
+        let pairs = self.direct.iter().zip(&self.bridged).zip(&self.stolen);
+        pairs.map(|((d, b), s)| s.map(|s| s.stole_from(secs(d.seconds), secs(b.seconds)))).collect()
     }
 
     /// Step `i`'s seconds, bridged and direct.

@@ -175,12 +175,8 @@ pub fn text(options: &Options, o: &Outcome) -> String {
             overhead.median
         );
     }
-    if let Some(n) = o.stolen_pairs().filter(|n| *n > 0) {
-        say!(
-            out,
-            "  STOLEN: in {n} of {runs} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not the workload",
-            crate::steal::STOLEN_SHARE * 100.0
-        );
+    if let Some(n) = crate::steal::count(&o.stolen_from()).filter(|n| *n > 0) {
+        say!(out, "{}", crate::steal::stolen_line(n, runs, "the workload"));
     }
     let (pred, crossing) = o.prediction();
     let p = &o.profile;
@@ -285,13 +281,8 @@ pub fn json(options: &Options, o: &Outcome, capture: Option<&Path>) -> serde_jso
     spread(&mut v, "direct_seconds", direct);
     spread(&mut v, "bridged_seconds", bridged);
     spread(&mut v, "overhead_percent", overhead);
-    // Each pair's steal (bridged, direct, ms), and how many pairs it took a share of.
-    v["steal_ms"] = serde_json::json!(
-        o.stolen
-            .iter()
-            .map(|s| s.map(|(b, d)| [b.as_secs_f64() * 1e3, d.as_secs_f64() * 1e3]))
-            .collect::<Vec<_>>()
-    );
-    v["pairs_stolen_from"] = serde_json::json!(o.stolen_pairs());
+    // Each pair's steal (direct, bridged, ms), and how many pairs it took a share of.
+    v["steal_ms"] = serde_json::json!(o.stolen.iter().map(|s| s.map(|s| s.ms())).collect::<Vec<_>>());
+    v["pairs_stolen_from"] = serde_json::json!(crate::steal::count(&o.stolen_from()));
     v
 }
