@@ -172,14 +172,22 @@ impl EtcdCluster {
         Ok(())
     }
 
-    /// Waits until a write through the cluster succeeds.
+    /// Waits until a write through the cluster succeeds and every member running (not
+    /// [`EtcdCluster::kill`]ed) answers a read — it is listening, has joined and knows the
+    /// leader: a test that then kills one of three has two.
     pub fn wait_ready(&self, within: Duration) -> Result<(), PoolError> {
-        EtcdCluster::wait_ready_for(&self.config(), within)
+        let running = self.members.iter().filter(|m| m.child.is_some()).map(|m| m.client_url.clone());
+        EtcdCluster::wait_members(&self.config(), running.collect(), within)
     }
 
-    /// [`EtcdCluster::wait_ready`] for the cluster `cfg` names (from another thread, one
-    /// that can reach it: a network namespace's).
+    /// [`EtcdCluster::wait_ready`] for the cluster `cfg` names, every endpoint a member
+    /// that must answer (from another thread, one that can reach it: a network
+    /// namespace's).
     pub fn wait_ready_for(cfg: &PoolConfig, within: Duration) -> Result<(), PoolError> {
+        EtcdCluster::wait_members(cfg, cfg.etcd.clone(), within)
+    }
+
+    fn wait_members(cfg: &PoolConfig, members: Vec<String>, within: Duration) -> Result<(), PoolError> {
         let end = Instant::now() + within;
         let cfg = cfg.clone();
         loop {
@@ -188,6 +196,13 @@ impl EtcdCluster {
                 c.put("/dxpu-cluster-ready", "1", None)
                     .await
                     .map_err(|e| crate::etcd_error(&cfg, "probing", e))?;
+                for e in &members {
+                    let one = PoolConfig { etcd: vec![e.clone()], ..cfg.clone() };
+                    let mut c = crate::connect(&one).await?;
+                    c.get("/dxpu-cluster-ready", None)
+                        .await
+                        .map_err(|e| crate::etcd_error(&one, "probing a member", e))?;
+                }
                 Ok::<(), PoolError>(())
             })?;
             match r {

@@ -18,9 +18,7 @@
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 
 /// etcd's messages and service clients, as protox and tonic generate them.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
@@ -43,6 +41,8 @@ use proto::etcdserverpb as pb;
 
 mod auth_admin;
 mod connect;
+mod members;
+use members::Resend;
 use proto::etcdserverpb::auth_client::AuthClient;
 use proto::etcdserverpb::kv_client::KvClient;
 use proto::etcdserverpb::lease_client::LeaseClient;
@@ -121,14 +121,11 @@ impl Default for ConnectOptions {
     }
 }
 
-/// A client of one etcd cluster: requests go to whichever of its endpoints is reachable.
-/// Cheap to clone (the connections are shared).
+/// A client of one etcd cluster: requests go to the member in use, and to the next where it
+/// cannot be reached (`members`). Cheap to clone (the connections are shared).
 #[derive(Clone)]
 pub struct Client {
-    kv: KvClient<Channel>,
-    watch: WatchClient<Channel>,
-    lease: LeaseClient<Channel>,
-    auth: AuthClient<Channel>,
+    members: std::sync::Arc<members::Members>,
     opts: ConnectOptions,
     /// The user and password to authenticate with, and the token etcd gave for them with
     /// when: shared by the clones, renewed every [`TOKEN_RENEWAL`].
@@ -151,8 +148,8 @@ impl Client {
         key: impl Into<Vec<u8>>,
         opts: Option<GetOptions>,
     ) -> Result<RangeResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into()), true).await?;
-        Ok(self.kv.range(req).await?.into_inner())
+        let msg = opts.unwrap_or_default().request(key.into());
+        self.unary(msg, Resend::Read, |ch, req| async { KvClient::new(ch).range(req).await }).await
     }
 
     /// Sets `key` to `value`.
@@ -162,8 +159,8 @@ impl Client {
         value: impl Into<Vec<u8>>,
         opts: Option<PutOptions>,
     ) -> Result<PutResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into(), value.into()), true).await?;
-        Ok(self.kv.put(req).await?.into_inner())
+        let msg = opts.unwrap_or_default().request(key.into(), value.into());
+        self.unary(msg, Resend::Write, |ch, req| async { KvClient::new(ch).put(req).await }).await
     }
 
     /// Deletes `key` (or the keys under it).
@@ -172,26 +169,28 @@ impl Client {
         key: impl Into<Vec<u8>>,
         opts: Option<DeleteOptions>,
     ) -> Result<DeleteRangeResponse, Error> {
-        let req = self.request(opts.unwrap_or_default().request(key.into()), true).await?;
-        Ok(self.kv.delete_range(req).await?.into_inner())
+        let msg = opts.unwrap_or_default().request(key.into());
+        self.unary(msg, Resend::Write, |ch, req| async { KvClient::new(ch).delete_range(req).await }).await
     }
 
     /// Runs a transaction.
     pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
-        let req = self.request(txn.req, true).await?;
-        Ok(self.kv.txn(req).await?.into_inner())
+        // One that only reads may be sent again as a range may.
+        let resend = if txn.reads_only() { Resend::Read } else { Resend::Write };
+        self.unary(txn.req, resend, |ch, req| async { KvClient::new(ch).txn(req).await }).await
     }
 
     /// A new lease of `ttl` seconds.
     pub async fn lease_grant(&mut self, ttl: i64) -> Result<LeaseGrantResponse, Error> {
-        let req = self.request(pb::LeaseGrantRequest { ttl, id: 0 }, true).await?;
-        Ok(self.lease.lease_grant(req).await?.into_inner())
+        let msg = pb::LeaseGrantRequest { ttl, id: 0 };
+        self.unary(msg, Resend::Write, |ch, req| async { LeaseClient::new(ch).lease_grant(req).await }).await
     }
 
     /// Ends lease `id` (its keys are deleted).
     pub async fn lease_revoke(&mut self, id: i64) -> Result<(), Error> {
-        let req = self.request(pb::LeaseRevokeRequest { id }, true).await?;
-        self.lease.lease_revoke(req).await?;
+        let msg = pb::LeaseRevokeRequest { id };
+        self.unary(msg, Resend::Write, |ch, req| async { LeaseClient::new(ch).lease_revoke(req).await })
+            .await?;
         Ok(())
     }
 
@@ -201,14 +200,12 @@ impl Client {
     /// [`LeaseKeeper::keep_alive`] renews it again, and the stream answers each renewal
     /// with the time to live left (0: the lease is gone).
     pub async fn lease_keep_alive(&mut self, id: i64) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
-        let (tx, rx) = mpsc::channel(4);
-        tx.send(pb::LeaseKeepAliveRequest { id }).await.map_err(|_| Error::StreamClosed("keep-alive"))?;
-        let req = self.request(ReceiverStream::new(rx), false).await?;
-        let mut stream = self.lease.lease_keep_alive(req).await?.into_inner();
-        let first = tokio::time::timeout(self.opts.timeout, stream.message())
-            .await
-            .map_err(|_| Error::Deadline("the first lease renewal", self.opts.timeout))??
-            .ok_or(Error::StreamClosed("keep-alive"))?;
+        let renew = pb::LeaseKeepAliveRequest { id };
+        let (tx, stream, first) = self
+            .open_stream(renew, ("keep-alive", "the first lease renewal"), |ch, req| async {
+                LeaseClient::new(ch).lease_keep_alive(req).await
+            })
+            .await?;
         if first.ttl <= 0 {
             return Err(Error::LeaseGone(id));
         }
@@ -221,19 +218,14 @@ impl Client {
         key: impl Into<Vec<u8>>,
         opts: Option<WatchOptions>,
     ) -> Result<(Watcher, WatchStream), Error> {
-        let (tx, rx) = mpsc::channel(4);
         let create = opts.unwrap_or_default().request(key.into());
-        tx.send(pb::WatchRequest {
-            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)),
-        })
-        .await
-        .map_err(|_| Error::StreamClosed("watch"))?;
-        let req = self.request(ReceiverStream::new(rx), false).await?;
-        let mut stream = self.watch.watch(req).await?.into_inner();
-        let first = tokio::time::timeout(self.opts.timeout, stream.message())
-            .await
-            .map_err(|_| Error::Deadline("the watch's creation", self.opts.timeout))??
-            .ok_or(Error::StreamClosed("watch"))?;
+        let create =
+            pb::WatchRequest { request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)) };
+        let (tx, stream, first) = self
+            .open_stream(create, ("watch", "the watch's creation"), |ch, req| async {
+                WatchClient::new(ch).watch(req).await
+            })
+            .await?;
         if first.canceled || !first.created {
             return Err(Error::WatchCanceled(first.cancel_reason));
         }
@@ -475,6 +467,12 @@ impl Txn {
     pub fn new() -> Txn {
         Txn::default()
     }
+    /// Whether every operation, on either branch, is a read (nested transactions count as
+    /// writes).
+    fn reads_only(&self) -> bool {
+        let read = |o: &pb::RequestOp| matches!(o.request, Some(pb::request_op::Request::RequestRange(_)));
+        self.req.success.iter().chain(&self.req.failure).all(read)
+    }
     /// The guards.
     pub fn when(mut self, compare: impl IntoIterator<Item = Compare>) -> Txn {
         self.req.compare.extend(compare.into_iter().map(|c| c.0));
@@ -710,6 +708,10 @@ mod tests {
         assert_eq!(c.0.target_union, Some(pb::compare::TargetUnion::CreateRevision(42)));
         let t = Txn::new().when([c]).and_then([TxnOp::delete("k", None)]);
         assert_eq!((t.req.compare.len(), t.req.success.len(), t.req.failure.len()), (1, 1, 0));
+        assert!(!t.reads_only());
+        let reads = Txn::new().and_then([TxnOp::get("k", None)]);
+        assert!(reads.reads_only());
+        assert!(!reads.or_else([TxnOp::put("k", "v", None)]).reads_only());
     }
 
     #[tokio::test]

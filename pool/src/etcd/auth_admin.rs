@@ -3,22 +3,26 @@
 //! pool under a user with only its prefix, and what an operator's etcdctl does (docs/pool.md,
 //! *A secured etcd*).
 
-use super::{Client, Error, pb, proto};
+use super::{AuthClient, Client, Error, Resend, pb, proto};
 
 impl Client {
     /// Adds user `name` with `password`.
     pub async fn user_add(&mut self, name: &str, password: &str) -> Result<(), Error> {
-        let req = self
-            .request(pb::AuthUserAddRequest { name: name.into(), password: password.into() }, true)
-            .await?;
-        self.auth.user_add(req).await?;
+        self.unary(
+            pb::AuthUserAddRequest { name: name.into(), password: password.into() },
+            Resend::Write,
+            |ch, req| async { AuthClient::new(ch).user_add(req).await },
+        )
+        .await?;
         Ok(())
     }
 
     /// Adds role `name`.
     pub async fn role_add(&mut self, name: &str) -> Result<(), Error> {
-        let req = self.request(pb::AuthRoleAddRequest { name: name.into() }, true).await?;
-        self.auth.role_add(req).await?;
+        self.unary(pb::AuthRoleAddRequest { name: name.into() }, Resend::Write, |ch, req| async {
+            AuthClient::new(ch).role_add(req).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -29,25 +33,32 @@ impl Client {
             key: prefix.as_bytes().to_vec(),
             range_end: super::prefix_end(prefix.as_bytes()),
         };
-        let req = self
-            .request(pb::AuthRoleGrantPermissionRequest { name: role.into(), perm: Some(perm) }, true)
-            .await?;
-        self.auth.role_grant_permission(req).await?;
+        self.unary(
+            pb::AuthRoleGrantPermissionRequest { name: role.into(), perm: Some(perm) },
+            Resend::Write,
+            |ch, req| async { AuthClient::new(ch).role_grant_permission(req).await },
+        )
+        .await?;
         Ok(())
     }
 
     /// Gives user `user` role `role`.
     pub async fn user_grant_role(&mut self, user: &str, role: &str) -> Result<(), Error> {
-        let req =
-            self.request(pb::AuthUserGrantRoleRequest { user: user.into(), role: role.into() }, true).await?;
-        self.auth.user_grant_role(req).await?;
+        self.unary(
+            pb::AuthUserGrantRoleRequest { user: user.into(), role: role.into() },
+            Resend::Write,
+            |ch, req| async { AuthClient::new(ch).user_grant_role(req).await },
+        )
+        .await?;
         Ok(())
     }
 
     /// Turns authentication on (a user `root` with role `root` must exist).
     pub async fn auth_enable(&mut self) -> Result<(), Error> {
-        let req = self.request(pb::AuthEnableRequest {}, true).await?;
-        self.auth.auth_enable(req).await?;
+        self.unary(pb::AuthEnableRequest {}, Resend::Write, |ch, req| async {
+            AuthClient::new(ch).auth_enable(req).await
+        })
+        .await?;
         Ok(())
     }
 }

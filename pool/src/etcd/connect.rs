@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
-use super::{
-    AuthClient, Client, ConnectOptions, Error, KvClient, LeaseClient, TOKEN_RENEWAL, WatchClient, pb,
-};
+use super::members::{Members, Resend};
+use super::{AuthClient, Client, ConnectOptions, Error, TOKEN_RENEWAL, pb};
 
 impl Client {
     /// A client of the cluster at `endpoints` (`http://host:port`). Connections open as
@@ -48,12 +49,9 @@ impl Client {
         if list.is_empty() {
             return Err(Error::BadEndpoint(String::new()));
         }
-        let channel = Channel::balance_list(list.into_iter());
+        let members = Members::new(list.into_iter().map(|e| e.connect_lazy()).collect());
         let mut c = Client {
-            kv: KvClient::new(channel.clone()),
-            watch: WatchClient::new(channel.clone()),
-            lease: LeaseClient::new(channel.clone()),
-            auth: AuthClient::new(channel),
+            members: std::sync::Arc::new(members),
             opts,
             user: security.user.clone().zip(security.password.clone()),
             token: Default::default(),
@@ -72,9 +70,17 @@ impl Client {
         if let Some((t, _)) = held.filter(|(_, at)| at.elapsed() < TOKEN_RENEWAL) {
             return Ok(Some(t));
         }
-        let mut r = tonic::Request::new(pb::AuthenticateRequest { name: user.clone(), password });
-        r.set_timeout(self.opts.timeout);
-        let token = match self.auth.authenticate(r).await {
+        let msg = pb::AuthenticateRequest { name: user.clone(), password };
+        let timeout = self.opts.timeout;
+        let answer = self
+            .members
+            .send(Resend::Read, |ch| {
+                let mut r = tonic::Request::new(msg.clone());
+                r.set_timeout(timeout);
+                async { AuthClient::new(ch).authenticate(r).await }
+            })
+            .await;
+        let token = match answer {
             Ok(a) => a.into_inner().token,
             Err(s)
                 if matches!(
@@ -96,11 +102,67 @@ impl Client {
         Ok(Some(v))
     }
 
-    /// A request carrying `msg` with the client's metadata (and, where `deadline`, its
-    /// timeout; a stream's lasts as long as it is used): the token of its user, where it has
-    /// one.
-    pub(super) async fn request<T>(&mut self, msg: T, deadline: bool) -> Result<tonic::Request<T>, Error> {
+    /// `msg` as a unary request with the client's metadata and deadline, sent to the member
+    /// in use and on as `resend` allows ([`Members::send`]); `call` sends it on a channel.
+    pub(super) async fn unary<M, R, F, Fut>(&mut self, msg: M, resend: Resend, call: F) -> Result<R, Error>
+    where
+        M: Clone,
+        F: Fn(Channel, tonic::Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
         let token = self.fresh_token().await?;
+        let answer =
+            self.members.send(resend, |ch| call(ch, self.metadata(msg.clone(), true, token.clone()))).await?;
+        Ok(answer.into_inner())
+    }
+
+    /// A stream opened with `first` on the member in use (and on as [`Resend::Read`]
+    /// allows: opening a watch or a keep-alive changes nothing), by `open` on a channel;
+    /// with the sender of the messages after it and the stream's first answer, which must
+    /// come within the client's deadline (`names`: the stream's, the first answer's).
+    pub(super) async fn open_stream<M, R, F, Fut>(
+        &mut self,
+        first: M,
+        names: (&'static str, &'static str),
+        open: F,
+    ) -> Result<(mpsc::Sender<M>, tonic::Streaming<R>, R), Error>
+    where
+        M: Clone,
+        F: Fn(Channel, tonic::Request<ReceiverStream<M>>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<tonic::Streaming<R>>, tonic::Status>>,
+    {
+        let token = self.fresh_token().await?;
+        let (tx, mut stream) = self
+            .members
+            .send(Resend::Read, |ch| {
+                let (tx, rx) = mpsc::channel(4);
+                let req = self.metadata(ReceiverStream::new(rx), false, token.clone());
+                let opened = open(ch, req);
+                let first = first.clone();
+                async move {
+                    tx.send(first)
+                        .await
+                        .map_err(|_| tonic::Status::cancelled("the stream's sender is gone"))?;
+                    Ok((tx, opened.await?.into_inner()))
+                }
+            })
+            .await?;
+        let answer = tokio::time::timeout(self.opts.timeout, stream.message())
+            .await
+            .map_err(|_| Error::Deadline(names.1, self.opts.timeout))??
+            .ok_or(Error::StreamClosed(names.0))?;
+        Ok((tx, stream, answer))
+    }
+
+    /// A request carrying `msg` with the client's metadata (and, where `deadline`, its
+    /// timeout; a stream's lasts as long as it is used): `token`, its user's, where it has
+    /// one ([`Client::fresh_token`]).
+    pub(super) fn metadata<T>(
+        &self,
+        msg: T,
+        deadline: bool,
+        token: Option<MetadataValue<tonic::metadata::Ascii>>,
+    ) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if deadline {
             r.set_timeout(self.opts.timeout);
@@ -111,6 +173,6 @@ impl Client {
         if let Some(t) = token {
             r.metadata_mut().insert("token", t);
         }
-        Ok(r)
+        r
     }
 }
