@@ -255,6 +255,15 @@ fn loopback_json_report_has_its_keys() {
         v["pairs_stolen_from"].is_null() || v["pairs_stolen_from"].as_u64().is_some_and(|n| n <= 3),
         "{v}"
     );
+    // And the threads' run-queue waits, where the kernel keeps sched_info.
+    if std::path::Path::new("/proc/self/schedstat").exists() {
+        let waited = v["waited_ms"].as_array().unwrap();
+        assert!(
+            waited.len() == 3 && waited.iter().all(|w| w.as_array().is_some_and(|a| a.len() == 2)),
+            "{v}"
+        );
+        assert!(v["pairs_contended"].as_u64().is_some_and(|n| n <= 3), "{v}");
+    }
     for k in ["overhead_percent", "bridged_seconds", "direct_seconds"] {
         let lo = v[format!("{k}_min")].as_f64().unwrap();
         let hi = v[format!("{k}_max")].as_f64().unwrap();

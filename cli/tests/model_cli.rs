@@ -379,11 +379,20 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     if !v["cores"].is_null() && std::path::Path::new("/proc/stat").exists() {
         assert_eq!(pairs[0]["steal_ms"].as_array().map(Vec::len), Some(2), "{v}");
         assert!(pairs[0]["stolen_from"].is_boolean() && v["pairs_stolen_from"].as_u64().is_some(), "{v}");
-        // The overhead of the pairs not stolen from: all of them here, or none.
-        match pairs[0]["stolen_from"].as_bool() {
-            Some(false) => assert_eq!(v["overhead_percent_not_stolen"], v["overhead_percent"], "{v}"),
-            _ => assert!(v["overhead_percent_not_stolen"].is_null(), "{v}"),
-        }
+    }
+    // The threads' run-queue waits during each run, where the kernel keeps sched_info.
+    if std::path::Path::new("/proc/self/schedstat").exists() {
+        let waited = pairs[0]["waited_ms"].as_array().unwrap();
+        assert!(waited.len() == 2 && waited.iter().all(|w| w.as_f64().is_some_and(|w| w >= 0.0)), "{v}");
+        assert!(pairs[0]["contended"].is_boolean() && v["pairs_contended"].as_u64().is_some(), "{v}");
+    }
+    // The overhead of the pairs the machine took nothing from: all of them here, or none.
+    let taken =
+        pairs[0]["stolen_from"].as_bool() == Some(true) || pairs[0]["contended"].as_bool() == Some(true);
+    if taken {
+        assert!(v["overhead_percent_not_taken"].is_null(), "{v}");
+    } else if pairs[0]["contended"].is_boolean() || pairs[0]["stolen_from"].is_boolean() {
+        assert_eq!(v["overhead_percent_not_taken"], v["overhead_percent"], "{v}");
     }
     // The direct replay's calls go no earlier than traced: its job no shorter than the trace's.
     let job = v["trace_job_seconds"].as_f64().unwrap();

@@ -238,10 +238,10 @@ pub struct Comparison {
     pub overheads: Vec<f64>,
     /// What the bridged link did to recover frames in each pair's bridged run.
     pub recovery: Vec<LinkRecovery>,
-    /// The hypervisor's steal time during each pair's direct and bridged run: the most it
-    /// took from either placed CPU ([`steal`]); none where the threads were not placed or
-    /// `/proc/stat` could not be read.
-    pub stolen: Vec<Option<steal::PairSteal>>,
+    /// What the machine took during each pair's direct and bridged run ([`steal`]): the
+    /// hypervisor's steal (the most from either placed CPU; none where the threads were not
+    /// placed or `/proc/stat` could not be read) and the threads' run-queue waits.
+    pub taken: Vec<steal::PairTaken>,
     /// The placed CPUs' round trip at the calibration and after each pair: whether the
     /// machine stayed the one calibrated (none where the threads were not placed, or it
     /// could not be measured).
@@ -259,12 +259,31 @@ impl Comparison {
         (self.predicted_bandwidth_only.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
     }
 
+    /// `verdict` of each pair's taken time and its runs' lengths.
+    fn each_pair(
+        &self,
+        verdict: fn(&steal::PairTaken, Duration, Duration) -> Option<bool>,
+    ) -> Vec<Option<bool>> {
+        let pairs = self.direct.runs.iter().zip(&self.bridged.runs).zip(&self.taken);
+        let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
+        pairs.map(|((d, b), t)| verdict(t, ns(d.job_ns), ns(b.job_ns))).collect()
+    }
+
     /// Whether each pair's direct or bridged run had a share of its time taken by the
     /// hypervisor ([`steal::stole_from`]); `None` where the steal was not read.
     pub fn stolen_from(&self) -> Vec<Option<bool>> {
-        let pairs = self.direct.runs.iter().zip(&self.bridged.runs).zip(&self.stolen);
-        let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
-        pairs.map(|((d, b), s)| s.map(|s| s.stole_from(ns(d.job_ns), ns(b.job_ns)))).collect()
+        self.each_pair(steal::PairTaken::stole_from)
+    }
+
+    /// Whether each pair's threads waited for a CPU another task held a share of a run
+    /// ([`steal::contended`]); `None` where the waits were not read.
+    pub fn contended(&self) -> Vec<Option<bool>> {
+        self.each_pair(steal::PairTaken::contended)
+    }
+
+    /// Either: the pair measured the machine.
+    pub fn taken_from(&self) -> Vec<Option<bool>> {
+        self.each_pair(steal::PairTaken::taken_from)
     }
 
     /// Each bridged run's job time over the trace's own, percent.
@@ -443,22 +462,22 @@ pub fn compare(
     p.bridged_turn()?;
     bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut recovery, mut stolen) = (Vec::new(), Vec::new());
+    let (mut recovery, mut taken) = (Vec::new(), Vec::new());
     let mut after_pairs = Vec::new();
     for i in 0..opts.repeat {
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
         p.direct_turn()?;
         p.settle();
-        let s0 = steal::of_placed(p.placement);
+        let s0 = steal::Reading::now(p.placement);
         let d = direct_replayer.run(&mut p.direct, &plan).map_err(replay_error("direct"))?;
-        let s1 = steal::of_placed(p.placement);
+        let s1 = steal::Reading::now(p.placement);
         p.bridged_turn()?;
         p.settle();
-        let s2 = steal::of_placed(p.placement);
+        let s2 = steal::Reading::now(p.placement);
         let before = p.bridged.pci().stats().link;
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
-        stolen.push(steal::PairSteal::of([&s0, &s1], [&s2, &steal::of_placed(p.placement)]));
+        taken.push(steal::PairTaken::of([&s0, &s1], [&s2, &steal::Reading::now(p.placement)]));
         overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
         d_runs.push(d);
         b_runs.push(b);
@@ -487,7 +506,7 @@ pub fn compare(
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
         recovery,
-        stolen,
+        taken,
         cores,
     })
 }

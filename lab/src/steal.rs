@@ -1,12 +1,22 @@
-//! The hypervisor's steal time: how long a virtual CPU was ready to run while the host ran
-//! something else (`/proc/stat`, the eighth figure of each `cpuN` line, in clock ticks;
-//! proc(5)). On the machine the experiments were measured on, the A100 training job's
-//! bridged runs were either 33–37 % or 50–80 % slower than direct, with the cores in one
-//! placement throughout; the slow ones came in the invocations where the hypervisor took
-//! 110–520 ms from the two CPUs, and none where it took 0–20 ms
-//! (docs/performance-model.md, *The host's looks at its words*). A run it took a share of
-//! measured the machine, not the job: the comparison reads the steal around each run and
-//! says which pairs ran so.
+//! What the machine took from a run, in two ways a run cannot tell from the job's own pace:
+//!
+//! - **The hypervisor's steal**: how long a virtual CPU was ready to run while the host ran
+//!   something else (`/proc/stat`, the eighth figure of each `cpuN` line, in clock ticks;
+//!   proc(5)). On the machine the experiments were measured on, the A100 training job's
+//!   bridged runs were either 33–37 % or 50–80 % slower than direct, with the cores in one
+//!   placement throughout; the slow ones came in the invocations where the hypervisor took
+//!   110–520 ms from the two CPUs, and none where it took 0–20 ms
+//!   (docs/performance-model.md, *The host's looks at its words*).
+//! - **Another process on its CPUs**: how long the experiment's threads waited on a run
+//!   queue — runnable while the CPU ran another task (`/proc/self/task/*/schedstat`, the
+//!   second figure, in ns; the kernel's sched_info). The experiment's own threads hand the
+//!   CPUs to each other too, so a quiet run has some: at most 4.7 % of a run's time in the
+//!   real traces' replays of half a second or more (3.5–30 ms), 0.1–7 ms in an MI250
+//!   trace's runs of 10 ms; with a busy loop on one of the two CPUs, 354–507 ms per run of
+//!   0.65–0.95 s (docs/performance-model.md, *Another process on the CPUs*).
+//!
+//! A run either took a share of measured the machine, not the job: the comparison reads
+//! both around each run and says which pairs ran so.
 
 use std::time::Duration;
 
@@ -16,6 +26,45 @@ pub const STOLEN_SHARE: f64 = 0.02;
 /// … and at least this many clock ticks (the counter's unit: one tick's change may be what
 /// an earlier fraction of a tick carried over).
 pub const STOLEN_TICKS: u64 = 2;
+/// A run is contended when the experiment's threads waited on a run queue, in all, at least
+/// this share of its time: above what its own threads' hand-overs make in a quiet run …
+pub const CONTENDED_SHARE: f64 = 0.15;
+/// … and at least this long: a few of another task's time slices (a few ms each), more than
+/// the hand-overs of a quiet run of a few ms (the MI250 trace's 9–10 ms runs: 0.1–7 ms).
+pub const CONTENDED_FLOOR: Duration = Duration::from_millis(20);
+
+/// How long this process's threads have waited on a run queue so far, summed over the
+/// threads alive now (`/proc/self/task/*/schedstat`); `None` where it cannot be read (a
+/// kernel without sched_info). A thread that ended between two readings takes its waits
+/// with it: read around runs whose threads outlive them.
+pub fn run_queue_waits() -> Option<Duration> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else { continue };
+        ns = ns.saturating_add(waited_ns(&text)?);
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// The run-queue wait of one `schedstat` line: time on the CPU, time waiting, time slices.
+fn waited_ns(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// What the machine had taken so far: the steal of each placed CPU, and the threads'
+/// run-queue waits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reading {
+    steal: Option<Vec<u64>>,
+    waited: Option<Duration>,
+}
+
+impl Reading {
+    /// Now, with the steal of the two CPUs `placement` pins the threads to (none unplaced).
+    pub fn now(placement: Option<crate::affinity::Placement>) -> Reading {
+        Reading { steal: of_placed(placement), waited: run_queue_waits() }
+    }
+}
 
 /// The steal time of each of `cpus` so far; `None` where `/proc/stat` cannot be read or
 /// lacks one of them (a kernel without steal accounting reports 0).
@@ -46,30 +95,69 @@ pub fn during(before: &Option<Vec<u64>>, after: &Option<Vec<u64>>) -> Option<Dur
     Some(most_between(before.as_ref()?, after.as_ref()?))
 }
 
-/// What the hypervisor took during a pair's two runs: the most from either placed CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PairSteal {
-    /// During the direct run.
-    pub direct: Duration,
-    /// During the bridged run.
-    pub bridged: Duration,
+/// What the machine took during a pair's two runs, direct then bridged: the most the
+/// hypervisor took from either placed CPU, and how long the threads waited for a CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairTaken {
+    /// The steal, where it was read.
+    pub steal: Option<[Duration; 2]>,
+    /// The run-queue waits, where they were read.
+    pub waited: Option<[Duration; 2]>,
 }
 
-impl PairSteal {
-    /// From each run's two readings ([`of_placed`]); `None` where one was not made.
-    pub fn of(direct: [&Option<Vec<u64>>; 2], bridged: [&Option<Vec<u64>>; 2]) -> Option<PairSteal> {
-        Some(PairSteal { direct: during(direct[0], direct[1])?, bridged: during(bridged[0], bridged[1])? })
+impl PairTaken {
+    /// From the readings around each run ([`Reading::now`]).
+    pub fn of(direct: [&Reading; 2], bridged: [&Reading; 2]) -> PairTaken {
+        let steal = |r: [&Reading; 2]| during(&r[0].steal, &r[1].steal);
+        let waited = |r: [&Reading; 2]| Some(r[1].waited?.saturating_sub(r[0].waited?));
+        PairTaken {
+            steal: steal(direct).zip(steal(bridged)).map(|(d, b)| [d, b]),
+            waited: waited(direct).zip(waited(bridged)).map(|(d, b)| [d, b]),
+        }
     }
 
-    /// Whether it took a share of either run, of the lengths given ([`stole_from`]).
-    pub fn stole_from(&self, direct_run: Duration, bridged_run: Duration) -> bool {
-        stole_from(self.direct, direct_run) || stole_from(self.bridged, bridged_run)
+    /// Whether the hypervisor took a share of either run, of the lengths given
+    /// ([`stole_from`]); `None` where the steal was not read.
+    pub fn stole_from(&self, direct_run: Duration, bridged_run: Duration) -> Option<bool> {
+        self.steal.map(|[d, b]| stole_from(d, direct_run) || stole_from(b, bridged_run))
     }
 
-    /// Direct and bridged, in milliseconds, as the reports give them.
-    pub fn ms(&self) -> [f64; 2] {
-        [self.direct.as_secs_f64() * 1e3, self.bridged.as_secs_f64() * 1e3]
+    /// Whether the threads waited for a CPU [`CONTENDED_SHARE`] or more of either run;
+    /// `None` where the waits were not read.
+    pub fn contended(&self, direct_run: Duration, bridged_run: Duration) -> Option<bool> {
+        self.waited.map(|[d, b]| contended(d, direct_run) || contended(b, bridged_run))
     }
+
+    /// Either: the pair measured the machine; `None` where neither was read.
+    pub fn taken_from(&self, direct_run: Duration, bridged_run: Duration) -> Option<bool> {
+        match (self.stole_from(direct_run, bridged_run), self.contended(direct_run, bridged_run)) {
+            (None, None) => None,
+            (s, c) => Some(s == Some(true) || c == Some(true)),
+        }
+    }
+
+    /// The steal, direct and bridged, in milliseconds, as the reports give it.
+    pub fn steal_ms(&self) -> Option<[f64; 2]> {
+        self.steal.map(|s| s.map(|d| d.as_secs_f64() * 1e3))
+    }
+
+    /// The run-queue waits, direct and bridged, in milliseconds.
+    pub fn waited_ms(&self) -> Option<[f64; 2]> {
+        self.waited.map(|w| w.map(|d| d.as_secs_f64() * 1e3))
+    }
+
+    /// `"s / s ms stolen, w / w ms waited"` for a report's pair line ("-" where not read).
+    pub fn text(&self) -> String {
+        let two = |v: Option<[Duration; 2]>| {
+            v.map_or("-".to_string(), |[d, b]| format!("{} / {} ms", d.as_millis(), b.as_millis()))
+        };
+        format!("{} stolen, {} waited", two(self.steal), two(self.waited))
+    }
+}
+
+/// Whether threads that `waited` for a CPU during a run of `run` were contended.
+pub fn contended(waited: Duration, run: Duration) -> bool {
+    waited >= CONTENDED_FLOOR && waited.as_secs_f64() >= CONTENDED_SHARE * run.as_secs_f64()
 }
 
 /// How many pairs were stolen from, of each pair's verdict; `None` where no pair's steal
@@ -84,6 +172,15 @@ pub fn stolen_line(n: usize, pairs: usize, what: &str) -> String {
     format!(
         "  STOLEN: in {n} of {pairs} pairs the hypervisor took {:.0} % or more of a run's time from one of its CPUs (steal time, /proc/stat): those pairs measured the machine, not {what}",
         STOLEN_SHARE * 100.0
+    )
+}
+
+/// The report's line where in `n` of `pairs` pairs the threads waited for a CPU that
+/// another task held.
+pub fn contended_line(n: usize, pairs: usize, what: &str) -> String {
+    format!(
+        "  CONTENDED: in {n} of {pairs} pairs the experiment's threads waited {:.0} % or more of a run's time for a CPU another task held (run-queue waits, /proc/self/task/*/schedstat): those pairs measured the machine, not {what}",
+        CONTENDED_SHARE * 100.0
     )
 }
 
@@ -129,9 +226,12 @@ mod tests {
         assert_eq!(most_between(&[10], &[5]), Duration::ZERO);
         // A pair stolen from in either run, and the count over pairs read and not.
         let run = Duration::from_millis(700);
-        let pair = PairSteal { direct: Duration::ZERO, bridged: Duration::from_millis(100) };
-        assert!(pair.stole_from(run, run) && !pair.stole_from(run, Duration::from_secs(100)));
-        assert_eq!(pair.ms(), [0.0, 100.0]);
+        let pair = PairTaken { steal: Some([Duration::ZERO, Duration::from_millis(100)]), waited: None };
+        assert_eq!(pair.stole_from(run, run), Some(true));
+        assert_eq!(pair.stole_from(run, Duration::from_secs(100)), Some(false));
+        assert_eq!(pair.steal_ms(), Some([0.0, 100.0]));
+        assert_eq!(pair.contended(run, run), None);
+        assert_eq!(pair.taken_from(run, run), Some(true));
         assert_eq!(count(&[Some(true), None, Some(false), Some(true)]), Some(2));
         assert_eq!(count(&[None, None]), None);
         assert_eq!(count(&[Some(false)]), Some(0));
@@ -139,7 +239,16 @@ mod tests {
         assert_eq!(during(&Some(vec![1, 2]), &Some(vec![3, 2])), Some(2 * tick));
         assert_eq!(during(&None, &Some(vec![3])), None);
         assert_eq!(during(&Some(vec![3]), &None), None);
-        assert_eq!(PairSteal::of([&Some(vec![1]), &Some(vec![1])], [&None, &Some(vec![3])]), None);
+        let read = |steal: Option<Vec<u64>>, ms: Option<u64>| Reading {
+            steal,
+            waited: ms.map(Duration::from_millis),
+        };
+        let half_read = PairTaken::of(
+            [&read(Some(vec![1]), Some(5)), &read(Some(vec![1]), Some(9))],
+            [&read(None, Some(9)), &read(Some(vec![3]), Some(12))],
+        );
+        assert_eq!(half_read, PairTaken { steal: None, waited: Some([4, 3].map(Duration::from_millis)) });
+        assert_eq!(half_read.text(), "- stolen, 4 / 3 ms waited");
         let run = Duration::from_millis(700);
         assert!(!stole_from(tick, run), "one tick may be an earlier fraction carried over");
         assert!(stole_from((2 * tick).max(Duration::from_millis(14)), run));
@@ -147,5 +256,32 @@ mod tests {
         assert!(stole_from(2 * tick, Duration::from_micros(400)));
         // A long run: two ticks are less than its share.
         assert!(!stole_from(2 * tick, Duration::from_secs(100)));
+    }
+
+    #[test]
+    fn a_run_is_contended_past_its_share_of_waits_and_the_waits_are_schedstats_second_figure() {
+        assert_eq!(waited_ns("245816030 137399223 105\n"), Some(137_399_223));
+        assert_eq!(waited_ns("245816030\n"), None);
+        assert_eq!(waited_ns("a b c"), None);
+        let run = Duration::from_millis(1000);
+        assert!(contended(Duration::from_millis(150), run) && !contended(Duration::from_millis(149), run));
+        assert!(!contended(Duration::ZERO, Duration::ZERO));
+        // A short run: its own hand-overs are a large share, and do not count below the floor.
+        let short = Duration::from_millis(10);
+        assert!(!contended(Duration::from_millis(7), short) && contended(CONTENDED_FLOOR, short));
+        let quiet =
+            PairTaken { steal: Some([Duration::ZERO; 2]), waited: Some([Duration::from_millis(40); 2]) };
+        assert_eq!((quiet.contended(run, run), quiet.taken_from(run, run)), (Some(false), Some(false)));
+        let busy = PairTaken { waited: Some([Duration::ZERO, Duration::from_millis(500)]), ..quiet };
+        assert_eq!(
+            (busy.contended(run, run), busy.stole_from(run, run), busy.taken_from(run, run)),
+            (Some(true), Some(false), Some(true))
+        );
+        assert_eq!(busy.waited_ms(), Some([0.0, 500.0]));
+        assert_eq!(PairTaken::default().taken_from(run, run), None);
+        // This process's own, wherever the kernel keeps sched_info.
+        if std::path::Path::new("/proc/self/schedstat").exists() {
+            assert!(run_queue_waits().is_some());
+        }
     }
 }

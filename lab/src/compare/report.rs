@@ -92,19 +92,22 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
             r.overheads
                 .iter()
                 .zip(&r.recovery)
-                .zip(r.stolen.iter().zip(r.stolen_from()))
-                .map(|((o, k), (s, from))| json!({
+                .zip(r.taken.iter().zip(r.stolen_from().into_iter().zip(r.contended())))
+                .map(|((o, k), (t, (stolen, contended)))| json!({
                     "overhead_percent": o,
                     "replay_timeouts": k.replay_timeouts,
                     "retransmits": k.retransmits,
                     "duplicates_received": k.duplicates_received,
-                    "steal_ms": s.map(|s| s.ms()),
-                    "stolen_from": from,
+                    "steal_ms": t.steal_ms(),
+                    "stolen_from": stolen,
+                    "waited_ms": t.waited_ms(),
+                    "contended": contended,
                 }))
                 .collect::<Vec<_>>()
         ),
     );
     m.insert("pairs_stolen_from".into(), json!(steal::count(&r.stolen_from())));
+    m.insert("pairs_contended".into(), json!(steal::count(&r.contended())));
     m.insert("cores_moved".into(), json!(r.cores.as_ref().map(|c| c.moved())));
     m.insert("cores_moved_because".into(), json!(r.cores.as_ref().and_then(|c| c.why_moved())));
     m.insert("rtt_us".into(), json!(r.bridged.rtt.as_secs_f64() * 1e6));
@@ -138,15 +141,15 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
     crate::report::spread(&mut v, "direct_seconds", d);
     crate::report::spread(&mut v, "bridged_seconds", b);
     crate::report::spread(&mut v, "overhead_percent", o);
-    // The pairs the hypervisor took no share of (none where no steal was read, or every
-    // pair was stolen from).
-    match unstolen(r) {
-        Some(u) => crate::report::spread(&mut v, "overhead_percent_not_stolen", u),
+    // The pairs the machine took no share of (none where nothing was read, or every pair
+    // was taken from).
+    match untaken(r) {
+        Some(u) => crate::report::spread(&mut v, "overhead_percent_not_taken", u),
         None => {
             for k in [
-                "overhead_percent_not_stolen",
-                "overhead_percent_not_stolen_min",
-                "overhead_percent_not_stolen_max",
+                "overhead_percent_not_taken",
+                "overhead_percent_not_taken_min",
+                "overhead_percent_not_taken_max",
             ] {
                 v[k] = Value::Null;
             }
@@ -166,25 +169,31 @@ fn overheads(out: &mut String, r: &Comparison) {
     say!(out, "  overhead {:.2} % ({:.2}–{:.2}, {} pairs)", o.median, o.min, o.max, r.overheads.len());
     say!(
         out,
-        "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received; steal direct / bridged): {}",
+        "  pairs (overhead; the bridged link's replay timeouts, frames resent, duplicates received; direct / bridged, the hypervisor's steal and the threads' run-queue waits): {}",
         pairs(r)
     );
+    let pairs = r.overheads.len();
     if let Some(n) = steal::count(&r.stolen_from()).filter(|n| *n > 0) {
-        say!(
-            out,
-            "{}{}",
-            steal::stolen_line(n, r.overheads.len(), "the job"),
-            match unstolen(r) {
-                Some(o) => format!(
-                    "; the {} others: overhead {:.2} % ({:.2}–{:.2})",
-                    r.overheads.len() - n,
-                    o.median,
-                    o.min,
-                    o.max
-                ),
-                None => String::new(),
-            }
-        );
+        say!(out, "{}", steal::stolen_line(n, pairs, "the job"));
+    }
+    if let Some(n) = steal::count(&r.contended()).filter(|n| *n > 0) {
+        say!(out, "{}", steal::contended_line(n, pairs, "the job"));
+    }
+    if let Some(n) = steal::count(&r.taken_from()).filter(|n| *n > 0) {
+        match untaken(r) {
+            Some(o) => say!(
+                out,
+                "  the {} pairs the machine took nothing from: overhead {:.2} % ({:.2}–{:.2})",
+                pairs - n,
+                o.median,
+                o.min,
+                o.max
+            ),
+            None => say!(
+                out,
+                "  no pair the machine took nothing from: the overhead above measured it, not the job"
+            ),
+        }
     }
     let t = Spread::of(r.overheads_against_trace().into_iter());
     say!(
@@ -197,22 +206,26 @@ fn overheads(out: &mut String, r: &Comparison) {
     );
 }
 
-/// Each pair's overhead, what its bridged run's link did to recover frames, and the
-/// hypervisor's steal during its direct and bridged run.
+/// Each pair's overhead, what its bridged run's link did to recover frames, and what the
+/// machine took during its direct and bridged run.
 fn pairs(r: &Comparison) -> String {
-    let each = r.overheads.iter().zip(&r.recovery).zip(&r.stolen).map(|((o, k), s)| {
-        let steal =
-            s.map_or("-".to_string(), |s| format!("{} / {} ms", s.direct.as_millis(), s.bridged.as_millis()));
-        format!("{o:.1} % ({}, {}, {}; {steal})", k.replay_timeouts, k.retransmits, k.duplicates_received)
+    let each = r.overheads.iter().zip(&r.recovery).zip(&r.taken).map(|((o, k), t)| {
+        format!(
+            "{o:.1} % ({}, {}, {}; {})",
+            k.replay_timeouts,
+            k.retransmits,
+            k.duplicates_received,
+            t.text()
+        )
     });
     each.collect::<Vec<_>>().join("; ")
 }
 
-/// The overhead of the pairs the hypervisor took no share of; `None` where there is none,
-/// or no pair's steal was read.
-fn unstolen(r: &Comparison) -> Option<Spread> {
+/// The overhead of the pairs the machine took no share of; `None` where there is none, or
+/// nothing was read.
+fn untaken(r: &Comparison) -> Option<Spread> {
     let kept: Vec<f64> =
-        r.overheads.iter().zip(r.stolen_from()).filter(|(_, f)| *f == Some(false)).map(|(o, _)| *o).collect();
+        r.overheads.iter().zip(r.taken_from()).filter(|(_, f)| *f == Some(false)).map(|(o, _)| *o).collect();
     (!kept.is_empty()).then(|| Spread::of(kept.into_iter()))
 }
 

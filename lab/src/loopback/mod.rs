@@ -139,7 +139,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
     direct_turn(&gpu)?;
     direct.run(size, " (warm-up)", progress)?;
     // In turns, so that what the machine does meanwhile falls on both alike.
-    let (mut bridged, mut direct_runs, mut stolen) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bridged, mut direct_runs, mut taken) = (Vec::new(), Vec::new(), Vec::new());
     let mut current = Some((gpu, d));
     let mut host = HostStats::default();
     // TLPs each way over every attachment's whole session (what a capture of it holds).
@@ -158,19 +158,19 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
             }
         };
         bridged_turn(&gpu)?;
-        let b0 = steal::of_placed(placement);
+        let b0 = steal::Reading::now(placement);
         let before = d.pci().stats();
         bridged.push(
             size.run(&mut d, &mut |s| progress(&format!("bridged{of}: {s}")))
                 .map_err(workload_error("bridged", &of))?,
         );
-        let b1 = steal::of_placed(placement);
+        let b1 = steal::Reading::now(placement);
         // What one run sent and received: the last one's.
         host = one_run(&before, &d.pci().stats());
         direct_turn(&gpu)?;
-        let d0 = steal::of_placed(placement);
+        let d0 = steal::Reading::now(placement);
         direct_runs.push(direct.run(size, &of, progress)?);
-        stolen.push(steal::PairSteal::of([&d0, &steal::of_placed(placement)], [&b0, &b1]));
+        taken.push(steal::PairTaken::of([&d0, &steal::Reading::now(placement)], [&b0, &b1]));
         if i % RUNS_PER_SESSION == 0 || i == repeat {
             let last = d.into_pci().detach_counted();
             captured.0 += last.link.tlps_sent;
@@ -200,7 +200,7 @@ pub fn run(o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Outcome, LabEr
         workload: o.workload,
         placement,
         captured,
-        stolen,
+        taken,
     })
 }
 

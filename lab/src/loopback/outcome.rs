@@ -42,10 +42,10 @@ pub struct Outcome {
     /// TLPs host→box and box→host over every bridged session of the workload, whole (what a
     /// capture of it holds).
     pub captured: (u64, u64),
-    /// The hypervisor's steal time during each pair's direct and bridged run, the most it
-    /// took from either placed CPU ([`crate::steal`]); none where the threads were not
-    /// placed or `/proc/stat` could not be read.
-    pub stolen: Vec<Option<crate::steal::PairSteal>>,
+    /// What the machine took during each pair's direct and bridged run ([`crate::steal`]):
+    /// the hypervisor's steal (none where the threads were not placed or `/proc/stat` could
+    /// not be read) and the threads' run-queue waits.
+    pub taken: Vec<crate::steal::PairTaken>,
 }
 
 impl Outcome {
@@ -62,12 +62,26 @@ impl Outcome {
         Spread::of(self.bridged.iter().zip(&self.direct).map(|(b, d)| (b.seconds / d.seconds - 1.0) * 100.0))
     }
 
+    /// `verdict` of each pair's taken time and its runs' lengths.
+    fn each_pair(
+        &self,
+        verdict: fn(&crate::steal::PairTaken, Duration, Duration) -> Option<bool>,
+    ) -> Vec<Option<bool>> {
+        let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        let pairs = self.direct.iter().zip(&self.bridged).zip(&self.taken);
+        pairs.map(|((d, b), t)| verdict(t, secs(d.seconds), secs(b.seconds))).collect()
+    }
+
     /// Whether each pair's direct or bridged run had a share of its time taken by the
     /// hypervisor ([`crate::steal::stole_from`]); `None` where the steal was not read.
     pub fn stolen_from(&self) -> Vec<Option<bool>> {
-        let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
-        let pairs = self.direct.iter().zip(&self.bridged).zip(&self.stolen);
-        pairs.map(|((d, b), s)| s.map(|s| s.stole_from(secs(d.seconds), secs(b.seconds)))).collect()
+        self.each_pair(crate::steal::PairTaken::stole_from)
+    }
+
+    /// Whether each pair's threads waited for a CPU another task held a share of a run
+    /// ([`crate::steal::contended`]); `None` where the waits were not read.
+    pub fn contended(&self) -> Vec<Option<bool>> {
+        self.each_pair(crate::steal::PairTaken::contended)
     }
 
     /// Step `i`'s seconds, bridged and direct.

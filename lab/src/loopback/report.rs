@@ -178,6 +178,9 @@ pub fn text(options: &Options, o: &Outcome) -> String {
     if let Some(n) = crate::steal::count(&o.stolen_from()).filter(|n| *n > 0) {
         say!(out, "{}", crate::steal::stolen_line(n, runs, "the workload"));
     }
+    if let Some(n) = crate::steal::count(&o.contended()).filter(|n| *n > 0) {
+        say!(out, "{}", crate::steal::contended_line(n, runs, "the workload"));
+    }
     let (pred, crossing) = o.prediction();
     let p = &o.profile;
     say!(
@@ -281,8 +284,11 @@ pub fn json(options: &Options, o: &Outcome, capture: Option<&Path>) -> serde_jso
     spread(&mut v, "direct_seconds", direct);
     spread(&mut v, "bridged_seconds", bridged);
     spread(&mut v, "overhead_percent", overhead);
-    // Each pair's steal (direct, bridged, ms), and how many pairs it took a share of.
-    v["steal_ms"] = serde_json::json!(o.stolen.iter().map(|s| s.map(|s| s.ms())).collect::<Vec<_>>());
+    // Each pair's steal and run-queue waits (direct, bridged, ms), and how many pairs each
+    // took a share of.
+    v["steal_ms"] = serde_json::json!(o.taken.iter().map(|t| t.steal_ms()).collect::<Vec<_>>());
     v["pairs_stolen_from"] = serde_json::json!(crate::steal::count(&o.stolen_from()));
+    v["waited_ms"] = serde_json::json!(o.taken.iter().map(|t| t.waited_ms()).collect::<Vec<_>>());
+    v["pairs_contended"] = serde_json::json!(crate::steal::count(&o.contended()));
     v
 }
