@@ -125,6 +125,16 @@ fn bench_bridge_json_is_one_object_with_every_row() {
     }
     let bridged = dma.iter().find(|r| r["path"] == "bridged").unwrap();
     assert_eq!(bridged["authenticated"], true, "the link tags frames by default");
+    // What the machine took while each copying row ran: read where /proc/stat is.
+    if std::path::Path::new("/proc/stat").exists() {
+        for r in dma.iter().filter(|r| r["path"] != "bare") {
+            assert!(r["steal_ms"].as_f64().is_some_and(|s| s >= 0.0), "{r}");
+            assert!(r["others_ms"].as_f64().is_some_and(|s| s >= 0.0) && r["taken_from"].is_boolean(), "{r}");
+        }
+        if !v["floor_gso_bytes_per_s"].is_null() {
+            assert!(v["floor_samples_taken_from"].as_u64().is_some(), "{v}");
+        }
+    }
     for way in ["h2d", "d2h"] {
         assert!(bridged["host_cpu_s_per_gib"][way].as_f64().unwrap() > 0.0, "host {way}: {bridged}");
     }

@@ -16,7 +16,10 @@
 //!   0.65–0.95 s (docs/performance-model.md, *Another process on the CPUs*).
 //!
 //! A run either took a share of measured the machine, not the job: the comparison reads
-//! both around each run and says which pairs ran so.
+//! both around each run and says which pairs ran so. Where the run's threads are not placed
+//! and end with it (a bench row's endpoints), [`MachineReading`] reads the whole machine
+//! instead: the most any CPU lost to steal, and the CPU time other tasks had (the CPUs'
+//! busy time less this process's CPU clock, which keeps what ended threads used).
 
 use std::time::Duration;
 
@@ -160,6 +163,97 @@ pub fn contended(waited: Duration, run: Duration) -> bool {
     waited >= CONTENDED_FLOOR && waited.as_secs_f64() >= CONTENDED_SHARE * run.as_secs_f64()
 }
 
+/// A run is taken from when other tasks ran on the machine's CPUs, in all, at least this
+/// share of its time ([`RunTaken`]) …
+pub const OTHERS_SHARE: f64 = 0.15;
+/// … and at least this many clock ticks of it (the busy figures' unit; a quiet run's
+/// difference between the machine's busy ticks and this process's CPU time swings by up to
+/// three either way).
+pub const OTHERS_TICKS: u64 = 4;
+
+/// The whole machine as a run that is not placed sees it: the most any CPU's steal, the
+/// CPUs' busy time, this process's CPU time (all its threads, ended ones too), and when.
+#[derive(Clone, Debug)]
+pub struct MachineReading {
+    steal: Option<Vec<u64>>,
+    busy_ticks: Option<u64>,
+    own: Option<Duration>,
+    at: std::time::Instant,
+}
+
+impl MachineReading {
+    /// Now.
+    pub fn now() -> MachineReading {
+        let stat = std::fs::read_to_string("/proc/stat").ok();
+        let own = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        MachineReading {
+            steal: stat.as_deref().and_then(|s| parse(s, &cpus_in(s))),
+            busy_ticks: stat.as_deref().and_then(busy_ticks),
+            own: Duration::try_from(own).ok(),
+            at: std::time::Instant::now(),
+        }
+    }
+}
+
+/// The CPUs `/proc/stat` has a line for.
+fn cpus_in(stat: &str) -> Vec<usize> {
+    let cpu = |l: &str| l.split_whitespace().next()?.strip_prefix("cpu")?.parse().ok();
+    stat.lines().filter_map(cpu).collect()
+}
+
+/// All CPUs' busy ticks (user, nice, system, irq, softirq of the `cpu` line).
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.split_whitespace().next() == Some("cpu"))?;
+    let f: Vec<u64> =
+        line.split_whitespace().skip(1).take(7).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    (f.len() == 7).then(|| f[0] + f[1] + f[2] + f[5] + f[6])
+}
+
+/// What the machine took from one run between two [`MachineReading`]s: the most the
+/// hypervisor took from any CPU, and the CPU time other tasks had on the machine (its busy
+/// time less this process's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunTaken {
+    /// The steal, where it was read.
+    pub steal: Option<Duration>,
+    /// Other tasks' CPU time, where it was read.
+    pub others: Option<Duration>,
+    /// The run's wall time.
+    pub run: Duration,
+}
+
+impl RunTaken {
+    /// Between `before` and `after`.
+    pub fn between(before: &MachineReading, after: &MachineReading) -> RunTaken {
+        let others = before.busy_ticks.zip(after.busy_ticks).zip(before.own.zip(after.own)).map(
+            |((b0, b1), (o0, o1))| ticks_to_time(b1.saturating_sub(b0)).saturating_sub(o1.saturating_sub(o0)),
+        );
+        RunTaken {
+            steal: during(&before.steal, &after.steal),
+            others,
+            run: after.at.saturating_duration_since(before.at),
+        }
+    }
+
+    /// Whether the hypervisor or other tasks took a share of it ([`stole_from`],
+    /// [`OTHERS_SHARE`]); `None` where neither was read.
+    pub fn taken_from(&self) -> Option<bool> {
+        let others = self.others.map(|o| {
+            o >= ticks_to_time(OTHERS_TICKS) && o.as_secs_f64() >= OTHERS_SHARE * self.run.as_secs_f64()
+        });
+        match (self.steal.map(|s| stole_from(s, self.run)), others) {
+            (None, None) => None,
+            (s, o) => Some(s == Some(true) || o == Some(true)),
+        }
+    }
+
+    /// The steal and the others' time in milliseconds, as the reports give them.
+    pub fn ms(&self) -> (Option<f64>, Option<f64>) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        (self.steal.map(ms), self.others.map(ms))
+    }
+}
+
 /// How many pairs were stolen from, of each pair's verdict; `None` where no pair's steal
 /// was read.
 pub fn count(from: &[Option<bool>]) -> Option<usize> {
@@ -259,6 +353,40 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_machine_run_is_taken_from_by_steal_or_other_tasks_past_their_share() {
+        assert_eq!(cpus_in(STAT), [0, 1]);
+        assert_eq!(busy_ticks(STAT), Some(328231 + 36859 + 2457));
+        assert_eq!(busy_ticks("cpu 1 2 3\n"), None);
+        let tick = ticks_to_time(1);
+        let at = std::time::Instant::now();
+        let read = |steal: u64, busy: u64, own: Duration, after: Duration| MachineReading {
+            steal: Some(vec![steal, 0]),
+            busy_ticks: Some(busy),
+            own: Some(own),
+            at: at + after,
+        };
+        let second = Duration::from_secs(1);
+        let t0 = read(10, 1000, second, Duration::ZERO);
+        // Two CPUs busy for a second, all of it this process's: nothing taken.
+        let quiet = RunTaken::between(
+            &t0,
+            &read(10, 1000 + 2 * (second.as_nanos() / tick.as_nanos()) as u64, 3 * second, second),
+        );
+        assert_eq!((quiet.others, quiet.taken_from()), (Some(Duration::ZERO), Some(false)));
+        // A quarter of a second of another task's: taken.
+        let busy = RunTaken::between(
+            &t0,
+            &read(10, 1000 + (2.25 * (1e9 / tick.as_nanos() as f64)) as u64, 3 * second, second),
+        );
+        assert_eq!(busy.taken_from(), Some(true));
+        assert_eq!(busy.ms().1.map(|ms| ms.round()), Some(250.0));
+        // Steal alone.
+        let stolen = RunTaken::between(&t0, &read(10 + 50, 1000, second, second));
+        assert_eq!((stolen.others, stolen.taken_from()), (Some(Duration::ZERO), Some(true)));
+        assert_eq!(RunTaken::default().taken_from(), None);
+    }
+
+    #[test]
     fn a_run_is_contended_past_its_share_of_waits_and_the_waits_are_schedstats_second_figure() {
         assert_eq!(waited_ns("245816030 137399223 105\n"), Some(137_399_223));
         assert_eq!(waited_ns("245816030\n"), None);
@@ -280,6 +408,8 @@ mod tests {
         assert_eq!(busy.waited_ms(), Some([0.0, 500.0]));
         assert_eq!(PairTaken::default().taken_from(run, run), None);
         // This process's own, wherever the kernel keeps sched_info.
+        let m = MachineReading::now();
+        assert!(m.own.is_some());
         if std::path::Path::new("/proc/self/schedstat").exists() {
             assert!(run_queue_waits().is_some());
         }

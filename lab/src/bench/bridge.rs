@@ -97,10 +97,10 @@ fn measure(args: &BridgeOptions, say: &dyn Fn(String)) -> Result<Value, String> 
         Some(placement) => mmio_section(n, spin, &drivers, placement, say)?,
         None => Vec::new(),
     };
-    let (dma, gso, floors, [copy_floor, staged_floor], floor_cpu) = if args.dma {
+    let (dma, gso, floors, [copy_floor, staged_floor], floor_cpu, floors_taken) = if args.dma {
         dma_section(args, spin, &drivers, say)?
     } else {
-        (Vec::new(), None, Vec::new(), [None; 2], serde_json::Value::Null)
+        (Vec::new(), None, Vec::new(), [None; 2], serde_json::Value::Null, None)
     };
     let workload = match &args.workload {
         Some((scale, options)) => workload_section(*scale, options, say)?,
@@ -137,6 +137,7 @@ fn measure(args: &BridgeOptions, say: &dyn Fn(String)) -> Result<Value, String> 
             "floor_gso_copy_bytes_per_s": copy_floor.map(bytes_per_s),
             "floor_gso_staged_bytes_per_s": staged_floor.map(bytes_per_s),
             "floor_gso_cpu_s_per_gib": floor_cpu,
+            "floor_samples_taken_from": floors_taken,
             "workload": workload,
     }))
 }
@@ -216,7 +217,8 @@ fn mmio_section(
 
 /// Section (b)'s rows, the GSO floor's median and its samples, and the medians of the same
 /// floor from and into buffers of the copy's size: directly (one copy per side) and staged (two).
-type DmaRows = (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2], serde_json::Value);
+type DmaRows =
+    (Vec<serde_json::Value>, Option<f64>, Vec<f64>, [Option<f64>; 2], serde_json::Value, Option<usize>);
 
 /// The GSO + GRO floor's samples: with hot buffers, from and into copy-sized ones, and
 /// staged; or why the kernel refused the offloads.
@@ -226,6 +228,8 @@ struct Floors {
     copy: Vec<GsoRun>,
     staged: Vec<GsoRun>,
     refused: Option<String>,
+    /// What the machine took from each sample (its three streams).
+    taken: Vec<crate::steal::RunTaken>,
 }
 
 impl Floors {
@@ -234,12 +238,15 @@ impl Floors {
         if self.refused.is_some() {
             return Ok(());
         }
+        let before = crate::steal::MachineReading::now();
         match bare_gso_stream(bytes, LINK_MTU) {
             Ok(r) => {
                 self.hot.push(r);
                 let io = |e: std::io::Error| e.to_string();
                 self.copy.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Copy).map_err(io)?);
                 self.staged.push(bare_gso_stream_with(bytes, LINK_MTU, Buffers::Staged).map_err(io)?);
+                self.taken
+                    .push(crate::steal::RunTaken::between(&before, &crate::steal::MachineReading::now()));
             }
             Err(e) => self.refused = Some(e.to_string()),
         }
@@ -266,6 +273,8 @@ struct Bridged {
     zero_copy: bool,
     copied: Copied,
     link: link::Stats,
+    /// What the machine took while it copied.
+    taken: crate::steal::RunTaken,
 }
 
 /// (b): DMA through the bridges against bare sockets, the GSO + GRO floor and direct.
@@ -305,9 +314,13 @@ fn dma_section(
     // this machine, from one minute to the next.
     let mut floors = Floors::default();
     floors.sample(args.copy_bytes)?;
+    let before = crate::steal::MachineReading::now();
     let c = direct_copies(args.copy_bytes, args.copy_repeat)?;
+    let direct_taken = crate::steal::RunTaken::between(&before, &crate::steal::MachineReading::now());
     let (h2d, d2h) = (c.h2d_mb_s, c.d2h_mb_s);
-    dma.push(dma_row("direct", "none", h2d, d2h, false));
+    let mut row = dma_row("direct", "none", h2d, d2h, false);
+    taken_fields(&mut row, &direct_taken);
+    dma.push(row);
     line(&[
         "directly attached simgpu (no network)".into(),
         format!("{h2d:.0}"),
@@ -319,7 +332,9 @@ fn dma_section(
     // io_uring also with zero-copy sends, to see whether they win here.
     let mut bridged = Vec::new();
     for variant @ (driver, frames, offload) in variants(drivers) {
+        let before = crate::steal::MachineReading::now();
         let (copied, link) = bridged_copies(args.copy_bytes, args.copy_repeat, variant, spin)?;
+        let taken = crate::steal::RunTaken::between(&before, &crate::steal::MachineReading::now());
         let label = if offload.zero_copy_send {
             "  the same, zero-copy sends".to_string()
         } else if frames == Frames::Tagged {
@@ -328,7 +343,7 @@ fn dma_section(
             "  the same, frames untagged".to_string()
         };
         let (authenticated, zero_copy) = (frames != Frames::Unauthenticated, offload.zero_copy_send);
-        bridged.push(Bridged { label, driver, authenticated, zero_copy, copied, link });
+        bridged.push(Bridged { label, driver, authenticated, zero_copy, copied, link, taken });
         floors.sample(args.copy_bytes)?;
     }
     let rates = |runs: &[GsoRun]| runs.iter().map(|r| r.mb_s).collect::<Vec<_>>();
@@ -348,6 +363,7 @@ fn dma_section(
         cpu_fields(&mut row, b, floor_cpus);
         row["retransmits"] = json!(b.link.retransmits);
         row["replay_timeouts"] = json!(b.link.replay_timeouts);
+        taken_fields(&mut row, &b.taken);
         if let Some(f) = gso {
             row["vs_gso_floor_ratio"] = json!({"h2d": h2d / f, "d2h": d2h / f});
         }
@@ -369,12 +385,14 @@ fn dma_section(
             }));
     }
     cpu_table(say, &bridged, floor_cpus, mb);
+    let floors_taken = crate::steal::count(&floors.taken.iter().map(|t| t.taken_from()).collect::<Vec<_>>());
+    taken_line(say, direct_taken, &bridged, floors_taken.map(|n| (n, floors.taken.len())));
     let hot = floors.hot.iter().map(|r| r.mb_s).collect();
     // Each floor's sender and receiver, CPU seconds per GiB (medians of the samples).
     let cpu = |f: Option<[f64; 4]>| f.map(|[send, receive, _, _]| json!({"send": send, "receive": receive}));
     let floor_cpu =
         json!({"hot": cpu(floor_cpus[0]), "copy": cpu(floor_cpus[1]), "staged": cpu(floor_cpus[2])});
-    Ok((dma, gso, hot, [copy.map(|c| c.median), staged.map(|c| c.median)], floor_cpu))
+    Ok((dma, gso, hot, [copy.map(|c| c.median), staged.map(|c| c.median)], floor_cpu, floors_taken))
 }
 
 /// The floors' lines — bare sockets with UDP GSO and GRO (or why not), the same from and
@@ -420,6 +438,46 @@ fn floor_lines(
         }
     }
     (gso, copy, staged)
+}
+
+/// A row's `steal_ms`, `others_ms` (other tasks' CPU time on the machine while it ran),
+/// `run_ms` (its wall time) and `taken_from` ([`crate::steal::RunTaken`]).
+fn taken_fields(row: &mut serde_json::Value, t: &crate::steal::RunTaken) {
+    let (steal, others) = t.ms();
+    row["steal_ms"] = json!(steal);
+    row["others_ms"] = json!(others);
+    row["run_ms"] = json!(t.run.as_secs_f64() * 1e3);
+    row["taken_from"] = json!(t.taken_from());
+}
+
+/// The rows and floor samples the machine took a share of, where any: their figures
+/// measured it, not the bridges.
+fn taken_line(
+    say: &dyn Fn(String),
+    direct: crate::steal::RunTaken,
+    bridged: &[Bridged],
+    floors: Option<(usize, usize)>,
+) {
+    let mut rows: Vec<String> = Vec::new();
+    if direct.taken_from() == Some(true) {
+        rows.push("direct".into());
+    }
+    rows.extend(
+        bridged.iter().filter(|b| b.taken.taken_from() == Some(true)).map(|b| b.label.trim().to_string()),
+    );
+    let floors = floors.filter(|(n, _)| *n > 0);
+    if rows.is_empty() && floors.is_none() {
+        return;
+    }
+    let mut what = rows.join("; ");
+    if let Some((n, of)) = floors {
+        what += &format!("{}{n} of {of} floor samples", if what.is_empty() { "" } else { "; " });
+    }
+    say(format!(
+        "TAKEN: the hypervisor ({:.0} % of a run from a CPU) or other tasks ({:.0} % of it on the machine's CPUs) took time from {what}: those figures measured the machine, not the bridges",
+        crate::steal::STOLEN_SHARE * 100.0,
+        crate::steal::OTHERS_SHARE * 100.0
+    ));
 }
 
 /// The bridged rows' variants: each driver with the link's tags (the default) and without
