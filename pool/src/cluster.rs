@@ -49,11 +49,48 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members on 127.0.0.1 and waits (up to 20 s) until the cluster has a leader.
+    /// Starts `n` members on 127.0.0.1 and waits (up to 20 s) until the cluster has a leader
+    /// and every member answers.
     pub fn start(n: usize) -> Result<EtcdCluster, PoolError> {
-        let c = EtcdCluster::start_with(n, "127.0.0.1", &[])?;
-        c.wait_ready(Duration::from_secs(20))?;
-        Ok(c)
+        EtcdCluster::started(|| EtcdCluster::start_with(n, "127.0.0.1", &[]))
+    }
+
+    /// The cluster `spawn` starts, once it is ready ([`EtcdCluster::wait_ready`], 20 s); a
+    /// cluster that is not is stopped and started again on new ports, up to three times in
+    /// all (a port found free may be taken by another socket before its member binds it:
+    /// that member never joins). The last failure says what each member's log ended with.
+    fn started(spawn: impl Fn() -> Result<EtcdCluster, PoolError>) -> Result<EtcdCluster, PoolError> {
+        EtcdCluster::started_within(spawn, Duration::from_secs(20))
+    }
+
+    fn started_within(
+        spawn: impl Fn() -> Result<EtcdCluster, PoolError>,
+        within: Duration,
+    ) -> Result<EtcdCluster, PoolError> {
+        let mut attempt = 1;
+        loop {
+            let c = spawn()?;
+            match c.wait_ready(within) {
+                Ok(()) => return Ok(c),
+                Err(e) if attempt < 3 => {
+                    eprintln!(
+                        "etcd cluster not ready (attempt {attempt} of 3: {e}); starting it again on new ports"
+                    );
+                }
+                Err(e) => return Err(PoolError::Config(format!("{e}; {}", c.log_tails()))),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// The last lines of each member's log.
+    fn log_tails(&self) -> String {
+        let tail = |m: &Member| {
+            let log = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            format!("{}'s log ends: {}", m.name, lines[lines.len().saturating_sub(3)..].join(" | "))
+        };
+        self.members.iter().map(tail).collect::<Vec<_>>().join("; ")
     }
 
     /// Starts `n` members whose client port speaks TLS with `pki`'s server certificate and
@@ -61,25 +98,27 @@ impl EtcdCluster {
     /// cluster has a leader ([`EtcdCluster::config`] then carries the CA and `pki`'s client
     /// certificate).
     pub fn start_tls(n: usize, pki: &crate::pki::TestPki) -> Result<EtcdCluster, PoolError> {
-        let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
-        for m in &mut c.members {
-            m.client_url = m.client_url.replacen("http://", "https://", 1);
-        }
-        c.tls = Some(pki.clone());
-        c.spawn_all()?;
-        c.wait_ready(Duration::from_secs(20))?;
-        Ok(c)
+        EtcdCluster::started(|| {
+            let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
+            for m in &mut c.members {
+                m.client_url = m.client_url.replacen("http://", "https://", 1);
+            }
+            c.tls = Some(pki.clone());
+            c.spawn_all()?;
+            Ok(c)
+        })
     }
 
     /// Starts `n` members with etcd's default flags but for names and addresses (its
     /// 5 s `--grpc-keepalive-min-time` among them, its 100 ms heartbeat and 1 s election
     /// timeout), as an operator's stock etcd, and waits until the cluster has a leader.
     pub fn start_stock(n: usize) -> Result<EtcdCluster, PoolError> {
-        let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
-        c.stock = true;
-        c.spawn_all()?;
-        c.wait_ready(Duration::from_secs(20))?;
-        Ok(c)
+        EtcdCluster::started(|| {
+            let mut c = EtcdCluster::prepare(n, "127.0.0.1", &[])?;
+            c.stock = true;
+            c.spawn_all()?;
+            Ok(c)
+        })
     }
 
     /// Starts `n` members listening on `ip`, each command run under `wrap` (`["ip", "netns",
@@ -256,5 +295,35 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_whose_member_never_answers_is_started_again_on_new_ports() {
+        if etcd_binary().is_none() {
+            eprintln!("skipped: etcd not found (Debian package etcd-server; .ci/run installs it)");
+            return;
+        }
+        // The member's client port taken first by a socket that accepts and never answers,
+        // as a port found free and taken before the member binds it: the member exits, and
+        // requests to the port wait.
+        let Ok(hung) = TcpListener::bind("127.0.0.1:0") else { return };
+        let Ok(addr) = hung.local_addr() else { return };
+        let taken = format!("http://{addr}");
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let spawn = || {
+            let mut c = EtcdCluster::prepare(1, "127.0.0.1", &[])?;
+            if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                c.members[0].client_url = taken.clone();
+            }
+            c.spawn_all()?;
+            Ok(c)
+        };
+        let c = EtcdCluster::started_within(spawn, Duration::from_secs(3));
+        assert!(c.as_ref().is_ok_and(|c| c.endpoints() != [taken.clone()]), "{:?}", c.err());
     }
 }
