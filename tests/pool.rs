@@ -250,31 +250,39 @@ fn claims_survive_one_etcd_member_lost_and_fail_clearly_without_quorum_while_dev
     let c1 = rt.block_on(pool::claim_one(&mut client, &cfg, req, &mut first, None)).unwrap().unwrap();
     let mut d = attach(a.addr, "host-a", &c1).unwrap();
     // A member that takes connections and never answers (an etcd still starting, or hung),
-    // first in the list: a read goes on past it after its deadline, a write sent to it fails
-    // with it, and what follows goes to a live member, the first time.
+    // and one that closes each at once, first in the list: a read goes on past it, a write
+    // sent to the hung one fails with it (it may have landed), and what follows goes to a
+    // live member, the first time.
     let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut past_hung = cfg.clone();
-    past_hung.etcd.insert(0, format!("http://{}", hung.local_addr().unwrap()));
-    for first_is_a_write in [false, true] {
-        let mut c = rt.block_on(pool::connect(&past_hung)).unwrap();
-        let t = Instant::now();
-        if first_is_a_write {
-            assert!(
-                rt.block_on(c.put("/hung-probe", "1", None)).is_err(),
-                "a write that met only the hung member"
-            );
-        } else {
-            rt.block_on(pool::admin::ls(&mut c, &past_hung))
-                .expect("a read past a member that never answers");
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closing_at = closing.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in closing.incoming() {
+            drop(c);
         }
-        eprintln!("first request past a hung member (write: {first_is_a_write}): {:?}", t.elapsed());
-        for i in 0..5 {
+    });
+    for (what, at) in [("hung", hung.local_addr().unwrap()), ("closing", closing_at)] {
+        let mut past = cfg.clone();
+        past.etcd.insert(0, format!("http://{at}"));
+        for first_is_a_write in [false, true] {
+            let mut c = rt.block_on(pool::connect(&past)).unwrap();
             let t = Instant::now();
-            let put = rt.block_on(c.put("/hung-probe", "1", None));
-            assert!(
-                put.is_ok() && t.elapsed() < cfg.request_timeout,
-                "write {i} after the hung member: {put:?}"
-            );
+            if first_is_a_write {
+                let put = rt.block_on(c.put("/hung-probe", "1", None));
+                assert!(what != "hung" || put.is_err(), "a write that met only the hung member: {put:?}");
+            } else {
+                rt.block_on(pool::admin::ls(&mut c, &past))
+                    .unwrap_or_else(|e| panic!("a read past a {what} member: {e}"));
+            }
+            eprintln!("first request past a {what} member (write: {first_is_a_write}): {:?}", t.elapsed());
+            for i in 0..5 {
+                let t = Instant::now();
+                let put = rt.block_on(c.put("/hung-probe", "1", None));
+                assert!(
+                    put.is_ok() && t.elapsed() < cfg.request_timeout,
+                    "write {i} after the {what} member: {put:?}"
+                );
+            }
         }
     }
     cluster.kill(0);
