@@ -42,6 +42,22 @@ struct TableInner {
     revoked: HashMap<String, (u64, String)>,
 }
 
+impl TableInner {
+    /// [`ClaimTable::apply`] under the table's lock: whether anything changed.
+    fn apply(&mut self, device: &str, claim: Option<(String, u64)>, revision: i64) -> bool {
+        let known = self.known.get(device).copied().unwrap_or(0).max(self.revision);
+        if revision <= known {
+            return false;
+        }
+        match claim {
+            Some(c) => self.claims.insert(device.to_string(), c),
+            None => self.claims.remove(device),
+        };
+        self.known.insert(device.to_string(), revision);
+        true
+    }
+}
+
 impl ClaimTable {
     fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -67,34 +83,27 @@ impl ClaimTable {
         g.tickets
     }
 
-    /// The answer to look-up `ticket`: `device`'s claim as etcd held it at `revision`.
+    /// The answer to look-up `ticket`: `device`'s claim as etcd held it at `revision`. The
+    /// claim and the answer land under one lock: a verdict between the two would see the
+    /// look-up answered and its claim not yet, and refuse a claim just made as never issued.
     fn answer(&self, device: &str, ticket: u64, claim: Option<(String, u64)>, revision: i64) {
         {
             let mut g = self.lock();
+            g.apply(device, claim, revision);
             let a = g.answered.entry(device.to_string()).or_insert((0, 0));
             if ticket > a.0 {
                 *a = (ticket, revision);
             }
         }
-        self.apply(device, claim, revision);
         self.bump();
     }
 
     /// `device`'s claim as of `revision` (an event, or a look-up), unless already known
     /// through a later one.
     fn apply(&self, device: &str, claim: Option<(String, u64)>, revision: i64) {
-        let mut g = self.lock();
-        let known = g.known.get(device).copied().unwrap_or(0).max(g.revision);
-        if revision <= known {
-            return;
+        if self.lock().apply(device, claim, revision) {
+            self.bump();
         }
-        match claim {
-            Some(c) => g.claims.insert(device.to_string(), c),
-            None => g.claims.remove(device),
-        };
-        g.known.insert(device.to_string(), revision);
-        drop(g);
-        self.bump();
     }
 
     /// Claim `token` on `device` was revoked by `by` (its record read before the claim's
@@ -734,6 +743,44 @@ mod tests {
         t.apply("gpu0", None, 3);
         t.advance(known_through(&answer).map_or(0, |k| k.0));
         assert_eq!(t.verdict("gpu0", "host-a", 4, None), ClaimVerdict::Unknown);
+    }
+
+    #[test]
+    fn a_look_ups_answer_and_the_claim_it_read_are_seen_together() {
+        // The answer to a look-up and the claim it read land at once: a check between the
+        // two once refused a claim just made as "never issued" (the 500-round pool test).
+        use std::sync::atomic::AtomicU64;
+        let t = std::sync::Arc::new(ClaimTable::default());
+        let published = std::sync::Arc::new(AtomicU64::new(0));
+        let (t2, p2) = (t.clone(), published.clone());
+        let answering = std::thread::spawn(move || {
+            // Each claim newer than what the last look-up read, as a claim just made is.
+            for token in (10..=200_000u64).step_by(10) {
+                let ticket = t2.ticket();
+                p2.store(ticket << 32 | token, Ordering::Release);
+                t2.answer("gpu0", ticket, Some(("host-a".into(), token)), token as i64 + 1);
+            }
+        });
+        let mut checked = 0u64;
+        while !answering.is_finished() {
+            let v = published.load(Ordering::Acquire);
+            let (ticket, token) = (v >> 32, v & 0xffff_ffff);
+            if ticket == 0 {
+                continue;
+            }
+            // Not answered yet (unknown), or answered with the claim (valid): never refused —
+            // unless the next claim came meanwhile (this one is stale then), which a second
+            // look at what was published tells.
+            let verdict = t.verdict("gpu0", "host-a", token, Some(ticket));
+            if published.load(Ordering::Acquire) != v {
+                continue;
+            }
+            if let ClaimVerdict::Refused(w) = verdict {
+                panic!("token {token}, ticket {ticket}: {w}");
+            }
+            checked += 1;
+        }
+        assert!(answering.join().is_ok() && checked > 0);
     }
 
     #[test]
