@@ -25,6 +25,7 @@
 pub mod admin;
 mod box_agent;
 mod claim;
+mod claim_table;
 mod client;
 pub mod cluster;
 mod config;
