@@ -323,7 +323,7 @@ mod tests {
             c.spawn_all()?;
             Ok(c)
         };
-        let c = EtcdCluster::started_within(spawn, Duration::from_secs(3));
+        let c = EtcdCluster::started_within(spawn, Duration::from_secs(5));
         assert!(c.as_ref().is_ok_and(|c| c.endpoints() != [taken.clone()]), "{:?}", c.err());
     }
 }
