@@ -162,23 +162,28 @@ mod tests {
     fn a_look_ups_answer_and_the_claim_it_read_are_seen_together() {
         // The answer to a look-up and the claim it read land at once: a check between the
         // two once refused a claim just made as "never issued" (the 500-round pool test).
-        use std::sync::atomic::AtomicU64;
+        use std::sync::atomic::{AtomicBool, AtomicU64};
         let t = std::sync::Arc::new(ClaimTable::default());
         let published = std::sync::Arc::new(AtomicU64::new(0));
-        let (t2, p2) = (t.clone(), published.clone());
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let (t2, p2, d2) = (t.clone(), published.clone(), done.clone());
         let answering = std::thread::spawn(move || {
-            // Each claim newer than what the last look-up read, as a claim just made is.
-            for token in (10..=200_000u64).step_by(10) {
+            // Each claim newer than what the last look-up read, as a claim just made is;
+            // until the checks below are done, whichever thread the machine runs first.
+            let mut token = 0u64;
+            while !d2.load(Ordering::Acquire) && token < 400_000_000 {
+                token += 10;
                 let ticket = t2.ticket();
                 p2.store(ticket << 32 | token, Ordering::Release);
                 t2.answer("gpu0", ticket, Some(("host-a".into(), token)), token as i64 + 1);
             }
         });
         let mut checked = 0u64;
-        while !answering.is_finished() {
+        while checked < 200_000 && !answering.is_finished() {
             let v = published.load(Ordering::Acquire);
             let (ticket, token) = (v >> 32, v & 0xffff_ffff);
             if ticket == 0 {
+                std::thread::yield_now();
                 continue;
             }
             // Not answered yet (unknown), or answered with the claim (valid): never refused —
@@ -189,11 +194,14 @@ mod tests {
                 continue;
             }
             if let ClaimVerdict::Refused(w) = verdict {
+                done.store(true, Ordering::Release);
                 panic!("token {token}, ticket {ticket}: {w}");
             }
             checked += 1;
         }
-        assert!(answering.join().is_ok() && checked > 0);
+        done.store(true, Ordering::Release);
+        assert!(answering.join().is_ok());
+        assert_eq!(checked, 200_000, "the answers ran out before the checks");
     }
 
     #[test]
