@@ -41,12 +41,14 @@ pub const CONTENDED_FLOOR: Duration = Duration::from_millis(20);
 /// kernel without sched_info). A thread that ended between two readings takes its waits
 /// with it: read around runs whose threads outlive them.
 pub fn run_queue_waits() -> Option<Duration> {
-    let mut ns = 0u64;
+    let (mut ns, mut read) = (0u64, false);
     for task in std::fs::read_dir("/proc/self/task").ok()? {
+        // A thread that ended since the listing has no file any more.
         let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else { continue };
         ns = ns.saturating_add(waited_ns(&text)?);
+        read = true;
     }
-    Some(Duration::from_nanos(ns))
+    read.then(|| Duration::from_nanos(ns))
 }
 
 /// The run-queue wait of one `schedstat` line: time on the CPU, time waiting, time slices.
