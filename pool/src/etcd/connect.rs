@@ -44,12 +44,12 @@ impl Client {
             if let Some(t) = &tls {
                 ep = ep.tls_config(t.clone())?;
             }
-            list.push(ep);
+            list.push((e.to_string(), ep));
         }
         if list.is_empty() {
             return Err(Error::BadEndpoint(String::new()));
         }
-        let members = Members::new(list.into_iter().map(|e| e.connect_lazy()).collect());
+        let members = Members::new(list.into_iter().map(|(url, e)| (url, e.connect_lazy())).collect());
         let mut c = Client {
             members: std::sync::Arc::new(members),
             opts,

@@ -51,6 +51,21 @@ fn connect_failed(s: &Status) -> bool {
     false
 }
 
+/// What `s` says, with the error at the root of it (a connection's own, where it is one):
+/// "tcp connect error: Connection refused (os error 111)".
+fn reason(s: &Status) -> String {
+    let mut root = None;
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        root = Some(e);
+        source = e.source();
+    }
+    match root.map(ToString::to_string) {
+        Some(r) if !s.message().contains(&r) => format!("{}: {r}", s.message()),
+        _ => s.message().to_string(),
+    }
+}
+
 /// The member did not answer: the failure is the client's own (tonic keeps the error it
 /// made the status from as its source — a connection that broke, a deadline that passed —
 /// where a member's answer has none), or the member said it is unavailable.
@@ -62,13 +77,17 @@ fn member_failed(s: &Status) -> bool {
 /// clones).
 pub(super) struct Members {
     list: Vec<Channel>,
+    /// Each member's endpoint, as given: what the log names.
+    urls: Vec<String>,
     in_use: AtomicUsize,
 }
 
 impl Members {
-    /// `list` in the order given: the first is used first.
-    pub(super) fn new(list: Vec<Channel>) -> Members {
-        Members { list, in_use: AtomicUsize::new(0) }
+    /// `list` (each member's endpoint and connection) in the order given: the first is used
+    /// first.
+    pub(super) fn new(list: Vec<(String, Channel)>) -> Members {
+        let (urls, list) = list.into_iter().unzip();
+        Members { list, urls, in_use: AtomicUsize::new(0) }
     }
 
     /// `send` to the member in use; where it fails as `resend` allows, to the next, each
@@ -92,7 +111,16 @@ impl Members {
                 // keep every write). Another request may have moved on already: move only
                 // from `i`.
                 let next = (i + 1) % self.list.len();
-                let _ = self.in_use.compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+                if self.in_use.compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+                    && next != i
+                {
+                    log::warn!(
+                        "etcd member {} failed ({}); using {} from now on",
+                        self.urls[i],
+                        reason(&s),
+                        self.urls[next]
+                    );
+                }
             }
             if !resend.allows(&s) {
                 return Err(s);
@@ -117,10 +145,20 @@ mod tests {
 
     fn members(n: usize) -> Members {
         let list = (0..n)
-            .map(|i| tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", 1 + i)))
-            .map(|e| e.map(|e| e.connect_lazy()))
+            .map(|i| format!("http://127.0.0.1:{}", 1 + i))
+            .map(|url| tonic::transport::Endpoint::from_shared(url.clone()).map(|e| (url, e.connect_lazy())))
             .collect::<Result<Vec<_>, _>>();
         Members::new(list.unwrap_or_default())
+    }
+
+    #[test]
+    fn a_failure_is_said_with_its_root() {
+        assert_eq!(reason(&refused()), "connection refused");
+        assert_eq!(reason(&Status::unavailable("etcdserver: no leader")), "etcdserver: no leader");
+        let io =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let wrapped = Status::from_error(Box::new(tonic::ConnectError(Box::new(io))));
+        assert_eq!(reason(&wrapped), "Connection refused (os error 111)");
     }
 
     #[test]
