@@ -161,6 +161,19 @@ mod tests {
         assert_eq!(reason(&wrapped), "Connection refused (os error 111)");
     }
 
+    #[tokio::test]
+    async fn a_refused_connection_is_said_as_tonic_reports_it() {
+        // Port 1 on the loopback: nothing listens there.
+        let Ok(ep) = tonic::transport::Endpoint::from_shared("http://127.0.0.1:1") else { return };
+        let got = crate::etcd::proto::etcdserverpb::kv_client::KvClient::new(ep.connect_lazy())
+            .range(crate::etcd::proto::etcdserverpb::RangeRequest::default())
+            .await;
+        let s = got.err().expect("nothing listens on port 1");
+        assert!(never_delivered(&s), "{s:?}");
+        let said = reason(&s);
+        assert!(said.starts_with("tcp connect error: ") && said.contains("refused"), "{said}");
+    }
+
     #[test]
     fn what_may_be_sent_again_after_which_failure() {
         let no_leader = Status::unavailable("etcdserver: no leader");
