@@ -168,7 +168,7 @@ mod tests {
         let got = crate::etcd::proto::etcdserverpb::kv_client::KvClient::new(ep.connect_lazy())
             .range(crate::etcd::proto::etcdserverpb::RangeRequest::default())
             .await;
-        let s = got.err().expect("nothing listens on port 1");
+        let s = got.expect_err("nothing listens on port 1");
         assert!(never_delivered(&s), "{s:?}");
         let said = reason(&s);
         assert!(said.starts_with("tcp connect error: ") && said.contains("refused"), "{said}");
