@@ -264,9 +264,9 @@ impl Comparison {
         &self,
         verdict: fn(&steal::PairTaken, Duration, Duration) -> Option<bool>,
     ) -> Vec<Option<bool>> {
-        let pairs = self.direct.runs.iter().zip(&self.bridged.runs).zip(&self.taken);
         let ns = |x: f64| Duration::from_nanos(x.max(0.0) as u64);
-        pairs.map(|((d, b), t)| verdict(t, ns(d.job_ns), ns(b.job_ns))).collect()
+        let runs = self.direct.runs.iter().zip(&self.bridged.runs).map(|(d, b)| (ns(d.job_ns), ns(b.job_ns)));
+        steal::PairTaken::each(&self.taken, runs, verdict)
     }
 
     /// Whether each pair's direct or bridged run had a share of its time taken by the

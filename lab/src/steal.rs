@@ -135,10 +135,16 @@ impl PairTaken {
 
     /// Either: the pair measured the machine; `None` where neither was read.
     pub fn taken_from(&self, direct_run: Duration, bridged_run: Duration) -> Option<bool> {
-        match (self.stole_from(direct_run, bridged_run), self.contended(direct_run, bridged_run)) {
-            (None, None) => None,
-            (s, c) => Some(s == Some(true) || c == Some(true)),
-        }
+        either(self.stole_from(direct_run, bridged_run), self.contended(direct_run, bridged_run))
+    }
+
+    /// `verdict` of each pair of `taken` with its runs' lengths (direct, bridged), in order.
+    pub fn each(
+        taken: &[PairTaken],
+        runs: impl Iterator<Item = (Duration, Duration)>,
+        verdict: fn(&PairTaken, Duration, Duration) -> Option<bool>,
+    ) -> Vec<Option<bool>> {
+        taken.iter().zip(runs).map(|(t, (d, b))| verdict(t, d, b)).collect()
     }
 
     /// The steal, direct and bridged, in milliseconds, as the reports give it.
@@ -157,6 +163,15 @@ impl PairTaken {
             v.map_or("-".to_string(), |[d, b]| format!("{} / {} ms", d.as_millis(), b.as_millis()))
         };
         format!("{} stolen, {} waited", two(self.steal), two(self.waited))
+    }
+}
+
+/// Two verdicts of which either may not have been read: true if either is, `None` if
+/// neither was read.
+fn either(a: Option<bool>, b: Option<bool>) -> Option<bool> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a == Some(true) || b == Some(true)),
     }
 }
 
@@ -243,10 +258,7 @@ impl RunTaken {
         let others = self.others.map(|o| {
             o >= ticks_to_time(OTHERS_TICKS) && o.as_secs_f64() >= OTHERS_SHARE * self.run.as_secs_f64()
         });
-        match (self.steal.map(|s| stole_from(s, self.run)), others) {
-            (None, None) => None,
-            (s, o) => Some(s == Some(true) || o == Some(true)),
-        }
+        either(self.steal.map(|s| stole_from(s, self.run)), others)
     }
 
     /// The steal and the others' time in milliseconds, as the reports give them.
@@ -386,6 +398,62 @@ mod tests {
         let stolen = RunTaken::between(&t0, &read(10 + 50, 1000, second, second));
         assert_eq!((stolen.others, stolen.taken_from()), (Some(Duration::ZERO), Some(true)));
         assert_eq!(RunTaken::default().taken_from(), None);
+    }
+
+    /// Spins on the calling thread for `d`.
+    fn spin(d: Duration) {
+        let t = std::time::Instant::now();
+        while t.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn two_threads_spinning_on_one_cpu_wait_for_it_and_the_waits_say_so() {
+        // The kernel's own figure, read as the replay reads it: two threads of this process
+        // busy on one CPU for 400 ms each wait about half of it.
+        if std::fs::read_to_string("/proc/self/schedstat").is_err() {
+            eprintln!("skipped: this kernel keeps no sched_info (/proc/self/schedstat)");
+            return;
+        }
+        let Some(&cpu) = crate::affinity::allowed().ok().and_then(|c| c.first().copied()).as_ref() else {
+            return;
+        };
+        let before = run_queue_waits().expect("sched_info is there");
+        let other = std::thread::spawn(move || {
+            let _ = crate::affinity::pin(&[cpu]);
+            spin(Duration::from_millis(400));
+            // Read before this thread ends, which takes its waits with it.
+            run_queue_waits()
+        });
+        let _restore = crate::affinity::Restore::here();
+        let _ = crate::affinity::pin(&[cpu]);
+        spin(Duration::from_millis(400));
+        let after = other.join().ok().flatten().expect("read on the spinning thread");
+        let waited = after.saturating_sub(before);
+        assert!(waited >= Duration::from_millis(100), "two threads on CPU {cpu} waited {waited:?} in all");
+    }
+
+    #[test]
+    fn another_process_busy_on_the_machine_is_others_time() {
+        let Ok(mut busy) = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn()
+        else {
+            eprintln!("skipped: no sh");
+            return;
+        };
+        let before = MachineReading::now();
+        std::thread::sleep(Duration::from_millis(600));
+        let after = MachineReading::now();
+        let _ = busy.kill();
+        let _ = busy.wait();
+        let t = RunTaken::between(&before, &after);
+        if t.others.is_none() {
+            eprintln!("skipped: /proc/stat not read");
+            return;
+        }
+        // Most of 600 ms of one CPU, in clock ticks; this process slept meanwhile.
+        assert!(t.others.is_some_and(|o| o >= Duration::from_millis(300)), "{t:?}");
+        assert_eq!(t.taken_from(), Some(true), "{t:?}");
     }
 
     #[test]

@@ -32,10 +32,15 @@ struct TableInner {
 }
 
 impl TableInner {
+    /// The revision through which `device`'s claim is known: its own (a look-up, an event)
+    /// or the whole table's (snapshot, watch), the later.
+    fn known_through(&self, device: &str) -> i64 {
+        self.known.get(device).copied().unwrap_or(0).max(self.revision)
+    }
+
     /// [`ClaimTable::apply`] under the table's lock: whether anything changed.
     fn apply(&mut self, device: &str, claim: Option<(String, u64)>, revision: i64) -> bool {
-        let known = self.known.get(device).copied().unwrap_or(0).max(self.revision);
-        if revision <= known {
+        if revision <= self.known_through(device) {
             return false;
         }
         match claim {
@@ -125,7 +130,7 @@ impl ClaimTable {
         if held.is_some_and(|(h, t)| h == host && *t == token) {
             return ClaimVerdict::Valid;
         }
-        let known = g.known.get(device).copied().unwrap_or(0).max(g.revision);
+        let known = g.known_through(device);
         // etcd's revisions are positive i64s: anything else was never issued.
         let Ok(revision) = i64::try_from(token) else {
             return ClaimVerdict::Refused(format!("token {token} is not a revision etcd issues"));

@@ -68,8 +68,8 @@ impl Outcome {
         verdict: fn(&crate::steal::PairTaken, Duration, Duration) -> Option<bool>,
     ) -> Vec<Option<bool>> {
         let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
-        let pairs = self.direct.iter().zip(&self.bridged).zip(&self.taken);
-        pairs.map(|((d, b), t)| verdict(t, secs(d.seconds), secs(b.seconds))).collect()
+        let runs = self.direct.iter().zip(&self.bridged).map(|(d, b)| (secs(d.seconds), secs(b.seconds)));
+        crate::steal::PairTaken::each(&self.taken, runs, verdict)
     }
 
     /// Whether each pair's direct or bridged run had a share of its time taken by the
