@@ -375,6 +375,19 @@ fn replay_reports_the_overhead_and_the_models_prediction_as_json() {
     for k in ["replay_timeouts", "retransmits", "duplicates_received"] {
         assert!(pairs[0][k].as_u64().is_some(), "pairs[0].{k}: {v}");
     }
+    // Each pair's prediction, from a calibration made just before it; with one pair, the
+    // median of them is its own.
+    let by_pair = pairs[0]["predicted_overhead_percent"].as_f64().unwrap();
+    assert_eq!(v["model"]["predicted_overhead_percent_by_pair"].as_f64(), Some(by_pair), "{v}");
+    assert_eq!(v["model"]["predicted_overhead_percent_by_pair_min"].as_f64(), Some(by_pair), "{v}");
+    // The share of the large copies' time the job's thread served the platform: a share, or
+    // none where the trace has no copy large enough to tell a rate.
+    for side in ["direct", "bridged"] {
+        for k in ["h2d_served_share_in_replay", "d2h_served_share_in_replay"] {
+            let x = &v[side][k];
+            assert!(x.is_null() || x.as_f64().is_some_and(|s| (0.0..=1.0).contains(&s)), "{side}.{k}: {v}");
+        }
+    }
     // The hypervisor's steal during each run, where the threads were placed and /proc/stat read.
     if !v["cores"].is_null() && std::path::Path::new("/proc/stat").exists() {
         assert_eq!(pairs[0]["steal_ms"].as_array().map(Vec::len), Some(2), "{v}");

@@ -88,6 +88,16 @@ impl Side {
         };
         (median(|r| r.copy_bytes_per_s.0), median(|r| r.copy_bytes_per_s.1))
     }
+
+    /// The share of those copies' time the platform was served on the job's thread
+    /// ([`ReplayRun::copy_served_share`]), median over the runs, each way.
+    pub fn served_in_replay(&self) -> (Option<f64>, Option<f64>) {
+        let median = |f: fn(&ReplayRun) -> Option<f64>| {
+            let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
+        };
+        (median(|r| r.copy_served_share.0), median(|r| r.copy_served_share.1))
+    }
 }
 
 /// The host's time to send one posted register write, ns: the mean of `n` doorbell writes
@@ -236,6 +246,11 @@ pub struct Comparison {
     pub crosses_10_percent_at_rtt_us: Option<f64>,
     /// Each pair's overhead, bridged over direct, percent.
     pub overheads: Vec<f64>,
+    /// The model's overhead for each pair, percent, from a calibration of both platforms
+    /// made just before that pair ran (still blind to the replays): on a machine whose
+    /// state drifts between seconds — this one's cores move between dies, and its copy
+    /// rates with them — a calibration seconds before can be another machine's.
+    pub pair_predictions: Vec<f64>,
     /// What the bridged link did to recover frames in each pair's bridged run.
     pub recovery: Vec<LinkRecovery>,
     /// What the machine took during each pair's direct and bridged run ([`steal`]): the
@@ -251,12 +266,12 @@ pub struct Comparison {
 impl Comparison {
     /// The model's overhead, percent.
     pub fn predicted_overhead_percent(&self) -> f64 {
-        (self.predicted_bridged.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
+        overhead_percent(self.predicted_bridged.job_ns, self.predicted_direct.job_ns)
     }
 
     /// The bandwidth-only baseline's overhead, percent.
     pub fn bandwidth_only_overhead_percent(&self) -> f64 {
-        (self.predicted_bandwidth_only.job_ns / self.predicted_direct.job_ns - 1.0) * 100.0
+        overhead_percent(self.predicted_bandwidth_only.job_ns, self.predicted_direct.job_ns)
     }
 
     /// `verdict` of each pair's taken time and its runs' lengths.
@@ -463,8 +478,12 @@ pub fn compare(
     bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
     let (mut d_runs, mut b_runs, mut overheads) = (Vec::new(), Vec::new(), Vec::new());
     let (mut recovery, mut taken) = (Vec::new(), Vec::new());
-    let mut after_pairs = Vec::new();
+    let (mut after_pairs, mut pair_predictions) = (Vec::new(), Vec::new());
     for i in 0..opts.repeat {
+        progress(&format!("calibrating for replay {} of {}", i + 1, opts.repeat));
+        let (d_now, b_now) = p.calibrate(rate_sizes(Some(&plan)))?;
+        let (d_link, b_link) = links(&d_now, &b_now);
+        pair_predictions.push(overhead_percent(plan.evaluate(&b_link).job_ns, plan.evaluate(&d_link).job_ns));
         progress(&format!("replay {} of {}", i + 1, opts.repeat));
         p.direct_turn()?;
         p.settle();
@@ -478,7 +497,7 @@ pub fn compare(
         let b = bridged_replayer.run(&mut p.bridged, &plan).map_err(replay_error("bridged"))?;
         recovery.push(LinkRecovery::between(&before, &p.bridged.pci().stats().link));
         taken.push(steal::PairTaken::of([&s0, &s1], [&s2, &steal::Reading::now(p.placement)]));
-        overheads.push((b.job_ns / d.job_ns - 1.0) * 100.0);
+        overheads.push(overhead_percent(b.job_ns, d.job_ns));
         d_runs.push(d);
         b_runs.push(b);
         after_pairs.extend(p.round_trip_ns());
@@ -505,10 +524,16 @@ pub fn compare(
         faithfulness,
         crosses_10_percent_at_rtt_us: crosses,
         overheads,
+        pair_predictions,
         recovery,
         taken,
         cores,
     })
+}
+
+/// `bridged` over `direct`, percent more.
+fn overhead_percent(bridged_ns: f64, direct_ns: f64) -> f64 {
+    (bridged_ns / direct_ns - 1.0) * 100.0
 }
 
 /// The links the model takes from each platform's calibration: the direct platform's copy

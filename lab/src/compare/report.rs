@@ -38,6 +38,9 @@ fn side_json(s: &Side) -> Value {
         "d2h_bytes_per_s": s.d2h,
         "h2d_bytes_per_s_in_replay": s.in_replay().0,
         "d2h_bytes_per_s_in_replay": s.in_replay().1,
+        // The share of those copies' time the replay's thread served the platform.
+        "h2d_served_share_in_replay": s.served_in_replay().0,
+        "d2h_served_share_in_replay": s.served_in_replay().1,
         // The copies of the last run, each way, and of them those read back where they
         // landed and found their own.
         "copies_made": s.runs.last().map(|r| [r.copies_made.0, r.copies_made.1]),
@@ -65,6 +68,7 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
     let b = spread(&r.bridged.runs, |r| r.job_ns / 1e9);
     let o = Spread::of(r.overheads.iter().copied());
     let predicted_overhead = r.predicted_overhead_percent();
+    let by_pair = (!r.pair_predictions.is_empty()).then(|| Spread::of(r.pair_predictions.iter().copied()));
     let mut m = trace_json(args.trace, &r.trace);
     m.insert("plan".into(), plan_json(&r.plan));
     m.insert("copies_capped".into(), json!(r.bridged.runs.first().map_or(0, |run| run.copies_capped)));
@@ -93,8 +97,10 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
                 .iter()
                 .zip(&r.recovery)
                 .zip(r.taken.iter().zip(r.stolen_from().into_iter().zip(r.contended())))
-                .map(|((o, k), (t, (stolen, contended)))| json!({
+                .zip(&r.pair_predictions)
+                .map(|(((o, k), (t, (stolen, contended))), predicted)| json!({
                     "overhead_percent": o,
+                    "predicted_overhead_percent": predicted,
                     "replay_timeouts": k.replay_timeouts,
                     "retransmits": k.retransmits,
                     "duplicates_received": k.duplicates_received,
@@ -122,6 +128,10 @@ pub fn json(r: &Comparison, args: &Asked<'_>) -> Value {
             "predicted_direct_seconds": r.predicted_direct.job_ns / 1e9,
             "predicted_bridged_seconds": r.predicted_bridged.job_ns / 1e9,
             "predicted_overhead_percent": predicted_overhead,
+            // From a calibration just before each pair (the median; pairs[] has each).
+            "predicted_overhead_percent_by_pair": by_pair.as_ref().map(|p| p.median),
+            "predicted_overhead_percent_by_pair_min": by_pair.as_ref().map(|p| p.min),
+            "predicted_overhead_percent_by_pair_max": by_pair.as_ref().map(|p| p.max),
             "added": added_json(&r.predicted_bridged.added),
             "link": {"added_rtt_us": r.link.rtt_ns / 1e3, "submit_us": r.link.submit_ns() / 1e3,
                      "fetch_extra_us": r.link.fetch_extra_ns / 1e3,
@@ -280,7 +290,15 @@ pub fn text(r: &Comparison, args: &Asked<'_>) -> String {
                 (None, None) => String::new(),
                 (h2d, d2h) => {
                     let r = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}", v / 1e9));
-                    format!(", {} / {} in the replay", r(h2d), r(d2h))
+                    let (sh, sd) = s.served_in_replay();
+                    let share = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0} %", v * 100.0));
+                    format!(
+                        ", {} / {} in the replay (served on the job's thread {} / {} of their time)",
+                        r(h2d),
+                        r(d2h),
+                        share(sh),
+                        share(sd)
+                    )
                 }
             }
         );
@@ -313,6 +331,19 @@ pub fn text(r: &Comparison, args: &Asked<'_>) -> String {
             say!(out, "  CORES MOVED: {why}");
         }
     }
+    model_lines(&mut out, r);
+    match r.crosses_10_percent_at_rtt_us {
+        Some(0.0) => say!(out, "  over 10 % at any round trip: the link's rate alone puts it there"),
+        Some(x) => say!(out, "  the model crosses 10 % at a round trip of {x:.1} µs"),
+        None => say!(out, "  the model never crosses 10 % (up to a round trip of 1 s)"),
+    }
+    out
+}
+
+/// The model's lines of the text report: its prediction from the calibration before the
+/// replays and where its added time went, its baselines, and the predictions from the
+/// calibrations before each pair.
+fn model_lines(out: &mut String, r: &Comparison) {
     let p = &r.predicted_bridged;
     say!(
         out,
@@ -330,10 +361,20 @@ pub fn text(r: &Comparison, args: &Asked<'_>) -> String {
         "           blind: its link calibrated before the replay; baselines: no overhead 0 %, bandwidth alone {:.2} %",
         r.bandwidth_only_overhead_percent()
     );
-    match r.crosses_10_percent_at_rtt_us {
-        Some(0.0) => say!(out, "  over 10 % at any round trip: the link's rate alone puts it there"),
-        Some(x) => say!(out, "  the model crosses 10 % at a round trip of {x:.1} µs"),
-        None => say!(out, "  the model never crosses 10 % (up to a round trip of 1 s)"),
+    if !r.pair_predictions.is_empty() {
+        let p = Spread::of(r.pair_predictions.iter().copied());
+        say!(
+            out,
+            "           calibrated again just before each pair: {:.2} % ({:.2}–{:.2}); by pair, measured less predicted: {}",
+            p.median,
+            p.min,
+            p.max,
+            r.overheads
+                .iter()
+                .zip(&r.pair_predictions)
+                .map(|(o, q)| format!("{:+.1}", o - q))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
-    out
 }

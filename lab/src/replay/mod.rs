@@ -80,6 +80,12 @@ pub struct ReplayRun {
     /// `None` where no copy was. (Through a bridge whose host side serves the device on the
     /// job's own thread, as here, below what one copy alone gets: the job's work shares it.)
     pub copy_bytes_per_s: (Option<f64>, Option<f64>),
+    /// The share of those copies' time (each way, as [`ReplayRun::copy_bytes_per_s`] counts
+    /// them) in which the replay's thread let the platform serve the device — lent it the
+    /// time until its next step, or drove it looking at a release word. Through a bridge
+    /// whose host side runs on the job's thread, the rest of a copy's time the device's reads
+    /// of host memory wait for the job's next step. `None` where no copy was counted.
+    pub copy_served_share: (Option<f64>, Option<f64>),
     /// Copies made of host memory, each way (in, out).
     pub copies_made: (usize, usize),
     /// Of those, the copies whose bytes were read back where they landed and found their
@@ -239,6 +245,8 @@ struct Replaying<'a> {
     host_late: (f64, f64),
     calls_done: usize,
     next_pump: u64,
+    /// When the platform was served on this thread (real ns, begin and end, in order).
+    served: Vec<(u64, u64)>,
 }
 
 /// How long a pass over the link may answer the device's reads when the replay's host
@@ -308,6 +316,7 @@ impl<'a> Replaying<'a> {
             host_late: (0.0, 0.0),
             calls_done: 0,
             next_pump: 0,
+            served: Vec::new(),
         }
     }
 
@@ -409,6 +418,7 @@ impl<'a> Replaying<'a> {
         let budget = next.saturating_sub(now).saturating_sub(LEND_MARGIN_NS).min(cap);
         if budget > 0 {
             d.pci().serve_for(Duration::from_nanos(budget));
+            self.served.push((now, hw::device::now_ns()));
         }
     }
 
@@ -646,11 +656,15 @@ impl<'a> Replaying<'a> {
                 continue;
             }
             looked = true;
+            let driving = drive;
             let landed = call.awaits.iter().all(|&a| {
                 let w = self.word_as(d, a, drive);
                 drive = false;
                 w.0 != 0
             });
+            if driving {
+                self.served.push((now, hw::device::now_ns()));
+            }
             if !landed {
                 i += 1;
                 continue;
@@ -679,6 +693,7 @@ impl<'a> Replaying<'a> {
         if drove && !looked && now >= self.next_pump {
             let _ = self.word(d, 0);
             self.next_pump = now + PUMP_NS;
+            self.served.push((now, hw::device::now_ns()));
         }
     }
 }

@@ -30,7 +30,7 @@ impl Replaying<'_> {
             host_late_max_ns: self.host_late.1,
             ..ReplayRun::default()
         };
-        let (mut rate_in, mut rate_out) = ((0.0, 0.0), (0.0, 0.0));
+        let mut large = [LargeCopies::default(); 2];
         for (a, (act, &(v, begin, end))) in plan.activities.iter().zip(&words).enumerate() {
             if v != 1 || end < begin {
                 problems.push(format!("activity {a}: release word {v} (begin {begin}, end {end})"));
@@ -65,9 +65,10 @@ impl Replaying<'_> {
                 && bytes >= RATE_COPY_BYTES
                 && (end - begin) as f64 > act.dur_ns as f64 * 1.05
             {
-                let way = if to_device(k) { &mut rate_in } else { &mut rate_out };
-                way.0 += bytes.min(MAX_COPY_BYTES) as f64;
-                way.1 += (end - begin) as f64;
+                let way = &mut large[usize::from(!to_device(k))];
+                way.bytes += bytes.min(MAX_COPY_BYTES) as f64;
+                way.ns += (end - begin) as f64;
+                way.served_ns += overlap(&self.served, begin, end) as f64;
             }
         }
         // What the trace states, whatever edges this replay followed: each stream wait held
@@ -108,8 +109,9 @@ impl Replaying<'_> {
             problems.truncate(5);
             return Err(ReplayError::Verification(format!("{n} problems: {}", problems.join("; "))));
         }
-        let rate = |(bytes, ns): (f64, f64)| (ns > 0.0).then(|| bytes / ns * 1e9);
-        out.copy_bytes_per_s = (rate(rate_in), rate(rate_out));
+        let [to, from] = large;
+        out.copy_bytes_per_s = (to.rate(), from.rate());
+        out.copy_served_share = (to.served_share(), from.served_share());
         for (c, call) in plan.calls.iter().enumerate() {
             if let Some(last) = call.awaits.iter().map(|&a| words[a].2).max() {
                 out.sync_notify_ns += self.seen_at[c].saturating_sub(last) as f64;
@@ -173,5 +175,52 @@ impl Replaying<'_> {
             }
         }
         Ok(std::mem::take(&mut self.wrong))
+    }
+}
+
+/// The copies one way that tell the platform's rate ([`RATE_COPY_BYTES`] or more, held
+/// beyond their traced time): their bytes, their time, and how much of it the platform was
+/// served on the replay's thread, ns.
+#[derive(Clone, Copy, Default)]
+struct LargeCopies {
+    bytes: f64,
+    ns: f64,
+    served_ns: f64,
+}
+
+impl LargeCopies {
+    fn rate(&self) -> Option<f64> {
+        (self.ns > 0.0).then(|| self.bytes / self.ns * 1e9)
+    }
+
+    fn served_share(&self) -> Option<f64> {
+        (self.ns > 0.0).then(|| self.served_ns / self.ns)
+    }
+}
+
+/// How much of `[begin, end)` the intervals `spans` (in order, not overlapping) cover, ns.
+fn overlap(spans: &[(u64, u64)], begin: u64, end: u64) -> u64 {
+    let first = spans.partition_point(|&(_, e)| e <= begin);
+    spans[first..]
+        .iter()
+        .take_while(|&&(b, _)| b < end)
+        .map(|&(b, e)| e.min(end).saturating_sub(b.max(begin)))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn the_time_served_inside_a_copy_counts_only_what_falls_inside_it() {
+        let spans = [(10, 20), (30, 40), (50, 60)];
+        assert_eq!(overlap(&spans, 0, 100), 30);
+        assert_eq!(overlap(&spans, 15, 35), 10, "half of the first, half of the second");
+        assert_eq!(overlap(&spans, 20, 30), 0, "between two");
+        assert_eq!(overlap(&spans, 55, 55), 0, "an empty copy");
+        assert_eq!(overlap(&spans, 60, 1_000), 0, "after them all");
+        assert_eq!(overlap(&[], 0, 100), 0);
+        assert_eq!(overlap(&[(0, u64::MAX)], 5, 7), 2);
     }
 }
