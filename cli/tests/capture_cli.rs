@@ -215,7 +215,32 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     let frac = when.strip_suffix('Z').and_then(|w| w.split_once('.')).map(|(_, f)| f.len());
     assert!(when.len() == 27 && when.as_bytes()[10] == b'T' && frac == Some(6), "{when}");
 
-    let Some(theirs) = tshark(&file) else { return };
+    // tshark's passes over the capture (each some seconds), all at once.
+    let mrd64_info = || {
+        Command::new("tshark")
+            .arg("-X")
+            .arg(format!("lua_script:{}", dissector().display()))
+            .arg("-r")
+            .arg(&file)
+            .args(["-Y", "dxpu.tlp.kind == \"MRd64\"", "-T", "fields", "-e", "_ws.col.Info"])
+            .output()
+    };
+    let (theirs, filtered, tag5, first_copies, info) = std::thread::scope(|s| {
+        let all = s.spawn(|| tshark(&file));
+        let filtered = s.spawn(|| tshark_json(&file, "dxpu.tlp.address > 0x1000"));
+        let tag5 = s.spawn(|| tshark_json(&file, "dxpu.tlp.tag == 5 && dxpu.tlp.kind == \"CplD\""));
+        let first_copies = s.spawn(|| tshark_json(&file, "dxpu && !dxpu.retransmission"));
+        let info = s.spawn(mrd64_info);
+        let done = "a tshark pass panicked (its message is above)";
+        (
+            all.join().expect(done),
+            filtered.join().expect(done),
+            tag5.join().expect(done),
+            first_copies.join().expect(done),
+            info.join().expect(done),
+        )
+    });
+    let Some(theirs) = theirs else { return };
     let mine = ours(&lines);
     assert_eq!(theirs.len(), mine.len(), "tshark sees another number of dxpu frames");
     for (a, b) in mine.iter().zip(&theirs) {
@@ -230,17 +255,16 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
         .map(|p| p.0)
         .collect();
     assert!(!above.is_empty() && above.len() < mine.len());
-    let filtered = tshark_json(&file, "dxpu.tlp.address > 0x1000").unwrap();
+    let filtered = filtered.unwrap();
     let numbers: Vec<u64> =
         filtered.iter().map(|l| l["frame"]["frame.number"].as_str().unwrap().parse().unwrap()).collect();
     assert_eq!(numbers, above, "dxpu.tlp.address > 0x1000");
-    let tag5 = tshark_json(&file, "dxpu.tlp.tag == 5 && dxpu.tlp.kind == \"CplD\"").unwrap();
-    assert!(!tag5.is_empty());
+    assert!(!tag5.unwrap().is_empty());
 
     // Every completion finds its request, with a response time, and every non-posted
     // request its completion (a retransmitted frame's TLPs were matched in its first copy).
     let (mut completions, mut requests) = (0, 0);
-    for l in tshark_json(&file, "dxpu && !dxpu.retransmission").unwrap() {
+    for l in first_copies.unwrap() {
         for t in each(&l["dxpu"]["dxpu.tlp_tree"]) {
             let kind = t["dxpu.tlp.kind"].as_str().unwrap();
             if kind.starts_with("Cpl") {
@@ -259,14 +283,7 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     assert!(completions > 1000 && requests > 1000, "{completions} completions, {requests} requests");
 
     // The Info column names each TLP with its address, length and tag.
-    let info = Command::new("tshark")
-        .arg("-X")
-        .arg(format!("lua_script:{}", dissector().display()))
-        .arg("-r")
-        .arg(&file)
-        .args(["-Y", "dxpu.tlp.kind == \"MRd64\"", "-T", "fields", "-e", "_ws.col.Info"])
-        .output()
-        .unwrap();
+    let info = info.unwrap();
     let info = String::from_utf8_lossy(&info.stdout);
     let first = info.lines().next().expect("an MRd64 in the capture");
     assert!(first.contains("MRd64 0x") && first.contains(" len ") && first.contains(" tag "), "{first}");
@@ -299,15 +316,25 @@ fn the_dissector_marks_the_retransmissions_and_naks_of_a_lossy_capture() {
             assert!(r["start"].as_u64() < r["end"].as_u64(), "{v}");
         }
     }
-    let Some(retransmitted) = tshark_json(&file, "dxpu.retransmission") else { return };
-    assert_eq!(
-        tshark_json(&file, "dxpu.sack.start and (dxpu.type == 6 or dxpu.type == 7)").unwrap().len(),
-        sacks
-    );
-    assert_eq!(retransmitted.len(), replays);
-    assert_eq!(tshark_json(&file, "dxpu.nak == 1").unwrap().len(), naks);
-    assert_eq!(tshark_json(&file, "dxpu.retransmission.expert").unwrap().len(), replays);
-    assert_eq!(tshark_json(&file, "dxpu.nak.expert").unwrap().len(), naks);
+    // Each filter a tshark pass of its own, all at once: how many packets it takes.
+    let filters = [
+        "dxpu.retransmission",
+        "dxpu.sack.start and (dxpu.type == 6 or dxpu.type == 7)",
+        "dxpu.nak == 1",
+        "dxpu.retransmission.expert",
+        "dxpu.nak.expert",
+    ];
+    let taken: Vec<Option<usize>> = std::thread::scope(|s| {
+        let passes: Vec<_> =
+            filters.iter().map(|f| s.spawn(|| tshark_json(&file, f).map(|p| p.len()))).collect();
+        passes.into_iter().map(|p| p.join().expect("a tshark pass panicked (its message is above)")).collect()
+    });
+    let Some(retransmitted) = taken[0] else { return };
+    assert_eq!(retransmitted, replays);
+    assert_eq!(taken[1], Some(sacks), "{}", filters[1]);
+    assert_eq!(taken[2], Some(naks), "{}", filters[2]);
+    assert_eq!(taken[3], Some(replays), "{}", filters[3]);
+    assert_eq!(taken[4], Some(naks), "{}", filters[4]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
