@@ -162,6 +162,45 @@ fn tshark(file: &Path) -> Option<Vec<Seen>> {
     Some(seen)
 }
 
+/// What [`loopback_passes`] gives: each pass's answer (none where tshark is missing).
+type LoopbackPasses = (
+    Option<Vec<Seen>>,
+    Option<Vec<Value>>,
+    Option<Vec<Value>>,
+    Option<Vec<Value>>,
+    std::io::Result<std::process::Output>,
+);
+
+/// tshark's passes over the loopback capture (each some seconds), all at once: every dxpu
+/// packet; those with a TLP above 0x1000; a CplD of tag 5; the first copies (no
+/// retransmission); the Info column of the MRd64s.
+fn loopback_passes(file: &Path) -> LoopbackPasses {
+    let mrd64_info = || {
+        Command::new("tshark")
+            .arg("-X")
+            .arg(format!("lua_script:{}", dissector().display()))
+            .arg("-r")
+            .arg(file)
+            .args(["-Y", "dxpu.tlp.kind == \"MRd64\"", "-T", "fields", "-e", "_ws.col.Info"])
+            .output()
+    };
+    std::thread::scope(|s| {
+        let all = s.spawn(|| tshark(file));
+        let filtered = s.spawn(|| tshark_json(file, "dxpu.tlp.address > 0x1000"));
+        let tag5 = s.spawn(|| tshark_json(file, "dxpu.tlp.tag == 5 && dxpu.tlp.kind == \"CplD\""));
+        let first_copies = s.spawn(|| tshark_json(file, "dxpu && !dxpu.retransmission"));
+        let info = s.spawn(mrd64_info);
+        let done = "a tshark pass panicked (its message is above)";
+        (
+            all.join().expect(done),
+            filtered.join().expect(done),
+            tag5.join().expect(done),
+            first_copies.join().expect(done),
+            info.join().expect(done),
+        )
+    })
+}
+
 #[test]
 fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the_same() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -215,31 +254,7 @@ fn a_loopback_capture_holds_every_tlp_the_report_counted_and_tshark_reads_it_the
     let frac = when.strip_suffix('Z').and_then(|w| w.split_once('.')).map(|(_, f)| f.len());
     assert!(when.len() == 27 && when.as_bytes()[10] == b'T' && frac == Some(6), "{when}");
 
-    // tshark's passes over the capture (each some seconds), all at once.
-    let mrd64_info = || {
-        Command::new("tshark")
-            .arg("-X")
-            .arg(format!("lua_script:{}", dissector().display()))
-            .arg("-r")
-            .arg(&file)
-            .args(["-Y", "dxpu.tlp.kind == \"MRd64\"", "-T", "fields", "-e", "_ws.col.Info"])
-            .output()
-    };
-    let (theirs, filtered, tag5, first_copies, info) = std::thread::scope(|s| {
-        let all = s.spawn(|| tshark(&file));
-        let filtered = s.spawn(|| tshark_json(&file, "dxpu.tlp.address > 0x1000"));
-        let tag5 = s.spawn(|| tshark_json(&file, "dxpu.tlp.tag == 5 && dxpu.tlp.kind == \"CplD\""));
-        let first_copies = s.spawn(|| tshark_json(&file, "dxpu && !dxpu.retransmission"));
-        let info = s.spawn(mrd64_info);
-        let done = "a tshark pass panicked (its message is above)";
-        (
-            all.join().expect(done),
-            filtered.join().expect(done),
-            tag5.join().expect(done),
-            first_copies.join().expect(done),
-            info.join().expect(done),
-        )
-    });
+    let (theirs, filtered, tag5, first_copies, info) = loopback_passes(&file);
     let Some(theirs) = theirs else { return };
     let mine = ours(&lines);
     assert_eq!(theirs.len(), mine.len(), "tshark sees another number of dxpu frames");
