@@ -88,10 +88,35 @@ fn wait_exit(child: &mut Child, limit: Duration) -> (i32, String) {
 
 fn start_gpu(dir: &std::path::Path, port: u16) -> Child {
     let cfg = write(dir, "gpu.toml", &gpu_toml(port));
-    let child = dxpu().args(["gpu", "--config"]).arg(&cfg).stderr(Stdio::piped()).spawn().unwrap();
-    // Let it bind.
-    std::thread::sleep(Duration::from_millis(300));
+    let mut child = dxpu().args(["gpu", "--config"]).arg(&cfg).stderr(Stdio::piped()).spawn().unwrap();
+    until_listening(&mut child, port);
     child
+}
+
+/// Waits until `dxpu gpu` has bound its UDP `port` — after it set up its handling of SIGTERM
+/// (`ops::gpu::run`), so a signal from here on is a clean stop — or has exited, for 10 s at
+/// most. (A fixed 300 ms was too short on a busy machine: SIGTERM's default action killed
+/// the daemon before it could handle it, exit status -1.) The port is looked up in the
+/// kernel's socket tables: binding it to see would take it from the daemon.
+fn until_listening(child: &mut Child, port: u16) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && child.try_wait().unwrap().is_none() && !udp_port_bound(port) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether a UDP socket of this machine is bound to local `port` (`/proc/net/udp`, `udp6`:
+/// the local address's port, in hex, after the colon).
+fn udp_port_bound(port: u16) -> bool {
+    ["/proc/net/udp", "/proc/net/udp6"].iter().any(|table| {
+        std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).any(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|local| local.rsplit_once(':'))
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                == Some(port)
+        })
+    })
 }
 
 #[test]
@@ -619,7 +644,7 @@ fn a_key_file_others_can_read_is_warned_about() {
     );
     let cfg = write(&dir, "gpu.toml", &text);
     let mut gpu = dxpu().args(["gpu", "--config"]).arg(&cfg).stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    until_listening(&mut gpu, port);
     sigterm(&gpu);
     let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
     assert_eq!(code, 0, "{err}");
@@ -642,7 +667,7 @@ fn a_gpu_endpoint_restarted_at_once_gets_its_port_back() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        until_listening(&mut gpu, port);
         sigterm(&gpu);
         let (code, err) = wait_exit(&mut gpu, Duration::from_secs(10));
         if round == 0 && err.contains("io_uring") && code != 0 && !err.contains("in use") {
