@@ -105,6 +105,23 @@ fn until_listening(child: &mut Child, port: u16) {
     }
 }
 
+/// Waits until `child` catches SIGTERM (its bit in `SigCgt` of `/proc/PID/status`) or has
+/// exited, for 10 s at most: a signal sent before would kill it by the default action.
+fn until_handling_sigterm(child: &mut Child) {
+    let status = format!("/proc/{}/status", child.id());
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && child.try_wait().unwrap().is_none() {
+        let caught = std::fs::read_to_string(&status).ok().and_then(|t| {
+            let mask = t.lines().find_map(|l| l.strip_prefix("SigCgt:"))?.trim().to_string();
+            u64::from_str_radix(&mask, 16).ok()
+        });
+        if caught.is_some_and(|m| m & (1 << (15 - 1)) != 0) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether a UDP socket of this machine is bound to local `port` (`/proc/net/udp`, `udp6`:
 /// the local address's port, in hex, after the colon).
 fn udp_port_bound(port: u16) -> bool {
@@ -134,6 +151,7 @@ fn host_runs_the_workload_on_a_box_and_both_stop_on_sigterm() {
     // A host daemon holding the device stops cleanly on SIGTERM too.
     let mut host = dxpu().args(["host", "--config"]).arg(&host_cfg).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    until_handling_sigterm(&mut host);
     sigterm(&host);
     let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
     assert_eq!(code, 0, "{err}");
@@ -522,6 +540,7 @@ fn a_signal_during_the_handshake_stops_the_host_at_once() {
     let host_cfg = write(&dir, "host.toml", &host_toml(port, KEY_A));
     let mut host = dxpu().args(["host", "--config"]).arg(&host_cfg).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    until_handling_sigterm(&mut host);
     let t = Instant::now();
     sigterm(&host);
     let (code, err) = wait_exit(&mut host, Duration::from_secs(10));
