@@ -82,21 +82,19 @@ impl Side {
     /// The rates the platform moved host memory at during its runs (median over the runs
     /// that had copies large enough to tell), each way; `None` where none did.
     pub fn in_replay(&self) -> (Option<f64>, Option<f64>) {
-        let median = |f: fn(&ReplayRun) -> Option<f64>| {
-            let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
-            (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
-        };
-        (median(|r| r.copy_bytes_per_s.0), median(|r| r.copy_bytes_per_s.1))
+        (self.median(|r| r.copy_bytes_per_s.0), self.median(|r| r.copy_bytes_per_s.1))
     }
 
     /// The share of those copies' time the platform was served on the job's thread
     /// ([`ReplayRun::copy_served_share`]), median over the runs, each way.
     pub fn served_in_replay(&self) -> (Option<f64>, Option<f64>) {
-        let median = |f: fn(&ReplayRun) -> Option<f64>| {
-            let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
-            (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
-        };
-        (median(|r| r.copy_served_share.0), median(|r| r.copy_served_share.1))
+        (self.median(|r| r.copy_served_share.0), self.median(|r| r.copy_served_share.1))
+    }
+
+    /// The median of `f` over the runs that have it; `None` where none has.
+    fn median(&self, f: fn(&ReplayRun) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.runs.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| Spread::of(v.into_iter()).median)
     }
 }
 

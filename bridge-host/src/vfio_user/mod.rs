@@ -228,11 +228,11 @@ impl VfioUserServer {
     pub fn serve(&mut self, stop: &AtomicBool) -> io::Result<()> {
         while !stop.load(Ordering::Relaxed) {
             let next = match self.next_client.take() {
-                Some(s) => Ok((s, None)),
-                None => self.listener.accept().map(|(s, a)| (s, Some(a))),
+                Some(s) => Ok(s),
+                None => self.listener.accept().map(|(s, _)| s),
             };
             match next {
-                Ok((stream, _)) => {
+                Ok(stream) => {
                     bump(&self.counters.clients);
                     log::info!("vfio-user {}: client connected", self.socket.path().display());
                     self.serve_client(stream, stop);

@@ -41,26 +41,18 @@ pub(super) fn never_delivered(s: &Status) -> bool {
 }
 
 fn connect_failed(s: &Status) -> bool {
-    let mut source = std::error::Error::source(s);
-    while let Some(e) = source {
-        if e.is::<tonic::ConnectError>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
+    causes(s).any(|e| e.is::<tonic::ConnectError>())
+}
+
+/// The errors `s` was made from, outermost first.
+fn causes(s: &Status) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+    std::iter::successors(std::error::Error::source(s), |e| e.source())
 }
 
 /// What `s` says, with the error at the root of it (a connection's own, where it is one):
 /// "tcp connect error: Connection refused (os error 111)".
 fn reason(s: &Status) -> String {
-    let mut root = None;
-    let mut source = std::error::Error::source(s);
-    while let Some(e) = source {
-        root = Some(e);
-        source = e.source();
-    }
-    match root.map(ToString::to_string) {
+    match causes(s).last().map(ToString::to_string) {
         Some(r) if !s.message().contains(&r) => format!("{}: {r}", s.message()),
         _ => s.message().to_string(),
     }
@@ -76,9 +68,8 @@ fn member_failed(s: &Status) -> bool {
 /// One lazily opened connection per member and the one in use (shared by a client's
 /// clones).
 pub(super) struct Members {
-    list: Vec<Channel>,
-    /// Each member's endpoint, as given: what the log names.
-    urls: Vec<String>,
+    /// Each member's endpoint, as given (what the log names), and its connection.
+    list: Vec<(String, Channel)>,
     in_use: AtomicUsize,
 }
 
@@ -86,8 +77,7 @@ impl Members {
     /// `list` (each member's endpoint and connection) in the order given: the first is used
     /// first.
     pub(super) fn new(list: Vec<(String, Channel)>) -> Members {
-        let (urls, list) = list.into_iter().unzip();
-        Members { list, urls, in_use: AtomicUsize::new(0) }
+        Members { list, in_use: AtomicUsize::new(0) }
     }
 
     /// `send` to the member in use; where it fails as `resend` allows, to the next, each
@@ -101,7 +91,7 @@ impl Members {
         let mut kept: Option<Status> = None;
         for _ in 0..self.list.len() {
             let i = self.in_use.load(Ordering::Relaxed) % self.list.len();
-            let s = match send(self.list[i].clone()).await {
+            let s = match send(self.list[i].1.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(s) => s,
             };
@@ -116,9 +106,9 @@ impl Members {
                 {
                     log::warn!(
                         "etcd member {} failed ({}); using {} from now on",
-                        self.urls[i],
+                        self.list[i].0,
                         reason(&s),
-                        self.urls[next]
+                        self.list[next].0
                     );
                 }
             }
